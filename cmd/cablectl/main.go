@@ -1,0 +1,61 @@
+// Command cablectl is the operator's tool: admin calls to the broker (with the admin credential
+// cable-broker writes to DIR/admin.yaml) and status from the local agent (over its unix socket).
+// Exit codes: 0 ok, 1 failed, 2 bad usage.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+)
+
+// usageError marks an error caused by how cablectl was called (exit code 2).
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+func usagef(format string, a ...any) error { return usageError{fmt.Errorf(format, a...)} }
+
+// globalFlags are shared by every subcommand.
+type globalFlags struct {
+	config string // path to an admin.yaml
+	output string // table | json | yaml
+}
+
+func newRoot() *cobra.Command {
+	g := &globalFlags{}
+	root := &cobra.Command{
+		Use:           "cablectl",
+		Short:         "Operate a Cablemesh mesh: clusters, join tokens, status",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.PersistentFlags().StringVar(&g.config, "config", defaultAdminConfig(), "admin credential file written by cable-broker (DIR/admin.yaml); env CABLEMESH_CONFIG")
+	root.PersistentFlags().StringVarP(&g.output, "output", "o", "table", "output format: table | json | yaml")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.AddCommand(newClusterCmd(g), newStatusCmd(g))
+	return root
+}
+
+func defaultAdminConfig() string {
+	if p := os.Getenv("CABLEMESH_CONFIG"); p != "" {
+		return p
+	}
+	return "/var/lib/cablemesh/broker/admin.yaml"
+}
+
+func main() {
+	err := newRoot().Execute()
+	if err == nil {
+		return
+	}
+	fmt.Fprintln(os.Stderr, "Error:", err)
+	var ue usageError
+	if errors.As(err, &ue) || isCobraUsageError(err) {
+		os.Exit(2)
+	}
+	os.Exit(1)
+}
