@@ -1,0 +1,187 @@
+package wireguard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+
+	"github.com/vishvananda/netlink"
+	"golang.zx2c4.com/wireguard/conn"
+	"golang.zx2c4.com/wireguard/device"
+	"golang.zx2c4.com/wireguard/ipc"
+	"golang.zx2c4.com/wireguard/tun"
+)
+
+// Device kinds as reported by Driver.DeviceKind.
+const (
+	KindKernel    = "kernel"
+	KindUserspace = "userspace"
+)
+
+// UAPIDir is where wireguard-go serves, and wgctrl looks for, UAPI sockets. It is a path in the
+// mount namespace, shared by every network namespace: see RunIsolated.
+const UAPIDir = "/var/run/wireguard"
+
+// UAPISocketPath is the UAPI socket of the userspace device named iface.
+func UAPISocketPath(iface string) string { return filepath.Join(UAPIDir, iface+".sock") }
+
+// wgDevice is the WireGuard link, kernel or in-process. Everything that configures peers, keys
+// and ports goes through wgctrl for both kinds; this only creates and destroys the link.
+type wgDevice interface {
+	Kind() string
+	// Close destroys the device (and for userspace its UAPI socket).
+	Close() error
+}
+
+// kernelDevice is a kernel WireGuard link, which outlives the agent process.
+type kernelDevice struct{ name string }
+
+func (k *kernelDevice) Kind() string { return KindKernel }
+
+func (k *kernelDevice) Close() error {
+	l, err := netlink.LinkByName(k.name)
+	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) {
+			return nil
+		}
+		return fmt.Errorf("find link %s: %w", k.name, err)
+	}
+	if err := netlink.LinkDel(l); err != nil {
+		return fmt.Errorf("delete link %s: %w", k.name, err)
+	}
+	return nil
+}
+
+// userDevice is wireguard-go running in this process on a TUN device, configured over its UAPI
+// socket. It dies with the process.
+type userDevice struct {
+	name    string
+	dev     *device.Device
+	uapi    net.Listener
+	wg      sync.WaitGroup // the UAPI accept loop and its handlers
+	closing chan struct{}
+	closed  sync.Once
+	err     error
+}
+
+func (u *userDevice) Kind() string { return KindUserspace }
+
+func (u *userDevice) Close() error {
+	u.closed.Do(func() {
+		// Closing the listener unlinks the socket file and ends the accept loop; closing the
+		// device closes the TUN, which removes the link and with it its routes.
+		close(u.closing)
+		lerr := u.uapi.Close()
+		u.dev.Close()
+		u.wg.Wait()
+		if err := os.Remove(UAPISocketPath(u.name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			u.err = fmt.Errorf("remove UAPI socket %s: %w", UAPISocketPath(u.name), err)
+			return
+		}
+		if lerr != nil && !errors.Is(lerr, net.ErrClosed) {
+			u.err = fmt.Errorf("close UAPI listener of %s: %w", u.name, lerr)
+		}
+	})
+	return u.err
+}
+
+// openDevice creates (or, for a kernel device left by an earlier agent run, adopts) the link.
+// It tries the kernel first; when the kernel has no WireGuard it runs wireguard-go in-process.
+func openDevice(ctx context.Context, log *slog.Logger, name string, mtu int) (wgDevice, error) {
+	la := netlink.NewLinkAttrs()
+	la.Name = name
+	la.MTU = mtu
+	err := netlink.LinkAdd(&netlink.Wireguard{LinkAttrs: la})
+	switch {
+	case err == nil:
+		log.Info("created kernel wireguard link")
+		return &kernelDevice{name: name}, nil
+	case errors.Is(err, syscall.EEXIST):
+		l, lerr := netlink.LinkByName(name)
+		if lerr != nil {
+			return nil, fmt.Errorf("link %s exists but cannot be read: %w", name, lerr)
+		}
+		if l.Type() == "wireguard" {
+			// A kernel device survives agent restarts: adopt it, so tunnels do not flap.
+			log.Info("adopted existing kernel wireguard link")
+			return &kernelDevice{name: name}, nil
+		}
+		return nil, fmt.Errorf("link %s exists with type %q, not wireguard (another process or an earlier device holds the name)", name, l.Type())
+	}
+	log.Info("kernel has no wireguard, using wireguard-go in-process", "probe_error", err)
+	return openUserDevice(ctx, log, name, mtu)
+}
+
+func openUserDevice(_ context.Context, log *slog.Logger, name string, mtu int) (_ wgDevice, err error) {
+	sock := UAPISocketPath(name)
+	// A socket file left by a process that died is stale; one that answers belongs to a live
+	// device (possibly in another network namespace sharing this mount namespace).
+	if c, derr := net.Dial("unix", sock); derr == nil {
+		c.Close()
+		return nil, fmt.Errorf("UAPI socket %s is served by another process: interface name %s is taken in this mount namespace (run the agent through wireguard.RunIsolated or pick another interface)", sock, name)
+	}
+	if rerr := os.Remove(sock); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+		return nil, fmt.Errorf("remove stale UAPI socket %s: %w", sock, rerr)
+	}
+
+	tdev, err := tun.CreateTUN(name, mtu)
+	if err != nil {
+		return nil, fmt.Errorf("create TUN %s: %w", name, err)
+	}
+	logger := &device.Logger{
+		Verbosef: func(format string, args ...any) { log.Debug(fmt.Sprintf(format, args...)) },
+		Errorf:   func(format string, args ...any) { log.Warn(fmt.Sprintf(format, args...)) },
+	}
+	dev := device.NewDevice(tdev, conn.NewDefaultBind(), logger)
+	defer func() {
+		if err != nil {
+			dev.Close()
+		}
+	}()
+
+	f, err := ipc.UAPIOpen(name)
+	if err != nil {
+		return nil, fmt.Errorf("open UAPI socket %s: %w", sock, err)
+	}
+	l, err := ipc.UAPIListen(name, f)
+	f.Close() // UAPIListen dups the descriptor
+	if err != nil {
+		os.Remove(sock)
+		return nil, fmt.Errorf("listen on UAPI socket %s: %w", sock, err)
+	}
+	u := &userDevice{name: name, dev: dev, uapi: l, closing: make(chan struct{})}
+	u.wg.Add(1)
+	go func() {
+		// Owned by u: ends when Close closes the listener.
+		defer u.wg.Done()
+		for {
+			c, aerr := l.Accept()
+			if aerr != nil {
+				select {
+				case <-u.closing:
+				default:
+					// The listener also fails when someone deletes the socket file: the device
+					// keeps forwarding but can no longer be configured or read.
+					log.Error("UAPI listener stopped; device can no longer be configured", "socket", sock, "error", aerr)
+				}
+				return
+			}
+			u.wg.Add(1)
+			go func() {
+				defer u.wg.Done()
+				dev.IpcHandle(c) // closes c
+			}()
+		}
+	}()
+	return u, nil
+}
+
+// errESRCH is what rtnetlink answers when deleting a route that is not there.
+var errESRCH = syscall.ESRCH

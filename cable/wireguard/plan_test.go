@@ -1,0 +1,239 @@
+package wireguard
+
+import (
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
+	"github.com/cablemesh/cablemesh/cable"
+)
+
+func testKey(t *testing.T) wgtypes.Key {
+	t.Helper()
+	k, err := wgtypes.GeneratePrivateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k.PublicKey()
+}
+
+func pfx(s ...string) []netip.Prefix {
+	out := make([]netip.Prefix, 0, len(s))
+	for _, x := range s {
+		out = append(out, netip.MustParsePrefix(x))
+	}
+	return out
+}
+
+func TestDesiredFromRemote(t *testing.T) {
+	key := testKey(t)
+	good := cable.RemoteEndpoint{Cluster: "b", Node: "gw", Address: netip.MustParseAddr("10.0.0.2"), Port: 51820,
+		PublicKey: key.String(), Subnets: pfx("10.2.0.0/16", "10.1.0.5/16", "10.2.0.0/16")}
+	tests := []struct {
+		name    string
+		mutate  func(*cable.RemoteEndpoint)
+		wantErr string
+	}{
+		{"a complete remote is accepted", func(*cable.RemoteEndpoint) {}, ""},
+		{"an empty cluster is an error", func(r *cable.RemoteEndpoint) { r.Cluster = "" }, "cluster name is empty"},
+		{"a bad public key is an error naming it", func(r *cable.RemoteEndpoint) { r.PublicKey = "nope" }, `"nope"`},
+		{"a missing address is an error", func(r *cable.RemoteEndpoint) { r.Address = netip.Addr{} }, "address"},
+		{"an unspecified address is an error", func(r *cable.RemoteEndpoint) { r.Address = netip.MustParseAddr("0.0.0.0") }, "0.0.0.0"},
+		{"port 0 is an error", func(r *cable.RemoteEndpoint) { r.Port = 0 }, "port 0"},
+		{"an invalid subnet is an error", func(r *cable.RemoteEndpoint) { r.Subnets = []netip.Prefix{{}} }, "subnet"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := good
+			tt.mutate(&r)
+			got, err := desiredFromRemote(r, 25*time.Second)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("err = %v, want one containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := pfx("10.1.0.0/16", "10.2.0.0/16"); !slices.Equal(got.Subnets, want) {
+				t.Errorf("subnets = %v, want masked, sorted, deduplicated %v", got.Subnets, want)
+			}
+			if got.Endpoint.String() != "10.0.0.2:51820" {
+				t.Errorf("endpoint = %s", got.Endpoint)
+			}
+		})
+	}
+}
+
+func TestPeerMatches(t *testing.T) {
+	key := testKey(t)
+	want := desiredPeer{PublicKey: key, Endpoint: netip.MustParseAddrPort("10.0.0.2:51820"),
+		Subnets: pfx("10.1.0.0/16", "10.2.0.0/16"), Keepalive: 25 * time.Second}
+	same := func() wgtypes.Peer {
+		return wgtypes.Peer{PublicKey: key, Endpoint: &net.UDPAddr{IP: net.ParseIP("10.0.0.2"), Port: 51820},
+			PersistentKeepaliveInterval: 25 * time.Second,
+			AllowedIPs:                  []net.IPNet{ipNetFromPrefix(pfx("10.2.0.0/16")[0]), ipNetFromPrefix(pfx("10.1.0.0/16")[0])}}
+	}
+	tests := []struct {
+		name   string
+		mutate func(*wgtypes.Peer)
+		want   bool
+	}{
+		{"the same peer with allowed IPs in another order matches", func(*wgtypes.Peer) {}, true},
+		{"a 16-byte IPv4 endpoint matches", func(p *wgtypes.Peer) { p.Endpoint.IP = net.ParseIP("10.0.0.2").To16() }, true},
+		{"another key does not match", func(p *wgtypes.Peer) { p.PublicKey = testKey(t) }, false},
+		{"another endpoint port does not match", func(p *wgtypes.Peer) { p.Endpoint.Port = 1 }, false},
+		{"no endpoint does not match", func(p *wgtypes.Peer) { p.Endpoint = nil }, false},
+		{"another keepalive does not match", func(p *wgtypes.Peer) { p.PersistentKeepaliveInterval = 0 }, false},
+		{"a missing allowed IP does not match", func(p *wgtypes.Peer) { p.AllowedIPs = p.AllowedIPs[:1] }, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := same()
+			tt.mutate(&p)
+			if got := peerMatches(p, want); got != tt.want {
+				t.Errorf("peerMatches = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestPlanRoutes(t *testing.T) {
+	src := netip.MustParseAddr("10.1.0.1")
+	r := func(dst string, mtu int) routeSpec {
+		return routeSpec{Dst: netip.MustParsePrefix(dst), Src: src, MTU: mtu}
+	}
+	all := func(netip.Prefix) bool { return true }
+	none := func(netip.Prefix) bool { return false }
+	tests := []struct {
+		name        string
+		existing    []routeSpec
+		want        []routeSpec
+		owned       func(netip.Prefix) bool
+		wantReplace []routeSpec
+		wantDelete  []routeSpec
+	}{
+		{name: "routes already in place need nothing", existing: []routeSpec{r("10.2.0.0/16", 1420)}, want: []routeSpec{r("10.2.0.0/16", 1420)}, owned: all},
+		{name: "a missing route is added", want: []routeSpec{r("10.2.0.0/16", 1420)}, owned: all, wantReplace: []routeSpec{r("10.2.0.0/16", 1420)}},
+		{name: "a route with another MTU is replaced", existing: []routeSpec{r("10.2.0.0/16", 1500)}, want: []routeSpec{r("10.2.0.0/16", 1420)}, owned: all,
+			wantReplace: []routeSpec{r("10.2.0.0/16", 1420)}},
+		{name: "a route with another source is replaced", existing: []routeSpec{{Dst: netip.MustParsePrefix("10.2.0.0/16"), MTU: 1420}}, want: []routeSpec{r("10.2.0.0/16", 1420)}, owned: all,
+			wantReplace: []routeSpec{r("10.2.0.0/16", 1420)}},
+		{name: "an owned unwanted route is deleted", existing: []routeSpec{r("10.3.0.0/16", 1420)}, owned: all, wantDelete: []routeSpec{r("10.3.0.0/16", 1420)}},
+		{name: "another cluster's route is left alone", existing: []routeSpec{r("10.3.0.0/16", 1420)}, owned: none},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := planRoutes(tt.existing, tt.want, tt.owned)
+			if !slices.Equal(got.Replace, tt.wantReplace) || !slices.Equal(got.Delete, tt.wantDelete) {
+				t.Errorf("plan = %+v, want replace %v delete %v", got, tt.wantReplace, tt.wantDelete)
+			}
+		})
+	}
+}
+
+func TestPickSource(t *testing.T) {
+	addrs := []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("10.250.0.1"),
+		netip.MustParseAddr("10.1.0.1"), netip.MustParseAddr("fd00:1::1"), netip.MustParseAddr("fe80::1")}
+	tests := []struct {
+		name  string
+		local []netip.Prefix
+		v4    bool
+		want  string
+	}{
+		{"the node's address inside its pod subnet is chosen", pfx("10.1.0.0/16"), true, "10.1.0.1"},
+		{"no address inside the subnets gives none", pfx("10.9.0.0/16"), true, "invalid IP"},
+		{"an IPv6 subnet gives an IPv6 source", pfx("10.1.0.0/16", "fd00:1::/64"), false, "fd00:1::1"},
+		{"loopback is never chosen", pfx("127.0.0.0/8"), true, "invalid IP"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := pickSource(addrs, tt.local, tt.v4); got.String() != tt.want {
+				t.Errorf("pickSource = %s, want %s", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestOverlappingClusterIsFound(t *testing.T) {
+	stored := map[string]storedConn{"b": {Subnets: pfx("10.2.0.0/16")}, "c": {Subnets: pfx("10.3.0.0/16")}}
+	if other, _, _, bad := overlappingCluster("d", pfx("10.3.1.0/24"), stored); !bad || other != "c" {
+		t.Errorf("overlap of 10.3.1.0/24: got %q %v, want cluster c", other, bad)
+	}
+	if _, _, _, bad := overlappingCluster("b", pfx("10.2.0.0/16"), stored); bad {
+		t.Errorf("a cluster overlapping its own old subnets was reported")
+	}
+	if _, _, _, bad := overlappingCluster("d", pfx("10.4.0.0/16"), stored); bad {
+		t.Errorf("disjoint subnets were reported as overlapping")
+	}
+}
+
+func TestStoreRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	in := map[string]storedConn{"b": {Node: "gw", PublicKey: testKey(t).String(), Endpoint: "10.0.0.2:51820", Subnets: pfx("10.2.0.0/16")}}
+	if err := saveStore(dir, in); err != nil {
+		t.Fatal(err)
+	}
+	out, err := loadStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !storedEqual(in["b"], out["b"]) || len(out) != 1 {
+		t.Errorf("round trip: %+v != %+v", out, in)
+	}
+	empty, err := loadStore(t.TempDir())
+	if err != nil || len(empty) != 0 {
+		t.Errorf("missing file: %v %v, want an empty map", empty, err)
+	}
+}
+
+func FuzzDecodeStore(f *testing.F) {
+	f.Add([]byte(`{"version":1,"connections":{"b":{"node":"gw","publicKey":"x","endpoint":"1.2.3.4:5","subnets":["10.0.0.0/8"]}}}`))
+	f.Add([]byte(`{"version":2}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		doc, err := decodeStore(data)
+		if err != nil {
+			return
+		}
+		for c, conn := range doc.Connections {
+			if c == "" {
+				t.Fatal("accepted an empty cluster")
+			}
+			for _, p := range conn.Subnets {
+				if !p.IsValid() {
+					t.Fatal("accepted an invalid subnet")
+				}
+			}
+		}
+	})
+}
+
+func TestStaleState(t *testing.T) {
+	kb, kc, kx := testKey(t), testKey(t), testKey(t)
+	conns := map[string]storedConn{"b": {PublicKey: kb.String()}, "c": {PublicKey: kc.String()}}
+	tests := []struct {
+		name       string
+		onDevice   []wgtypes.Key
+		wantRemove []wgtypes.Key
+		wantForget []string
+	}{
+		{"a kept kernel device with exactly the stored peers needs nothing", []wgtypes.Key{kb, kc}, nil, nil},
+		{"a peer no cluster claims is removed", []wgtypes.Key{kb, kc, kx}, []wgtypes.Key{kx}, nil},
+		{"a fresh userspace device forgets every stored cluster", nil, nil, []string{"b", "c"}},
+		{"a cluster whose peer is gone is forgotten and a stranger removed", []wgtypes.Key{kb, kx}, []wgtypes.Key{kx}, []string{"c"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			remove, forget := staleState(tt.onDevice, conns)
+			if !slices.Equal(remove, tt.wantRemove) || !slices.Equal(forget, tt.wantForget) {
+				t.Errorf("staleState = remove %v forget %v, want %v %v", remove, forget, tt.wantRemove, tt.wantForget)
+			}
+		})
+	}
+}
