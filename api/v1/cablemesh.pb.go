@@ -197,6 +197,10 @@ type Endpoint struct {
 	LastHeartbeat *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=last_heartbeat,json=lastHeartbeat,proto3" json:"last_heartbeat,omitempty"`
 	LeaseExpires  *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=lease_expires,json=leaseExpires,proto3" json:"lease_expires,omitempty"`
 	Revision      uint64                 `protobuf:"varint,12,opt,name=revision,proto3" json:"revision,omitempty"`
+	// lease_seconds: the lease the broker granted at registration; each heartbeat extends
+	// lease_expires to now + lease_seconds. Heartbeats do not bump the revision, so last_heartbeat
+	// and lease_expires in watch events are as of the last change; ListClusters shows live values.
+	LeaseSeconds  int64 `protobuf:"varint,13,opt,name=lease_seconds,json=leaseSeconds,proto3" json:"lease_seconds,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -311,6 +315,13 @@ func (x *Endpoint) GetLeaseExpires() *timestamppb.Timestamp {
 func (x *Endpoint) GetRevision() uint64 {
 	if x != nil {
 		return x.Revision
+	}
+	return 0
+}
+
+func (x *Endpoint) GetLeaseSeconds() int64 {
+	if x != nil {
+		return x.LeaseSeconds
 	}
 	return 0
 }
@@ -1314,7 +1325,7 @@ const file_cablemesh_proto_rawDesc = "" +
 	"\brevision\x18\b \x01(\x04R\brevision\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xaa\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcf\x04\n" +
 	"\bEndpoint\x12\x18\n" +
 	"\acluster\x18\x01 \x01(\tR\acluster\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1d\n" +
@@ -1330,7 +1341,8 @@ const file_cablemesh_proto_rawDesc = "" +
 	"\x0elast_heartbeat\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\rlastHeartbeat\x12?\n" +
 	"\rlease_expires\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\fleaseExpires\x12\x1a\n" +
-	"\brevision\x18\f \x01(\x04R\brevision\x1a=\n" +
+	"\brevision\x18\f \x01(\x04R\brevision\x12#\n" +
+	"\rlease_seconds\x18\r \x01(\x03R\fleaseSeconds\x1a=\n" +
 	"\x0fCablePortsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"{\n" +

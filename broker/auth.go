@@ -1,0 +1,112 @@
+package broker
+
+import (
+	"context"
+	"strings"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/broker/pki"
+	"github.com/cablemesh/cablemesh/broker/store"
+)
+
+type identityKey struct{}
+
+// identityFrom returns the caller's identity that the interceptor put in ctx.
+func identityFrom(ctx context.Context) pki.Identity {
+	id, _ := ctx.Value(identityKey{}).(pki.Identity)
+	return id
+}
+
+var (
+	adminService_ = "/" + apiv1.Admin_ServiceDesc.ServiceName + "/"
+	agentService_ = "/" + apiv1.Agent_ServiceDesc.ServiceName + "/"
+)
+
+func (s *Server) unaryAuth(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	ctx, err := s.authorize(ctx, info.FullMethod)
+	if err != nil {
+		return nil, err
+	}
+	return h(ctx, req)
+}
+
+type authedStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (a authedStream) Context() context.Context { return a.ctx }
+
+func (s *Server) streamAuth(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	ctx, err := s.authorize(ss.Context(), info.FullMethod)
+	if err != nil {
+		return err
+	}
+	return h(srv, authedStream{ServerStream: ss, ctx: ctx})
+}
+
+// authorize decides who may call method: Admin needs the admin certificate; Agent.Join needs no
+// certificate (the join token is checked by Join itself); every other Agent call needs an agent
+// certificate of a cluster that still exists with the UID the certificate names.
+func (s *Server) authorize(ctx context.Context, method string) (context.Context, error) {
+	if method == apiv1.Agent_Join_FullMethodName {
+		return ctx, nil
+	}
+	id, err := peerIdentity(ctx)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case strings.HasPrefix(method, adminService_):
+		if !id.Admin {
+			return nil, status.Errorf(codes.PermissionDenied, "%s needs the admin certificate; the caller is %s", method, id)
+		}
+	case strings.HasPrefix(method, agentService_):
+		if id.Admin {
+			return nil, status.Errorf(codes.PermissionDenied, "%s is for agents; the admin certificate may not call it", method)
+		}
+		var c *apiv1.Cluster
+		err := s.store.View(ctx, func(tx store.ReadTx) error {
+			var err error
+			c, err = tx.Cluster(id.Cluster)
+			return err
+		})
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "read cluster %q: %v", id.Cluster, err)
+		}
+		if c == nil || c.Uid != id.ClusterUID {
+			return nil, status.Errorf(codes.Unauthenticated, "the certificate of %s belongs to cluster %q (uid %s), which was removed from the mesh; join again with a new token", id, id.Cluster, id.ClusterUID)
+		}
+	default:
+		return nil, status.Errorf(codes.PermissionDenied, "method %s is not served to %s", method, id)
+	}
+	s.log.Debug("authorized", "method", method, "caller", id.String())
+	return context.WithValue(ctx, identityKey{}, id), nil
+}
+
+// peerIdentity reads the identity from the client certificate the TLS layer verified against the
+// mesh CA (VerifyClientCertIfGiven: a certificate is optional, but if given it must verify).
+func peerIdentity(ctx context.Context) (pki.Identity, error) {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return pki.Identity{}, status.Error(codes.Unauthenticated, "no peer information")
+	}
+	ti, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok {
+		return pki.Identity{}, status.Error(codes.Unauthenticated, "connection is not TLS")
+	}
+	if len(ti.State.VerifiedChains) == 0 || len(ti.State.VerifiedChains[0]) == 0 {
+		return pki.Identity{}, status.Error(codes.Unauthenticated, "this call needs a client certificate of the mesh CA (the admin certificate, or the agent certificate issued at Join); none was presented")
+	}
+	id, err := pki.IdentityOf(ti.State.VerifiedChains[0][0])
+	if err != nil {
+		return pki.Identity{}, status.Errorf(codes.Unauthenticated, "client certificate: %v", err)
+	}
+	return id, nil
+}

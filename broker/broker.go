@@ -1,0 +1,301 @@
+// Package broker is the Cablemesh broker: it holds the mesh's shared state (clusters, gateway
+// endpoints) in a Store, issues join tokens and agent certificates from the mesh CA, and serves the
+// Admin and Agent gRPC services over one mTLS listener.
+package broker
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/broker/adminconfig"
+	"github.com/cablemesh/cablemesh/broker/pki"
+	"github.com/cablemesh/cablemesh/broker/store"
+)
+
+// Defaults, as DESIGN.md and the agreed wire facts give them.
+const (
+	DefaultListen        = "0.0.0.0:7443"
+	DefaultLease         = 30 * time.Second
+	DefaultMaxLease      = 5 * time.Minute
+	DefaultTokenValidity = 24 * time.Hour
+	MaxTokenValidity     = 365 * 24 * time.Hour
+	AdminConfigFile      = "admin.yaml"
+	StoreFile            = "broker.db"
+)
+
+// Config configures a broker.
+type Config struct {
+	// DataDir holds broker.db, the PKI and admin.yaml. Required.
+	DataDir string
+	// Listen is the address the broker will serve on; its IP goes into the serving certificate.
+	Listen string
+	// Lease is the default endpoint lease (default 30s); MaxLease caps what an agent may ask for
+	// (default 5m).
+	Lease    time.Duration
+	MaxLease time.Duration
+	// ReapInterval is how often expired endpoints are withdrawn (default: Lease/10, at least 100ms).
+	ReapInterval time.Duration
+	// StoreOptions tune the embedded store (event log size, watcher buffer).
+	StoreOptions store.Options
+	Logger       *slog.Logger
+	// Now is the clock (tests move it); default time.Now.
+	Now func() time.Time
+}
+
+// Server is a broker.
+type Server struct {
+	cfg   Config
+	log   *slog.Logger
+	pki   *pki.PKI
+	store store.Store
+	grpc  *grpc.Server
+
+	// stopping ends long-lived streams (watches) so a graceful stop does not wait for them.
+	stopping     chan struct{}
+	stoppingOnce sync.Once
+	// ready is closed once Serve has written admin.yaml and accepts connections.
+	ready chan struct{}
+}
+
+// New loads or creates the broker's PKI and store in cfg.DataDir and extends every stored
+// endpoint lease by one lease period, so agents have time to reconnect after broker downtime.
+func New(cfg Config) (*Server, error) {
+	if cfg.DataDir == "" {
+		return nil, errors.New("data dir is required")
+	}
+	if cfg.Listen == "" {
+		cfg.Listen = DefaultListen
+	}
+	if cfg.Lease <= 0 {
+		cfg.Lease = DefaultLease
+	}
+	if cfg.MaxLease <= 0 {
+		cfg.MaxLease = DefaultMaxLease
+	}
+	if cfg.MaxLease < cfg.Lease {
+		cfg.MaxLease = cfg.Lease
+	}
+	if cfg.ReapInterval <= 0 {
+		cfg.ReapInterval = max(cfg.Lease/10, 100*time.Millisecond)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	host, _, err := net.SplitHostPort(cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("listen address %q is not host:port: %v", cfg.Listen, err)
+	}
+	ips := []net.IP{net.IPv4(127, 0, 0, 1).To4(), net.IPv6loopback}
+	if ip := net.ParseIP(host); ip != nil && !ip.IsUnspecified() && !ip.IsLoopback() {
+		ips = append(ips, ip)
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create data dir: %w", err)
+	}
+	p, created, err := pki.LoadOrCreate(cfg.DataDir, ips, cfg.Now())
+	if err != nil {
+		return nil, err
+	}
+	if created {
+		cfg.Logger.Info("created mesh CA", "dir", cfg.DataDir, "ca", p.CAHash())
+	}
+	st, err := store.OpenBolt(filepath.Join(cfg.DataDir, StoreFile), cfg.StoreOptions)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, pki: p, store: st, stopping: make(chan struct{}), ready: make(chan struct{})}
+	if err := s.extendLeases(context.Background()); err != nil {
+		st.Close()
+		return nil, err
+	}
+	tlsCfg := &tls.Config{
+		Certificates: []tls.Certificate{p.ServerTLS},
+		ClientAuth:   tls.VerifyClientCertIfGiven,
+		ClientCAs:    p.CAPool(),
+		MinVersion:   tls.VersionTLS12,
+	}
+	s.grpc = grpc.NewServer(
+		grpc.Creds(credentials.NewTLS(tlsCfg)),
+		grpc.ChainUnaryInterceptor(s.unaryAuth),
+		grpc.ChainStreamInterceptor(s.streamAuth),
+		// Pings find dead peers (a watcher whose host vanished) so their streams end.
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 20 * time.Second, Timeout: 10 * time.Second}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+	)
+	apiv1.RegisterAdminServer(s.grpc, &adminService{s: s})
+	apiv1.RegisterAgentServer(s.grpc, &agentService{s: s})
+	return s, nil
+}
+
+// AdminConfigPath is DIR/admin.yaml.
+func (s *Server) AdminConfigPath() string { return filepath.Join(s.cfg.DataDir, AdminConfigFile) }
+
+// CAHash is the mesh CA fingerprint that join tokens carry.
+func (s *Server) CAHash() string { return s.pki.CAHash() }
+
+// Serve serves on lis until ctx ends, then stops gracefully. It writes DIR/admin.yaml first if it
+// does not exist, with lis's address (an unspecified host becomes 127.0.0.1).
+func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
+	if err := s.writeAdminConfig(lis.Addr()); err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	reapCtx, cancelReap := context.WithCancel(ctx)
+	defer func() {
+		cancelReap()
+		wg.Wait()
+	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		s.reapLoop(reapCtx)
+	}()
+
+	errc := make(chan error, 1)
+	go func() { errc <- s.grpc.Serve(lis) }()
+	close(s.ready)
+	s.log.Info("broker ready", "listen", lis.Addr().String(), "admin_config", s.AdminConfigPath(), "ca", s.pki.CAHash())
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	s.log.Info("broker stopping")
+	s.stoppingOnce.Do(func() { close(s.stopping) })
+	done := make(chan struct{})
+	go func() {
+		s.grpc.GracefulStop()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		s.grpc.Stop()
+		<-done
+	}
+	<-errc
+	return nil
+}
+
+// Ready is closed when Serve has written admin.yaml and is accepting connections.
+func (s *Server) Ready() <-chan struct{} { return s.ready }
+
+// Close closes the store. Call after Serve returned.
+func (s *Server) Close() error { return s.store.Close() }
+
+func (s *Server) writeAdminConfig(addr net.Addr) error {
+	path := s.AdminConfigPath()
+	if _, err := os.Stat(path); err == nil {
+		return nil
+	}
+	host, port, err := net.SplitHostPort(addr.String())
+	if err != nil {
+		return fmt.Errorf("admin config: listener address %q: %v", addr, err)
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "127.0.0.1"
+	}
+	c := &adminconfig.Config{
+		Broker:      net.JoinHostPort(host, port),
+		CA:          string(s.pki.CAPEM),
+		Certificate: string(s.pki.AdminCert),
+		Key:         string(s.pki.AdminKey),
+	}
+	b, err := c.Marshal()
+	if err != nil {
+		return fmt.Errorf("encode admin config: %w", err)
+	}
+	if err := pki.WriteFile(path, b); err != nil {
+		return err
+	}
+	s.log.Info("wrote admin credential", "path", path, "broker", c.Broker)
+	return nil
+}
+
+// extendLeases gives every stored endpoint a full lease from now: after broker downtime every
+// lease would otherwise have expired and the reaper would withdraw all gateways at once, before
+// their agents had a chance to reconnect and heartbeat.
+func (s *Server) extendLeases(ctx context.Context) error {
+	now := s.cfg.Now()
+	_, err := s.store.Update(ctx, func(tx store.Tx) error {
+		eps, err := tx.Endpoints()
+		if err != nil {
+			return err
+		}
+		for _, e := range eps {
+			lease := time.Duration(e.LeaseSeconds) * time.Second
+			if lease <= 0 {
+				lease = s.cfg.Lease
+			}
+			e.LeaseExpires = timestamppb.New(now.Add(lease))
+			if err := tx.TouchEndpoint(e); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("extend endpoint leases at start: %w", err)
+	}
+	return nil
+}
+
+func (s *Server) reapLoop(ctx context.Context) {
+	t := time.NewTicker(s.cfg.ReapInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := s.reapOnce(ctx); err != nil && ctx.Err() == nil {
+				s.log.Error("reap expired endpoints", "err", err)
+			}
+		}
+	}
+}
+
+// reapOnce withdraws every endpoint whose lease has expired.
+func (s *Server) reapOnce(ctx context.Context) error {
+	now := s.cfg.Now()
+	var reaped []string
+	_, err := s.store.Update(ctx, func(tx store.Tx) error {
+		reaped = reaped[:0]
+		eps, err := tx.Endpoints()
+		if err != nil {
+			return err
+		}
+		for _, e := range eps {
+			if e.LeaseExpires != nil && now.After(e.LeaseExpires.AsTime()) {
+				if err := tx.DeleteEndpoint(e.Cluster, e.Node); err != nil {
+					return err
+				}
+				reaped = append(reaped, store.EndpointKey(e.Cluster, e.Node))
+			}
+		}
+		return nil
+	})
+	for _, k := range reaped {
+		if err == nil {
+			s.log.Info("endpoint lease expired, withdrawn", "endpoint", k)
+		}
+	}
+	return err
+}

@@ -1,0 +1,85 @@
+// Package store holds the broker's state: clusters and endpoints, a global revision bumped by
+// every change, and a bounded log of change events that lets a watcher resume from a revision.
+// Store is the interface the broker codes against; Bolt (bbolt, one file) is the embedded
+// implementation, and an etcd one can come later behind the same interface.
+package store
+
+import (
+	"context"
+	"errors"
+
+	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+)
+
+// Event kinds, as apiv1.Event.kind carries them.
+const (
+	KindCluster  = "cluster"
+	KindEndpoint = "endpoint"
+)
+
+// ErrWatcherTooSlow ends a watch whose buffer filled up: the broker drops a slow watcher rather
+// than block writers on it. The watcher reconnects with its last revision.
+var ErrWatcherTooSlow = errors.New("watcher fell behind and was disconnected; reconnect with since_revision")
+
+// ErrClosed is returned by a store that has been closed.
+var ErrClosed = errors.New("store is closed")
+
+// ReadTx reads a consistent view. Returned messages are copies the caller may keep and modify.
+type ReadTx interface {
+	Revision() uint64
+	// Cluster returns nil, nil when name is absent.
+	Cluster(name string) (*apiv1.Cluster, error)
+	Clusters() ([]*apiv1.Cluster, error)
+	// Endpoint returns nil, nil when absent.
+	Endpoint(cluster, node string) (*apiv1.Endpoint, error)
+	Endpoints() ([]*apiv1.Endpoint, error)
+}
+
+// Tx is a read-write transaction. Every Put and every Delete of a present key bumps the global
+// revision by one, stamps the resource with it, and records an event; all of a transaction's
+// events are published together after it commits.
+type Tx interface {
+	ReadTx
+	PutCluster(c *apiv1.Cluster) error
+	DeleteCluster(name string) error
+	PutEndpoint(e *apiv1.Endpoint) error
+	DeleteEndpoint(cluster, node string) error
+	// TouchEndpoint rewrites an endpoint's liveness fields (last heartbeat, lease expiry) without
+	// bumping the revision or emitting an event: heartbeats every few seconds from every gateway
+	// would otherwise flood watchers and the event log with changes nobody acts on.
+	TouchEndpoint(e *apiv1.Endpoint) error
+}
+
+// Commit is the outcome of an Update.
+type Commit struct {
+	Revision uint64
+	Events   []*apiv1.Event
+}
+
+// Batch is one message of a watch: a snapshot (every resource as an UPSERT) or deltas.
+type Batch struct {
+	Snapshot bool
+	Events   []*apiv1.Event
+	Revision uint64
+}
+
+// Watch delivers batches in revision order on C until its context ends, the store closes, or the
+// watcher falls behind; then C is closed and Err says why.
+type Watch interface {
+	C() <-chan Batch
+	Err() error
+}
+
+// Store is the broker's state.
+type Store interface {
+	View(ctx context.Context, fn func(ReadTx) error) error
+	// Update runs fn in one transaction; if fn returns an error nothing is changed.
+	Update(ctx context.Context, fn func(Tx) error) (Commit, error)
+	// Watch first delivers a snapshot, or, when since > 0 and the event log still holds every
+	// event after since, those events; then every later commit.
+	Watch(ctx context.Context, since uint64) (Watch, error)
+	Close() error
+}
+
+// EndpointKey is the event key of an endpoint.
+func EndpointKey(cluster, node string) string { return cluster + "/" + node }

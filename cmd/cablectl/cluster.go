@@ -1,0 +1,378 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"sigs.k8s.io/yaml"
+
+	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/broker/adminconfig"
+	"github.com/cablemesh/cablemesh/broker/registry"
+)
+
+// adminTimeout bounds every admin call, so a dead broker fails the command instead of hanging it.
+const adminTimeout = 15 * time.Second
+
+type clusterFlags struct {
+	*globalFlags
+	broker string // overrides the address in admin.yaml
+}
+
+func newClusterCmd(g *globalFlags) *cobra.Command {
+	f := &clusterFlags{globalFlags: g}
+	cmd := &cobra.Command{
+		Use:   "cluster",
+		Short: "Manage the mesh's clusters and join tokens (needs the admin credential, --config)",
+	}
+	cmd.PersistentFlags().StringVar(&f.broker, "broker", "", "broker address host:port, overriding the one in the admin config")
+	cmd.AddCommand(newJoinTokenCmd(f), newClusterListCmd(f), newClusterLabelCmd(f), newClusterRemoveCmd(f))
+	return cmd
+}
+
+// adminClient loads the admin credential and dials the broker.
+func (f *clusterFlags) adminClient(ctx context.Context) (apiv1.AdminClient, func(), error) {
+	cfg, err := adminconfig.Load(f.config)
+	if err != nil {
+		return nil, nil, err
+	}
+	if f.broker != "" {
+		cfg.Broker = f.broker
+		if err := cfg.Validate(); err != nil {
+			return nil, nil, usagef("--broker: %v", err)
+		}
+	}
+	conn, err := adminconfig.Dial(ctx, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return apiv1.NewAdminClient(conn), func() { conn.Close() }, nil
+}
+
+// rpcError turns a gRPC status into a plain message: the broker's messages already say what was
+// wrong and with which value.
+func rpcError(op string, err error) error {
+	st, ok := status.FromError(err)
+	if !ok {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	if st.Code() == codes.Unavailable || st.Code() == codes.DeadlineExceeded {
+		return fmt.Errorf("%s: cannot reach the broker: %s", op, st.Message())
+	}
+	return fmt.Errorf("%s: %s", op, st.Message())
+}
+
+func checkOutput(format string) error {
+	switch format {
+	case "table", "json", "yaml":
+		return nil
+	}
+	return usagef("--output %q: want table, json or yaml", format)
+}
+
+func newJoinTokenCmd(f *clusterFlags) *cobra.Command {
+	var (
+		podCIDRs, svcCIDRs []string
+		labels             string
+		validFor           time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "join-token NAME --pod-cidr CIDR [--service-cidr CIDR] [--labels k=v,...] [--valid-for 24h]",
+		Short: "Create the cluster if it is new and print a join token for one of its nodes",
+		Long: `Prints a signed, expiring join token (and nothing else) on stdout. The first token for NAME
+creates the cluster with its pod and service CIDRs and labels; later tokens for the same
+cluster must give the same CIDRs or none. Tokens can be used by several nodes until they expire.`,
+		Args: exactArgs(1, "NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name := args[0]
+			if err := registry.ValidateClusterName(name); err != nil {
+				return usagef("%v", err)
+			}
+			pods, err := registry.ParseCIDRs("pod CIDR", podCIDRs)
+			if err != nil {
+				return usagef("--pod-cidr: %v", err)
+			}
+			svcs, err := registry.ParseCIDRs("service CIDR", svcCIDRs)
+			if err != nil {
+				return usagef("--service-cidr: %v", err)
+			}
+			lbls, err := registry.ParseLabels(labels)
+			if err != nil {
+				return usagef("--labels: %v", err)
+			}
+			if validFor <= 0 {
+				return usagef("--valid-for %s: must be positive", validFor)
+			}
+			if validFor%time.Second != 0 {
+				return usagef("--valid-for %s: must be whole seconds", validFor)
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), adminTimeout)
+			defer cancel()
+			client, closeConn, err := f.adminClient(ctx)
+			if err != nil {
+				return err
+			}
+			defer closeConn()
+			resp, err := client.CreateJoinToken(ctx, &apiv1.CreateJoinTokenRequest{
+				Cluster:         name,
+				PodCidrs:        registry.Strings(pods),
+				ServiceCidrs:    registry.Strings(svcs),
+				Labels:          lbls,
+				ValidForSeconds: int64(validFor / time.Second),
+			})
+			if err != nil {
+				return rpcError("create join token", err)
+			}
+			_, err = fmt.Fprintln(cmd.OutOrStdout(), resp.Token)
+			return err
+		},
+	}
+	cmd.Flags().StringSliceVar(&podCIDRs, "pod-cidr", nil, "pod CIDR of the cluster (repeatable, or a comma list); required for a new cluster")
+	cmd.Flags().StringSliceVar(&svcCIDRs, "service-cidr", nil, "service CIDR of the cluster (repeatable, or a comma list)")
+	cmd.Flags().StringVar(&labels, "labels", "", "labels of a new cluster, k=v,k2=v2")
+	cmd.Flags().DurationVar(&validFor, "valid-for", 24*time.Hour, "how long the token is valid")
+	return cmd
+}
+
+// clusterView is the -o json|yaml form of one cluster.
+type clusterView struct {
+	Name         string            `json:"name"`
+	ID           uint32            `json:"id"`
+	UID          string            `json:"uid"`
+	Labels       map[string]string `json:"labels,omitempty"`
+	PodCIDRs     []string          `json:"podCIDRs"`
+	ServiceCIDRs []string          `json:"serviceCIDRs"`
+	JoinedAt     *time.Time        `json:"joinedAt,omitempty"`
+	Revision     uint64            `json:"revision"`
+	Gateways     []gatewayView     `json:"gateways"`
+}
+
+type gatewayView struct {
+	Node               string            `json:"node"`
+	PrivateIP          string            `json:"privateIP"`
+	PublicIP           string            `json:"publicIP,omitempty"`
+	CablePorts         map[string]uint32 `json:"cablePorts,omitempty"`
+	WireguardPublicKey string            `json:"wireguardPublicKey,omitempty"`
+	Drivers            []string          `json:"drivers,omitempty"`
+	Subnets            []string          `json:"subnets,omitempty"`
+	LastHeartbeat      *time.Time        `json:"lastHeartbeat,omitempty"`
+	LeaseExpires       *time.Time        `json:"leaseExpires,omitempty"`
+}
+
+type clusterListView struct {
+	Revision uint64        `json:"revision"`
+	Clusters []clusterView `json:"clusters"`
+}
+
+func newClusterListCmd(f *clusterFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "list",
+		Short: "List the mesh's clusters and their gateways",
+		Args:  exactArgs(0, ""),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkOutput(f.output); err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), adminTimeout)
+			defer cancel()
+			client, closeConn, err := f.adminClient(ctx)
+			if err != nil {
+				return err
+			}
+			defer closeConn()
+			resp, err := client.ListClusters(ctx, &apiv1.ListClustersRequest{})
+			if err != nil {
+				return rpcError("list clusters", err)
+			}
+			return printClusters(cmd.OutOrStdout(), f.output, resp, time.Now())
+		},
+	}
+}
+
+func printClusters(w io.Writer, format string, resp *apiv1.ListClustersResponse, now time.Time) error {
+	view := clusterListView{Revision: resp.Revision, Clusters: []clusterView{}}
+	for _, c := range resp.Clusters {
+		cv := clusterView{
+			Name: c.Name, ID: c.Id, UID: c.Uid, Labels: c.Labels,
+			PodCIDRs: nonNil(c.PodCidrs), ServiceCIDRs: nonNil(c.ServiceCidrs),
+			JoinedAt: tsPtr(c.JoinedAt.AsTime(), c.JoinedAt != nil), Revision: c.Revision,
+			Gateways: []gatewayView{},
+		}
+		for _, e := range resp.Endpoints {
+			if e.Cluster != c.Name {
+				continue
+			}
+			cv.Gateways = append(cv.Gateways, gatewayView{
+				Node: e.Node, PrivateIP: e.PrivateIp, PublicIP: e.PublicIp, CablePorts: e.CablePorts,
+				WireguardPublicKey: e.WireguardPublicKey, Drivers: e.Drivers, Subnets: e.Subnets,
+				LastHeartbeat: tsPtr(e.LastHeartbeat.AsTime(), e.LastHeartbeat != nil),
+				LeaseExpires:  tsPtr(e.LeaseExpires.AsTime(), e.LeaseExpires != nil),
+			})
+		}
+		sort.Slice(cv.Gateways, func(i, j int) bool { return cv.Gateways[i].Node < cv.Gateways[j].Node })
+		view.Clusters = append(view.Clusters, cv)
+	}
+	switch format {
+	case "json":
+		b, err := json.MarshalIndent(view, "", "  ")
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(w, "%s\n", b)
+		return err
+	case "yaml":
+		b, err := yaml.Marshal(view)
+		if err != nil {
+			return err
+		}
+		_, err = w.Write(b)
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 3, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tID\tPOD-CIDRS\tSERVICE-CIDRS\tLABELS\tGATEWAYS\tAGE")
+	for _, c := range view.Clusters {
+		var gws []string
+		for _, g := range c.Gateways {
+			gws = append(gws, g.Node+"@"+g.PrivateIP)
+		}
+		age := "-"
+		if c.JoinedAt != nil {
+			age = humanAge(now.Sub(*c.JoinedAt))
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\n", c.Name, c.ID, orNone(strings.Join(c.PodCIDRs, ",")),
+			orNone(strings.Join(c.ServiceCIDRs, ",")), orNone(formatLabels(c.Labels)), orNone(strings.Join(gws, ",")), age)
+	}
+	return tw.Flush()
+}
+
+func newClusterLabelCmd(f *clusterFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "label NAME k=v [k2=v2] [k3-]...",
+		Short: "Set (k=v) or remove (k-) labels of a cluster",
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) < 2 {
+				return usagef("%s needs NAME and at least one label change (k=v or k-), got %d arguments", cmd.CommandPath(), len(args))
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := registry.ValidateClusterName(args[0]); err != nil {
+				return usagef("%v", err)
+			}
+			set, remove, err := registry.ParseLabelChanges(args[1:])
+			if err != nil {
+				return usagef("%v", err)
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), adminTimeout)
+			defer cancel()
+			client, closeConn, err := f.adminClient(ctx)
+			if err != nil {
+				return err
+			}
+			defer closeConn()
+			c, err := client.LabelCluster(ctx, &apiv1.LabelClusterRequest{Name: args[0], Set: set, Remove: remove})
+			if err != nil {
+				return rpcError("label cluster", err)
+			}
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "cluster %s labels: %s\n", c.Name, orNone(formatLabels(c.Labels)))
+			return err
+		},
+	}
+}
+
+func newClusterRemoveCmd(f *clusterFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "remove NAME",
+		Short: "Remove a cluster and its gateways from the mesh; its certificates and tokens stop working",
+		Args:  exactArgs(1, "NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := registry.ValidateClusterName(args[0]); err != nil {
+				return usagef("%v", err)
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), adminTimeout)
+			defer cancel()
+			client, closeConn, err := f.adminClient(ctx)
+			if err != nil {
+				return err
+			}
+			defer closeConn()
+			resp, err := client.RemoveCluster(ctx, &apiv1.RemoveClusterRequest{Name: args[0]})
+			if err != nil {
+				return rpcError("remove cluster", err)
+			}
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "cluster %s (id %d) removed\n", resp.Cluster.Name, resp.Cluster.Id)
+			return err
+		},
+	}
+}
+
+// exactArgs is cobra.ExactArgs with a usage error (exit 2) that names what is expected.
+func exactArgs(n int, what string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) == n {
+			return nil
+		}
+		if n == 0 {
+			return usagef("%s takes no arguments, got %q", cmd.CommandPath(), args)
+		}
+		return usagef("%s needs %s (%d argument), got %d: %q", cmd.CommandPath(), what, n, len(args), args)
+	}
+}
+
+func formatLabels(l map[string]string) string {
+	keys := slices.Sorted(maps.Keys(l))
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + "=" + l[k]
+	}
+	return strings.Join(parts, ",")
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "<none>"
+	}
+	return s
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+func tsPtr(t time.Time, ok bool) *time.Time {
+	if !ok {
+		return nil
+	}
+	t = t.UTC()
+	return &t
+}
+
+// humanAge formats a duration as kubectl's AGE column does: 45s, 12m, 5h, 3d.
+func humanAge(d time.Duration) string {
+	switch {
+	case d < 0:
+		return "0s"
+	case d < 2*time.Minute:
+		return strconv.Itoa(int(d/time.Second)) + "s"
+	case d < 2*time.Hour:
+		return strconv.Itoa(int(d/time.Minute)) + "m"
+	case d < 48*time.Hour:
+		return strconv.Itoa(int(d/time.Hour)) + "h"
+	}
+	return strconv.Itoa(int(d/(24*time.Hour))) + "d"
+}
