@@ -1,0 +1,116 @@
+package brokerstate
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+)
+
+func clusterEv(name string, id uint32, rev uint64) *apiv1.Event {
+	return &apiv1.Event{Type: apiv1.Event_UPSERT, Kind: "cluster", Key: name, Revision: rev,
+		Resource: &apiv1.Resource{Kind: &apiv1.Resource_Cluster{Cluster: &apiv1.Cluster{Name: name, Id: id, PodCidrs: []string{"10.1.0.0/16"}}}}}
+}
+
+func endpointEv(cluster, node string, rev uint64) *apiv1.Event {
+	return &apiv1.Event{Type: apiv1.Event_UPSERT, Kind: "endpoint", Key: cluster + "/" + node, Revision: rev,
+		Resource: &apiv1.Resource{Kind: &apiv1.Resource_Endpoint{Endpoint: &apiv1.Endpoint{Cluster: cluster, Node: node, PrivateIp: "10.0.0.1"}}}}
+}
+
+func TestApply(t *testing.T) {
+	s := New()
+	if err := s.Apply(&apiv1.WatchResponse{Snapshot: true, Revision: 5, Events: []*apiv1.Event{
+		clusterEv("east", 1, 2), clusterEv("west", 2, 3), endpointEv("west", "w1", 5),
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	if s.Revision != 5 || len(s.Clusters) != 2 || s.Endpoints["west/w1"] == nil {
+		t.Fatalf("after snapshot: %+v", s)
+	}
+
+	t.Run("a delta deletes one endpoint and moves the revision", func(t *testing.T) {
+		err := s.Apply(&apiv1.WatchResponse{Revision: 6, Events: []*apiv1.Event{{Type: apiv1.Event_DELETE, Kind: "endpoint", Key: "west/w1", Revision: 6}}})
+		if err != nil || s.Revision != 6 || len(s.Endpoints) != 0 || len(s.Clusters) != 2 {
+			t.Fatalf("err %v state %+v", err, s)
+		}
+	})
+	t.Run("a malformed delta changes nothing", func(t *testing.T) {
+		err := s.Apply(&apiv1.WatchResponse{Revision: 9, Events: []*apiv1.Event{
+			clusterEv("north", 3, 7), {Type: apiv1.Event_UPSERT, Kind: "cluster", Key: "x", Revision: 9},
+		}})
+		if err == nil || s.Revision != 6 || s.Clusters["north"] != nil {
+			t.Fatalf("err %v state %+v", err, s)
+		}
+	})
+	t.Run("a snapshot replaces everything", func(t *testing.T) {
+		err := s.Apply(&apiv1.WatchResponse{Snapshot: true, Revision: 10, Events: []*apiv1.Event{clusterEv("south", 4, 10)}})
+		if err != nil || s.Revision != 10 || len(s.Clusters) != 1 || s.Clusters["south"] == nil {
+			t.Fatalf("err %v state %+v", err, s)
+		}
+	})
+	t.Run("unknown kinds are ignored", func(t *testing.T) {
+		err := s.Apply(&apiv1.WatchResponse{Revision: 11, Events: []*apiv1.Event{{Type: apiv1.Event_UPSERT, Kind: "policy", Key: "p"}}})
+		if err != nil || s.Revision != 11 {
+			t.Fatalf("err %v state %+v", err, s)
+		}
+	})
+}
+
+func TestSaveAndLoadRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	if s, err := Load(dir); s != nil || err != nil {
+		t.Fatalf("Load of an empty dir = %v, %v", s, err)
+	}
+	s := New()
+	_ = s.Apply(&apiv1.WatchResponse{Snapshot: true, Revision: 42, Events: []*apiv1.Event{clusterEv("east", 1, 1), endpointEv("east", "e1", 42)}})
+	if err := s.Save(dir, time.Unix(100, 0)); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Revision != 42 || !proto.Equal(got.Clusters["east"], s.Clusters["east"]) || !proto.Equal(got.Endpoints["east/e1"], s.Endpoints["east/e1"]) {
+		t.Fatalf("round trip: %+v", got)
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 {
+		t.Fatalf("temp files left behind: %v", entries)
+	}
+	fi, _ := os.Stat(filepath.Join(dir, FileName))
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("mode %v", fi.Mode())
+	}
+	if err := os.WriteFile(filepath.Join(dir, FileName), []byte("{not json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(dir); err == nil {
+		t.Fatal("Load of a corrupt cache succeeded")
+	}
+}
+
+func FuzzUnmarshal(f *testing.F) {
+	s := New()
+	_ = s.Apply(&apiv1.WatchResponse{Snapshot: true, Revision: 3, Events: []*apiv1.Event{clusterEv("east", 1, 1), endpointEv("east", "e1", 3)}})
+	b, _ := s.Marshal(time.Unix(0, 0))
+	f.Add(b)
+	f.Add([]byte(`{"clusters":[{}]}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		st, err := Unmarshal(data)
+		if err != nil {
+			return
+		}
+		out, err := st.Marshal(time.Unix(0, 0))
+		if err != nil {
+			t.Fatalf("re-encode: %v", err)
+		}
+		again, err := Unmarshal(out)
+		if err != nil || again.Revision != st.Revision || len(again.Clusters) != len(st.Clusters) || len(again.Endpoints) != len(st.Endpoints) {
+			t.Fatalf("round trip changed the state: %v", err)
+		}
+	})
+}

@@ -1,0 +1,342 @@
+// Package config is the cable-agent configuration file: strict YAML (unknown fields are errors),
+// defaults applied after decoding, and validation whose errors name the field and the value.
+//
+// Every field below is documented with its default; docs/agent-config.md repeats them for
+// operators and must be kept in step with this file.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Defaults. They are exported so the agent, its docs and its tests agree on one value.
+const (
+	DefaultStateDir          = "/var/lib/cablemesh"
+	DefaultStatusSocket      = "/run/cablemesh/agent.sock"
+	DefaultWireGuardIface    = "cbl-wg0"
+	DefaultWireGuardPort     = 51820
+	DefaultLeaseSeconds      = 30
+	DefaultHeartbeatInterval = 10 * time.Second
+	DefaultResyncInterval    = 30 * time.Second
+	DefaultLogLevel          = "info"
+)
+
+// Config is the whole agent configuration file.
+type Config struct {
+	// Cluster is the name of the cluster this node belongs to: a DNS label (lower-case letters,
+	// digits and '-', at most 63 characters). It must match the cluster the join token was
+	// issued for. Required.
+	Cluster string `yaml:"cluster" json:"cluster"`
+	// Node is this node's name, unique inside its cluster (at most 253 characters of letters,
+	// digits, '-', '.' and '_'). Default: the host name.
+	Node string `yaml:"node" json:"node"`
+	// Broker is the broker's gRPC address, host:port. Required.
+	Broker string `yaml:"broker" json:"broker"`
+	// JoinTokenFile is the file holding the join token printed by `cablectl cluster join-token`.
+	// It is read only when StateDir has no agent certificate yet (first start). Default: none;
+	// required on first start.
+	JoinTokenFile string `yaml:"joinTokenFile" json:"joinTokenFile"`
+	// StateDir holds the agent's key and certificate (agent.key, agent.crt, ca.crt), the last
+	// broker state (broker-state.json) and the drivers' persistent files (wireguard/ keys).
+	// Default: /var/lib/cablemesh.
+	StateDir string `yaml:"stateDir" json:"stateDir"`
+	// Gateway is true on the node that terminates the cluster's tunnels: it registers an
+	// endpoint with the broker and runs the cable. Other nodes only route remote clusters'
+	// CIDRs via their cluster's gateway. Default: false.
+	Gateway bool `yaml:"gateway" json:"gateway"`
+	// AdvertiseAddress is the IP address remote gateways reach this node at (published as the
+	// endpoint's private IP). Required when gateway is true.
+	AdvertiseAddress string `yaml:"advertiseAddress" json:"advertiseAddress"`
+	// PodCIDRs are the pod CIDRs behind this node (Universal sites; on Kubernetes the cluster's
+	// own). Default: none, i.e. the CIDRs the cluster was created with at the broker.
+	PodCIDRs []string `yaml:"podCIDRs" json:"podCIDRs"`
+	// ServiceCIDRs are the service CIDRs behind this node. Default: none, i.e. the cluster's
+	// service CIDRs at the broker.
+	ServiceCIDRs []string `yaml:"serviceCIDRs" json:"serviceCIDRs"`
+	// StatusSocket is the unix socket the status API (GET /v1/status, read by
+	// `cablectl status`) listens on. Default: /run/cablemesh/agent.sock.
+	StatusSocket string `yaml:"statusSocket" json:"statusSocket"`
+	// WireGuard configures the wireguard cable driver on gateway nodes.
+	WireGuard WireGuard `yaml:"wireguard" json:"wireguard"`
+	// LeaseSeconds is the endpoint lease the agent asks the broker for; the broker withdraws
+	// the endpoint when no heartbeat arrived for that long. Default: 30.
+	LeaseSeconds int `yaml:"leaseSeconds" json:"leaseSeconds"`
+	// HeartbeatInterval is how often a gateway renews its endpoint lease, as a Go duration
+	// ("10s"). Must be shorter than leaseSeconds. Default: 10s.
+	HeartbeatInterval time.Duration `yaml:"heartbeatInterval" json:"heartbeatInterval"`
+	// ResyncInterval is how often the agent reconciles the host against the last broker state
+	// even without a change from the broker, repairing drift. Default: 30s.
+	ResyncInterval time.Duration `yaml:"resyncInterval" json:"resyncInterval"`
+	// MetricsAddress is the host:port Prometheus metrics are served on at /metrics.
+	// Default: "" (no metrics listener).
+	MetricsAddress string `yaml:"metricsAddress" json:"metricsAddress"`
+	// LogLevel is debug, info, warn or error. Default: info.
+	LogLevel string `yaml:"logLevel" json:"logLevel"`
+}
+
+// WireGuard is the wireguard driver's node settings.
+type WireGuard struct {
+	// Interface is the WireGuard link name (at most 15 characters). Two agents on one host need
+	// different names. Default: cbl-wg0.
+	Interface string `yaml:"interface" json:"interface"`
+	// Port is the UDP port WireGuard listens on and the endpoint publishes. Default: 51820.
+	Port int `yaml:"port" json:"port"`
+	// MTU of the WireGuard link; 0 means automatic (the underlay MTU minus WireGuard's
+	// overhead of 80 bytes, at least 1280). Otherwise 1280..65535. Default: 0.
+	MTU int `yaml:"mtu" json:"mtu"`
+}
+
+// maxSize bounds the config file: anything larger is not a config file.
+const maxSize = 1 << 20
+
+// Load reads, decodes, defaults and validates the file at path.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read agent config: %w", err)
+	}
+	if len(data) > maxSize {
+		return nil, fmt.Errorf("agent config %s: %d bytes is too large for a config file (at most %d)", path, len(data), maxSize)
+	}
+	c, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("agent config %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Parse decodes data strictly, applies defaults and validates.
+func Parse(data []byte) (*Config, error) {
+	c, err := Decode(data)
+	if err != nil {
+		return nil, err
+	}
+	c.ApplyDefaults(hostname)
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+var unknownFieldRE = regexp.MustCompile(`line (\d+): field (\S+) not found in type \S+`)
+
+// Decode parses one YAML document strictly: unknown fields, a second document and an empty
+// file are errors. It applies no defaults.
+func Decode(data []byte) (*Config, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	var c Config
+	if err := dec.Decode(&c); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, errors.New("config is empty")
+		}
+		return nil, rewriteYAMLError(err)
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return nil, errors.New("config holds more than one YAML document")
+	}
+	return &c, nil
+}
+
+// rewriteYAMLError turns yaml.v3's "line 3: field foo not found in type config.Config" into
+// "line 3: unknown field \"foo\"", which is what an operator needs to read.
+func rewriteYAMLError(err error) error {
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		return fmt.Errorf("decode YAML: %w", err)
+	}
+	msgs := make([]string, 0, len(te.Errors))
+	for _, m := range te.Errors {
+		if sm := unknownFieldRE.FindStringSubmatch(m); sm != nil {
+			m = fmt.Sprintf("line %s: unknown field %q", sm[1], sm[2])
+		}
+		msgs = append(msgs, m)
+	}
+	return errors.New(strings.Join(msgs, "; "))
+}
+
+// hostname is the default node name; a variable so tests can pin it.
+var hostname = func() string {
+	h, err := os.Hostname()
+	if err != nil {
+		return ""
+	}
+	return h
+}
+
+// ApplyDefaults fills every unset field with its documented default. host supplies the node
+// name default.
+func (c *Config) ApplyDefaults(host func() string) {
+	if c.Node == "" && host != nil {
+		c.Node = host()
+	}
+	if c.StateDir == "" {
+		c.StateDir = DefaultStateDir
+	}
+	if c.StatusSocket == "" {
+		c.StatusSocket = DefaultStatusSocket
+	}
+	if c.WireGuard.Interface == "" {
+		c.WireGuard.Interface = DefaultWireGuardIface
+	}
+	if c.WireGuard.Port == 0 {
+		c.WireGuard.Port = DefaultWireGuardPort
+	}
+	if c.LeaseSeconds == 0 {
+		c.LeaseSeconds = DefaultLeaseSeconds
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if c.ResyncInterval == 0 {
+		c.ResyncInterval = DefaultResyncInterval
+	}
+	if c.LogLevel == "" {
+		c.LogLevel = DefaultLogLevel
+	}
+}
+
+var (
+	dnsLabelRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+	nodeRE     = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$`)
+	ifaceRE    = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,15}$`)
+)
+
+// Validate checks every field; the error names the first bad field and its value.
+func (c *Config) Validate() error {
+	if c.Cluster == "" {
+		return errors.New("cluster: is required")
+	}
+	if !dnsLabelRE.MatchString(c.Cluster) {
+		return fmt.Errorf("cluster: %q is not a DNS label (lower-case letters, digits and '-', at most 63 characters)", c.Cluster)
+	}
+	if c.Node == "" {
+		return errors.New("node: is required (no host name to default to)")
+	}
+	if !nodeRE.MatchString(c.Node) {
+		return fmt.Errorf("node: %q is not a valid node name (letters, digits, '-', '.', '_', at most 253 characters)", c.Node)
+	}
+	if c.Broker == "" {
+		return errors.New("broker: is required (host:port of the broker)")
+	}
+	if err := checkHostPort(c.Broker); err != nil {
+		return fmt.Errorf("broker: %q %v", c.Broker, err)
+	}
+	if c.Gateway {
+		if c.AdvertiseAddress == "" {
+			return errors.New("advertiseAddress: is required when gateway is true")
+		}
+	}
+	if c.AdvertiseAddress != "" {
+		a, err := netip.ParseAddr(c.AdvertiseAddress)
+		if err != nil || a.Zone() != "" {
+			return fmt.Errorf("advertiseAddress: %q is not an IP address", c.AdvertiseAddress)
+		}
+		if a.IsUnspecified() || a.IsMulticast() {
+			return fmt.Errorf("advertiseAddress: %q cannot be reached by other gateways", c.AdvertiseAddress)
+		}
+	}
+	if err := checkCIDRs("podCIDRs", c.PodCIDRs); err != nil {
+		return err
+	}
+	if err := checkCIDRs("serviceCIDRs", c.ServiceCIDRs); err != nil {
+		return err
+	}
+	if !strings.HasPrefix(c.StateDir, "/") {
+		return fmt.Errorf("stateDir: %q is not an absolute path", c.StateDir)
+	}
+	if !strings.HasPrefix(c.StatusSocket, "/") {
+		return fmt.Errorf("statusSocket: %q is not an absolute path", c.StatusSocket)
+	}
+	// sun_path holds 108 bytes including the terminating NUL.
+	if len(c.StatusSocket) > 107 {
+		return fmt.Errorf("statusSocket: %q is longer than the 107 bytes a unix socket path may have", c.StatusSocket)
+	}
+	if !ifaceRE.MatchString(c.WireGuard.Interface) || c.WireGuard.Interface == "." || c.WireGuard.Interface == ".." {
+		return fmt.Errorf("wireguard.interface: %q is not a link name (at most 15 of letters, digits, '_', '.', '-')", c.WireGuard.Interface)
+	}
+	if c.WireGuard.Port < 1 || c.WireGuard.Port > 65535 {
+		return fmt.Errorf("wireguard.port: %d is not a UDP port (1..65535)", c.WireGuard.Port)
+	}
+	if c.WireGuard.MTU != 0 && (c.WireGuard.MTU < 1280 || c.WireGuard.MTU > 65535) {
+		return fmt.Errorf("wireguard.mtu: %d is out of range (0 for automatic, or 1280..65535)", c.WireGuard.MTU)
+	}
+	if c.LeaseSeconds < 2 || c.LeaseSeconds > 3600 {
+		return fmt.Errorf("leaseSeconds: %d is out of range (2..3600)", c.LeaseSeconds)
+	}
+	if c.HeartbeatInterval < 100*time.Millisecond {
+		return fmt.Errorf("heartbeatInterval: %q is too short (at least 100ms)", c.HeartbeatInterval)
+	}
+	if c.HeartbeatInterval >= time.Duration(c.LeaseSeconds)*time.Second {
+		return fmt.Errorf("heartbeatInterval: %q must be shorter than leaseSeconds (%ds), or the lease expires between heartbeats", c.HeartbeatInterval, c.LeaseSeconds)
+	}
+	if c.ResyncInterval < time.Second {
+		return fmt.Errorf("resyncInterval: %q is too short (at least 1s)", c.ResyncInterval)
+	}
+	if c.MetricsAddress != "" {
+		if err := checkHostPort(c.MetricsAddress); err != nil {
+			return fmt.Errorf("metricsAddress: %q %v", c.MetricsAddress, err)
+		}
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		return fmt.Errorf("logLevel: %q is not one of debug, info, warn, error", c.LogLevel)
+	}
+	return nil
+}
+
+func checkHostPort(s string) error {
+	_, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return errors.New("is not host:port")
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil || p < 1 || p > 65535 {
+		return fmt.Errorf("has no valid port (1..65535)")
+	}
+	return nil
+}
+
+func checkCIDRs(field string, cidrs []string) error {
+	for i, s := range cidrs {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return fmt.Errorf("%s[%d]: %q is not a CIDR", field, i, s)
+		}
+		if p != p.Masked() {
+			return fmt.Errorf("%s[%d]: %q has host bits set (did you mean %s?)", field, i, s, p.Masked())
+		}
+	}
+	return nil
+}
+
+// Prefixes parses CIDRs that Validate has accepted.
+func Prefixes(cidrs []string) []netip.Prefix {
+	out := make([]netip.Prefix, 0, len(cidrs))
+	for _, s := range cidrs {
+		if p, err := netip.ParsePrefix(s); err == nil {
+			out = append(out, p.Masked())
+		}
+	}
+	return out
+}
+
+// AdvertiseAddr returns the parsed advertise address (invalid when unset).
+func (c *Config) AdvertiseAddr() netip.Addr {
+	a, _ := netip.ParseAddr(c.AdvertiseAddress)
+	return a
+}

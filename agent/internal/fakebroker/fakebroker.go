@@ -1,0 +1,404 @@
+// Package fakebroker is an in-test broker: a real gRPC server over TLS on loopback that speaks
+// the Agent service of api/v1 with the agreed wire facts (serving chain [leaf, CA], leaf SAN
+// apiv1.BrokerServerName, client certs verified if given), a mesh CA, join tokens, and a store of
+// clusters and endpoints whose changes tests drive directly.
+package fakebroker
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"sort"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/cablemesh/cablemesh/api/jointoken"
+	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+)
+
+// PKI is a mesh CA with a broker serving certificate.
+type PKI struct {
+	CA      *x509.Certificate
+	CAKey   *ecdsa.PrivateKey
+	CAPEM   []byte
+	Serving tls.Certificate
+}
+
+// NewPKI makes a CA and a serving leaf for apiv1.BrokerServerName.
+func NewPKI() (*PKI, error) {
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	caTmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "fake mesh CA"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(24 * time.Hour),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		return nil, err
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	p := &PKI{CA: ca, CAKey: caKey, CAPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})}
+	leafKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	leafDER, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
+		SerialNumber: big.NewInt(2),
+		Subject:      pkix.Name{CommonName: apiv1.BrokerServerName},
+		DNSNames:     []string{apiv1.BrokerServerName},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}, ca, &leafKey.PublicKey, caKey)
+	if err != nil {
+		return nil, err
+	}
+	p.Serving = tls.Certificate{Certificate: [][]byte{leafDER, caDER}, PrivateKey: leafKey}
+	return p, nil
+}
+
+// CAHash is the pinned fingerprint of the CA.
+func (p *PKI) CAHash() string { return jointoken.CAHash(p.CA.Raw) }
+
+var tokenKey = []byte("0123456789abcdef0123456789abcdef-fake-broker")
+
+// Broker is the fake broker's state and its (restartable) gRPC server.
+type Broker struct {
+	apiv1.UnimplementedAgentServer
+	PKI *PKI
+
+	mu        sync.Mutex
+	rev       uint64
+	clusters  map[string]*apiv1.Cluster
+	endpoints map[string]*apiv1.Endpoint
+	history   []*apiv1.Event // every event, in order
+	changed   chan struct{}  // closed and replaced on every change
+	joins     int
+	registers int
+	beats     int
+
+	srv  *grpc.Server
+	lis  net.Listener
+	addr string
+}
+
+// New makes a broker with no clusters. Start it with Start.
+func New() (*Broker, error) {
+	p, err := NewPKI()
+	if err != nil {
+		return nil, err
+	}
+	return &Broker{PKI: p, clusters: map[string]*apiv1.Cluster{}, endpoints: map[string]*apiv1.Endpoint{}, changed: make(chan struct{})}, nil
+}
+
+// Start serves on addr ("127.0.0.1:0" for any port; the previous address to restart).
+func (b *Broker) Start(addr string) error {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(b.PKI.CA)
+	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{
+		Certificates: []tls.Certificate{b.PKI.Serving},
+		ClientAuth:   tls.VerifyClientCertIfGiven,
+		ClientCAs:    pool,
+		MinVersion:   tls.VersionTLS12,
+	})))
+	apiv1.RegisterAgentServer(srv, b)
+	b.mu.Lock()
+	b.srv, b.lis, b.addr = srv, lis, lis.Addr().String()
+	b.mu.Unlock()
+	go func() { _ = srv.Serve(lis) }()
+	return nil
+}
+
+// Addr is where the broker listens (or last listened).
+func (b *Broker) Addr() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.addr
+}
+
+// Stop ends the server and every stream, as a dying broker would.
+func (b *Broker) Stop() {
+	b.mu.Lock()
+	srv := b.srv
+	b.srv = nil
+	b.mu.Unlock()
+	if srv != nil {
+		srv.Stop()
+	}
+}
+
+// Token returns a valid join token for cluster.
+func (b *Broker) Token(cluster string, validFor time.Duration) string {
+	t, err := jointoken.Sign(jointoken.Claims{Cluster: cluster, ClusterUID: "uid-" + cluster, Expires: time.Now().Add(validFor), CAHash: b.PKI.CAHash(), Nonce: "n"}, tokenKey)
+	if err != nil {
+		panic(err)
+	}
+	return t
+}
+
+// Counts returns how many Join, RegisterEndpoint and Heartbeat calls succeeded.
+func (b *Broker) Counts() (joins, registers, beats int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.joins, b.registers, b.beats
+}
+
+// Revision is the store revision.
+func (b *Broker) Revision() uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.rev
+}
+
+// Endpoint returns a copy of a registered endpoint, or nil.
+func (b *Broker) Endpoint(cluster, node string) *apiv1.Endpoint {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if e := b.endpoints[cluster+"/"+node]; e != nil {
+		return proto.Clone(e).(*apiv1.Endpoint)
+	}
+	return nil
+}
+
+// UpsertCluster stores a cluster record.
+func (b *Broker) UpsertCluster(c *apiv1.Cluster) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.rev++
+	c = proto.Clone(c).(*apiv1.Cluster)
+	c.Revision = b.rev
+	b.clusters[c.GetName()] = c
+	b.emit(&apiv1.Event{Type: apiv1.Event_UPSERT, Kind: "cluster", Key: c.GetName(), Revision: b.rev,
+		Resource: &apiv1.Resource{Kind: &apiv1.Resource_Cluster{Cluster: c}}})
+}
+
+// UpsertEndpoint stores an endpoint record.
+func (b *Broker) UpsertEndpoint(e *apiv1.Endpoint) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.upsertEndpointLocked(e)
+}
+
+func (b *Broker) upsertEndpointLocked(e *apiv1.Endpoint) {
+	b.rev++
+	e = proto.Clone(e).(*apiv1.Endpoint)
+	e.Revision = b.rev
+	key := e.GetCluster() + "/" + e.GetNode()
+	b.endpoints[key] = e
+	b.emit(&apiv1.Event{Type: apiv1.Event_UPSERT, Kind: "endpoint", Key: key, Revision: b.rev,
+		Resource: &apiv1.Resource{Kind: &apiv1.Resource_Endpoint{Endpoint: e}}})
+}
+
+// DeleteEndpoint withdraws an endpoint, as a lease expiry would.
+func (b *Broker) DeleteEndpoint(cluster, node string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	key := cluster + "/" + node
+	if _, ok := b.endpoints[key]; !ok {
+		return
+	}
+	delete(b.endpoints, key)
+	b.rev++
+	b.emit(&apiv1.Event{Type: apiv1.Event_DELETE, Kind: "endpoint", Key: key, Revision: b.rev})
+}
+
+func (b *Broker) emit(ev *apiv1.Event) {
+	b.history = append(b.history, ev)
+	close(b.changed)
+	b.changed = make(chan struct{})
+}
+
+// Join implements the agent's first call.
+func (b *Broker) Join(_ context.Context, req *apiv1.JoinRequest) (*apiv1.JoinResponse, error) {
+	claims, err := jointoken.Verify(req.GetToken(), tokenKey, time.Now())
+	if err != nil {
+		return nil, status.Error(codes.Unauthenticated, err.Error())
+	}
+	if claims.Cluster != req.GetCluster() {
+		return nil, status.Errorf(codes.PermissionDenied, "token is for cluster %q, not %q", claims.Cluster, req.GetCluster())
+	}
+	blk, _ := pem.Decode(req.GetCsrPem())
+	if blk == nil {
+		return nil, status.Error(codes.InvalidArgument, "csr_pem holds no PEM block")
+	}
+	csr, err := x509.ParseCertificateRequest(blk.Bytes)
+	if err != nil || csr.CheckSignature() != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "bad CSR: %v", err)
+	}
+	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()),
+		Subject:      pkix.Name{CommonName: req.GetNode(), Organization: []string{req.GetCluster()}},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}, b.PKI.CA, csr.PublicKey, b.PKI.CAKey)
+	if err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.joins++
+	c := b.clusters[req.GetCluster()]
+	if c == nil {
+		c = &apiv1.Cluster{Name: req.GetCluster()}
+	}
+	return &apiv1.JoinResponse{
+		CertificatePem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		CaPem:          b.PKI.CAPEM,
+		Cluster:        proto.Clone(c).(*apiv1.Cluster),
+	}, nil
+}
+
+// identity returns the cluster and node of the caller's client certificate.
+func identity(ctx context.Context) (cluster, node string, err error) {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return "", "", status.Error(codes.Unauthenticated, "no peer")
+	}
+	ti, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(ti.State.VerifiedChains) == 0 {
+		return "", "", status.Error(codes.Unauthenticated, "a client certificate is required")
+	}
+	leaf := ti.State.VerifiedChains[0][0]
+	if len(leaf.Subject.Organization) == 0 {
+		return "", "", status.Error(codes.Unauthenticated, "certificate names no cluster")
+	}
+	return leaf.Subject.Organization[0], leaf.Subject.CommonName, nil
+}
+
+// RegisterEndpoint stores the caller's endpoint.
+func (b *Broker) RegisterEndpoint(ctx context.Context, req *apiv1.RegisterEndpointRequest) (*apiv1.RegisterEndpointResponse, error) {
+	cluster, node, err := identity(ctx)
+	if err != nil {
+		return nil, err
+	}
+	e := req.GetEndpoint()
+	if e.GetCluster() != cluster || e.GetNode() != node {
+		return nil, status.Errorf(codes.PermissionDenied, "agent %s/%s may not register %s/%s", cluster, node, e.GetCluster(), e.GetNode())
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.registers++
+	b.upsertEndpointLocked(e)
+	return &apiv1.RegisterEndpointResponse{Endpoint: e, LeaseSeconds: req.GetLeaseSeconds()}, nil
+}
+
+// Heartbeat renews the caller's endpoint; NotFound when it is not registered.
+func (b *Broker) Heartbeat(ctx context.Context, req *apiv1.HeartbeatRequest) (*apiv1.HeartbeatResponse, error) {
+	cluster, node, err := identity(ctx)
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.endpoints[cluster+"/"+node] == nil {
+		return nil, status.Errorf(codes.NotFound, "endpoint %s/%s is not registered", cluster, node)
+	}
+	b.beats++
+	return &apiv1.HeartbeatResponse{Revision: b.rev}, nil
+}
+
+// Watch sends a snapshot (or the deltas after since_revision), then every change.
+func (b *Broker) Watch(req *apiv1.WatchRequest, stream grpc.ServerStreamingServer[apiv1.WatchResponse]) error {
+	if _, _, err := identity(stream.Context()); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	since := req.GetSinceRevision()
+	var first *apiv1.WatchResponse
+	if since == 0 || since > b.rev {
+		first = b.snapshotLocked()
+	} else {
+		first = &apiv1.WatchResponse{Revision: b.rev, Events: b.eventsAfterLocked(since)}
+	}
+	sent := b.rev
+	changed := b.changed
+	b.mu.Unlock()
+	if err := stream.Send(first); err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-stream.Context().Done():
+			return nil
+		case <-changed:
+		}
+		b.mu.Lock()
+		evs := b.eventsAfterLocked(sent)
+		sent = b.rev
+		changed = b.changed
+		b.mu.Unlock()
+		if len(evs) == 0 {
+			continue
+		}
+		if err := stream.Send(&apiv1.WatchResponse{Revision: sent, Events: evs}); err != nil {
+			return err
+		}
+	}
+}
+
+func (b *Broker) eventsAfterLocked(rev uint64) []*apiv1.Event {
+	var out []*apiv1.Event
+	for _, ev := range b.history {
+		if ev.GetRevision() > rev {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+func (b *Broker) snapshotLocked() *apiv1.WatchResponse {
+	resp := &apiv1.WatchResponse{Snapshot: true, Revision: b.rev}
+	names := make([]string, 0, len(b.clusters))
+	for n := range b.clusters {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		resp.Events = append(resp.Events, &apiv1.Event{Type: apiv1.Event_UPSERT, Kind: "cluster", Key: n, Revision: b.clusters[n].GetRevision(),
+			Resource: &apiv1.Resource{Kind: &apiv1.Resource_Cluster{Cluster: b.clusters[n]}}})
+	}
+	keys := make([]string, 0, len(b.endpoints))
+	for k := range b.endpoints {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		resp.Events = append(resp.Events, &apiv1.Event{Type: apiv1.Event_UPSERT, Kind: "endpoint", Key: k, Revision: b.endpoints[k].GetRevision(),
+			Resource: &apiv1.Resource{Kind: &apiv1.Resource_Endpoint{Endpoint: b.endpoints[k]}}})
+	}
+	return resp
+}
+
+// String describes the broker for test logs.
+func (b *Broker) String() string {
+	return fmt.Sprintf("fakebroker(%s, rev %d)", b.Addr(), b.Revision())
+}

@@ -1,0 +1,158 @@
+// Package fakedriver is an in-memory cable.Driver for agent tests: it records every call and
+// reports the connections it holds as a device would.
+package fakedriver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/cablemesh/cablemesh/cable"
+)
+
+// Call is one recorded mutating call.
+type Call struct {
+	Op      string // connect | disconnect | init | cleanup
+	Cluster string
+	Remote  cable.RemoteEndpoint
+}
+
+// Driver is the fake.
+type Driver struct {
+	mu          sync.Mutex
+	conns       map[string]cable.RemoteEndpoint
+	calls       []Call
+	State       cable.State // reported state of every connection; default connected
+	ObserveErr  error       // returned by Connections when set
+	ConnectErr  error       // returned by Connect when set
+	Handshake   time.Time
+	Port        uint16
+	Key         string
+	initialized bool
+}
+
+// New returns an empty fake whose connections report connected.
+func New() *Driver {
+	return &Driver{conns: map[string]cable.RemoteEndpoint{}, State: cable.StateConnected, Port: 51820, Key: "bG9jYWwta2V5LWxvY2FsLWtleS1sb2NhbC1rZXktMDA="}
+}
+
+func (d *Driver) Name() string { return "wireguard" }
+
+func (d *Driver) Init(context.Context) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.initialized = true
+	d.calls = append(d.calls, Call{Op: "init"})
+	return nil
+}
+
+func (d *Driver) LocalEndpoint() cable.LocalEndpoint {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return cable.LocalEndpoint{Port: d.Port, PublicKey: d.Key}
+}
+
+func (d *Driver) Connect(_ context.Context, r cable.RemoteEndpoint, _ cable.Options) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.initialized {
+		return errors.New("fakedriver: Connect before Init")
+	}
+	if d.ConnectErr != nil {
+		return d.ConnectErr
+	}
+	r.Subnets = slices.Clone(r.Subnets)
+	d.conns[r.Cluster] = r
+	d.calls = append(d.calls, Call{Op: "connect", Cluster: r.Cluster, Remote: r})
+	return nil
+}
+
+func (d *Driver) Disconnect(_ context.Context, cluster string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.conns, cluster)
+	d.calls = append(d.calls, Call{Op: "disconnect", Cluster: cluster})
+	return nil
+}
+
+func (d *Driver) Connections(context.Context) ([]cable.ConnectionStatus, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.ObserveErr != nil {
+		return nil, d.ObserveErr
+	}
+	out := make([]cable.ConnectionStatus, 0, len(d.conns))
+	for _, r := range d.conns {
+		out = append(out, cable.ConnectionStatus{
+			Cluster:       r.Cluster,
+			Node:          r.Node,
+			Endpoint:      netip.AddrPortFrom(r.Address, r.Port).String(),
+			State:         d.State,
+			RxBytes:       1234,
+			TxBytes:       5678,
+			LastHandshake: d.Handshake,
+			MTU:           1420,
+			Subnets:       slices.Clone(r.Subnets),
+		})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Cluster < out[j].Cluster })
+	return out, nil
+}
+
+func (d *Driver) Cleanup(context.Context) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.conns = map[string]cable.RemoteEndpoint{}
+	d.calls = append(d.calls, Call{Op: "cleanup"})
+	return nil
+}
+
+// Calls returns the recorded calls (Connect, Disconnect, Init, Cleanup) and clears the record.
+func (d *Driver) Calls() []Call {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	c := d.calls
+	d.calls = nil
+	return c
+}
+
+// Has reports whether the fake holds a connection to cluster.
+func (d *Driver) Has(cluster string) (cable.RemoteEndpoint, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	r, ok := d.conns[cluster]
+	return r, ok
+}
+
+// Clusters lists the clusters the fake holds connections to, sorted.
+func (d *Driver) Clusters() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]string, 0, len(d.conns))
+	for c := range d.conns {
+		out = append(out, c)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Remove drops a connection behind the agent's back, as drift on the host would.
+func (d *Driver) Remove(cluster string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.conns, cluster)
+}
+
+func (c Call) String() string { return fmt.Sprintf("%s %s", c.Op, c.Cluster) }
+
+// SetHandshake sets the last handshake every connection reports.
+func (d *Driver) SetHandshake(t time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.Handshake = t
+}

@@ -1,0 +1,247 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/cablemesh/cablemesh/agent/reconcile"
+	"github.com/cablemesh/cablemesh/agent/statusapi"
+	"github.com/cablemesh/cablemesh/cable"
+)
+
+// Status builds the status document. Connection state, counters and handshakes come from the
+// driver (what the device says), one row per remote cluster this node wants a connection to; a
+// wanted connection the device does not have is reported in state error.
+func (a *Agent) Status(ctx context.Context) statusapi.Status {
+	st := a.snapshot()
+	connected, rev, last, errMsg, cached := a.brokerStatus()
+	out := statusapi.Status{
+		Cluster: a.cfg.Cluster,
+		Node:    a.cfg.Node,
+		Gateway: a.cfg.Gateway,
+		Broker: statusapi.Broker{
+			Address:   a.cfg.Broker,
+			Connected: connected,
+			Revision:  rev,
+			Error:     errMsg,
+			Cached:    cached,
+		},
+		Connections: []statusapi.Connection{},
+	}
+	if c := st.Clusters[a.cfg.Cluster]; c != nil {
+		out.ClusterID = c.GetId()
+	} else if c := a.localCluster(); c != nil {
+		out.ClusterID = c.GetId()
+	}
+	if !last.IsZero() {
+		t := last.UTC()
+		out.Broker.LastContact = &t
+	}
+	d := a.Driver()
+	if !a.cfg.Gateway || d == nil {
+		return out
+	}
+	desired, problems := reconcile.Desired(st, a.cfg.Cluster, reconcile.DefaultDriver)
+	octx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	observed, obsErr := d.Connections(octx)
+	cancel()
+	out.Connections = BuildConnections(d.Name(), desired, problems, observed, obsErr, func(name string) uint32 {
+		return st.Clusters[name].GetId()
+	})
+	return out
+}
+
+// BuildConnections joins what is wanted with what the device reports. It is pure.
+func BuildConnections(driver string, desired []cable.RemoteEndpoint, problems []reconcile.Problem, observed []cable.ConnectionStatus, obsErr error, clusterID func(string) uint32) []statusapi.Connection {
+	have := map[string]cable.ConnectionStatus{}
+	for _, o := range observed {
+		have[o.Cluster] = o
+	}
+	out := []statusapi.Connection{}
+	for _, d := range desired {
+		c := statusapi.Connection{
+			Cluster:   d.Cluster,
+			ClusterID: d.ClusterID,
+			Node:      d.Node,
+			Driver:    driver,
+			Endpoint:  reconcile.EndpointString(d),
+		}
+		for _, p := range d.Subnets {
+			c.Subnets = append(c.Subnets, p.String())
+		}
+		o, ok := have[d.Cluster]
+		switch {
+		case obsErr != nil:
+			c.State = string(cable.StateError)
+			c.Message = "cannot read the device: " + obsErr.Error()
+		case !ok:
+			c.State = string(cable.StateError)
+			c.Message = "connection is wanted but missing on the device"
+		default:
+			c.State = string(o.State)
+			c.Message = o.Message
+			c.RxBytes, c.TxBytes, c.MTU = o.RxBytes, o.TxBytes, o.MTU
+			if o.Endpoint != "" {
+				c.Endpoint = o.Endpoint
+			}
+			if o.Node != "" {
+				c.Node = o.Node
+			}
+			if !o.LastHandshake.IsZero() {
+				t := o.LastHandshake.UTC()
+				c.LastHandshake = &t
+			}
+		}
+		out = append(out, c)
+	}
+	for _, p := range problems {
+		out = append(out, statusapi.Connection{
+			Cluster:   p.Cluster,
+			ClusterID: clusterID(p.Cluster),
+			Driver:    driver,
+			State:     string(cable.StateError),
+			Message:   p.Message,
+		})
+	}
+	return out
+}
+
+type server struct{ close func() }
+
+// serveStatus listens on the status socket: parent dir created, a stale socket removed (but not
+// a live one: that is another agent), mode 0660.
+func (a *Agent) serveStatus(ctx context.Context) (*server, error) {
+	path := a.cfg.StatusSocket
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("statusSocket %s: %w", path, err)
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("statusSocket %s: exists and is not a socket", path)
+		}
+		if c, err := net.DialTimeout("unix", path, 300*time.Millisecond); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("statusSocket %s: another process is serving on it", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("statusSocket %s: remove stale socket: %w", path, err)
+		}
+	}
+	lis, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("statusSocket %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o660); err != nil {
+		lis.Close()
+		return nil, fmt.Errorf("statusSocket %s: %w", path, err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET "+statusapi.Path, func(w http.ResponseWriter, r *http.Request) {
+		s := a.Status(r.Context())
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(s)
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			a.log.Error("status server stopped", "err", err)
+		}
+	}()
+	return &server{close: func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+		<-done
+		_ = os.Remove(path)
+	}}, nil
+}
+
+// serveMetrics serves Prometheus metrics on metricsAddress at /metrics.
+func (a *Agent) serveMetrics(ctx context.Context) (*server, error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(&collector{a: a})
+	lis, err := net.Listen("tcp", a.cfg.MetricsAddress)
+	if err != nil {
+		return nil, fmt.Errorf("metricsAddress %s: %w", a.cfg.MetricsAddress, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			a.log.Error("metrics server stopped", "err", err)
+		}
+	}()
+	a.log.Info("serving metrics", "address", lis.Addr().String())
+	return &server{close: func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+		<-done
+	}}, nil
+}
+
+var (
+	descState = prometheus.NewDesc("cablemesh_agent_connection_state",
+		"1 for the state a connection to a remote cluster is in (read from the device), 0 for the others.",
+		[]string{"cluster", "driver", "state"}, nil)
+	descRx = prometheus.NewDesc("cablemesh_agent_connection_rx_bytes_total",
+		"Bytes received from a remote cluster over its connection, as the device counts them.",
+		[]string{"cluster", "driver"}, nil)
+	descTx = prometheus.NewDesc("cablemesh_agent_connection_tx_bytes_total",
+		"Bytes sent to a remote cluster over its connection, as the device counts them.",
+		[]string{"cluster", "driver"}, nil)
+	descBroker = prometheus.NewDesc("cablemesh_agent_broker_connected",
+		"1 when the agent's watch (and, on gateways, heartbeat) to the broker is working.", nil, nil)
+	descRevision = prometheus.NewDesc("cablemesh_agent_broker_revision",
+		"The last broker revision the agent applied.", nil, nil)
+)
+
+// collector reads the same status the socket serves at scrape time, so metrics and
+// `cablectl status` never disagree.
+type collector struct{ a *Agent }
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descState, descRx, descTx, descBroker, descRevision} {
+		ch <- d
+	}
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s := c.a.Status(ctx)
+	for _, conn := range s.Connections {
+		for _, st := range []cable.State{cable.StateConnected, cable.StateConnecting, cable.StateError} {
+			v := 0.0
+			if conn.State == string(st) {
+				v = 1
+			}
+			ch <- prometheus.MustNewConstMetric(descState, prometheus.GaugeValue, v, conn.Cluster, conn.Driver, string(st))
+		}
+		ch <- prometheus.MustNewConstMetric(descRx, prometheus.CounterValue, float64(conn.RxBytes), conn.Cluster, conn.Driver)
+		ch <- prometheus.MustNewConstMetric(descTx, prometheus.CounterValue, float64(conn.TxBytes), conn.Cluster, conn.Driver)
+	}
+	b := 0.0
+	if s.Broker.Connected {
+		b = 1
+	}
+	ch <- prometheus.MustNewConstMetric(descBroker, prometheus.GaugeValue, b)
+	ch <- prometheus.MustNewConstMetric(descRevision, prometheus.GaugeValue, float64(s.Broker.Revision))
+}

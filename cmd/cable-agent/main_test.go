@@ -1,0 +1,68 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestBadInvocationsExitTwoBeforeCreatingAnything(t *testing.T) {
+	dir := t.TempDir()
+	state := filepath.Join(dir, "state")
+	sock := filepath.Join(dir, "agent.sock")
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	good := "cluster: east\nnode: e1\nbroker: 127.0.0.1:1\nstateDir: " + state + "\nstatusSocket: " + sock + "\n"
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no --config is bad usage", nil, "usage"},
+		{"an unknown flag is bad usage", []string{"--confg", "x"}, "flag provided but not defined"},
+		{"a missing config file is reported", []string{"--config", filepath.Join(dir, "nope.yaml")}, "nope.yaml"},
+		{"an unknown config field is reported with its line", []string{"--config", write("a.yaml", good+"gatewy: true\n")}, `line 6: unknown field "gatewy"`},
+		{"a bad CIDR is reported with the field", []string{"--config", write("b.yaml", good+"podCIDRs: [10.0.0.0/40]\n")}, `podCIDRs[0]: "10.0.0.0/40" is not a CIDR`},
+		{"a bad --log-level is reported", []string{"--config", write("c.yaml", good), "--log-level", "loud"}, `logLevel: "loud"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stderr bytes.Buffer
+			if code := run(tt.args, &stderr); code != 2 {
+				t.Errorf("exit code %d, want 2 (stderr: %s)", code, stderr.String())
+			}
+			if !strings.Contains(stderr.String(), tt.want) {
+				t.Errorf("stderr %q does not contain %q", stderr.String(), tt.want)
+			}
+			for _, p := range []string{state, sock} {
+				if _, err := os.Stat(p); err == nil {
+					t.Errorf("%s was created", p)
+				}
+			}
+		})
+	}
+}
+
+func TestAMissingJoinTokenExitsOneWithAClearMessage(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "agent.yaml")
+	body := "cluster: east\nnode: e1\nbroker: 127.0.0.1:1\nstateDir: " + filepath.Join(dir, "state") +
+		"\nstatusSocket: " + filepath.Join(dir, "agent.sock") + "\njoinTokenFile: " + filepath.Join(dir, "missing-token") + "\n"
+	if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	if code := run([]string{"--config", cfg}, &stderr); code != 1 {
+		t.Fatalf("exit code %d, want 1 (stderr: %s)", code, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "cannot join the mesh") || !strings.Contains(stderr.String(), "missing-token") {
+		t.Errorf("stderr = %s", stderr.String())
+	}
+}

@@ -1,0 +1,188 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"sigs.k8s.io/yaml"
+
+	"github.com/cablemesh/cablemesh/agent/statusapi"
+)
+
+// defaultStatusSocket is the agent's default statusSocket (agent/config.DefaultStatusSocket);
+// CABLEMESH_AGENT_SOCKET overrides it.
+func defaultStatusSocket() string {
+	if p := os.Getenv("CABLEMESH_AGENT_SOCKET"); p != "" {
+		return p
+	}
+	return "/run/cablemesh/agent.sock"
+}
+
+func newStatusCmd(g *globalFlags) *cobra.Command {
+	var socket string
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show this node's tunnels to every remote cluster and its broker connection (from the local agent)",
+		Long: "status asks the local cable-agent over its unix socket what its connections look like on the device:\n" +
+			"one row per remote cluster (state, endpoint, RTT, bytes, last handshake), then the broker connection.",
+		Example: "  cablectl status\n  cablectl status --socket /run/cablemesh/agent.sock -o json",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			switch g.output {
+			case "table", "json", "yaml":
+			default:
+				return usagef("--output %q: want table, json or yaml", g.output)
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			s, err := fetchStatus(ctx, socket)
+			if err != nil {
+				return fmt.Errorf("cannot reach agent at %s: %w", socket, err)
+			}
+			return printStatus(cmd.OutOrStdout(), g.output, s, time.Now())
+		},
+	}
+	cmd.Flags().StringVar(&socket, "socket", defaultStatusSocket(), "the agent's status socket (its statusSocket setting); env CABLEMESH_AGENT_SOCKET")
+	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Second, "how long to wait for the agent")
+	return cmd
+}
+
+// fetchStatus GETs the status document over the unix socket.
+func fetchStatus(ctx context.Context, socket string) (*statusapi.Status, error) {
+	client := &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socket)
+		},
+	}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent"+statusapi.Path, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return nil, fmt.Errorf("read status: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("agent answered %s: %s", resp.Status, strings.TrimSpace(string(body)))
+	}
+	var s statusapi.Status
+	if err := json.Unmarshal(body, &s); err != nil {
+		return nil, fmt.Errorf("decode status: %w", err)
+	}
+	return &s, nil
+}
+
+// printStatus writes s as a table, JSON or YAML; now is the reference for "ago" columns.
+func printStatus(w io.Writer, format string, s *statusapi.Status, now time.Time) error {
+	switch format {
+	case "json":
+		b, err := json.MarshalIndent(s, "", "  ")
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(w, "%s\n", b)
+		return err
+	case "yaml":
+		b, err := yaml.Marshal(s)
+		if err != nil {
+			return err
+		}
+		_, err = w.Write(b)
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CLUSTER\tID\tDRIVER\tSTATE\tENDPOINT\tRTT\tRX\tTX\tLAST HANDSHAKE")
+	for _, c := range s.Connections {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
+			c.Cluster, c.ClusterID, statusDash(c.Driver), statusDash(c.State), statusDash(c.Endpoint), statusRTT(c.RTT),
+			statusBytes(c.RxBytes), statusBytes(c.TxBytes), statusAgo(c.LastHandshake, now))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, c := range s.Connections {
+		if c.Message != "" {
+			fmt.Fprintf(w, "  %s: %s\n", c.Cluster, c.Message)
+		}
+	}
+	b := s.Broker
+	conn := "disconnected"
+	if b.Connected {
+		conn = "connected"
+	}
+	line := fmt.Sprintf("Broker: %s %s, revision %d, last contact %s", statusDash(b.Address), conn, b.Revision, statusAgo(b.LastContact, now))
+	if b.Cached {
+		line += ", running on cached state"
+	}
+	if b.Error != "" {
+		line += ", error: " + b.Error
+	}
+	_, err := fmt.Fprintf(w, "\n%s\n", line)
+	return err
+}
+
+func statusDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// statusRTT is the last probe RTT, or "-" without probe data.
+func statusRTT(r *statusapi.RTT) string {
+	if r == nil {
+		return "-"
+	}
+	return strconv.FormatFloat(r.LastMs, 'f', 1, 64) + "ms"
+}
+
+// statusBytes formats a byte count in IEC units: 512 B, 1.2 KiB, 3.4 MiB.
+func statusBytes(n uint64) string {
+	if n < 1024 {
+		return strconv.FormatUint(n, 10) + " B"
+	}
+	v := float64(n)
+	for _, unit := range []string{"KiB", "MiB", "GiB", "TiB", "PiB"} {
+		v /= 1024
+		if v < 1024 || unit == "PiB" {
+			return strconv.FormatFloat(v, 'f', 1, 64) + " " + unit
+		}
+	}
+	return "" // unreachable
+}
+
+// statusAgo formats how long ago t was ("12s ago", "5m ago"), or "never".
+func statusAgo(t *time.Time, now time.Time) string {
+	if t == nil || t.IsZero() {
+		return "never"
+	}
+	d := now.Sub(*t)
+	switch {
+	case d < 0:
+		return "0s ago"
+	case d < 2*time.Minute:
+		return strconv.Itoa(int(d/time.Second)) + "s ago"
+	case d < 2*time.Hour:
+		return strconv.Itoa(int(d/time.Minute)) + "m ago"
+	case d < 48*time.Hour:
+		return strconv.Itoa(int(d/time.Hour)) + "h ago"
+	}
+	return strconv.Itoa(int(d/(24*time.Hour))) + "d ago"
+}
