@@ -46,6 +46,9 @@ type RemoteEndpoint struct {
 	PublicKey string
 	// Subnets are the remote cluster's CIDRs: what the connection carries and what gets routed.
 	Subnets []netip.Prefix
+	// PreSharedKey is the secret of this cluster pair, derived by the broker from the mesh secret
+	// and delivered only to the pair's two clusters (used by the ipsec driver). Never log it.
+	PreSharedKey []byte
 }
 
 // State of one connection, as observed on the host (never what the agent merely intended).
