@@ -1,0 +1,89 @@
+package policy
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// FuzzDecodeYAML: DecodeYAML never panics, and whatever it accepts is valid
+// and survives EncodeYAML and a second DecodeYAML unchanged.
+func FuzzDecodeYAML(f *testing.F) {
+	files, _ := filepath.Glob(filepath.Join("testdata", "seed004", "*.yaml"))
+	for _, file := range files {
+		data, err := os.ReadFile(file)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(data)
+	}
+	f.Add([]byte(head + "spec:\n  clusterSelector:\n    matchExpressions:\n    - {key: env, operator: In, values: [a, b]}\n"))
+	f.Add([]byte(head + "spec:\n  leftClusterSelector: {env: !production}\n  rightClusterSelector:\n  topology: client-server\n"))
+	f.Add([]byte(head + "spec: &a {}\n---\n" + "kind: ClusterConnectionPolicy\nmetadata: {name: q}\nspec: *a\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		ps, err := DecodeYAML(data)
+		if err != nil {
+			return
+		}
+		for i := range ps {
+			if err := ps[i].Validate(); err != nil {
+				t.Fatalf("accepted an invalid policy: %v", err)
+			}
+		}
+		out, err := EncodeYAML(ps)
+		if err != nil {
+			t.Fatalf("encode: %v", err)
+		}
+		back, err := DecodeYAML(out)
+		if err != nil {
+			t.Fatalf("decode of our own output: %v\n%s", err, out)
+		}
+		if len(ps) == 0 && len(back) == 0 {
+			return
+		}
+		if !reflect.DeepEqual(ps, back) {
+			t.Fatalf("round trip changed the policies:\n%+v\n%+v\n%s", ps, back, out)
+		}
+	})
+}
+
+// FuzzParseSelector: ParseSelector never panics; what it accepts is valid,
+// prints to a string it parses back to the same selector, and matches as
+// apimachinery's selector does.
+func FuzzParseSelector(f *testing.F) {
+	for _, s := range []string{
+		"", "location=on-premise,env!=production,tier in (a,b),!legacy,gpu",
+		"env=!production", "a==b", "a notin (x, y)", "example.com/zone in (,a)", "k!=",
+	} {
+		f.Add(s)
+	}
+	labelSets := []map[string]string{nil, {"env": "production"}, {"env": "", "a": "b", "gpu": "1"}, {"tier": "a", "location": "on-premise"}}
+	f.Fuzz(func(t *testing.T, s string) {
+		sel, err := ParseSelector(s)
+		if err != nil {
+			return
+		}
+		if err := sel.Validate("selector"); err != nil {
+			t.Fatalf("accepted an invalid selector: %v", err)
+		}
+		again, err := ParseSelector(sel.String())
+		if err != nil {
+			t.Fatalf("ParseSelector(%q) = %q, which does not parse: %v", s, sel.String(), err)
+		}
+		if !reflect.DeepEqual(again, sel) && !(again.IsEmpty() && sel.IsEmpty()) {
+			t.Fatalf("round trip of %q: %#v became %#v", s, sel, again)
+		}
+		ks, err := metav1.LabelSelectorAsSelector(sel.LabelSelector())
+		if err != nil {
+			t.Fatalf("apimachinery rejects %q: %v", sel.String(), err)
+		}
+		for _, labels := range labelSets {
+			if got, want := sel.Matches(labels), ks.Matches(mapLabels(labels)); got != want {
+				t.Fatalf("%q on %v: we say %v, apimachinery %v", sel.String(), labels, got, want)
+			}
+		}
+	})
+}
