@@ -1,0 +1,53 @@
+# Cablemesh. `make demo` and `make test` are the two commands for a fresh machine (as root).
+SHELL := /usr/bin/env bash
+.SHELLFLAGS := -euo pipefail -c
+
+GO ?= go
+BIN := $(CURDIR)/bin
+BINARIES := cable-broker cable-agent cablectl
+# The netns tests build a mesh of several clusters; 40m is a ceiling, they take a few minutes.
+NETNS_TIMEOUT ?= 40m
+
+.PHONY: all build deps test unit-test netns-test demo demo-down bench generate fmt vet clean
+
+all: build
+
+build:
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(BINARIES))
+
+deps:
+	./scripts/install-deps.sh
+
+test: deps build unit-test netns-test
+
+# Unit tests: everything except the end-to-end tests under tests/netns.
+unit-test:
+	pkgs=$$($(GO) list ./... | grep -v '/tests/netns'); $(GO) test -count=1 $$pkgs
+
+# End-to-end tests with the real binaries in network namespaces (need root; they skip otherwise).
+netns-test: build
+	CABLEMESH_BIN=$(BIN) $(GO) test -v -count=1 -timeout $(NETNS_TIMEOUT) ./tests/netns/...
+
+demo: deps build
+	./scripts/demo.sh
+
+demo-down:
+	./scripts/demo-down.sh
+
+bench: deps build
+	./bench/throughput.sh
+
+# Regenerates the protobuf Go code (needs protoc, protoc-gen-go and protoc-gen-go-grpc).
+generate:
+	cd api/v1 && PATH="$$PATH:$$($(GO) env GOPATH)/bin" protoc --go_out=. --go_opt=paths=source_relative \
+		--go-grpc_out=. --go-grpc_opt=paths=source_relative cablemesh.proto
+
+fmt:
+	gofmt -l -w $$(git ls-files '*.go')
+
+vet:
+	$(GO) vet ./...
+
+clean:
+	rm -rf $(BIN)

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs the system tools the netns tests, the demo and the benchmark need (iperf3, ping, ip),
+# only those that are missing. Idempotent and non-interactive; a no-op on a machine that has them.
+set -euo pipefail
+
+need=()
+command -v iperf3 >/dev/null 2>&1 || need+=(iperf3)
+command -v ping >/dev/null 2>&1 || need+=(iputils-ping)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+
+if [ ${#need[@]} -eq 0 ]; then
+	exit 0
+fi
+
+if [ "$(id -u)" -ne 0 ]; then
+	echo "install-deps: missing ${need[*]}; run as root (or install them) to continue" >&2
+	exit 1
+fi
+
+echo "install-deps: installing ${need[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
