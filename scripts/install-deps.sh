@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the system tools the netns tests, the demo and the benchmark need (iperf3, ping, ip),
+# Installs the system tools the netns tests, the demo and the benchmark need (iperf3, ping, ip,
+# strongSwan),
 # only those that are missing. Idempotent and non-interactive; a no-op on a machine that has them.
 set -euo pipefail
 
@@ -7,6 +8,12 @@ need=()
 command -v iperf3 >/dev/null 2>&1 || need+=(iperf3)
 command -v ping >/dev/null 2>&1 || need+=(iputils-ping)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+# The ipsec cable driver: charon, its vici plugin, kernel-libipsec (userspace ESP where the kernel
+# has none) and the openssl plugin. See cable/ipsec/DEPENDENCIES.md.
+[ -x /usr/lib/ipsec/charon ] || need+=(strongswan-charon)
+command -v swanctl >/dev/null 2>&1 || need+=(strongswan-swanctl)
+[ -e /usr/lib/ipsec/plugins/libstrongswan-kernel-libipsec.so ] || need+=(libcharon-extra-plugins)
+[ -e /usr/lib/ipsec/plugins/libstrongswan-openssl.so ] || need+=(libstrongswan-standard-plugins)
 
 if [ ${#need[@]} -eq 0 ]; then
 	exit 0

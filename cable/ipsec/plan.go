@@ -1,0 +1,426 @@
+package ipsec
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"unicode"
+
+	"github.com/cablemesh/cablemesh/cable"
+)
+
+// This file holds the pure half of the driver: validating a remote endpoint, deciding who
+// initiates, building the VICI messages, comparing them with what charon reports, and computing
+// the tunnel MTU. No I/O.
+
+// ConnPrefix starts the name of every connection and shared key the driver loads into charon, so
+// cleanup (also against a system charon) finds exactly ours.
+const ConnPrefix = "cbl-"
+
+// ConnName is the name of the IKE connection, of its one CHILD_SA config and of its shared key
+// for the remote cluster.
+func ConnName(cluster string) string { return ConnPrefix + cluster }
+
+// clusterFromConn is the inverse of ConnName ("" when name is not ours).
+func clusterFromConn(name string) string {
+	c, ok := strings.CutPrefix(name, ConnPrefix)
+	if !ok {
+		return ""
+	}
+	return c
+}
+
+// minPSKLen is the shortest pre-shared key we accept: the broker derives 32 bytes; anything much
+// shorter is a bug upstream, and strongSwan itself warns below 20.
+const minPSKLen = 16
+
+// desiredConn is the connection one remote cluster should have in charon. PSK is kept apart from
+// everything that is logged, hashed or compared.
+type desiredConn struct {
+	Name       string
+	Cluster    string
+	Node       string
+	LocalAddr  netip.Addr
+	RemoteAddr netip.Addr
+	RemotePort uint16
+	LocalTS    []netip.Prefix
+	RemoteTS   []netip.Prefix
+	Initiator  bool
+	Opts       options
+}
+
+// desiredFromRemote validates remote against the local node and builds the connection. Errors
+// name the field and never contain the key.
+func desiredFromRemote(local cable.LocalNode, remote cable.RemoteEndpoint, opts options) (desiredConn, error) {
+	if err := validClusterName(remote.Cluster); err != nil {
+		return desiredConn{}, fmt.Errorf("ipsec connect: remote cluster %q: %w", remote.Cluster, err)
+	}
+	where := "ipsec connect to cluster " + remote.Cluster
+	if !local.AdvertiseAddress.IsValid() || local.AdvertiseAddress.IsUnspecified() {
+		return desiredConn{}, fmt.Errorf("%s: local advertise address %q is not a usable IP", where, local.AdvertiseAddress)
+	}
+	if !remote.Address.IsValid() || remote.Address.IsUnspecified() {
+		return desiredConn{}, fmt.Errorf("%s: address %q is not a usable IP", where, remote.Address)
+	}
+	la, ra := local.AdvertiseAddress.Unmap(), remote.Address.Unmap()
+	if la == ra {
+		return desiredConn{}, fmt.Errorf("%s: address %s is this node's own advertise address", where, ra)
+	}
+	if la.Is4() != ra.Is4() {
+		return desiredConn{}, fmt.Errorf("%s: address %s and local advertise address %s are of different IP families", where, ra, la)
+	}
+	if len(remote.PreSharedKey) < minPSKLen {
+		// The length is safe to say; the key is not.
+		return desiredConn{}, fmt.Errorf("%s: pre-shared key has %d bytes, want at least %d", where, len(remote.PreSharedKey), minPSKLen)
+	}
+	remoteTS, err := normalizeSubnets(remote.Subnets)
+	if err != nil {
+		return desiredConn{}, fmt.Errorf("%s: subnets: %w", where, err)
+	}
+	if len(remoteTS) == 0 {
+		return desiredConn{}, fmt.Errorf("%s: subnets: empty, nothing to carry", where)
+	}
+	localTS, err := normalizeSubnets(local.LocalSubnets)
+	if err != nil {
+		return desiredConn{}, fmt.Errorf("%s: local subnets: %w", where, err)
+	}
+	if len(localTS) == 0 {
+		return desiredConn{}, fmt.Errorf("%s: local subnets: empty, nothing to carry", where)
+	}
+	for _, r := range remoteTS {
+		for _, l := range localTS {
+			if r.Overlaps(l) {
+				return desiredConn{}, fmt.Errorf("%s: subnet %s overlaps local subnet %s", where, r, l)
+			}
+		}
+	}
+	port := remote.Port
+	if port == 0 {
+		port = DefaultPort
+	}
+	return desiredConn{
+		Name:       ConnName(remote.Cluster),
+		Cluster:    remote.Cluster,
+		Node:       remote.Node,
+		LocalAddr:  la,
+		RemoteAddr: ra,
+		RemotePort: port,
+		LocalTS:    localTS,
+		RemoteTS:   remoteTS,
+		Initiator:  isInitiator(la, ra),
+		Opts:       opts,
+	}, nil
+}
+
+// validClusterName keeps connection names printable and unambiguous in charon's logs and in
+// swanctl output.
+func validClusterName(name string) error {
+	if name == "" {
+		return fmt.Errorf("empty")
+	}
+	if len(name) > 63 {
+		return fmt.Errorf("%d bytes, want at most 63", len(name))
+	}
+	for _, r := range name {
+		if r > unicode.MaxASCII || !(unicode.IsLetter(r) || unicode.IsDigit(r) || r == '-' || r == '_' || r == '.') {
+			return fmt.Errorf("invalid character %q", r)
+		}
+	}
+	return nil
+}
+
+// isInitiator decides which end starts IKE: the one with the smaller underlay address. Both ends
+// compute the same answer from the same two addresses, so exactly one initiates and the pair
+// never builds duplicate SAs; the other end only responds (start_action none).
+func isInitiator(local, remote netip.Addr) bool {
+	return local.Unmap().Less(remote.Unmap())
+}
+
+// normalizeSubnets masks, sorts and de-duplicates prefixes, rejecting invalid ones.
+func normalizeSubnets(in []netip.Prefix) ([]netip.Prefix, error) {
+	out := make([]netip.Prefix, 0, len(in))
+	for _, p := range in {
+		if !p.IsValid() {
+			return nil, fmt.Errorf("%q is not a valid CIDR", p)
+		}
+		out = append(out, netip.PrefixFrom(p.Addr().Unmap(), p.Bits()).Masked())
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int {
+		if c := a.Addr().Compare(b.Addr()); c != 0 {
+			return c
+		}
+		return a.Bits() - b.Bits()
+	})
+	return slices.Compact(out), nil
+}
+
+func prefixStrings(ps []netip.Prefix) []string {
+	out := make([]string, 0, len(ps))
+	for _, p := range ps {
+		out = append(out, p.String())
+	}
+	return out
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+// Timers of every connection. DPD every 10s notices a dead peer within about 35s with the
+// retransmission settings of strongswan.conf; the initiator then starts again (dpd_action
+// restart) while the responder just clears (dpd_action clear) and waits.
+const (
+	dpdDelay = "10s"
+)
+
+// connMessage is the body of VICI load-conn for want, as nested maps (section -> map, list ->
+// []string, value -> string). It never contains the key: that goes by load-shared.
+func connMessage(want desiredConn) map[string]any {
+	startAction, dpdAction, closeAction := "none", "clear", "none"
+	if want.Initiator {
+		startAction, dpdAction, closeAction = "start", "restart", "start"
+	}
+	child := map[string]any{
+		"mode":          "tunnel",
+		"local_ts":      prefixStrings(want.LocalTS),
+		"remote_ts":     prefixStrings(want.RemoteTS),
+		"esp_proposals": slices.Clone(want.Opts.ESPProposals),
+		"start_action":  startAction,
+		"dpd_action":    dpdAction,
+		"close_action":  closeAction,
+	}
+	conn := map[string]any{
+		"version":      "2",
+		"local_addrs":  []string{want.LocalAddr.String()},
+		"remote_addrs": []string{want.RemoteAddr.String()},
+		"remote_port":  fmt.Sprint(want.RemotePort),
+		"proposals":    slices.Clone(want.Opts.IKEProposals),
+		"encap":        yesNo(want.Opts.Encap),
+		// A restarted peer's new IKE_SA replaces the old one instead of living beside it.
+		"unique": "replace",
+		// The initiator retries forever: the responder may come up much later.
+		"keyingtries": "0",
+		"dpd_delay":   dpdDelay,
+		// Gateways have fixed addresses; MOBIKE would only add address-update exchanges.
+		"mobike": "no",
+		"local": map[string]any{
+			"auth": "psk",
+			"id":   localID(want),
+		},
+		"remote": map[string]any{
+			"auth": "psk",
+			"id":   remoteID(want),
+		},
+		"children": map[string]any{
+			want.Name: child,
+		},
+	}
+	return map[string]any{want.Name: conn}
+}
+
+// The IKE identities are the underlay addresses: both ends know both (the remote's from its
+// broker endpoint), and the shared key is bound to exactly this pair of identities.
+func localID(want desiredConn) string  { return want.LocalAddr.String() }
+func remoteID(want desiredConn) string { return want.RemoteAddr.String() }
+
+// sharedMessage is the body of VICI load-shared for want's key. It holds the secret: it is built
+// only right before the call and never logged, hashed into fingerprints or stored.
+func sharedMessage(want desiredConn, psk []byte) map[string]any {
+	return map[string]any{
+		"id":     want.Name,
+		"type":   "IKE",
+		"data":   string(psk),
+		"owners": []string{localID(want), remoteID(want)},
+	}
+}
+
+// fingerprint identifies a load-conn message (which holds no secret): equal fingerprints mean
+// charon was given exactly this configuration.
+func fingerprint(msg map[string]any) string {
+	// encoding/json sorts map keys, so the encoding is canonical.
+	data, err := json.Marshal(msg)
+	if err != nil {
+		panic(fmt.Sprintf("ipsec: fingerprint of a load-conn message: %v", err)) // maps of strings always encode
+	}
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:])
+}
+
+// pskDigest lets Connect tell whether the key in charon is still the one it was given, without
+// keeping a second copy of the key around in a comparable form. It lives in memory only.
+func pskDigest(psk []byte) [sha256.Size]byte { return sha256.Sum256(psk) }
+
+// loadedMatches compares what charon's list-conns reports for our connection (one "list-conn"
+// event section, as nested maps) with want: addresses and traffic selectors, the parts charon
+// could silently disagree on. The rest is covered by the fingerprint of what we loaded.
+func loadedMatches(loaded map[string]any, want desiredConn) bool {
+	if !sameStrings(listOf(loaded["local_addrs"]), []string{want.LocalAddr.String()}) ||
+		!sameStrings(listOf(loaded["remote_addrs"]), []string{want.RemoteAddr.String()}) {
+		return false
+	}
+	children, _ := loaded["children"].(map[string]any)
+	child, ok := children[want.Name].(map[string]any)
+	if !ok {
+		return false
+	}
+	return sameStrings(listOf(child["local-ts"]), prefixStrings(want.LocalTS)) &&
+		sameStrings(listOf(child["remote-ts"]), prefixStrings(want.RemoteTS))
+}
+
+func listOf(v any) []string {
+	switch x := v.(type) {
+	case []string:
+		return x
+	case string:
+		return []string{x}
+	}
+	return nil
+}
+
+func sameStrings(a, b []string) bool {
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(a, b)
+}
+
+// ESP overhead, worst case per packet, with UDP encapsulation: outer IP header (20 or 40) + UDP
+// 8 + ESP header 8 + IV + padding + pad length and next header 2 + ICV. With AES-GCM (our
+// default): IV 8, padding at most 3 (4-byte alignment), ICV 16. With a CBC cipher and HMAC the
+// worst case is IV 16, padding 15, ICV up to 32.
+const (
+	overheadAEAD4 = 20 + 8 + 8 + 8 + 3 + 2 + 16
+	overheadAEAD6 = overheadAEAD4 + 20
+	overheadCBC4  = 20 + 8 + 8 + 16 + 15 + 2 + 32
+	overheadCBC6  = overheadCBC4 + 20
+)
+
+// tunnelMTU is the MTU of the routes into the tunnel. setting is the mtu setting (0: derive it
+// from the underlay). aead says whether every ESP proposal the node uses is an AEAD. libipsec
+// caps it at LibipsecMTU, and refuses a larger explicit setting because libipsec would silently
+// drop the packets between the two.
+func tunnelMTU(setting, underlay int, libipsec, v6, aead bool) (int, error) {
+	if setting != 0 {
+		if libipsec && setting > LibipsecMTU {
+			return 0, fmt.Errorf("ipsec setting %s=%d: kernel-libipsec carries at most %d-byte packets", keyMTU, setting, LibipsecMTU)
+		}
+		return setting, nil
+	}
+	over := overheadCBC4
+	switch {
+	case aead && v6:
+		over = overheadAEAD6
+	case aead:
+		over = overheadAEAD4
+	case v6:
+		over = overheadCBC6
+	}
+	m := underlay - over
+	if libipsec {
+		m = min(m, LibipsecMTU)
+	}
+	return max(m, MinMTU), nil
+}
+
+// mssFor is the TCP MSS advertised on the tunnel routes: the MTU less the inner IP and TCP
+// headers, for the larger (IPv6) header when any local subnet is IPv6 because charon takes one
+// value for all routes.
+func mssFor(mtu int, subnets []netip.Prefix) int {
+	for _, p := range subnets {
+		if p.Addr().Is6() && !p.Addr().Is4In6() {
+			return mtu - 60
+		}
+	}
+	return mtu - 40
+}
+
+// isAEAD reports whether an ESP proposal uses only combined-mode ciphers (GCM, CCM,
+// ChaCha20-Poly1305), so it needs no separate integrity algorithm.
+func isAEAD(proposal string) bool {
+	for _, alg := range strings.Split(proposal, "-") {
+		if strings.Contains(alg, "gcm") || strings.Contains(alg, "ccm") || strings.Contains(alg, "chacha20poly1305") {
+			return true
+		}
+	}
+	return false
+}
+
+// allAEAD reports whether every proposal is an AEAD one.
+func allAEAD(proposals []string) bool {
+	for _, p := range proposals {
+		if !isAEAD(p) {
+			return false
+		}
+	}
+	return len(proposals) > 0
+}
+
+// confParams shape the strongswan.conf of a charon the driver owns.
+type confParams struct {
+	Port       int
+	NATTPort   int
+	ViciSocket string // absolute path
+	Libipsec   bool
+	MTU        int
+	MSS        int
+}
+
+// renderConf is the strongswan.conf of our own charon. It loads an explicit, minimal plugin list
+// (so nothing from /etc/strongswan.d applies): random and nonce for nonces, openssl for every
+// cipher, hash, PRF and DH group, kdf for IKEv2's prf+, kernel-netlink for addresses, routes and
+// (without libipsec) the xfrm SAs, socket-default for IKE, vici for us. kernel-libipsec is listed
+// before kernel-netlink when enabled: the first loaded IPsec backend wins, and otherwise the SAs
+// would go to the kernel, which has no ESP here.
+func renderConf(p confParams) string {
+	plugins := "random nonce openssl kdf kernel-netlink socket-default vici"
+	if p.Libipsec {
+		plugins = "random nonce openssl kdf kernel-libipsec kernel-netlink socket-default vici"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, `# Written by the cablemesh ipsec cable driver; rewritten at every start.
+charon {
+  load = %s
+  port = %d
+  port_nat_t = %d
+  # Routes for every CHILD_SA go into table 220 (rule priority 220), via ipsec0 with libipsec,
+  # with a source address inside the local traffic selector when the node has one.
+  install_routes = yes
+  install_virtual_ip = no
+  # Give up on a silent peer within about 35s (2 + 3 + 4.5 + 6.75 + 10.1 + ...), not 165s.
+  retransmit_tries = 4
+  retransmit_timeout = 2.0
+  retransmit_base = 1.5
+  filelog {
+    stderr {
+      # Level 1 never prints key material (strongSwan keeps that for level 4).
+      default = 1
+      net = 0
+      enc = 0
+      asn = 0
+      job = 0
+      time = no
+    }
+  }
+  syslog {
+    # An empty section: nothing goes to the host's syslog.
+  }
+  plugins {
+    vici {
+      socket = unix://%s
+    }
+    kernel-netlink {
+      mtu = %d
+      mss = %d
+    }
+  }
+}
+`, plugins, p.Port, p.NATTPort, p.ViciSocket, p.MTU, p.MSS)
+	return b.String()
+}
