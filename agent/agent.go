@@ -28,6 +28,7 @@ import (
 	"github.com/cablemesh/cablemesh/agent/brokerclient"
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
 	"github.com/cablemesh/cablemesh/agent/config"
+	"github.com/cablemesh/cablemesh/agent/health"
 	"github.com/cablemesh/cablemesh/agent/reconcile"
 	"github.com/cablemesh/cablemesh/agent/routes"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
@@ -50,6 +51,11 @@ type Options struct {
 	MinBackoff, MaxBackoff time.Duration
 	// Ready, if set, is called once the agent serves status and has reconciled from its cache.
 	Ready func()
+	// NewPinger opens the health probes' sockets; default health.ICMPPinger (tests fake it).
+	NewPinger health.NewPinger
+	// InterfaceAddrs lists this node's addresses, for its health-check address; default the
+	// host's interface addresses (tests pin them).
+	InterfaceAddrs func() []netip.Addr
 }
 
 // Agent is one node's agent. Build with New, run with Run.
@@ -73,6 +79,10 @@ type Agent struct {
 	lastErr      string
 	cached       bool // running on state loaded from disk, not yet resynced
 	lastProblems string
+
+	health        *health.Manager   // nil unless a gateway with healthCheck enabled, once Run started
+	healthReasons map[string]string // wanted connections not probed, and why
+	metrics       *healthMetrics
 }
 
 // New checks options; it creates nothing.
@@ -96,6 +106,12 @@ func New(opts Options) (*Agent, error) {
 	if opts.MaxBackoff == 0 {
 		opts.MaxBackoff = 15 * time.Second
 	}
+	if opts.NewPinger == nil {
+		opts.NewPinger = health.ICMPPinger
+	}
+	if opts.InterfaceAddrs == nil {
+		opts.InterfaceAddrs = interfaceAddrs
+	}
 	return &Agent{
 		cfg:       opts.Config,
 		opts:      opts,
@@ -103,6 +119,7 @@ func New(opts Options) (*Agent, error) {
 		trigger:   make(chan struct{}, 1),
 		wakeWatch: make(chan struct{}, 1),
 		state:     brokerstate.New(),
+		metrics:   newHealthMetrics(),
 	}, nil
 }
 
@@ -145,6 +162,14 @@ func (a *Agent) Run(ctx context.Context) error {
 		// it gets the local identity under other keys.
 		a.reconciler = reconcile.NewReconciler(d, a.opts.Log.With("localCluster", a.cfg.Cluster, "localNode", a.cfg.Node))
 		a.mu.Unlock()
+		if a.cfg.HealthCheck.IsEnabled() {
+			m := health.NewManager(a.healthSettings(), a.opts.NewPinger, a.metrics,
+				a.opts.Log.With("localCluster", a.cfg.Cluster, "localNode", a.cfg.Node))
+			defer m.Close()
+			a.mu.Lock()
+			a.health = m
+			a.mu.Unlock()
+		}
 	}
 
 	statusSrv, err := a.serveStatus(ctx)
@@ -309,6 +334,7 @@ func (a *Agent) reconcileOnce(ctx context.Context) {
 	if _, err := r.Reconcile(ctx, desired); err != nil && ctx.Err() == nil {
 		a.log.Warn("reconcile incomplete; retrying at the next pass", "err", err)
 	}
+	a.syncHealth(st, desired)
 }
 
 // logProblems logs skipped clusters when the set changes, not at every resync.
@@ -517,7 +543,7 @@ func (a *Agent) endpoint() *apiv1.Endpoint {
 		ep.CablePorts = map[string]uint32{d.Name(): uint32(le.Port)}
 		ep.WireguardPublicKey = le.PublicKey
 	}
-	if ip := healthCheckIP(a.localPodCIDRs(), interfaceAddrs()); ip.IsValid() {
+	if ip := healthCheckIP(a.localPodCIDRs(), a.opts.InterfaceAddrs()); ip.IsValid() {
 		ep.HealthCheckIp = ip.String()
 	}
 	return ep

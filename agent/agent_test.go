@@ -108,17 +108,26 @@ type running struct {
 
 func startAgent(t *testing.T, cfg *config.Config, d *fakedriver.Driver, applyRoutes func([]routes.Route) error) *running {
 	t.Helper()
+	return startAgentWith(t, cfg, d, func(o *Options) { o.ApplyRoutes = applyRoutes })
+}
+
+// startAgentWith starts an agent with the test defaults, changed by mod.
+func startAgentWith(t *testing.T, cfg *config.Config, d *fakedriver.Driver, mod func(*Options)) *running {
+	t.Helper()
 	r := &running{done: make(chan error, 1), ready: make(chan struct{})}
 	var once sync.Once
-	a, err := New(Options{
-		Config:      cfg,
-		NewDriver:   func([]netip.Prefix) (cable.Driver, error) { return d, nil },
-		Log:         slog.New(slog.NewTextHandler(io.Discard, nil)),
-		ApplyRoutes: applyRoutes,
-		MinBackoff:  50 * time.Millisecond,
-		MaxBackoff:  200 * time.Millisecond,
-		Ready:       func() { once.Do(func() { close(r.ready) }) },
-	})
+	opts := Options{
+		Config:     cfg,
+		NewDriver:  func([]netip.Prefix) (cable.Driver, error) { return d, nil },
+		Log:        slog.New(slog.NewTextHandler(io.Discard, nil)),
+		MinBackoff: 50 * time.Millisecond,
+		MaxBackoff: 200 * time.Millisecond,
+		Ready:      func() { once.Do(func() { close(r.ready) }) },
+	}
+	if mod != nil {
+		mod(&opts)
+	}
+	a, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

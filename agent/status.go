@@ -21,7 +21,10 @@ import (
 
 // Status builds the status document. Connection state, counters and handshakes come from the
 // driver (what the device says), one row per remote cluster this node wants a connection to; a
-// wanted connection the device does not have is reported in state error.
+// wanted connection the device does not have is reported in state error. With health probes on,
+// each row also carries the probes' RTT and health, and a connection whose probes failed
+// healthCheck.failureThreshold times in a row is in error whatever the device says
+// (health.Merge).
 func (a *Agent) Status(ctx context.Context) statusapi.Status {
 	st := a.snapshot()
 	connected, rev, last, errMsg, cached := a.brokerStatus()
@@ -58,6 +61,12 @@ func (a *Agent) Status(ctx context.Context) statusapi.Status {
 	out.Connections = BuildConnections(d.Name(), desired, problems, observed, obsErr, func(name string) uint32 {
 		return st.Clusters[name].GetId()
 	})
+	if m := a.healthManager(); m != nil {
+		a.mu.Lock()
+		reasons := a.healthReasons
+		a.mu.Unlock()
+		out.Connections = applyHealth(out.Connections, m.Result, reasons, m.Settings())
+	}
 	return out
 }
 
@@ -211,6 +220,9 @@ var (
 		"1 when the agent's watch (and, on gateways, heartbeat) to the broker is working.", nil, nil)
 	descRevision = prometheus.NewDesc("cablemesh_agent_broker_revision",
 		"The last broker revision the agent applied.", nil, nil)
+	descHealthy = prometheus.NewDesc("cablemesh_agent_connection_healthy",
+		"1 when the health probes to a remote cluster's gateway answer, 0 after healthCheck.failureThreshold failures in a row (only for probed connections).",
+		[]string{"cluster", "driver"}, nil)
 )
 
 // collector reads the same status the socket serves at scrape time, so metrics and
@@ -218,9 +230,10 @@ var (
 type collector struct{ a *Agent }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descState, descRx, descTx, descBroker, descRevision} {
+	for _, d := range []*prometheus.Desc{descState, descRx, descTx, descBroker, descRevision, descHealthy} {
 		ch <- d
 	}
+	c.a.metrics.describe(ch)
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
@@ -237,7 +250,15 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(descRx, prometheus.CounterValue, float64(conn.RxBytes), conn.Cluster, conn.Driver)
 		ch <- prometheus.MustNewConstMetric(descTx, prometheus.CounterValue, float64(conn.TxBytes), conn.Cluster, conn.Driver)
+		if h := conn.Health; h != nil && h.Probing {
+			v := 0.0
+			if h.Healthy {
+				v = 1
+			}
+			ch <- prometheus.MustNewConstMetric(descHealthy, prometheus.GaugeValue, v, conn.Cluster, conn.Driver)
+		}
 	}
+	c.a.metrics.collect(ch)
 	b := 0.0
 	if s.Broker.Connected {
 		b = 1

@@ -31,6 +31,13 @@ const (
 	DefaultHeartbeatInterval = 10 * time.Second
 	DefaultResyncInterval    = 30 * time.Second
 	DefaultLogLevel          = "info"
+
+	// Health probes, in the manner of Linkerd's gateway probes (3s x 3). They are the values of
+	// agent/health's defaults, repeated here so the config package stays free of I/O imports.
+	DefaultHealthCheckPeriod           = 3 * time.Second
+	DefaultHealthCheckTimeout          = 2 * time.Second
+	DefaultHealthCheckFailureThreshold = 3
+	DefaultHealthCheckWindow           = 128
 )
 
 // Config is the whole agent configuration file.
@@ -84,7 +91,34 @@ type Config struct {
 	MetricsAddress string `yaml:"metricsAddress" json:"metricsAddress"`
 	// LogLevel is debug, info, warn or error. Default: info.
 	LogLevel string `yaml:"logLevel" json:"logLevel"`
+	// HealthCheck configures the probes a gateway sends to every remote gateway through its
+	// tunnel.
+	HealthCheck HealthCheck `yaml:"healthCheck" json:"healthCheck"`
 }
+
+// HealthCheck configures the gateway-to-gateway probes: an ICMP echo every period from this
+// node's health-check address (its address inside its pod CIDRs) to each remote endpoint's
+// health_check_ip, through the tunnel. failureThreshold failures in a row put the connection in
+// state error; one answer recovers it. A remote endpoint without a health_check_ip is not
+// probed (its state comes from the device alone).
+type HealthCheck struct {
+	// Enabled turns probing on or off. Default: true.
+	Enabled *bool `yaml:"enabled" json:"enabled"`
+	// Period between two probes of one connection, a Go duration, 100ms..1h. Default: 3s.
+	Period time.Duration `yaml:"period" json:"period"`
+	// Timeout is how long a probe waits for its answer, at least 10ms and at most period.
+	// Default: 2s.
+	Timeout time.Duration `yaml:"timeout" json:"timeout"`
+	// FailureThreshold is how many consecutive failed probes put a connection in error, 1..100.
+	// Default: 3.
+	FailureThreshold int `yaml:"failureThreshold" json:"failureThreshold"`
+	// Window is how many of the latest RTT samples the statistics (min/avg/max, p50/p95/p99)
+	// cover, 1..65536. Default: 128.
+	Window int `yaml:"window" json:"window"`
+}
+
+// IsEnabled reports whether probing is on (the default when Enabled is unset).
+func (h HealthCheck) IsEnabled() bool { return h.Enabled == nil || *h.Enabled }
 
 // WireGuard is the wireguard driver's node settings.
 type WireGuard struct {
@@ -207,6 +241,24 @@ func (c *Config) ApplyDefaults(host func() string) {
 	if c.LogLevel == "" {
 		c.LogLevel = DefaultLogLevel
 	}
+	if c.HealthCheck.Enabled == nil {
+		on := true
+		c.HealthCheck.Enabled = &on
+	}
+	if c.HealthCheck.Period == 0 {
+		c.HealthCheck.Period = DefaultHealthCheckPeriod
+	}
+	if c.HealthCheck.Timeout == 0 {
+		// A period set below the default timeout brings the timeout down with it, so that
+		// `period: 1s` alone is a valid config.
+		c.HealthCheck.Timeout = min(DefaultHealthCheckTimeout, c.HealthCheck.Period)
+	}
+	if c.HealthCheck.FailureThreshold == 0 {
+		c.HealthCheck.FailureThreshold = DefaultHealthCheckFailureThreshold
+	}
+	if c.HealthCheck.Window == 0 {
+		c.HealthCheck.Window = DefaultHealthCheckWindow
+	}
 }
 
 var (
@@ -295,6 +347,25 @@ func (c *Config) Validate() error {
 	case "debug", "info", "warn", "error":
 	default:
 		return fmt.Errorf("logLevel: %q is not one of debug, info, warn, error", c.LogLevel)
+	}
+	return c.HealthCheck.validate()
+}
+
+func (h HealthCheck) validate() error {
+	if h.Period < 100*time.Millisecond || h.Period > time.Hour {
+		return fmt.Errorf("healthCheck.period: %q is out of range (100ms..1h)", h.Period)
+	}
+	if h.Timeout < 10*time.Millisecond {
+		return fmt.Errorf("healthCheck.timeout: %q is too short (at least 10ms)", h.Timeout)
+	}
+	if h.Timeout > h.Period {
+		return fmt.Errorf("healthCheck.timeout: %q is longer than healthCheck.period (%s); a probe must end before the next one starts", h.Timeout, h.Period)
+	}
+	if h.FailureThreshold < 1 || h.FailureThreshold > 100 {
+		return fmt.Errorf("healthCheck.failureThreshold: %d is out of range (1..100)", h.FailureThreshold)
+	}
+	if h.Window < 1 || h.Window > 65536 {
+		return fmt.Errorf("healthCheck.window: %d is out of range (1..65536)", h.Window)
 	}
 	return nil
 }

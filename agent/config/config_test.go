@@ -156,6 +156,7 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("heartbeatInterval: 5s\nleaseSeconds: 3\n"))
 	f.Add([]byte("- a\n- b\n"))
 	f.Add([]byte("&a [*a]"))
+	f.Add([]byte("cluster: east\nbroker: b:1\nhealthCheck: {enabled: false, period: 1s, timeout: 1s, failureThreshold: 2, window: 8}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c, err := Parse(data)
 		if err != nil {
@@ -168,7 +169,8 @@ func FuzzParse(f *testing.F) {
 		if err := c.Validate(); err != nil {
 			t.Fatalf("accepted config fails Validate: %v", err)
 		}
-		if c.StateDir == "" || c.StatusSocket == "" || c.WireGuard.Port == 0 || c.LeaseSeconds == 0 {
+		if c.StateDir == "" || c.StatusSocket == "" || c.WireGuard.Port == 0 || c.LeaseSeconds == 0 ||
+			c.HealthCheck.Enabled == nil || c.HealthCheck.Timeout > c.HealthCheck.Period {
 			t.Fatalf("accepted config lacks defaults: %+v", c)
 		}
 		if len(Prefixes(c.PodCIDRs)) != len(c.PodCIDRs) {

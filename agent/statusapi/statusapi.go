@@ -33,7 +33,8 @@ type Connection struct {
 	ClusterID uint32 `json:"clusterID"`
 	Node      string `json:"node,omitempty"`
 	Driver    string `json:"driver"`
-	// State is connected | connecting | error, read from the device.
+	// State is connected | connecting | error: read from the device, and error when the health
+	// probes failed healthCheck.failureThreshold times in a row (see Health).
 	State         string     `json:"state"`
 	Message       string     `json:"message,omitempty"`
 	Endpoint      string     `json:"endpoint"`
@@ -43,9 +44,39 @@ type Connection struct {
 	LastHandshake *time.Time `json:"lastHandshake"`
 	MTU           int        `json:"mtu,omitempty"`
 	Subnets       []string   `json:"subnets,omitempty"`
+	// Health is the state of the probes through this connection; absent when probing is off
+	// (healthCheck.enabled: false) or the node is not a gateway.
+	Health *Health `json:"health,omitempty"`
 }
 
-// RTT figures from health probes, in milliseconds.
+// Health is what the probes of one connection found.
+type Health struct {
+	// Probing is false when the connection cannot be probed; Reason says why (e.g. the remote
+	// endpoint publishes no health_check_ip). Its state then comes from the device alone.
+	Probing bool   `json:"probing"`
+	Reason  string `json:"reason,omitempty"`
+	// Healthy is false after failureThreshold consecutive failed probes, until one succeeds.
+	Healthy bool `json:"healthy"`
+	// Source is this node's health-check address, Target the remote endpoint's health_check_ip.
+	Source string `json:"source,omitempty"`
+	Target string `json:"target,omitempty"`
+	// ProbesSent and ProbesFailed count since the prober started (agent start or a new target).
+	ProbesSent          uint64 `json:"probesSent"`
+	ProbesFailed        uint64 `json:"probesFailed"`
+	ConsecutiveFailures int    `json:"consecutiveFailures"`
+	FailureThreshold    int    `json:"failureThreshold,omitempty"`
+	PeriodMs            int64  `json:"periodMs,omitempty"`
+	// Samples is how many RTT samples the RTT statistics cover (the window).
+	Samples     int        `json:"samples"`
+	LastProbe   *time.Time `json:"lastProbe,omitempty"`
+	LastSuccess *time.Time `json:"lastSuccess,omitempty"`
+	// LastError is the last failed probe's error, kept after recovery for diagnosis.
+	LastError string `json:"lastError,omitempty"`
+}
+
+// RTT figures from health probes, in milliseconds. Last is the latest successful probe; the
+// others cover the window of the latest samples (Health.Samples, at most healthCheck.window).
+// Percentiles are nearest-rank: always a measured sample.
 type RTT struct {
 	LastMs float64 `json:"lastMs"`
 	MinMs  float64 `json:"minMs"`

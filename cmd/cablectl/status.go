@@ -35,14 +35,17 @@ func newStatusCmd(g *globalFlags) *cobra.Command {
 		Use:   "status",
 		Short: "Show this node's tunnels to every remote cluster and its broker connection (from the local agent)",
 		Long: "status asks the local cable-agent over its unix socket what its connections look like on the device:\n" +
-			"one row per remote cluster (state, endpoint, RTT, bytes, last handshake), then the broker connection.",
-		Example: "  cablectl status\n  cablectl status --socket /run/cablemesh/agent.sock -o json",
+			"one row per remote cluster (state, endpoint, RTT, bytes, last handshake), then the broker connection.\n" +
+			"RTT is the last health probe's round trip through the tunnel; -o wide adds min/avg/max, p50/p95/p99 and\n" +
+			"the probes' health; -o json and -o yaml give everything as data. A connection whose probes failed\n" +
+			"healthCheck.failureThreshold times in a row is in state error, whatever its device says.",
+		Example: "  cablectl status\n  cablectl status -o wide\n  cablectl status --socket /run/cablemesh/agent.sock -o json",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			switch g.output {
-			case "table", "json", "yaml":
+			case "table", "wide", "json", "yaml":
 			default:
-				return usagef("--output %q: want table, json or yaml", g.output)
+				return usagef("--output %q: want table, wide, json or yaml", g.output)
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
@@ -107,9 +110,21 @@ func printStatus(w io.Writer, format string, s *statusapi.Status, now time.Time)
 		_, err = w.Write(b)
 		return err
 	}
+	wide := format == "wide"
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "CLUSTER\tID\tDRIVER\tSTATE\tENDPOINT\tRTT\tRX\tTX\tLAST HANDSHAKE")
+	if wide {
+		fmt.Fprintln(tw, "CLUSTER\tID\tDRIVER\tSTATE\tENDPOINT\tRTT\tMIN/AVG/MAX\tP50/P95/P99\tHEALTH\tPROBES\tRX\tTX\tLAST HANDSHAKE\tMTU")
+	} else {
+		fmt.Fprintln(tw, "CLUSTER\tID\tDRIVER\tSTATE\tENDPOINT\tRTT\tRX\tTX\tLAST HANDSHAKE")
+	}
 	for _, c := range s.Connections {
+		if wide {
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
+				c.Cluster, c.ClusterID, statusDash(c.Driver), statusDash(c.State), statusDash(c.Endpoint), statusRTT(c.RTT),
+				statusRTTSpread(c.RTT), statusRTTPercentiles(c.RTT), statusHealth(c.Health), statusProbes(c.Health),
+				statusBytes(c.RxBytes), statusBytes(c.TxBytes), statusAgo(c.LastHandshake, now), statusMTU(c.MTU))
+			continue
+		}
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
 			c.Cluster, c.ClusterID, statusDash(c.Driver), statusDash(c.State), statusDash(c.Endpoint), statusRTT(c.RTT),
 			statusBytes(c.RxBytes), statusBytes(c.TxBytes), statusAgo(c.LastHandshake, now))
@@ -120,6 +135,19 @@ func printStatus(w io.Writer, format string, s *statusapi.Status, now time.Time)
 	for _, c := range s.Connections {
 		if c.Message != "" {
 			fmt.Fprintf(w, "  %s: %s\n", c.Cluster, c.Message)
+		}
+		if h := c.Health; wide && h != nil {
+			switch {
+			case !h.Probing && h.Reason != "":
+				fmt.Fprintf(w, "  %s: not probed: %s\n", c.Cluster, h.Reason)
+			case h.Probing:
+				line := fmt.Sprintf("  %s: probes %s -> %s every %s, last probe %s", c.Cluster, h.Source, h.Target,
+					(time.Duration(h.PeriodMs) * time.Millisecond).String(), statusAgo(h.LastProbe, now))
+				if h.LastError != "" {
+					line += ", last error: " + h.LastError
+				}
+				fmt.Fprintln(w, line)
+			}
 		}
 	}
 	b := s.Broker
@@ -150,7 +178,64 @@ func statusRTT(r *statusapi.RTT) string {
 	if r == nil {
 		return "-"
 	}
-	return strconv.FormatFloat(r.LastMs, 'f', 1, 64) + "ms"
+	return statusMs(r.LastMs)
+}
+
+// statusMs formats milliseconds with one decimal ("0.4ms", "12.3ms"); below a tenth of a
+// millisecond (namespaces on one host) in whole microseconds ("45µs"), which "0.0ms" would hide.
+func statusMs(v float64) string {
+	if v > 0 && v < 0.1 {
+		return strconv.FormatFloat(v*1000, 'f', 0, 64) + "µs"
+	}
+	return strconv.FormatFloat(v, 'f', 1, 64) + "ms"
+}
+
+// statusRTTSpread is "min/avg/max" of the probe window.
+func statusRTTSpread(r *statusapi.RTT) string {
+	if r == nil {
+		return "-"
+	}
+	return statusMs(r.MinMs) + "/" + statusMs(r.AvgMs) + "/" + statusMs(r.MaxMs)
+}
+
+// statusRTTPercentiles is "p50/p95/p99" of the probe window.
+func statusRTTPercentiles(r *statusapi.RTT) string {
+	if r == nil {
+		return "-"
+	}
+	return statusMs(r.P50Ms) + "/" + statusMs(r.P95Ms) + "/" + statusMs(r.P99Ms)
+}
+
+// statusHealth is ok, "1/3 failed" (failing, not yet down), down, or "not probed".
+func statusHealth(h *statusapi.Health) string {
+	switch {
+	case h == nil:
+		return "-"
+	case !h.Probing:
+		return "not probed"
+	case !h.Healthy:
+		return "down"
+	case h.ConsecutiveFailures > 0:
+		return strconv.Itoa(h.ConsecutiveFailures) + "/" + strconv.Itoa(h.FailureThreshold) + " failed"
+	case h.ProbesSent == 0:
+		return "pending"
+	}
+	return "ok"
+}
+
+// statusProbes is "sent/failed".
+func statusProbes(h *statusapi.Health) string {
+	if h == nil || !h.Probing {
+		return "-"
+	}
+	return strconv.FormatUint(h.ProbesSent, 10) + "/" + strconv.FormatUint(h.ProbesFailed, 10)
+}
+
+func statusMTU(mtu int) string {
+	if mtu == 0 {
+		return "-"
+	}
+	return strconv.Itoa(mtu)
 }
 
 // statusBytes formats a byte count in IEC units: 512 B, 1.2 KiB, 3.4 MiB.

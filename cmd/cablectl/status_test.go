@@ -52,28 +52,55 @@ func fixtureStatus() *statusapi.Status {
 	}
 }
 
+// fixtureStatusWithProbes is fixtureStatus with health probes: west answers, north publishes no
+// health-check address, south's device is fine but its probes fail.
+func fixtureStatusWithProbes() *statusapi.Status {
+	s := fixtureStatus()
+	north, west, south := &s.Connections[0], &s.Connections[1], &s.Connections[2]
+	west.MTU = 1420
+	west.RTT = &statusapi.RTT{LastMs: 0.4, MinMs: 0.045, AvgMs: 0.52, MaxMs: 3.1, P50Ms: 0.41, P95Ms: 1.2, P99Ms: 3.1}
+	west.Health = &statusapi.Health{Probing: true, Healthy: true, Source: "10.1.0.1", Target: "10.2.0.1", ProbesSent: 120, ProbesFailed: 2,
+		FailureThreshold: 3, PeriodMs: 3000, Samples: 118, LastProbe: ago(time.Second), LastSuccess: ago(time.Second), LastError: "timeout after 2s"}
+	north.Health = &statusapi.Health{Probing: false, Healthy: true, Reason: "remote endpoint north/north-gw1 publishes no health_check_ip"}
+	south.Node, south.MTU = "south-gw1", 1420
+	south.Message = "health probe: 4 consecutive failures (last: timeout after 2s)"
+	south.RTT = &statusapi.RTT{LastMs: 12.25, MinMs: 11, AvgMs: 12, MaxMs: 14.5, P50Ms: 12, P95Ms: 14.5, P99Ms: 14.5}
+	south.Health = &statusapi.Health{Probing: true, Healthy: false, Source: "10.1.0.1", Target: "10.4.0.1", ProbesSent: 30, ProbesFailed: 4,
+		ConsecutiveFailures: 4, FailureThreshold: 3, PeriodMs: 3000, Samples: 26, LastProbe: ago(2 * time.Second), LastSuccess: ago(14 * time.Second),
+		LastError: "timeout after 2s"}
+	south.LastHandshake, south.RxBytes, south.TxBytes = ago(40*time.Second), 4096, 8192
+	return s
+}
+
 func TestStatusTableMatchesGolden(t *testing.T) {
 	tests := []struct {
 		name   string
 		golden string
 		status func() *statusapi.Status
+		format string
 	}{
-		{"a gateway with three remote clusters", "status_table.golden", fixtureStatus},
+		{"a gateway with three remote clusters", "status_table.golden", fixtureStatus, ""},
 		{"an agent on cached state with the broker down", "status_table_cached.golden", func() *statusapi.Status {
 			s := fixtureStatus()
 			s.Connections = s.Connections[1:2]
 			s.Broker = statusapi.Broker{Address: "10.0.0.1:7443", Revision: 40, LastContact: ago(5 * time.Minute), Cached: true,
 				Error: "connection refused"}
 			return s
-		}},
+		}, ""},
 		{"an agent that never reached its broker and has no connections", "status_table_empty.golden", func() *statusapi.Status {
 			return &statusapi.Status{Cluster: "east", Node: "n2", Broker: statusapi.Broker{Address: "10.0.0.1:7443"}, Connections: []statusapi.Connection{}}
-		}},
+		}, ""},
+		{"a gateway whose probes to one cluster fail", "status_table_probes.golden", fixtureStatusWithProbes, ""},
+		{"the wide table with RTT statistics and probe health", "status_wide.golden", fixtureStatusWithProbes, "wide"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var buf bytes.Buffer
-			if err := printStatus(&buf, "table", tt.status(), statusNow); err != nil {
+			format := tt.format
+			if format == "" {
+				format = "table"
+			}
+			if err := printStatus(&buf, format, tt.status(), statusNow); err != nil {
 				t.Fatal(err)
 			}
 			path := filepath.Join("testdata", tt.golden)
@@ -106,6 +133,15 @@ func TestStatusFormatting(t *testing.T) {
 		{"an older contact reads in minutes", statusAgo(ago(5*time.Minute), statusNow), "5m ago"},
 		{"no probe data reads as a dash", statusRTT(nil), "-"},
 		{"probe data reads the last RTT", statusRTT(&statusapi.RTT{LastMs: 1.25}), "1.2ms"},
+		{"an RTT under a tenth of a millisecond reads in microseconds", statusRTT(&statusapi.RTT{LastMs: 0.0452}), "45µs"},
+		{"a zero RTT reads as zero milliseconds", statusMs(0), "0.0ms"},
+		{"no health block reads as a dash", statusHealth(nil), "-"},
+		{"an unprobed connection says so", statusHealth(&statusapi.Health{Reason: "x"}), "not probed"},
+		{"a prober that has not sent yet is pending", statusHealth(&statusapi.Health{Probing: true, Healthy: true}), "pending"},
+		{"answering probes read ok", statusHealth(&statusapi.Health{Probing: true, Healthy: true, ProbesSent: 3}), "ok"},
+		{"failures below the threshold are counted", statusHealth(&statusapi.Health{Probing: true, Healthy: true, ProbesSent: 3, ConsecutiveFailures: 2, FailureThreshold: 3}), "2/3 failed"},
+		{"failures at the threshold read down", statusHealth(&statusapi.Health{Probing: true, ProbesSent: 3, ConsecutiveFailures: 3, FailureThreshold: 3}), "down"},
+		{"probe counters read sent/failed", statusProbes(&statusapi.Health{Probing: true, ProbesSent: 120, ProbesFailed: 2}), "120/2"},
 	}
 	for _, tt := range tests {
 		if tt.got != tt.want {
@@ -190,5 +226,33 @@ func TestStatusCommandFailures(t *testing.T) {
 	_, err = runCablectl("status", "--socket", missing, "-o", "xml")
 	if !errors.As(err, &ue) {
 		t.Errorf("-o xml = %v, want a usage error", err)
+	}
+}
+
+func TestStatusCommandShowsProbeDetails(t *testing.T) {
+	sock := serveStatus(t, fixtureStatusWithProbes())
+
+	out, err := runCablectl("status", "--socket", sock, "-o", "wide")
+	if err != nil || !strings.Contains(out, "P50/P95/P99") || !strings.Contains(out, "0.4ms/1.2ms/3.1ms") || !strings.Contains(out, "not probed: ") {
+		t.Errorf("status -o wide: %v\n%s", err, out)
+	}
+	out, err = runCablectl("status", "--socket", sock, "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal([]byte(out), &m); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, out)
+	}
+	west := m["connections"].([]any)[1].(map[string]any)
+	rtt, _ := west["rtt"].(map[string]any)
+	for k, want := range map[string]float64{"lastMs": 0.4, "minMs": 0.045, "avgMs": 0.52, "maxMs": 3.1, "p50Ms": 0.41, "p95Ms": 1.2, "p99Ms": 3.1} {
+		if rtt[k] != want {
+			t.Errorf("rtt.%s = %v, want %v", k, rtt[k], want)
+		}
+	}
+	h, _ := west["health"].(map[string]any)
+	if h["healthy"] != true || h["probing"] != true || h["probesSent"] != 120.0 || h["target"] != "10.2.0.1" {
+		t.Errorf("health = %v", h)
 	}
 }

@@ -1,0 +1,331 @@
+// Package health probes remote gateways through their tunnels and keeps RTT statistics, in the
+// manner of Linkerd multicluster's gateway probes (seed 002): one prober per remote connection
+// sends an ICMP echo every period from this node's health-check address (its address inside its
+// own pod CIDRs, the one the cable's routes use as source) to the remote endpoint's
+// health_check_ip, so the probe takes the same path as pod traffic. A connection whose probes
+// fail failureThreshold times in a row is in error, whatever its device says; one success
+// recovers it.
+//
+// The decisions (Window statistics, Merge of device and probe state) are pure and table-tested;
+// Manager and ICMP are the thin shell that owns goroutines and sockets.
+package health
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/cablemesh/cablemesh/cable"
+)
+
+// Defaults in the manner of Linkerd's gateway probes: a probe every 3s, a gateway declared down
+// after 3 consecutive failures (so within 6-9s). The timeout is shorter than the period so one
+// slow answer never delays the next probe.
+const (
+	DefaultPeriod           = 3 * time.Second
+	DefaultTimeout          = 2 * time.Second
+	DefaultFailureThreshold = 3
+)
+
+// Settings are the probe timing; zero fields take the defaults (see WithDefaults).
+type Settings struct {
+	Period           time.Duration
+	Timeout          time.Duration
+	FailureThreshold int
+	// Window is how many of the latest samples the RTT statistics cover.
+	Window int
+}
+
+// WithDefaults fills zero fields with the defaults.
+func (s Settings) WithDefaults() Settings {
+	if s.Period <= 0 {
+		s.Period = DefaultPeriod
+	}
+	if s.Timeout <= 0 {
+		s.Timeout = DefaultTimeout
+	}
+	if s.FailureThreshold <= 0 {
+		s.FailureThreshold = DefaultFailureThreshold
+	}
+	if s.Window <= 0 {
+		s.Window = DefaultWindow
+	}
+	return s
+}
+
+// Target is what one prober probes.
+type Target struct {
+	Cluster string // the remote cluster: the key of the connection
+	Node    string // the remote gateway node
+	// Source is this node's health-check address, Destination the remote endpoint's.
+	Source, Destination netip.Addr
+}
+
+func (t Target) String() string {
+	return fmt.Sprintf("%s/%s %s->%s", t.Cluster, t.Node, t.Source, t.Destination)
+}
+
+// Pinger sends one probe and waits for its answer.
+type Pinger interface {
+	Ping(ctx context.Context, timeout time.Duration) (time.Duration, error)
+	Close() error
+}
+
+// NewPinger opens a Pinger for a target (e.g. an ICMP raw socket).
+type NewPinger func(Target) (Pinger, error)
+
+// ICMPPinger is the NewPinger of the agent: ICMP echo over a raw socket.
+func ICMPPinger(t Target) (Pinger, error) {
+	p, err := NewICMP(t.Source, t.Destination)
+	if err != nil {
+		return nil, err // not a nil *ICMP inside a non-nil Pinger
+	}
+	return p, nil
+}
+
+// Result is what a prober knows about its target.
+type Result struct {
+	Target Target
+	// Sent counts probes attempted, Failed those that got no answer or could not be sent.
+	Sent, Failed uint64
+	// ConsecutiveFailures counts failures since the last success.
+	ConsecutiveFailures int
+	// LastError is the error of the last failed probe (kept after a recovery, for diagnosis).
+	LastError   string
+	LastProbe   time.Time
+	LastSuccess time.Time
+	// RTT holds the statistics of the window; HasRTT is false before the first success.
+	RTT    Summary
+	HasRTT bool
+}
+
+// Healthy says whether the target answers: fewer than threshold consecutive failures.
+func (r Result) Healthy(threshold int) bool { return r.ConsecutiveFailures < threshold }
+
+// Merge decides a connection's final state from what its device says and what its probes say.
+// It is pure. probe is nil when the connection is not probed (no health-check address on either
+// end, or probing disabled): the device alone decides.
+//
+//   - A device in error stays in error with its own message: it knows the cause better.
+//   - failureThreshold or more consecutive probe failures put the connection in error, however
+//     fine the device looks, with the probes' message.
+//   - Otherwise the device's state and message stand; a probe that has not answered yet (fewer
+//     failures than the threshold) does not downgrade a connected device.
+func Merge(device cable.State, deviceMsg string, probe *Result, threshold int) (cable.State, string) {
+	if probe == nil || device == cable.StateError {
+		return device, deviceMsg
+	}
+	if probe.ConsecutiveFailures >= threshold {
+		return cable.StateError, FailureMessage(probe.ConsecutiveFailures, probe.LastError)
+	}
+	return device, deviceMsg
+}
+
+// FailureMessage is the status message of a connection whose probes keep failing.
+func FailureMessage(consecutive int, lastErr string) string {
+	s := "s"
+	if consecutive == 1 {
+		s = ""
+	}
+	return fmt.Sprintf("health probe: %d consecutive failure%s (last: %s)", consecutive, s, lastErr)
+}
+
+// Observer is told of every probe result as it happens (Prometheus metrics), and when a
+// cluster's prober goes away.
+type Observer interface {
+	Observe(cluster string, rtt time.Duration, err error)
+	Forget(cluster string)
+}
+
+// Manager runs one prober per target, keyed by cluster. It owns the probers' goroutines: Sync
+// starts and stops them, Close stops them all and waits.
+type Manager struct {
+	settings  Settings
+	newPinger NewPinger
+	obs       Observer
+	log       *slog.Logger
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	probers map[string]*prober
+	closed  bool
+}
+
+// NewManager returns a Manager that probes with settings (zero fields defaulted). newPinger nil
+// means ICMPPinger; obs may be nil.
+func NewManager(settings Settings, newPinger NewPinger, obs Observer, log *slog.Logger) *Manager {
+	if newPinger == nil {
+		newPinger = ICMPPinger
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Manager{
+		settings: settings.WithDefaults(), newPinger: newPinger, obs: obs, log: log,
+		ctx: ctx, cancel: cancel, probers: map[string]*prober{},
+	}
+}
+
+// Settings returns the effective settings.
+func (m *Manager) Settings() Settings { return m.settings }
+
+// Sync makes the probers match targets (one per cluster; a later duplicate is ignored): new
+// targets start probing at once, removed ones stop, and a target whose node or addresses
+// changed starts over with fresh statistics. Unchanged targets keep running undisturbed.
+func (m *Manager) Sync(targets []Target) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return
+	}
+	want := map[string]Target{}
+	for _, t := range targets {
+		if _, dup := want[t.Cluster]; !dup {
+			want[t.Cluster] = t
+		}
+	}
+	for cluster, p := range m.probers {
+		if t, ok := want[cluster]; ok && t == p.target {
+			continue
+		}
+		p.stop()
+		delete(m.probers, cluster)
+		if m.obs != nil {
+			m.obs.Forget(cluster)
+		}
+		m.log.Info("health probe stopped", "cluster", cluster, "node", p.target.Node, "target", p.target.Destination)
+	}
+	for cluster, t := range want {
+		if _, ok := m.probers[cluster]; ok {
+			continue
+		}
+		p := m.start(t)
+		m.probers[cluster] = p
+		m.log.Info("health probe started", "cluster", cluster, "node", t.Node, "source", t.Source, "target", t.Destination,
+			"period", m.settings.Period, "timeout", m.settings.Timeout, "failureThreshold", m.settings.FailureThreshold)
+	}
+}
+
+// Result returns the probe result of cluster's connection; ok is false when it is not probed.
+func (m *Manager) Result(cluster string) (Result, bool) {
+	m.mu.Lock()
+	p, ok := m.probers[cluster]
+	m.mu.Unlock()
+	if !ok {
+		return Result{}, false
+	}
+	return p.result(), true
+}
+
+// Close stops every prober and waits for them.
+func (m *Manager) Close() {
+	m.mu.Lock()
+	m.closed = true
+	m.probers = map[string]*prober{}
+	m.mu.Unlock()
+	m.cancel()
+	m.wg.Wait()
+}
+
+type prober struct {
+	target   Target
+	settings Settings
+	cancel   context.CancelFunc
+
+	mu     sync.Mutex
+	res    Result
+	window *Window
+}
+
+func (m *Manager) start(t Target) *prober {
+	ctx, cancel := context.WithCancel(m.ctx)
+	p := &prober{target: t, settings: m.settings, cancel: cancel, window: NewWindow(m.settings.Window)}
+	p.res.Target = t
+	log := m.log.With("cluster", t.Cluster, "node", t.Node)
+	m.wg.Go(func() { p.run(ctx, m.newPinger, m.obs, log) })
+	return p
+}
+
+func (p *prober) stop() { p.cancel() }
+
+// run probes until ctx ends: at once, then every period. The socket is opened lazily and
+// reopened after a send error (the source address may have come and gone).
+func (p *prober) run(ctx context.Context, newPinger NewPinger, obs Observer, log *slog.Logger) {
+	var pinger Pinger
+	defer func() {
+		if pinger != nil {
+			_ = pinger.Close()
+		}
+	}()
+	t := time.NewTicker(p.settings.Period)
+	defer t.Stop()
+	wasHealthy := true
+	for {
+		var rtt time.Duration
+		var err error
+		if pinger == nil {
+			if pinger, err = newPinger(p.target); err != nil {
+				// Whatever came with the error (a typed nil, say) is not a usable pinger.
+				pinger = nil
+			}
+		}
+		if err == nil {
+			rtt, err = pinger.Ping(ctx, p.settings.Timeout)
+			if err != nil && !IsTimeout(err) && pinger != nil {
+				_ = pinger.Close()
+				pinger = nil
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		healthy := p.record(time.Now(), rtt, err)
+		if obs != nil {
+			obs.Observe(p.target.Cluster, rtt, err)
+		}
+		switch {
+		case wasHealthy && !healthy:
+			log.Warn("remote gateway fails its health probes", "target", p.target.Destination, "failures", p.settings.FailureThreshold, "err", err)
+		case !wasHealthy && healthy:
+			log.Info("remote gateway answers its health probes again", "target", p.target.Destination, "rtt", rtt)
+		}
+		wasHealthy = healthy
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// record updates the result with one probe outcome and reports whether the target is healthy.
+func (p *prober) record(now time.Time, rtt time.Duration, err error) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.res.Sent++
+	p.res.LastProbe = now
+	if err != nil {
+		p.res.Failed++
+		p.res.ConsecutiveFailures++
+		p.res.LastError = err.Error()
+	} else {
+		p.res.ConsecutiveFailures = 0
+		p.res.LastSuccess = now
+		p.window.Add(rtt)
+		p.res.RTT, p.res.HasRTT = p.window.Summary()
+	}
+	return p.res.Healthy(p.settings.FailureThreshold)
+}
+
+func (p *prober) result() Result {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.res
+}

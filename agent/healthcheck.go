@@ -1,0 +1,204 @@
+package agent
+
+import (
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cablemesh/cablemesh/agent/brokerstate"
+	"github.com/cablemesh/cablemesh/agent/health"
+	"github.com/cablemesh/cablemesh/agent/statusapi"
+	"github.com/cablemesh/cablemesh/cable"
+)
+
+// healthSettings are the probe settings of the config (defaults already applied by config).
+func (a *Agent) healthSettings() health.Settings {
+	h := a.cfg.HealthCheck
+	return health.Settings{Period: h.Period, Timeout: h.Timeout, FailureThreshold: h.FailureThreshold, Window: h.Window}.WithDefaults()
+}
+
+// healthManager is the prober manager; nil on non-gateways, with probing disabled, or before Run.
+func (a *Agent) healthManager() *health.Manager {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.health
+}
+
+// syncHealth points the probers at the remote gateways of the connections this node wants.
+func (a *Agent) syncHealth(st *brokerstate.State, desired []cable.RemoteEndpoint) {
+	m := a.healthManager()
+	if m == nil {
+		return
+	}
+	targets, reasons := healthTargets(st, desired, a.localPodCIDRs(), a.opts.InterfaceAddrs())
+	a.mu.Lock()
+	a.healthReasons = reasons
+	a.mu.Unlock()
+	m.Sync(targets)
+}
+
+// healthTargets returns one probe target per wanted connection whose two ends have a
+// health-check address, and for the others why they are not probed. It is pure.
+//
+// The source is this node's first address inside its pod CIDRs of the destination's family (the
+// address the cable's routes carry as source, so the remote end accepts the probe); the
+// destination is the health_check_ip the remote gateway published in its endpoint.
+func healthTargets(st *brokerstate.State, desired []cable.RemoteEndpoint, pods []netip.Prefix, addrs []netip.Addr) ([]health.Target, map[string]string) {
+	var targets []health.Target
+	reasons := map[string]string{}
+	for _, d := range desired {
+		ep := st.Endpoints[d.Cluster+"/"+d.Node]
+		raw := ep.GetHealthCheckIp()
+		if raw == "" {
+			reasons[d.Cluster] = fmt.Sprintf("remote endpoint %s/%s publishes no health_check_ip", d.Cluster, d.Node)
+			continue
+		}
+		dst, err := netip.ParseAddr(raw)
+		if err != nil || dst.Zone() != "" {
+			reasons[d.Cluster] = fmt.Sprintf("remote endpoint %s/%s: health_check_ip %q is not an IP address", d.Cluster, d.Node, raw)
+			continue
+		}
+		dst = dst.Unmap()
+		src := probeSource(pods, addrs, dst.Is4())
+		if !src.IsValid() {
+			reasons[d.Cluster] = fmt.Sprintf("this node has no IPv%d address inside its pod CIDRs to probe %s from", map[bool]int{true: 4, false: 6}[dst.Is4()], dst)
+			continue
+		}
+		targets = append(targets, health.Target{Cluster: d.Cluster, Node: d.Node, Source: src, Destination: dst})
+	}
+	return targets, reasons
+}
+
+// probeSource is the first of addrs inside pods, of the wanted family, skipping loopback and
+// link-local addresses as the cable does when it picks its route source.
+func probeSource(pods []netip.Prefix, addrs []netip.Addr, v4 bool) netip.Addr {
+	for _, a := range addrs {
+		a = a.Unmap()
+		if a.Is4() != v4 || a.IsLoopback() || a.IsLinkLocalUnicast() {
+			continue
+		}
+		for _, p := range pods {
+			if p.Contains(a) {
+				return a
+			}
+		}
+	}
+	return netip.Addr{}
+}
+
+// applyHealth adds the probes' findings to the status rows: RTT, the health block, and the
+// final state (health.Merge of the device's state and the probes'). It is pure: probe returns a
+// cluster's probe result, reasons say why a wanted connection is not probed.
+func applyHealth(conns []statusapi.Connection, probe func(cluster string) (health.Result, bool), reasons map[string]string, s health.Settings) []statusapi.Connection {
+	for i := range conns {
+		c := &conns[i]
+		r, ok := probe(c.Cluster)
+		if ok && c.Node != "" && r.Target.Node != c.Node {
+			// The prober still aims at a previous endpoint of the cluster; until the next pass
+			// moves it, its figures say nothing about this connection.
+			ok = false
+		}
+		if !ok {
+			if why, has := reasons[c.Cluster]; has {
+				c.Health = &statusapi.Health{Probing: false, Reason: why, Healthy: true}
+			}
+			continue
+		}
+		h := &statusapi.Health{
+			Probing:             true,
+			Healthy:             r.Healthy(s.FailureThreshold),
+			Source:              r.Target.Source.String(),
+			Target:              r.Target.Destination.String(),
+			ProbesSent:          r.Sent,
+			ProbesFailed:        r.Failed,
+			ConsecutiveFailures: r.ConsecutiveFailures,
+			FailureThreshold:    s.FailureThreshold,
+			PeriodMs:            s.Period.Milliseconds(),
+			LastError:           r.LastError,
+			LastProbe:           utcPtr(r.LastProbe),
+			LastSuccess:         utcPtr(r.LastSuccess),
+		}
+		if r.HasRTT {
+			h.Samples = r.RTT.Samples
+			c.RTT = &statusapi.RTT{
+				LastMs: millis(r.RTT.Last), MinMs: millis(r.RTT.Min), AvgMs: millis(r.RTT.Avg), MaxMs: millis(r.RTT.Max),
+				P50Ms: millis(r.RTT.P50), P95Ms: millis(r.RTT.P95), P99Ms: millis(r.RTT.P99),
+			}
+		}
+		c.Health = h
+		st, msg := health.Merge(cable.State(c.State), c.Message, &r, s.FailureThreshold)
+		c.State, c.Message = string(st), msg
+	}
+	return conns
+}
+
+// millis is d in milliseconds, rounded to the microsecond (the probes' useful precision).
+func millis(d time.Duration) float64 {
+	return float64(d.Round(time.Microsecond)) / float64(time.Millisecond)
+}
+
+func utcPtr(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+// healthMetrics are the probe metrics. They are observed as probes happen (a histogram cannot be
+// rebuilt at scrape time) and served by the agent's collector next to the status-derived ones.
+type healthMetrics struct {
+	rtt      *prometheus.HistogramVec
+	probes   *prometheus.CounterVec
+	failures *prometheus.CounterVec
+}
+
+func newHealthMetrics() *healthMetrics {
+	return &healthMetrics{
+		rtt: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "cablemesh_agent_connection_rtt_seconds",
+			Help: "Round-trip time of the health probes (ICMP echo) to a remote cluster's gateway through its tunnel.",
+			// From a tenth of a millisecond (namespaces on one host) to the probe timeout's range.
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+		}, []string{"cluster"}),
+		probes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cablemesh_agent_probes_total",
+			Help: "Health probes sent to a remote cluster's gateway.",
+		}, []string{"cluster"}),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cablemesh_agent_probe_failures_total",
+			Help: "Health probes to a remote cluster's gateway that got no answer in time or could not be sent.",
+		}, []string{"cluster"}),
+	}
+}
+
+// Observe implements health.Observer.
+func (m *healthMetrics) Observe(cluster string, rtt time.Duration, err error) {
+	m.probes.WithLabelValues(cluster).Inc()
+	if err != nil {
+		m.failures.WithLabelValues(cluster).Inc()
+		return
+	}
+	m.rtt.WithLabelValues(cluster).Observe(rtt.Seconds())
+}
+
+// Forget implements health.Observer: a cluster no longer probed leaves no stale series.
+func (m *healthMetrics) Forget(cluster string) {
+	m.rtt.DeleteLabelValues(cluster)
+	m.probes.DeleteLabelValues(cluster)
+	m.failures.DeleteLabelValues(cluster)
+}
+
+func (m *healthMetrics) describe(ch chan<- *prometheus.Desc) {
+	m.rtt.Describe(ch)
+	m.probes.Describe(ch)
+	m.failures.Describe(ch)
+}
+
+func (m *healthMetrics) collect(ch chan<- prometheus.Metric) {
+	m.rtt.Collect(ch)
+	m.probes.Collect(ch)
+	m.failures.Collect(ch)
+}
