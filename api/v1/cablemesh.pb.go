@@ -70,7 +70,7 @@ func (x Event_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Event_Type.Descriptor instead.
 func (Event_Type) EnumDescriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{3, 0}
+	return file_cablemesh_proto_rawDescGZIP(), []int{4, 0}
 }
 
 // Cluster is one member of the mesh. The broker allocates its ID (1..255) and never reuses an ID
@@ -87,7 +87,11 @@ type Cluster struct {
 	// certificates issued for the old one stop working.
 	Uid string `protobuf:"bytes,7,opt,name=uid,proto3" json:"uid,omitempty"`
 	// revision of the store when this record last changed.
-	Revision      uint64 `protobuf:"varint,8,opt,name=revision,proto3" json:"revision,omitempty"`
+	Revision uint64 `protobuf:"varint,8,opt,name=revision,proto3" json:"revision,omitempty"`
+	// pair_psk is set only in the watch stream to an agent, on every cluster other than the agent's
+	// own: the pre-shared key of the pair (agent's cluster, this cluster), derived by the broker from
+	// the mesh secret. The same pair gets the same key at both ends; no other cluster receives it.
+	PairPsk       []byte `protobuf:"bytes,9,opt,name=pair_psk,json=pairPsk,proto3" json:"pair_psk,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -176,6 +180,13 @@ func (x *Cluster) GetRevision() uint64 {
 		return x.Revision
 	}
 	return 0
+}
+
+func (x *Cluster) GetPairPsk() []byte {
+	if x != nil {
+		return x.PairPsk
+	}
+	return nil
 }
 
 // Endpoint is one gateway node of a cluster, registered by its agent and kept alive by heartbeats.
@@ -333,6 +344,7 @@ type Resource struct {
 	//
 	//	*Resource_Cluster
 	//	*Resource_Endpoint
+	//	*Resource_Policy
 	Kind          isResource_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -393,6 +405,15 @@ func (x *Resource) GetEndpoint() *Endpoint {
 	return nil
 }
 
+func (x *Resource) GetPolicy() *Policy {
+	if x != nil {
+		if x, ok := x.Kind.(*Resource_Policy); ok {
+			return x.Policy
+		}
+	}
+	return nil
+}
+
 type isResource_Kind interface {
 	isResource_Kind()
 }
@@ -405,14 +426,105 @@ type Resource_Endpoint struct {
 	Endpoint *Endpoint `protobuf:"bytes,2,opt,name=endpoint,proto3,oneof"`
 }
 
+type Resource_Policy struct {
+	Policy *Policy `protobuf:"bytes,3,opt,name=policy,proto3,oneof"`
+}
+
 func (*Resource_Cluster) isResource_Kind() {}
 
 func (*Resource_Endpoint) isResource_Kind() {}
 
+func (*Resource_Policy) isResource_Kind() {}
+
+// Policy is one ClusterConnectionPolicy. Its content is the JSON form of
+// policy.ClusterConnectionPolicy (the seed-004 field names), so that the policy package alone owns
+// the schema and its validation; the broker validates every policy before storing it.
+type Policy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// json: the policy object (metadata, spec, origin) as policy.ClusterConnectionPolicy JSON.
+	Json     []byte `protobuf:"bytes,2,opt,name=json,proto3" json:"json,omitempty"`
+	Revision uint64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	// status_json: policy.Status as JSON, computed by the broker over the current clusters
+	// (pairs decided, conflicts lost). Set in admin responses, empty in watch events.
+	StatusJson []byte `protobuf:"bytes,4,opt,name=status_json,json=statusJson,proto3" json:"status_json,omitempty"`
+	// is_default marks the mesh's default policy (created at first broker start): it decides the
+	// pairs no other policy covers.
+	IsDefault     bool `protobuf:"varint,5,opt,name=is_default,json=isDefault,proto3" json:"is_default,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Policy) Reset() {
+	*x = Policy{}
+	mi := &file_cablemesh_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Policy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Policy) ProtoMessage() {}
+
+func (x *Policy) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Policy.ProtoReflect.Descriptor instead.
+func (*Policy) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Policy) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Policy) GetJson() []byte {
+	if x != nil {
+		return x.Json
+	}
+	return nil
+}
+
+func (x *Policy) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *Policy) GetStatusJson() []byte {
+	if x != nil {
+		return x.StatusJson
+	}
+	return nil
+}
+
+func (x *Policy) GetIsDefault() bool {
+	if x != nil {
+		return x.IsDefault
+	}
+	return false
+}
+
 type Event struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Type  Event_Type             `protobuf:"varint,1,opt,name=type,proto3,enum=cablemesh.v1.Event_Type" json:"type,omitempty"`
-	// kind: "cluster" or "endpoint"; key: cluster name, or "cluster/node" for an endpoint.
+	// kind: "cluster", "endpoint" or "policy"; key: cluster name, "cluster/node" for an endpoint,
+	// policy name for a policy.
 	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
 	Key  string `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
 	// resource is set for UPSERT; for DELETE it holds the last known value when available.
@@ -425,7 +537,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_cablemesh_proto_msgTypes[3]
+	mi := &file_cablemesh_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -437,7 +549,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[3]
+	mi := &file_cablemesh_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -450,7 +562,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{3}
+	return file_cablemesh_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Event) GetType() Event_Type {
@@ -496,7 +608,7 @@ type ListClustersRequest struct {
 
 func (x *ListClustersRequest) Reset() {
 	*x = ListClustersRequest{}
-	mi := &file_cablemesh_proto_msgTypes[4]
+	mi := &file_cablemesh_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -508,7 +620,7 @@ func (x *ListClustersRequest) String() string {
 func (*ListClustersRequest) ProtoMessage() {}
 
 func (x *ListClustersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[4]
+	mi := &file_cablemesh_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -521,7 +633,7 @@ func (x *ListClustersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListClustersRequest.ProtoReflect.Descriptor instead.
 func (*ListClustersRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{4}
+	return file_cablemesh_proto_rawDescGZIP(), []int{5}
 }
 
 type ListClustersResponse struct {
@@ -535,7 +647,7 @@ type ListClustersResponse struct {
 
 func (x *ListClustersResponse) Reset() {
 	*x = ListClustersResponse{}
-	mi := &file_cablemesh_proto_msgTypes[5]
+	mi := &file_cablemesh_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -547,7 +659,7 @@ func (x *ListClustersResponse) String() string {
 func (*ListClustersResponse) ProtoMessage() {}
 
 func (x *ListClustersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[5]
+	mi := &file_cablemesh_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -560,7 +672,7 @@ func (x *ListClustersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListClustersResponse.ProtoReflect.Descriptor instead.
 func (*ListClustersResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{5}
+	return file_cablemesh_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListClustersResponse) GetClusters() []*Cluster {
@@ -596,7 +708,7 @@ type LabelClusterRequest struct {
 
 func (x *LabelClusterRequest) Reset() {
 	*x = LabelClusterRequest{}
-	mi := &file_cablemesh_proto_msgTypes[6]
+	mi := &file_cablemesh_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -608,7 +720,7 @@ func (x *LabelClusterRequest) String() string {
 func (*LabelClusterRequest) ProtoMessage() {}
 
 func (x *LabelClusterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[6]
+	mi := &file_cablemesh_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -621,7 +733,7 @@ func (x *LabelClusterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LabelClusterRequest.ProtoReflect.Descriptor instead.
 func (*LabelClusterRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{6}
+	return file_cablemesh_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *LabelClusterRequest) GetName() string {
@@ -654,7 +766,7 @@ type RemoveClusterRequest struct {
 
 func (x *RemoveClusterRequest) Reset() {
 	*x = RemoveClusterRequest{}
-	mi := &file_cablemesh_proto_msgTypes[7]
+	mi := &file_cablemesh_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -666,7 +778,7 @@ func (x *RemoveClusterRequest) String() string {
 func (*RemoveClusterRequest) ProtoMessage() {}
 
 func (x *RemoveClusterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[7]
+	mi := &file_cablemesh_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -679,7 +791,7 @@ func (x *RemoveClusterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveClusterRequest.ProtoReflect.Descriptor instead.
 func (*RemoveClusterRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{7}
+	return file_cablemesh_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RemoveClusterRequest) GetName() string {
@@ -698,7 +810,7 @@ type RemoveClusterResponse struct {
 
 func (x *RemoveClusterResponse) Reset() {
 	*x = RemoveClusterResponse{}
-	mi := &file_cablemesh_proto_msgTypes[8]
+	mi := &file_cablemesh_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -710,7 +822,7 @@ func (x *RemoveClusterResponse) String() string {
 func (*RemoveClusterResponse) ProtoMessage() {}
 
 func (x *RemoveClusterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[8]
+	mi := &file_cablemesh_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -723,7 +835,7 @@ func (x *RemoveClusterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveClusterResponse.ProtoReflect.Descriptor instead.
 func (*RemoveClusterResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{8}
+	return file_cablemesh_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RemoveClusterResponse) GetCluster() *Cluster {
@@ -747,7 +859,7 @@ type CreateJoinTokenRequest struct {
 
 func (x *CreateJoinTokenRequest) Reset() {
 	*x = CreateJoinTokenRequest{}
-	mi := &file_cablemesh_proto_msgTypes[9]
+	mi := &file_cablemesh_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -759,7 +871,7 @@ func (x *CreateJoinTokenRequest) String() string {
 func (*CreateJoinTokenRequest) ProtoMessage() {}
 
 func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[9]
+	mi := &file_cablemesh_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -772,7 +884,7 @@ func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{9}
+	return file_cablemesh_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CreateJoinTokenRequest) GetCluster() string {
@@ -821,7 +933,7 @@ type CreateJoinTokenResponse struct {
 
 func (x *CreateJoinTokenResponse) Reset() {
 	*x = CreateJoinTokenResponse{}
-	mi := &file_cablemesh_proto_msgTypes[10]
+	mi := &file_cablemesh_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -833,7 +945,7 @@ func (x *CreateJoinTokenResponse) String() string {
 func (*CreateJoinTokenResponse) ProtoMessage() {}
 
 func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[10]
+	mi := &file_cablemesh_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -846,7 +958,7 @@ func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{10}
+	return file_cablemesh_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CreateJoinTokenResponse) GetToken() string {
@@ -870,6 +982,386 @@ func (x *CreateJoinTokenResponse) GetExpires() *timestamppb.Timestamp {
 	return nil
 }
 
+type ApplyPoliciesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// policies: each Policy.json holds one policy; name must equal the JSON metadata.name.
+	Policies []*Policy `protobuf:"bytes,1,rep,name=policies,proto3" json:"policies,omitempty"`
+	// dry_run validates and reports without storing.
+	DryRun        bool `protobuf:"varint,2,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyPoliciesRequest) Reset() {
+	*x = ApplyPoliciesRequest{}
+	mi := &file_cablemesh_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyPoliciesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyPoliciesRequest) ProtoMessage() {}
+
+func (x *ApplyPoliciesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyPoliciesRequest.ProtoReflect.Descriptor instead.
+func (*ApplyPoliciesRequest) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ApplyPoliciesRequest) GetPolicies() []*Policy {
+	if x != nil {
+		return x.Policies
+	}
+	return nil
+}
+
+func (x *ApplyPoliciesRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+type ApplyPoliciesResponse struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Policies []*Policy              `protobuf:"bytes,1,rep,name=policies,proto3" json:"policies,omitempty"`
+	// outcome per policy, same order: "created", "configured" or "unchanged".
+	Outcomes      []string `protobuf:"bytes,2,rep,name=outcomes,proto3" json:"outcomes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyPoliciesResponse) Reset() {
+	*x = ApplyPoliciesResponse{}
+	mi := &file_cablemesh_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyPoliciesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyPoliciesResponse) ProtoMessage() {}
+
+func (x *ApplyPoliciesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyPoliciesResponse.ProtoReflect.Descriptor instead.
+func (*ApplyPoliciesResponse) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ApplyPoliciesResponse) GetPolicies() []*Policy {
+	if x != nil {
+		return x.Policies
+	}
+	return nil
+}
+
+func (x *ApplyPoliciesResponse) GetOutcomes() []string {
+	if x != nil {
+		return x.Outcomes
+	}
+	return nil
+}
+
+type DeletePoliciesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Names         []string               `protobuf:"bytes,1,rep,name=names,proto3" json:"names,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeletePoliciesRequest) Reset() {
+	*x = DeletePoliciesRequest{}
+	mi := &file_cablemesh_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeletePoliciesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeletePoliciesRequest) ProtoMessage() {}
+
+func (x *DeletePoliciesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeletePoliciesRequest.ProtoReflect.Descriptor instead.
+func (*DeletePoliciesRequest) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *DeletePoliciesRequest) GetNames() []string {
+	if x != nil {
+		return x.Names
+	}
+	return nil
+}
+
+type DeletePoliciesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Deleted       []string               `protobuf:"bytes,1,rep,name=deleted,proto3" json:"deleted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeletePoliciesResponse) Reset() {
+	*x = DeletePoliciesResponse{}
+	mi := &file_cablemesh_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeletePoliciesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeletePoliciesResponse) ProtoMessage() {}
+
+func (x *DeletePoliciesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeletePoliciesResponse.ProtoReflect.Descriptor instead.
+func (*DeletePoliciesResponse) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *DeletePoliciesResponse) GetDeleted() []string {
+	if x != nil {
+		return x.Deleted
+	}
+	return nil
+}
+
+type ListPoliciesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListPoliciesRequest) Reset() {
+	*x = ListPoliciesRequest{}
+	mi := &file_cablemesh_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListPoliciesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListPoliciesRequest) ProtoMessage() {}
+
+func (x *ListPoliciesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListPoliciesRequest.ProtoReflect.Descriptor instead.
+func (*ListPoliciesRequest) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{16}
+}
+
+type ListPoliciesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Policies      []*Policy              `protobuf:"bytes,1,rep,name=policies,proto3" json:"policies,omitempty"`
+	Revision      uint64                 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListPoliciesResponse) Reset() {
+	*x = ListPoliciesResponse{}
+	mi := &file_cablemesh_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListPoliciesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListPoliciesResponse) ProtoMessage() {}
+
+func (x *ListPoliciesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListPoliciesResponse.ProtoReflect.Descriptor instead.
+func (*ListPoliciesResponse) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ListPoliciesResponse) GetPolicies() []*Policy {
+	if x != nil {
+		return x.Policies
+	}
+	return nil
+}
+
+func (x *ListPoliciesResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+type ExplainConnectionRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ClusterA      string                 `protobuf:"bytes,1,opt,name=cluster_a,json=clusterA,proto3" json:"cluster_a,omitempty"`
+	ClusterB      string                 `protobuf:"bytes,2,opt,name=cluster_b,json=clusterB,proto3" json:"cluster_b,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExplainConnectionRequest) Reset() {
+	*x = ExplainConnectionRequest{}
+	mi := &file_cablemesh_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExplainConnectionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExplainConnectionRequest) ProtoMessage() {}
+
+func (x *ExplainConnectionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExplainConnectionRequest.ProtoReflect.Descriptor instead.
+func (*ExplainConnectionRequest) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ExplainConnectionRequest) GetClusterA() string {
+	if x != nil {
+		return x.ClusterA
+	}
+	return ""
+}
+
+func (x *ExplainConnectionRequest) GetClusterB() string {
+	if x != nil {
+		return x.ClusterB
+	}
+	return ""
+}
+
+type ExplainConnectionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// json: policy.Explanation for the pair as JSON.
+	Json          []byte `protobuf:"bytes,1,opt,name=json,proto3" json:"json,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExplainConnectionResponse) Reset() {
+	*x = ExplainConnectionResponse{}
+	mi := &file_cablemesh_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExplainConnectionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExplainConnectionResponse) ProtoMessage() {}
+
+func (x *ExplainConnectionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExplainConnectionResponse.ProtoReflect.Descriptor instead.
+func (*ExplainConnectionResponse) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ExplainConnectionResponse) GetJson() []byte {
+	if x != nil {
+		return x.Json
+	}
+	return nil
+}
+
 type JoinRequest struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Token   string                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
@@ -883,7 +1375,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_cablemesh_proto_msgTypes[11]
+	mi := &file_cablemesh_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -895,7 +1387,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[11]
+	mi := &file_cablemesh_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -908,7 +1400,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{11}
+	return file_cablemesh_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *JoinRequest) GetToken() string {
@@ -951,7 +1443,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_cablemesh_proto_msgTypes[12]
+	mi := &file_cablemesh_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -963,7 +1455,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[12]
+	mi := &file_cablemesh_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -976,7 +1468,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{12}
+	return file_cablemesh_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *JoinResponse) GetCertificatePem() []byte {
@@ -1011,7 +1503,7 @@ type RegisterEndpointRequest struct {
 
 func (x *RegisterEndpointRequest) Reset() {
 	*x = RegisterEndpointRequest{}
-	mi := &file_cablemesh_proto_msgTypes[13]
+	mi := &file_cablemesh_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1023,7 +1515,7 @@ func (x *RegisterEndpointRequest) String() string {
 func (*RegisterEndpointRequest) ProtoMessage() {}
 
 func (x *RegisterEndpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[13]
+	mi := &file_cablemesh_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1036,7 +1528,7 @@ func (x *RegisterEndpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterEndpointRequest.ProtoReflect.Descriptor instead.
 func (*RegisterEndpointRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{13}
+	return file_cablemesh_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RegisterEndpointRequest) GetEndpoint() *Endpoint {
@@ -1063,7 +1555,7 @@ type RegisterEndpointResponse struct {
 
 func (x *RegisterEndpointResponse) Reset() {
 	*x = RegisterEndpointResponse{}
-	mi := &file_cablemesh_proto_msgTypes[14]
+	mi := &file_cablemesh_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1075,7 +1567,7 @@ func (x *RegisterEndpointResponse) String() string {
 func (*RegisterEndpointResponse) ProtoMessage() {}
 
 func (x *RegisterEndpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[14]
+	mi := &file_cablemesh_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1088,7 +1580,7 @@ func (x *RegisterEndpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterEndpointResponse.ProtoReflect.Descriptor instead.
 func (*RegisterEndpointResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{14}
+	return file_cablemesh_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RegisterEndpointResponse) GetEndpoint() *Endpoint {
@@ -1114,7 +1606,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_cablemesh_proto_msgTypes[15]
+	mi := &file_cablemesh_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1126,7 +1618,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[15]
+	mi := &file_cablemesh_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1139,7 +1631,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{15}
+	return file_cablemesh_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *HeartbeatRequest) GetNode() string {
@@ -1159,7 +1651,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_cablemesh_proto_msgTypes[16]
+	mi := &file_cablemesh_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1171,7 +1663,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[16]
+	mi := &file_cablemesh_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1184,7 +1676,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{16}
+	return file_cablemesh_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *HeartbeatResponse) GetLeaseExpires() *timestamppb.Timestamp {
@@ -1212,7 +1704,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_cablemesh_proto_msgTypes[17]
+	mi := &file_cablemesh_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1224,7 +1716,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[17]
+	mi := &file_cablemesh_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1237,7 +1729,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{17}
+	return file_cablemesh_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *WatchRequest) GetSinceRevision() uint64 {
@@ -1260,7 +1752,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_cablemesh_proto_msgTypes[18]
+	mi := &file_cablemesh_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1272,7 +1764,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[18]
+	mi := &file_cablemesh_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1285,7 +1777,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{18}
+	return file_cablemesh_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *WatchResponse) GetSnapshot() bool {
@@ -1313,7 +1805,7 @@ var File_cablemesh_proto protoreflect.FileDescriptor
 
 const file_cablemesh_proto_rawDesc = "" +
 	"\n" +
-	"\x0fcablemesh.proto\x12\fcablemesh.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcc\x02\n" +
+	"\x0fcablemesh.proto\x12\fcablemesh.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe7\x02\n" +
 	"\aCluster\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\rR\x02id\x129\n" +
@@ -1322,7 +1814,8 @@ const file_cablemesh_proto_rawDesc = "" +
 	"\rservice_cidrs\x18\x05 \x03(\tR\fserviceCidrs\x127\n" +
 	"\tjoined_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\bjoinedAt\x12\x10\n" +
 	"\x03uid\x18\a \x01(\tR\x03uid\x12\x1a\n" +
-	"\brevision\x18\b \x01(\x04R\brevision\x1a9\n" +
+	"\brevision\x18\b \x01(\x04R\brevision\x12\x19\n" +
+	"\bpair_psk\x18\t \x01(\fR\apairPsk\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcf\x04\n" +
@@ -1345,11 +1838,20 @@ const file_cablemesh_proto_rawDesc = "" +
 	"\rlease_seconds\x18\r \x01(\x03R\fleaseSeconds\x1a=\n" +
 	"\x0fCablePortsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"{\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\xab\x01\n" +
 	"\bResource\x121\n" +
 	"\acluster\x18\x01 \x01(\v2\x15.cablemesh.v1.ClusterH\x00R\acluster\x124\n" +
-	"\bendpoint\x18\x02 \x01(\v2\x16.cablemesh.v1.EndpointH\x00R\bendpointB\x06\n" +
-	"\x04kind\"\xcb\x01\n" +
+	"\bendpoint\x18\x02 \x01(\v2\x16.cablemesh.v1.EndpointH\x00R\bendpoint\x12.\n" +
+	"\x06policy\x18\x03 \x01(\v2\x14.cablemesh.v1.PolicyH\x00R\x06policyB\x06\n" +
+	"\x04kind\"\x8c\x01\n" +
+	"\x06Policy\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04json\x18\x02 \x01(\fR\x04json\x12\x1a\n" +
+	"\brevision\x18\x03 \x01(\x04R\brevision\x12\x1f\n" +
+	"\vstatus_json\x18\x04 \x01(\fR\n" +
+	"statusJson\x12\x1d\n" +
+	"\n" +
+	"is_default\x18\x05 \x01(\bR\tisDefault\"\xcb\x01\n" +
 	"\x05Event\x12,\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x18.cablemesh.v1.Event.TypeR\x04type\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x10\n" +
@@ -1389,7 +1891,26 @@ const file_cablemesh_proto_rawDesc = "" +
 	"\x17CreateJoinTokenResponse\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12/\n" +
 	"\acluster\x18\x02 \x01(\v2\x15.cablemesh.v1.ClusterR\acluster\x124\n" +
-	"\aexpires\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\aexpires\"j\n" +
+	"\aexpires\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\aexpires\"a\n" +
+	"\x14ApplyPoliciesRequest\x120\n" +
+	"\bpolicies\x18\x01 \x03(\v2\x14.cablemesh.v1.PolicyR\bpolicies\x12\x17\n" +
+	"\adry_run\x18\x02 \x01(\bR\x06dryRun\"e\n" +
+	"\x15ApplyPoliciesResponse\x120\n" +
+	"\bpolicies\x18\x01 \x03(\v2\x14.cablemesh.v1.PolicyR\bpolicies\x12\x1a\n" +
+	"\boutcomes\x18\x02 \x03(\tR\boutcomes\"-\n" +
+	"\x15DeletePoliciesRequest\x12\x14\n" +
+	"\x05names\x18\x01 \x03(\tR\x05names\"2\n" +
+	"\x16DeletePoliciesResponse\x12\x18\n" +
+	"\adeleted\x18\x01 \x03(\tR\adeleted\"\x15\n" +
+	"\x13ListPoliciesRequest\"d\n" +
+	"\x14ListPoliciesResponse\x120\n" +
+	"\bpolicies\x18\x01 \x03(\v2\x14.cablemesh.v1.PolicyR\bpolicies\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\"T\n" +
+	"\x18ExplainConnectionRequest\x12\x1b\n" +
+	"\tcluster_a\x18\x01 \x01(\tR\bclusterA\x12\x1b\n" +
+	"\tcluster_b\x18\x02 \x01(\tR\bclusterB\"/\n" +
+	"\x19ExplainConnectionResponse\x12\x12\n" +
+	"\x04json\x18\x01 \x01(\fR\x04json\"j\n" +
 	"\vJoinRequest\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x18\n" +
 	"\acluster\x18\x02 \x01(\tR\acluster\x12\x12\n" +
@@ -1415,12 +1936,16 @@ const file_cablemesh_proto_rawDesc = "" +
 	"\rWatchResponse\x12\x1a\n" +
 	"\bsnapshot\x18\x01 \x01(\bR\bsnapshot\x12+\n" +
 	"\x06events\x18\x02 \x03(\v2\x13.cablemesh.v1.EventR\x06events\x12\x1a\n" +
-	"\brevision\x18\x03 \x01(\x04R\brevision2\xe2\x02\n" +
+	"\brevision\x18\x03 \x01(\x04R\brevision2\xd6\x05\n" +
 	"\x05Admin\x12U\n" +
 	"\fListClusters\x12!.cablemesh.v1.ListClustersRequest\x1a\".cablemesh.v1.ListClustersResponse\x12H\n" +
 	"\fLabelCluster\x12!.cablemesh.v1.LabelClusterRequest\x1a\x15.cablemesh.v1.Cluster\x12X\n" +
 	"\rRemoveCluster\x12\".cablemesh.v1.RemoveClusterRequest\x1a#.cablemesh.v1.RemoveClusterResponse\x12^\n" +
-	"\x0fCreateJoinToken\x12$.cablemesh.v1.CreateJoinTokenRequest\x1a%.cablemesh.v1.CreateJoinTokenResponse2\xbb\x02\n" +
+	"\x0fCreateJoinToken\x12$.cablemesh.v1.CreateJoinTokenRequest\x1a%.cablemesh.v1.CreateJoinTokenResponse\x12X\n" +
+	"\rApplyPolicies\x12\".cablemesh.v1.ApplyPoliciesRequest\x1a#.cablemesh.v1.ApplyPoliciesResponse\x12[\n" +
+	"\x0eDeletePolicies\x12#.cablemesh.v1.DeletePoliciesRequest\x1a$.cablemesh.v1.DeletePoliciesResponse\x12U\n" +
+	"\fListPolicies\x12!.cablemesh.v1.ListPoliciesRequest\x1a\".cablemesh.v1.ListPoliciesResponse\x12d\n" +
+	"\x11ExplainConnection\x12&.cablemesh.v1.ExplainConnectionRequest\x1a'.cablemesh.v1.ExplainConnectionResponse2\xbb\x02\n" +
 	"\x05Agent\x12=\n" +
 	"\x04Join\x12\x19.cablemesh.v1.JoinRequest\x1a\x1a.cablemesh.v1.JoinResponse\x12a\n" +
 	"\x10RegisterEndpoint\x12%.cablemesh.v1.RegisterEndpointRequest\x1a&.cablemesh.v1.RegisterEndpointResponse\x12L\n" +
@@ -1440,77 +1965,98 @@ func file_cablemesh_proto_rawDescGZIP() []byte {
 }
 
 var file_cablemesh_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_cablemesh_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_cablemesh_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_cablemesh_proto_goTypes = []any{
-	(Event_Type)(0),                  // 0: cablemesh.v1.Event.Type
-	(*Cluster)(nil),                  // 1: cablemesh.v1.Cluster
-	(*Endpoint)(nil),                 // 2: cablemesh.v1.Endpoint
-	(*Resource)(nil),                 // 3: cablemesh.v1.Resource
-	(*Event)(nil),                    // 4: cablemesh.v1.Event
-	(*ListClustersRequest)(nil),      // 5: cablemesh.v1.ListClustersRequest
-	(*ListClustersResponse)(nil),     // 6: cablemesh.v1.ListClustersResponse
-	(*LabelClusterRequest)(nil),      // 7: cablemesh.v1.LabelClusterRequest
-	(*RemoveClusterRequest)(nil),     // 8: cablemesh.v1.RemoveClusterRequest
-	(*RemoveClusterResponse)(nil),    // 9: cablemesh.v1.RemoveClusterResponse
-	(*CreateJoinTokenRequest)(nil),   // 10: cablemesh.v1.CreateJoinTokenRequest
-	(*CreateJoinTokenResponse)(nil),  // 11: cablemesh.v1.CreateJoinTokenResponse
-	(*JoinRequest)(nil),              // 12: cablemesh.v1.JoinRequest
-	(*JoinResponse)(nil),             // 13: cablemesh.v1.JoinResponse
-	(*RegisterEndpointRequest)(nil),  // 14: cablemesh.v1.RegisterEndpointRequest
-	(*RegisterEndpointResponse)(nil), // 15: cablemesh.v1.RegisterEndpointResponse
-	(*HeartbeatRequest)(nil),         // 16: cablemesh.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),        // 17: cablemesh.v1.HeartbeatResponse
-	(*WatchRequest)(nil),             // 18: cablemesh.v1.WatchRequest
-	(*WatchResponse)(nil),            // 19: cablemesh.v1.WatchResponse
-	nil,                              // 20: cablemesh.v1.Cluster.LabelsEntry
-	nil,                              // 21: cablemesh.v1.Endpoint.CablePortsEntry
-	nil,                              // 22: cablemesh.v1.LabelClusterRequest.SetEntry
-	nil,                              // 23: cablemesh.v1.CreateJoinTokenRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),    // 24: google.protobuf.Timestamp
+	(Event_Type)(0),                   // 0: cablemesh.v1.Event.Type
+	(*Cluster)(nil),                   // 1: cablemesh.v1.Cluster
+	(*Endpoint)(nil),                  // 2: cablemesh.v1.Endpoint
+	(*Resource)(nil),                  // 3: cablemesh.v1.Resource
+	(*Policy)(nil),                    // 4: cablemesh.v1.Policy
+	(*Event)(nil),                     // 5: cablemesh.v1.Event
+	(*ListClustersRequest)(nil),       // 6: cablemesh.v1.ListClustersRequest
+	(*ListClustersResponse)(nil),      // 7: cablemesh.v1.ListClustersResponse
+	(*LabelClusterRequest)(nil),       // 8: cablemesh.v1.LabelClusterRequest
+	(*RemoveClusterRequest)(nil),      // 9: cablemesh.v1.RemoveClusterRequest
+	(*RemoveClusterResponse)(nil),     // 10: cablemesh.v1.RemoveClusterResponse
+	(*CreateJoinTokenRequest)(nil),    // 11: cablemesh.v1.CreateJoinTokenRequest
+	(*CreateJoinTokenResponse)(nil),   // 12: cablemesh.v1.CreateJoinTokenResponse
+	(*ApplyPoliciesRequest)(nil),      // 13: cablemesh.v1.ApplyPoliciesRequest
+	(*ApplyPoliciesResponse)(nil),     // 14: cablemesh.v1.ApplyPoliciesResponse
+	(*DeletePoliciesRequest)(nil),     // 15: cablemesh.v1.DeletePoliciesRequest
+	(*DeletePoliciesResponse)(nil),    // 16: cablemesh.v1.DeletePoliciesResponse
+	(*ListPoliciesRequest)(nil),       // 17: cablemesh.v1.ListPoliciesRequest
+	(*ListPoliciesResponse)(nil),      // 18: cablemesh.v1.ListPoliciesResponse
+	(*ExplainConnectionRequest)(nil),  // 19: cablemesh.v1.ExplainConnectionRequest
+	(*ExplainConnectionResponse)(nil), // 20: cablemesh.v1.ExplainConnectionResponse
+	(*JoinRequest)(nil),               // 21: cablemesh.v1.JoinRequest
+	(*JoinResponse)(nil),              // 22: cablemesh.v1.JoinResponse
+	(*RegisterEndpointRequest)(nil),   // 23: cablemesh.v1.RegisterEndpointRequest
+	(*RegisterEndpointResponse)(nil),  // 24: cablemesh.v1.RegisterEndpointResponse
+	(*HeartbeatRequest)(nil),          // 25: cablemesh.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),         // 26: cablemesh.v1.HeartbeatResponse
+	(*WatchRequest)(nil),              // 27: cablemesh.v1.WatchRequest
+	(*WatchResponse)(nil),             // 28: cablemesh.v1.WatchResponse
+	nil,                               // 29: cablemesh.v1.Cluster.LabelsEntry
+	nil,                               // 30: cablemesh.v1.Endpoint.CablePortsEntry
+	nil,                               // 31: cablemesh.v1.LabelClusterRequest.SetEntry
+	nil,                               // 32: cablemesh.v1.CreateJoinTokenRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),     // 33: google.protobuf.Timestamp
 }
 var file_cablemesh_proto_depIdxs = []int32{
-	20, // 0: cablemesh.v1.Cluster.labels:type_name -> cablemesh.v1.Cluster.LabelsEntry
-	24, // 1: cablemesh.v1.Cluster.joined_at:type_name -> google.protobuf.Timestamp
-	21, // 2: cablemesh.v1.Endpoint.cable_ports:type_name -> cablemesh.v1.Endpoint.CablePortsEntry
-	24, // 3: cablemesh.v1.Endpoint.last_heartbeat:type_name -> google.protobuf.Timestamp
-	24, // 4: cablemesh.v1.Endpoint.lease_expires:type_name -> google.protobuf.Timestamp
+	29, // 0: cablemesh.v1.Cluster.labels:type_name -> cablemesh.v1.Cluster.LabelsEntry
+	33, // 1: cablemesh.v1.Cluster.joined_at:type_name -> google.protobuf.Timestamp
+	30, // 2: cablemesh.v1.Endpoint.cable_ports:type_name -> cablemesh.v1.Endpoint.CablePortsEntry
+	33, // 3: cablemesh.v1.Endpoint.last_heartbeat:type_name -> google.protobuf.Timestamp
+	33, // 4: cablemesh.v1.Endpoint.lease_expires:type_name -> google.protobuf.Timestamp
 	1,  // 5: cablemesh.v1.Resource.cluster:type_name -> cablemesh.v1.Cluster
 	2,  // 6: cablemesh.v1.Resource.endpoint:type_name -> cablemesh.v1.Endpoint
-	0,  // 7: cablemesh.v1.Event.type:type_name -> cablemesh.v1.Event.Type
-	3,  // 8: cablemesh.v1.Event.resource:type_name -> cablemesh.v1.Resource
-	1,  // 9: cablemesh.v1.ListClustersResponse.clusters:type_name -> cablemesh.v1.Cluster
-	2,  // 10: cablemesh.v1.ListClustersResponse.endpoints:type_name -> cablemesh.v1.Endpoint
-	22, // 11: cablemesh.v1.LabelClusterRequest.set:type_name -> cablemesh.v1.LabelClusterRequest.SetEntry
-	1,  // 12: cablemesh.v1.RemoveClusterResponse.cluster:type_name -> cablemesh.v1.Cluster
-	23, // 13: cablemesh.v1.CreateJoinTokenRequest.labels:type_name -> cablemesh.v1.CreateJoinTokenRequest.LabelsEntry
-	1,  // 14: cablemesh.v1.CreateJoinTokenResponse.cluster:type_name -> cablemesh.v1.Cluster
-	24, // 15: cablemesh.v1.CreateJoinTokenResponse.expires:type_name -> google.protobuf.Timestamp
-	1,  // 16: cablemesh.v1.JoinResponse.cluster:type_name -> cablemesh.v1.Cluster
-	2,  // 17: cablemesh.v1.RegisterEndpointRequest.endpoint:type_name -> cablemesh.v1.Endpoint
-	2,  // 18: cablemesh.v1.RegisterEndpointResponse.endpoint:type_name -> cablemesh.v1.Endpoint
-	24, // 19: cablemesh.v1.HeartbeatResponse.lease_expires:type_name -> google.protobuf.Timestamp
-	4,  // 20: cablemesh.v1.WatchResponse.events:type_name -> cablemesh.v1.Event
-	5,  // 21: cablemesh.v1.Admin.ListClusters:input_type -> cablemesh.v1.ListClustersRequest
-	7,  // 22: cablemesh.v1.Admin.LabelCluster:input_type -> cablemesh.v1.LabelClusterRequest
-	8,  // 23: cablemesh.v1.Admin.RemoveCluster:input_type -> cablemesh.v1.RemoveClusterRequest
-	10, // 24: cablemesh.v1.Admin.CreateJoinToken:input_type -> cablemesh.v1.CreateJoinTokenRequest
-	12, // 25: cablemesh.v1.Agent.Join:input_type -> cablemesh.v1.JoinRequest
-	14, // 26: cablemesh.v1.Agent.RegisterEndpoint:input_type -> cablemesh.v1.RegisterEndpointRequest
-	16, // 27: cablemesh.v1.Agent.Heartbeat:input_type -> cablemesh.v1.HeartbeatRequest
-	18, // 28: cablemesh.v1.Agent.Watch:input_type -> cablemesh.v1.WatchRequest
-	6,  // 29: cablemesh.v1.Admin.ListClusters:output_type -> cablemesh.v1.ListClustersResponse
-	1,  // 30: cablemesh.v1.Admin.LabelCluster:output_type -> cablemesh.v1.Cluster
-	9,  // 31: cablemesh.v1.Admin.RemoveCluster:output_type -> cablemesh.v1.RemoveClusterResponse
-	11, // 32: cablemesh.v1.Admin.CreateJoinToken:output_type -> cablemesh.v1.CreateJoinTokenResponse
-	13, // 33: cablemesh.v1.Agent.Join:output_type -> cablemesh.v1.JoinResponse
-	15, // 34: cablemesh.v1.Agent.RegisterEndpoint:output_type -> cablemesh.v1.RegisterEndpointResponse
-	17, // 35: cablemesh.v1.Agent.Heartbeat:output_type -> cablemesh.v1.HeartbeatResponse
-	19, // 36: cablemesh.v1.Agent.Watch:output_type -> cablemesh.v1.WatchResponse
-	29, // [29:37] is the sub-list for method output_type
-	21, // [21:29] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	4,  // 7: cablemesh.v1.Resource.policy:type_name -> cablemesh.v1.Policy
+	0,  // 8: cablemesh.v1.Event.type:type_name -> cablemesh.v1.Event.Type
+	3,  // 9: cablemesh.v1.Event.resource:type_name -> cablemesh.v1.Resource
+	1,  // 10: cablemesh.v1.ListClustersResponse.clusters:type_name -> cablemesh.v1.Cluster
+	2,  // 11: cablemesh.v1.ListClustersResponse.endpoints:type_name -> cablemesh.v1.Endpoint
+	31, // 12: cablemesh.v1.LabelClusterRequest.set:type_name -> cablemesh.v1.LabelClusterRequest.SetEntry
+	1,  // 13: cablemesh.v1.RemoveClusterResponse.cluster:type_name -> cablemesh.v1.Cluster
+	32, // 14: cablemesh.v1.CreateJoinTokenRequest.labels:type_name -> cablemesh.v1.CreateJoinTokenRequest.LabelsEntry
+	1,  // 15: cablemesh.v1.CreateJoinTokenResponse.cluster:type_name -> cablemesh.v1.Cluster
+	33, // 16: cablemesh.v1.CreateJoinTokenResponse.expires:type_name -> google.protobuf.Timestamp
+	4,  // 17: cablemesh.v1.ApplyPoliciesRequest.policies:type_name -> cablemesh.v1.Policy
+	4,  // 18: cablemesh.v1.ApplyPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
+	4,  // 19: cablemesh.v1.ListPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
+	1,  // 20: cablemesh.v1.JoinResponse.cluster:type_name -> cablemesh.v1.Cluster
+	2,  // 21: cablemesh.v1.RegisterEndpointRequest.endpoint:type_name -> cablemesh.v1.Endpoint
+	2,  // 22: cablemesh.v1.RegisterEndpointResponse.endpoint:type_name -> cablemesh.v1.Endpoint
+	33, // 23: cablemesh.v1.HeartbeatResponse.lease_expires:type_name -> google.protobuf.Timestamp
+	5,  // 24: cablemesh.v1.WatchResponse.events:type_name -> cablemesh.v1.Event
+	6,  // 25: cablemesh.v1.Admin.ListClusters:input_type -> cablemesh.v1.ListClustersRequest
+	8,  // 26: cablemesh.v1.Admin.LabelCluster:input_type -> cablemesh.v1.LabelClusterRequest
+	9,  // 27: cablemesh.v1.Admin.RemoveCluster:input_type -> cablemesh.v1.RemoveClusterRequest
+	11, // 28: cablemesh.v1.Admin.CreateJoinToken:input_type -> cablemesh.v1.CreateJoinTokenRequest
+	13, // 29: cablemesh.v1.Admin.ApplyPolicies:input_type -> cablemesh.v1.ApplyPoliciesRequest
+	15, // 30: cablemesh.v1.Admin.DeletePolicies:input_type -> cablemesh.v1.DeletePoliciesRequest
+	17, // 31: cablemesh.v1.Admin.ListPolicies:input_type -> cablemesh.v1.ListPoliciesRequest
+	19, // 32: cablemesh.v1.Admin.ExplainConnection:input_type -> cablemesh.v1.ExplainConnectionRequest
+	21, // 33: cablemesh.v1.Agent.Join:input_type -> cablemesh.v1.JoinRequest
+	23, // 34: cablemesh.v1.Agent.RegisterEndpoint:input_type -> cablemesh.v1.RegisterEndpointRequest
+	25, // 35: cablemesh.v1.Agent.Heartbeat:input_type -> cablemesh.v1.HeartbeatRequest
+	27, // 36: cablemesh.v1.Agent.Watch:input_type -> cablemesh.v1.WatchRequest
+	7,  // 37: cablemesh.v1.Admin.ListClusters:output_type -> cablemesh.v1.ListClustersResponse
+	1,  // 38: cablemesh.v1.Admin.LabelCluster:output_type -> cablemesh.v1.Cluster
+	10, // 39: cablemesh.v1.Admin.RemoveCluster:output_type -> cablemesh.v1.RemoveClusterResponse
+	12, // 40: cablemesh.v1.Admin.CreateJoinToken:output_type -> cablemesh.v1.CreateJoinTokenResponse
+	14, // 41: cablemesh.v1.Admin.ApplyPolicies:output_type -> cablemesh.v1.ApplyPoliciesResponse
+	16, // 42: cablemesh.v1.Admin.DeletePolicies:output_type -> cablemesh.v1.DeletePoliciesResponse
+	18, // 43: cablemesh.v1.Admin.ListPolicies:output_type -> cablemesh.v1.ListPoliciesResponse
+	20, // 44: cablemesh.v1.Admin.ExplainConnection:output_type -> cablemesh.v1.ExplainConnectionResponse
+	22, // 45: cablemesh.v1.Agent.Join:output_type -> cablemesh.v1.JoinResponse
+	24, // 46: cablemesh.v1.Agent.RegisterEndpoint:output_type -> cablemesh.v1.RegisterEndpointResponse
+	26, // 47: cablemesh.v1.Agent.Heartbeat:output_type -> cablemesh.v1.HeartbeatResponse
+	28, // 48: cablemesh.v1.Agent.Watch:output_type -> cablemesh.v1.WatchResponse
+	37, // [37:49] is the sub-list for method output_type
+	25, // [25:37] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_cablemesh_proto_init() }
@@ -1521,6 +2067,7 @@ func file_cablemesh_proto_init() {
 	file_cablemesh_proto_msgTypes[2].OneofWrappers = []any{
 		(*Resource_Cluster)(nil),
 		(*Resource_Endpoint)(nil),
+		(*Resource_Policy)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1528,7 +2075,7 @@ func file_cablemesh_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cablemesh_proto_rawDesc), len(file_cablemesh_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   23,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -24,10 +24,14 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Admin_ListClusters_FullMethodName    = "/cablemesh.v1.Admin/ListClusters"
-	Admin_LabelCluster_FullMethodName    = "/cablemesh.v1.Admin/LabelCluster"
-	Admin_RemoveCluster_FullMethodName   = "/cablemesh.v1.Admin/RemoveCluster"
-	Admin_CreateJoinToken_FullMethodName = "/cablemesh.v1.Admin/CreateJoinToken"
+	Admin_ListClusters_FullMethodName      = "/cablemesh.v1.Admin/ListClusters"
+	Admin_LabelCluster_FullMethodName      = "/cablemesh.v1.Admin/LabelCluster"
+	Admin_RemoveCluster_FullMethodName     = "/cablemesh.v1.Admin/RemoveCluster"
+	Admin_CreateJoinToken_FullMethodName   = "/cablemesh.v1.Admin/CreateJoinToken"
+	Admin_ApplyPolicies_FullMethodName     = "/cablemesh.v1.Admin/ApplyPolicies"
+	Admin_DeletePolicies_FullMethodName    = "/cablemesh.v1.Admin/DeletePolicies"
+	Admin_ListPolicies_FullMethodName      = "/cablemesh.v1.Admin/ListPolicies"
+	Admin_ExplainConnection_FullMethodName = "/cablemesh.v1.Admin/ExplainConnection"
 )
 
 // AdminClient is the client API for Admin service.
@@ -38,6 +42,12 @@ type AdminClient interface {
 	LabelCluster(ctx context.Context, in *LabelClusterRequest, opts ...grpc.CallOption) (*Cluster, error)
 	RemoveCluster(ctx context.Context, in *RemoveClusterRequest, opts ...grpc.CallOption) (*RemoveClusterResponse, error)
 	CreateJoinToken(ctx context.Context, in *CreateJoinTokenRequest, opts ...grpc.CallOption) (*CreateJoinTokenResponse, error)
+	// Policies: all-or-nothing; one invalid policy fails the call with an error naming it and the
+	// field, and nothing is stored.
+	ApplyPolicies(ctx context.Context, in *ApplyPoliciesRequest, opts ...grpc.CallOption) (*ApplyPoliciesResponse, error)
+	DeletePolicies(ctx context.Context, in *DeletePoliciesRequest, opts ...grpc.CallOption) (*DeletePoliciesResponse, error)
+	ListPolicies(ctx context.Context, in *ListPoliciesRequest, opts ...grpc.CallOption) (*ListPoliciesResponse, error)
+	ExplainConnection(ctx context.Context, in *ExplainConnectionRequest, opts ...grpc.CallOption) (*ExplainConnectionResponse, error)
 }
 
 type adminClient struct {
@@ -88,6 +98,46 @@ func (c *adminClient) CreateJoinToken(ctx context.Context, in *CreateJoinTokenRe
 	return out, nil
 }
 
+func (c *adminClient) ApplyPolicies(ctx context.Context, in *ApplyPoliciesRequest, opts ...grpc.CallOption) (*ApplyPoliciesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ApplyPoliciesResponse)
+	err := c.cc.Invoke(ctx, Admin_ApplyPolicies_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) DeletePolicies(ctx context.Context, in *DeletePoliciesRequest, opts ...grpc.CallOption) (*DeletePoliciesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeletePoliciesResponse)
+	err := c.cc.Invoke(ctx, Admin_DeletePolicies_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) ListPolicies(ctx context.Context, in *ListPoliciesRequest, opts ...grpc.CallOption) (*ListPoliciesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListPoliciesResponse)
+	err := c.cc.Invoke(ctx, Admin_ListPolicies_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) ExplainConnection(ctx context.Context, in *ExplainConnectionRequest, opts ...grpc.CallOption) (*ExplainConnectionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ExplainConnectionResponse)
+	err := c.cc.Invoke(ctx, Admin_ExplainConnection_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -96,6 +146,12 @@ type AdminServer interface {
 	LabelCluster(context.Context, *LabelClusterRequest) (*Cluster, error)
 	RemoveCluster(context.Context, *RemoveClusterRequest) (*RemoveClusterResponse, error)
 	CreateJoinToken(context.Context, *CreateJoinTokenRequest) (*CreateJoinTokenResponse, error)
+	// Policies: all-or-nothing; one invalid policy fails the call with an error naming it and the
+	// field, and nothing is stored.
+	ApplyPolicies(context.Context, *ApplyPoliciesRequest) (*ApplyPoliciesResponse, error)
+	DeletePolicies(context.Context, *DeletePoliciesRequest) (*DeletePoliciesResponse, error)
+	ListPolicies(context.Context, *ListPoliciesRequest) (*ListPoliciesResponse, error)
+	ExplainConnection(context.Context, *ExplainConnectionRequest) (*ExplainConnectionResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -117,6 +173,18 @@ func (UnimplementedAdminServer) RemoveCluster(context.Context, *RemoveClusterReq
 }
 func (UnimplementedAdminServer) CreateJoinToken(context.Context, *CreateJoinTokenRequest) (*CreateJoinTokenResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CreateJoinToken not implemented")
+}
+func (UnimplementedAdminServer) ApplyPolicies(context.Context, *ApplyPoliciesRequest) (*ApplyPoliciesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ApplyPolicies not implemented")
+}
+func (UnimplementedAdminServer) DeletePolicies(context.Context, *DeletePoliciesRequest) (*DeletePoliciesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeletePolicies not implemented")
+}
+func (UnimplementedAdminServer) ListPolicies(context.Context, *ListPoliciesRequest) (*ListPoliciesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListPolicies not implemented")
+}
+func (UnimplementedAdminServer) ExplainConnection(context.Context, *ExplainConnectionRequest) (*ExplainConnectionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ExplainConnection not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -211,6 +279,78 @@ func _Admin_CreateJoinToken_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_ApplyPolicies_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ApplyPoliciesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ApplyPolicies(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ApplyPolicies_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ApplyPolicies(ctx, req.(*ApplyPoliciesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_DeletePolicies_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeletePoliciesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).DeletePolicies(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_DeletePolicies_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).DeletePolicies(ctx, req.(*DeletePoliciesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_ListPolicies_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListPoliciesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ListPolicies(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ListPolicies_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ListPolicies(ctx, req.(*ListPoliciesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_ExplainConnection_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ExplainConnectionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ExplainConnection(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ExplainConnection_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ExplainConnection(ctx, req.(*ExplainConnectionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -233,6 +373,22 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CreateJoinToken",
 			Handler:    _Admin_CreateJoinToken_Handler,
+		},
+		{
+			MethodName: "ApplyPolicies",
+			Handler:    _Admin_ApplyPolicies_Handler,
+		},
+		{
+			MethodName: "DeletePolicies",
+			Handler:    _Admin_DeletePolicies_Handler,
+		},
+		{
+			MethodName: "ListPolicies",
+			Handler:    _Admin_ListPolicies_Handler,
+		},
+		{
+			MethodName: "ExplainConnection",
+			Handler:    _Admin_ExplainConnection_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
