@@ -257,6 +257,8 @@ func (a *agentService) Watch(req *apiv1.WatchRequest, stream apiv1.Agent_WatchSe
 				}
 				return status.Errorf(codes.Unavailable, "watch ended: %v", w.Err())
 			}
+			// The batch is this watcher's own copy, so the PSKs of its pairs can go straight in.
+			a.s.addPairPSKs(id.Cluster, b.Events)
 			if err := stream.Send(&apiv1.WatchResponse{Snapshot: b.Snapshot, Events: b.Events, Revision: b.Revision}); err != nil {
 				return err
 			}

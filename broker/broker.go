@@ -1,6 +1,7 @@
 // Package broker is the Cablemesh broker: it holds the mesh's shared state (clusters, gateway
-// endpoints) in a Store, issues join tokens and agent certificates from the mesh CA, and serves the
-// Admin and Agent gRPC services over one mTLS listener.
+// endpoints, connection policies) in a Store, issues join tokens and agent certificates from the
+// mesh CA, derives each cluster pair's pre-shared key from the mesh secret, and serves the Admin
+// and Agent gRPC services over one mTLS listener.
 package broker
 
 import (
@@ -49,6 +50,10 @@ type Config struct {
 	MaxLease time.Duration
 	// ReapInterval is how often expired endpoints are withdrawn (default: Lease/10, at least 100ms).
 	ReapInterval time.Duration
+	// DefaultCableDriver is the driver of the mesh default policy the broker creates at first
+	// start: wireguard, vxlan or ipsec. Empty means wireguard. Later starts keep the stored default
+	// policy (an operator may have changed it with apply) and only log when this differs.
+	DefaultCableDriver string
 	// StoreOptions tune the embedded store (event log size, watcher buffer).
 	StoreOptions store.Options
 	Logger       *slog.Logger
@@ -63,6 +68,8 @@ type Server struct {
 	pki   *pki.PKI
 	store store.Store
 	grpc  *grpc.Server
+	// meshSecret derives the pair PSKs (PairPSK); it never leaves the broker.
+	meshSecret []byte
 
 	// stopping ends long-lived streams (watches) so a graceful stop does not wait for them.
 	stopping     chan struct{}
@@ -71,8 +78,9 @@ type Server struct {
 	ready chan struct{}
 }
 
-// New loads or creates the broker's PKI and store in cfg.DataDir and extends every stored
-// endpoint lease by one lease period, so agents have time to reconnect after broker downtime.
+// New loads or creates the broker's PKI, mesh secret and store in cfg.DataDir, creates the mesh
+// default policy on first start, and extends every stored endpoint lease by one lease period, so
+// agents have time to reconnect after broker downtime.
 func New(cfg Config) (*Server, error) {
 	if cfg.DataDir == "" {
 		return nil, errors.New("data dir is required")
@@ -98,6 +106,11 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.DefaultCableDriver != "" {
+		if err := ValidateDefaultCableDriver(cfg.DefaultCableDriver); err != nil {
+			return nil, err
+		}
+	}
 	host, _, err := net.SplitHostPort(cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("listen address %q is not host:port: %v", cfg.Listen, err)
@@ -116,11 +129,22 @@ func New(cfg Config) (*Server, error) {
 	if created {
 		cfg.Logger.Info("created mesh CA", "dir", cfg.DataDir, "ca", p.CAHash())
 	}
+	secret, created, err := loadOrCreateMeshSecret(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	if created {
+		cfg.Logger.Info("created mesh secret", "path", filepath.Join(cfg.DataDir, MeshSecretFile))
+	}
 	st, err := store.OpenBolt(filepath.Join(cfg.DataDir, StoreFile), cfg.StoreOptions)
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, pki: p, store: st, stopping: make(chan struct{}), ready: make(chan struct{})}
+	s := &Server{cfg: cfg, log: cfg.Logger, pki: p, store: st, meshSecret: secret, stopping: make(chan struct{}), ready: make(chan struct{})}
+	if err := s.ensureDefaultPolicy(context.Background(), cfg.DefaultCableDriver); err != nil {
+		st.Close()
+		return nil, err
+	}
 	if err := s.extendLeases(context.Background()); err != nil {
 		st.Close()
 		return nil, err

@@ -40,7 +40,7 @@ func TestFirstStartWritesAnAdminConfigThatWorks(t *testing.T) {
 	if cfg.Broker != b.addr {
 		t.Fatalf("admin.yaml broker %q, want the listen address %q", cfg.Broker, b.addr)
 	}
-	for _, f := range []string{pki.CAKeyFile, pki.TokenKeyFile, pki.AdminKeyFile, pki.ServerKeyFile, StoreFile} {
+	for _, f := range []string{pki.CAKeyFile, pki.TokenKeyFile, pki.AdminKeyFile, pki.ServerKeyFile, StoreFile, MeshSecretFile} {
 		st, err := os.Stat(filepath.Join(dir, f))
 		if err != nil || st.Mode().Perm() != 0o600 {
 			t.Fatalf("%s: %v mode %v, want 0600", f, err, st.Mode().Perm())
@@ -402,9 +402,10 @@ func TestWatchSnapshotThenDeltasAndResume(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Revision 1 is the mesh default policy the broker created at first start.
 	snap := recv(t, w)
-	if !snap.Snapshot || snap.Revision != 2 || keys(snap.Events) != "UPSERT:cluster:east@2 UPSERT:endpoint:east/gw1@2" {
-		t.Fatalf("first message: snapshot=%v revision=%d events %s; want a snapshot of east and east/gw1 at 2", snap.Snapshot, snap.Revision, keys(snap.Events))
+	if !snap.Snapshot || snap.Revision != 3 || keys(snap.Events) != "UPSERT:cluster:east@3 UPSERT:endpoint:east/gw1@3 UPSERT:policy:default@3" {
+		t.Fatalf("first message: snapshot=%v revision=%d events %s; want a snapshot of east, east/gw1 and the default policy at 3", snap.Snapshot, snap.Revision, keys(snap.Events))
 	}
 	if snap.Events[1].GetResource().GetEndpoint().GetPrivateIp() != "192.0.2.1" {
 		t.Fatalf("snapshot endpoint %v lacks its data", snap.Events[1])
@@ -415,33 +416,33 @@ func TestWatchSnapshotThenDeltasAndResume(t *testing.T) {
 	}
 	b.token("west", "10.2.0.0/16")
 	d := recv(t, w)
-	if d.Snapshot || d.Revision != 3 || keys(d.Events) != "UPSERT:cluster:west@3" {
-		t.Fatalf("delta: snapshot=%v revision=%d %s; want west at 3", d.Snapshot, d.Revision, keys(d.Events))
+	if d.Snapshot || d.Revision != 4 || keys(d.Events) != "UPSERT:cluster:west@4" {
+		t.Fatalf("delta: snapshot=%v revision=%d %s; want west at 4", d.Snapshot, d.Revision, keys(d.Events))
 	}
 	cancel()
 
-	// Changes while the watcher is away; it resumes from revision 3 and gets only those.
+	// Changes while the watcher is away; it resumes from revision 4 and gets only those.
 	if _, err := b.admin.LabelCluster(ctxT(t), &apiv1.LabelClusterRequest{Name: "west", Set: map[string]string{"env": "prod"}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := b.admin.RemoveCluster(ctxT(t), &apiv1.RemoveClusterRequest{Name: "west"}); err != nil {
 		t.Fatal(err)
 	}
-	w2, err := ec.Watch(ctxT(t), &apiv1.WatchRequest{SinceRevision: 3})
+	w2, err := ec.Watch(ctxT(t), &apiv1.WatchRequest{SinceRevision: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
 	r := recv(t, w2)
-	if r.Snapshot || r.Revision != 5 || keys(r.Events) != "UPSERT:cluster:west@4 DELETE:cluster:west@5" {
-		t.Fatalf("resume from 3: snapshot=%v revision=%d %s; want west label at 4, west delete at 5", r.Snapshot, r.Revision, keys(r.Events))
+	if r.Snapshot || r.Revision != 6 || keys(r.Events) != "UPSERT:cluster:west@5 DELETE:cluster:west@6" {
+		t.Fatalf("resume from 4: snapshot=%v revision=%d %s; want west label at 5, west delete at 6", r.Snapshot, r.Revision, keys(r.Events))
 	}
 	if r.Events[0].GetResource().GetCluster().GetLabels()["env"] != "prod" {
 		t.Fatalf("label delta lacks the label: %v", r.Events[0])
 	}
 	// Nothing more is pending: the next message is the next change.
 	b.token("north", "10.3.0.0/16")
-	if r := recv(t, w2); keys(r.Events) != "UPSERT:cluster:north@6" {
-		t.Fatalf("after resume: %s, want north at 6", keys(r.Events))
+	if r := recv(t, w2); keys(r.Events) != "UPSERT:cluster:north@7" {
+		t.Fatalf("after resume: %s, want north at 7", keys(r.Events))
 	}
 }
 
@@ -455,8 +456,8 @@ func TestWatchFallsBackToASnapshotWhenTheLogNoLongerHoldsTheRevision(t *testing.
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := recv(t, w); !r.Snapshot || len(r.Events) != 6 || r.Revision != 6 {
-		t.Fatalf("resume from a compacted revision: snapshot=%v %d events revision %d; want a snapshot of 6 clusters", r.Snapshot, len(r.Events), r.Revision)
+	if r := recv(t, w); !r.Snapshot || len(r.Events) != 7 || r.Revision != 7 {
+		t.Fatalf("resume from a compacted revision: snapshot=%v %d events revision %d; want a snapshot of 6 clusters and the default policy", r.Snapshot, len(r.Events), r.Revision)
 	}
 }
 
@@ -509,7 +510,7 @@ func TestAWatcherWhoseClusterIsRemovedIsDisconnected(t *testing.T) {
 	if _, err := b.admin.RemoveCluster(ctxT(t), &apiv1.RemoveClusterRequest{Name: "east"}); err != nil {
 		t.Fatal(err)
 	}
-	if m := recv(t, w); keys(m.Events) != "DELETE:cluster:east@2" {
+	if m := recv(t, w); keys(m.Events) != "DELETE:cluster:east@3" {
 		t.Fatalf("got %s, want the DELETE of east first", keys(m.Events))
 	}
 	_, err = w.Recv()
@@ -520,16 +521,16 @@ func TestLabelAndRemove(t *testing.T) {
 	b := startBroker(t, t.TempDir(), brokerOpts{})
 	b.token("east", "10.1.0.0/16")
 	c, err := b.admin.LabelCluster(ctxT(t), &apiv1.LabelClusterRequest{Name: "east", Set: map[string]string{"env": "prod", "tier": "1"}})
-	if err != nil || c.Labels["env"] != "prod" || c.Labels["tier"] != "1" || c.Revision != 2 {
+	if err != nil || c.Labels["env"] != "prod" || c.Labels["tier"] != "1" || c.Revision != 3 {
 		t.Fatalf("label: %v, %v", c, err)
 	}
 	c, err = b.admin.LabelCluster(ctxT(t), &apiv1.LabelClusterRequest{Name: "east", Remove: []string{"tier"}})
-	if err != nil || len(c.Labels) != 1 || c.Revision != 3 {
+	if err != nil || len(c.Labels) != 1 || c.Revision != 4 {
 		t.Fatalf("remove label: %v, %v", c, err)
 	}
 	c, err = b.admin.LabelCluster(ctxT(t), &apiv1.LabelClusterRequest{Name: "east", Set: map[string]string{"env": "prod"}})
-	if err != nil || c.Revision != 3 {
-		t.Fatalf("a no-op label change got revision %d (%v), want 3 unchanged", c.GetRevision(), err)
+	if err != nil || c.Revision != 4 {
+		t.Fatalf("a no-op label change got revision %d (%v), want 4 unchanged", c.GetRevision(), err)
 	}
 	_, err = b.admin.LabelCluster(ctxT(t), &apiv1.LabelClusterRequest{Name: "east", Set: map[string]string{"bad key": "x"}})
 	wantCode(t, err, codes.InvalidArgument, `label key "bad key"`)

@@ -63,9 +63,11 @@ type testBroker struct {
 }
 
 type brokerOpts struct {
-	addr     string // listen here (for restarts on the same port); default 127.0.0.1:0
-	clock    *clock
-	storeOpt store.Options
+	addr          string // listen here (for restarts on the same port); default 127.0.0.1:0
+	clock         *clock
+	storeOpt      store.Options
+	defaultDriver string    // Config.DefaultCableDriver
+	logTo         io.Writer // also write the broker's log here (tests read it)
 }
 
 // startBroker runs a real broker on loopback with real TLS, and an admin client from the
@@ -78,11 +80,16 @@ func startBroker(t *testing.T, dir string, o brokerOpts) *testBroker {
 	if o.clock == nil {
 		o.clock = newClock()
 	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var logw io.Writer = io.Discard
 	if testing.Verbose() {
-		log = slog.New(slog.NewTextHandler(&tlog{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		logw = &tlog{t}
 	}
-	srv, err := New(Config{DataDir: dir, Listen: o.addr, Logger: log, Now: o.clock.Now, ReapInterval: 20 * time.Millisecond, StoreOptions: o.storeOpt})
+	if o.logTo != nil {
+		logw = io.MultiWriter(logw, o.logTo)
+	}
+	log := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	srv, err := New(Config{DataDir: dir, Listen: o.addr, Logger: log, Now: o.clock.Now, ReapInterval: 20 * time.Millisecond,
+		StoreOptions: o.storeOpt, DefaultCableDriver: o.defaultDriver})
 	if err != nil {
 		t.Fatalf("start broker: %v", err)
 	}

@@ -19,6 +19,7 @@ var (
 	bucketClusters  = []byte("clusters")
 	bucketEndpoints = []byte("endpoints")
 	bucketEvents    = []byte("events")
+	bucketPolicies  = []byte("policies")
 
 	keyRevision  = []byte("revision")
 	keyCompacted = []byte("compacted")
@@ -60,7 +61,7 @@ func OpenBolt(path string, opts Options) (*Bolt, error) {
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketMeta, bucketClusters, bucketEndpoints, bucketEvents} {
+		for _, b := range [][]byte{bucketMeta, bucketClusters, bucketEndpoints, bucketEvents, bucketPolicies} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return fmt.Errorf("create bucket %s: %w", b, err)
 			}
@@ -201,6 +202,14 @@ func (s *Bolt) Watch(ctx context.Context, since uint64) (Watch, error) {
 			first.Events = append(first.Events, &apiv1.Event{Type: apiv1.Event_UPSERT, Kind: KindEndpoint, Key: EndpointKey(e.Cluster, e.Node),
 				Resource: &apiv1.Resource{Kind: &apiv1.Resource_Endpoint{Endpoint: e}}, Revision: rev})
 		}
+		ps, err := t.Policies()
+		if err != nil {
+			return err
+		}
+		for _, p := range ps {
+			first.Events = append(first.Events, &apiv1.Event{Type: apiv1.Event_UPSERT, Kind: KindPolicy, Key: p.Name,
+				Resource: &apiv1.Resource{Kind: &apiv1.Resource_Policy{Policy: p}}, Revision: rev})
+		}
 		return nil
 	})
 	if err != nil {
@@ -291,6 +300,8 @@ func (t *boltTx) PutCluster(c *apiv1.Cluster) error {
 		return errors.New("put cluster: name is empty")
 	}
 	c = proto.Clone(c).(*apiv1.Cluster)
+	// Pair PSKs are derived per watcher when the broker sends a cluster; they are never stored.
+	c.PairPsk = nil
 	t.rev++
 	c.Revision = t.rev
 	if err := putProto(t.btx.Bucket(bucketClusters), c.Name, c); err != nil {
@@ -372,6 +383,67 @@ func (t *boltTx) DeleteEndpoint(cluster, node string) error {
 	t.rev++
 	t.events = append(t.events, &apiv1.Event{Type: apiv1.Event_DELETE, Kind: KindEndpoint, Key: key,
 		Resource: &apiv1.Resource{Kind: &apiv1.Resource_Endpoint{Endpoint: old}}, Revision: t.rev})
+	return nil
+}
+
+func (t *boltTx) Policy(name string) (*apiv1.Policy, error) {
+	v := t.btx.Bucket(bucketPolicies).Get([]byte(name))
+	if v == nil {
+		return nil, nil
+	}
+	p := &apiv1.Policy{}
+	if err := proto.Unmarshal(v, p); err != nil {
+		return nil, fmt.Errorf("decode policy %q: %w", name, err)
+	}
+	return p, nil
+}
+
+func (t *boltTx) Policies() ([]*apiv1.Policy, error) {
+	var out []*apiv1.Policy
+	err := t.btx.Bucket(bucketPolicies).ForEach(func(k, v []byte) error {
+		p := &apiv1.Policy{}
+		if err := proto.Unmarshal(v, p); err != nil {
+			return fmt.Errorf("decode policy %q: %w", k, err)
+		}
+		out = append(out, p)
+		return nil
+	})
+	return out, err
+}
+
+func (t *boltTx) PutPolicy(p *apiv1.Policy) error {
+	if !t.writable {
+		return errReadOnly
+	}
+	if p.GetName() == "" {
+		return errors.New("put policy: name is empty")
+	}
+	p = proto.Clone(p).(*apiv1.Policy)
+	p.StatusJson = nil
+	t.rev++
+	p.Revision = t.rev
+	if err := putProto(t.btx.Bucket(bucketPolicies), p.Name, p); err != nil {
+		return fmt.Errorf("put policy %q: %w", p.Name, err)
+	}
+	t.events = append(t.events, &apiv1.Event{Type: apiv1.Event_UPSERT, Kind: KindPolicy, Key: p.Name,
+		Resource: &apiv1.Resource{Kind: &apiv1.Resource_Policy{Policy: p}}, Revision: t.rev})
+	return nil
+}
+
+func (t *boltTx) DeletePolicy(name string) error {
+	if !t.writable {
+		return errReadOnly
+	}
+	old, err := t.Policy(name)
+	if err != nil || old == nil {
+		return err
+	}
+	if err := t.btx.Bucket(bucketPolicies).Delete([]byte(name)); err != nil {
+		return fmt.Errorf("delete policy %q: %w", name, err)
+	}
+	t.rev++
+	t.events = append(t.events, &apiv1.Event{Type: apiv1.Event_DELETE, Kind: KindPolicy, Key: name,
+		Resource: &apiv1.Resource{Kind: &apiv1.Resource_Policy{Policy: old}}, Revision: t.rev})
 	return nil
 }
 

@@ -1,4 +1,4 @@
-// Package store holds the broker's state: clusters and endpoints, a global revision bumped by
+// Package store holds the broker's state: clusters, endpoints and policies, a global revision bumped by
 // every change, and a bounded log of change events that lets a watcher resume from a revision.
 // Store is the interface the broker codes against; Bolt (bbolt, one file) is the embedded
 // implementation, and an etcd one can come later behind the same interface.
@@ -15,6 +15,7 @@ import (
 const (
 	KindCluster  = "cluster"
 	KindEndpoint = "endpoint"
+	KindPolicy   = "policy"
 )
 
 // ErrWatcherTooSlow ends a watch whose buffer filled up: the broker drops a slow watcher rather
@@ -33,6 +34,10 @@ type ReadTx interface {
 	// Endpoint returns nil, nil when absent.
 	Endpoint(cluster, node string) (*apiv1.Endpoint, error)
 	Endpoints() ([]*apiv1.Endpoint, error)
+	// Policy returns nil, nil when name is absent.
+	Policy(name string) (*apiv1.Policy, error)
+	// Policies returns every policy in name order.
+	Policies() ([]*apiv1.Policy, error)
 }
 
 // Tx is a read-write transaction. Every Put and every Delete of a present key bumps the global
@@ -48,6 +53,10 @@ type Tx interface {
 	// bumping the revision or emitting an event: heartbeats every few seconds from every gateway
 	// would otherwise flood watchers and the event log with changes nobody acts on.
 	TouchEndpoint(e *apiv1.Endpoint) error
+	// PutPolicy stores a policy under its name. Its status_json is not stored: status is computed
+	// from the current clusters whenever someone asks for it.
+	PutPolicy(p *apiv1.Policy) error
+	DeletePolicy(name string) error
 }
 
 // Commit is the outcome of an Update.

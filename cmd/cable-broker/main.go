@@ -2,15 +2,21 @@
 // certificates, served over gRPC with mTLS.
 //
 //	cable-broker --data-dir DIR [--listen 0.0.0.0:7443] [--lease 30s] [--log-level info]
+//	             [--default-cable-driver wireguard|vxlan|ipsec]
 //
-// On first start it creates the mesh CA in DIR and writes DIR/admin.yaml, the credential cablectl
-// uses (cablectl --config DIR/admin.yaml ...).
+// On first start it creates the mesh CA and the mesh secret (from which every cluster pair's
+// pre-shared key is derived) in DIR, writes DIR/admin.yaml, the credential cablectl uses
+// (cablectl --config DIR/admin.yaml ...), and creates the mesh default connection policy "default":
+// every pair connects, full mesh, over --default-cable-driver. Later starts keep the stored
+// default policy (change it with `cablectl apply`); a --default-cable-driver that differs from it
+// is logged and otherwise ignored.
 package main
 
 import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -22,39 +28,54 @@ import (
 )
 
 func main() {
-	os.Exit(run())
+	os.Exit(run(os.Args[1:], os.Stderr))
 }
 
-func run() int {
+// run is main with its arguments and stderr, returning the exit code (2: bad usage).
+func run(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("cable-broker", flag.ContinueOnError)
+	fs.SetOutput(stderr)
 	dataDir := fs.String("data-dir", "", "directory for the store, the mesh CA and admin.yaml (required)")
 	listen := fs.String("listen", broker.DefaultListen, "address to serve the gRPC API on")
 	lease := fs.Duration("lease", broker.DefaultLease, "default endpoint lease; agents heartbeat within it")
 	logLevel := fs.String("log-level", "info", "log level: debug | info | warn | error")
-	if err := fs.Parse(os.Args[1:]); err != nil {
+	defaultDriver := fs.String("default-cable-driver", "wireguard", "cable driver of the mesh default policy created at first start: wireguard | vxlan | ipsec (later starts keep the stored policy)")
+	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "cable-broker: unexpected arguments %q\n", fs.Args())
+		fmt.Fprintf(stderr, "cable-broker: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
 	if *dataDir == "" {
-		fmt.Fprintln(os.Stderr, "cable-broker: --data-dir is required")
+		fmt.Fprintln(stderr, "cable-broker: --data-dir is required")
 		return 2
 	}
 	if *lease < time.Second {
-		fmt.Fprintf(os.Stderr, "cable-broker: --lease %s is shorter than 1s\n", *lease)
+		fmt.Fprintf(stderr, "cable-broker: --lease %s is shorter than 1s\n", *lease)
 		return 2
 	}
+	if err := broker.ValidateDefaultCableDriver(*defaultDriver); err != nil {
+		fmt.Fprintf(stderr, "cable-broker: --default-cable-driver: %v\n", err)
+		return 2
+	}
+	// Only a driver given on the command line is compared with the stored default policy: the
+	// flag's default value says nothing about what the operator wants on a later start.
+	driver := ""
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "default-cable-driver" {
+			driver = *defaultDriver
+		}
+	})
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		fmt.Fprintf(os.Stderr, "cable-broker: --log-level %q: want debug, info, warn or error\n", *logLevel)
+		fmt.Fprintf(stderr, "cable-broker: --log-level %q: want debug, info, warn or error\n", *logLevel)
 		return 2
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	slog.SetDefault(log)
 
-	srv, err := broker.New(broker.Config{DataDir: *dataDir, Listen: *listen, Lease: *lease, Logger: log})
+	srv, err := broker.New(broker.Config{DataDir: *dataDir, Listen: *listen, Lease: *lease, Logger: log, DefaultCableDriver: driver})
 	if err != nil {
 		log.Error("start broker", "err", err)
 		return 1

@@ -26,24 +26,31 @@ import (
 // adminTimeout bounds every admin call, so a dead broker fails the command instead of hanging it.
 const adminTimeout = 15 * time.Second
 
-type clusterFlags struct {
+// adminFlags are those of every command that talks to the broker with the admin credential.
+type adminFlags struct {
 	*globalFlags
 	broker string // overrides the address in admin.yaml
 }
 
+// newAdminFlags adds --broker to cmd (and its subcommands).
+func newAdminFlags(g *globalFlags, cmd *cobra.Command) *adminFlags {
+	f := &adminFlags{globalFlags: g}
+	cmd.PersistentFlags().StringVar(&f.broker, "broker", "", "broker address host:port, overriding the one in the admin config")
+	return f
+}
+
 func newClusterCmd(g *globalFlags) *cobra.Command {
-	f := &clusterFlags{globalFlags: g}
 	cmd := &cobra.Command{
 		Use:   "cluster",
 		Short: "Manage the mesh's clusters and join tokens (needs the admin credential, --config)",
 	}
-	cmd.PersistentFlags().StringVar(&f.broker, "broker", "", "broker address host:port, overriding the one in the admin config")
+	f := newAdminFlags(g, cmd)
 	cmd.AddCommand(newJoinTokenCmd(f), newClusterListCmd(f), newClusterLabelCmd(f), newClusterRemoveCmd(f))
 	return cmd
 }
 
 // adminClient loads the admin credential and dials the broker.
-func (f *clusterFlags) adminClient(ctx context.Context) (apiv1.AdminClient, func(), error) {
+func (f *adminFlags) adminClient(ctx context.Context) (apiv1.AdminClient, func(), error) {
 	cfg, err := adminconfig.Load(f.config)
 	if err != nil {
 		return nil, nil, err
@@ -82,7 +89,7 @@ func checkOutput(format string) error {
 	return usagef("--output %q: want table, json or yaml", format)
 }
 
-func newJoinTokenCmd(f *clusterFlags) *cobra.Command {
+func newJoinTokenCmd(f *adminFlags) *cobra.Command {
 	var (
 		podCIDRs, svcCIDRs []string
 		labels             string
@@ -176,7 +183,7 @@ type clusterListView struct {
 	Clusters []clusterView `json:"clusters"`
 }
 
-func newClusterListCmd(f *clusterFlags) *cobra.Command {
+func newClusterListCmd(f *adminFlags) *cobra.Command {
 	return &cobra.Command{
 		Use:   "list",
 		Short: "List the mesh's clusters and their gateways",
@@ -257,10 +264,14 @@ func printClusters(w io.Writer, format string, resp *apiv1.ListClustersResponse,
 	return tw.Flush()
 }
 
-func newClusterLabelCmd(f *clusterFlags) *cobra.Command {
+func newClusterLabelCmd(f *adminFlags) *cobra.Command {
 	return &cobra.Command{
 		Use:   "label NAME k=v [k2=v2] [k3-]...",
 		Short: "Set (k=v) or remove (k-) labels of a cluster",
+		Long: `Sets (k=v) or removes (k-) labels of a cluster. Connection policies select clusters by
+their labels, so the change reaches every agent in its watch stream and each re-resolves its
+pairs: see the effect with "cablectl connection-policy list" and "... explain A B".`,
+		Example: "  cablectl cluster label east location=on-premise env=production\n  cablectl cluster label east env-",
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) < 2 {
 				return usagef("%s needs NAME and at least one label change (k=v or k-), got %d arguments", cmd.CommandPath(), len(args))
@@ -292,7 +303,7 @@ func newClusterLabelCmd(f *clusterFlags) *cobra.Command {
 	}
 }
 
-func newClusterRemoveCmd(f *clusterFlags) *cobra.Command {
+func newClusterRemoveCmd(f *adminFlags) *cobra.Command {
 	return &cobra.Command{
 		Use:   "remove NAME",
 		Short: "Remove a cluster and its gateways from the mesh; its certificates and tokens stop working",

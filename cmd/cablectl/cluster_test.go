@@ -52,17 +52,25 @@ func startClusterTestBroker(t *testing.T) string {
 	return srv.AdminConfigPath()
 }
 
-// run executes cablectl in-process and returns stdout and the error main would turn into an
-// exit code.
+// runClusterCmd executes cablectl in-process and returns stdout and the error main would turn
+// into an exit code.
 func runClusterCmd(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	out, _, err := runCmd(t, "", args...)
+	return out, err
+}
+
+// runCmd is runClusterCmd with stdin, and stderr returned too.
+func runCmd(t *testing.T, stdin string, args ...string) (stdout, stderr string, err error) {
 	t.Helper()
 	root := newRoot()
 	var out, errOut bytes.Buffer
+	root.SetIn(strings.NewReader(stdin))
 	root.SetOut(&out)
 	root.SetErr(&errOut)
 	root.SetArgs(args)
-	err := root.Execute()
-	return out.String(), err
+	err = root.Execute()
+	return out.String(), errOut.String(), err
 }
 
 func isClusterUsageErr(err error) bool {

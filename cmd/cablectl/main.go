@@ -34,9 +34,9 @@ func newRoot() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.PersistentFlags().StringVar(&g.config, "config", defaultAdminConfig(), "admin credential file written by cable-broker (DIR/admin.yaml); env CABLEMESH_CONFIG")
-	root.PersistentFlags().StringVarP(&g.output, "output", "o", "table", "output format: table | json | yaml")
+	root.PersistentFlags().StringVarP(&g.output, "output", "o", "table", "output format: table | json | yaml (status also: wide)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.AddCommand(newClusterCmd(g), newStatusCmd(g))
+	root.AddCommand(newClusterCmd(g), newStatusCmd(g), newConnectionPolicyCmd(g), newApplyCmd(g), newDeleteCmd(g))
 	return root
 }
 
