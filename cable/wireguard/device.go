@@ -182,6 +182,3 @@ func openUserDevice(_ context.Context, log *slog.Logger, name string, mtu int) (
 	}()
 	return u, nil
 }
-
-// errESRCH is what rtnetlink answers when deleting a route that is not there.
-var errESRCH = syscall.ESRCH

@@ -10,6 +10,7 @@ import (
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"github.com/cablemesh/cablemesh/cable"
+	"github.com/cablemesh/cablemesh/cable/route"
 )
 
 // This file holds the pure half of the driver: validating input, deciding whether the device and
@@ -55,24 +56,7 @@ func desiredFromRemote(remote cable.RemoteEndpoint, keepalive time.Duration) (de
 }
 
 // normalizeSubnets masks, sorts and de-duplicates prefixes, rejecting invalid ones.
-func normalizeSubnets(in []netip.Prefix) ([]netip.Prefix, error) {
-	out := make([]netip.Prefix, 0, len(in))
-	for _, p := range in {
-		if !p.IsValid() {
-			return nil, fmt.Errorf("subnet %q is not a valid CIDR", p)
-		}
-		out = append(out, netip.PrefixFrom(p.Addr().Unmap(), p.Bits()).Masked())
-	}
-	slices.SortFunc(out, comparePrefix)
-	return slices.Compact(out), nil
-}
-
-func comparePrefix(a, b netip.Prefix) int {
-	if c := a.Addr().Compare(b.Addr()); c != 0 {
-		return c
-	}
-	return a.Bits() - b.Bits()
-}
+func normalizeSubnets(in []netip.Prefix) ([]netip.Prefix, error) { return route.NormalizeSubnets(in) }
 
 // overlappingCluster returns the first subnet of another stored cluster that overlaps one of
 // subnets. WireGuard gives an allowed IP to exactly one peer, so an overlap would silently move
@@ -124,7 +108,7 @@ func peerMatches(p wgtypes.Peer, want desiredPeer) bool {
 func prefixesFromIPNets(nets []net.IPNet) ([]netip.Prefix, error) {
 	out := make([]netip.Prefix, 0, len(nets))
 	for _, n := range nets {
-		p, err := prefixFromIPNet(n)
+		p, err := route.PrefixFromIPNet(n)
 		if err != nil {
 			return nil, err
 		}
@@ -133,29 +117,12 @@ func prefixesFromIPNets(nets []net.IPNet) ([]netip.Prefix, error) {
 	return normalizeSubnets(out)
 }
 
-func prefixFromIPNet(n net.IPNet) (netip.Prefix, error) {
-	a, ok := netip.AddrFromSlice(n.IP)
-	if !ok {
-		return netip.Prefix{}, fmt.Errorf("bad IP %v", n.IP)
-	}
-	ones, bits := n.Mask.Size()
-	a = a.Unmap()
-	if bits == 128 && a.Is4() {
-		ones -= 96
-	}
-	return netip.PrefixFrom(a, ones).Masked(), nil
-}
-
-func ipNetFromPrefix(p netip.Prefix) net.IPNet {
-	return net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
-}
-
 // peerConfig is the wgctrl change that makes the device hold want.
 func peerConfig(want desiredPeer) wgtypes.PeerConfig {
 	ka := want.Keepalive
 	allowed := make([]net.IPNet, 0, len(want.Subnets))
 	for _, p := range want.Subnets {
-		allowed = append(allowed, ipNetFromPrefix(p))
+		allowed = append(allowed, route.IPNetFromPrefix(p))
 	}
 	return wgtypes.PeerConfig{
 		PublicKey:                   want.PublicKey,
@@ -164,79 +131,6 @@ func peerConfig(want desiredPeer) wgtypes.PeerConfig {
 		ReplaceAllowedIPs:           true,
 		AllowedIPs:                  allowed,
 	}
-}
-
-// routeSpec is one route of ours over the WireGuard link, as far as we care about it.
-type routeSpec struct {
-	Dst netip.Prefix
-	Src netip.Addr // invalid when none
-	MTU int
-}
-
-// routePlan is the difference between the routes we have and those we want.
-type routePlan struct {
-	Replace []routeSpec
-	Delete  []routeSpec
-}
-
-func (p routePlan) empty() bool { return len(p.Replace) == 0 && len(p.Delete) == 0 }
-
-// planRoutes compares existing (our routes on the link) with want. Only routes whose destination
-// is in owned are deleted when unwanted: owned is the set of subnets the caller is responsible for
-// (one cluster's old and new subnets for Connect; every subnet for a full prune).
-func planRoutes(existing, want []routeSpec, owned func(netip.Prefix) bool) routePlan {
-	var plan routePlan
-	have := map[netip.Prefix]routeSpec{}
-	for _, r := range existing {
-		have[r.Dst] = r
-	}
-	wanted := map[netip.Prefix]bool{}
-	for _, w := range want {
-		wanted[w.Dst] = true
-		if h, ok := have[w.Dst]; !ok || h != w {
-			plan.Replace = append(plan.Replace, w)
-		}
-	}
-	for _, r := range existing {
-		if !wanted[r.Dst] && owned(r.Dst) {
-			plan.Delete = append(plan.Delete, r)
-		}
-	}
-	slices.SortFunc(plan.Replace, func(a, b routeSpec) int { return comparePrefix(a.Dst, b.Dst) })
-	slices.SortFunc(plan.Delete, func(a, b routeSpec) int { return comparePrefix(a.Dst, b.Dst) })
-	return plan
-}
-
-// wantedRoutes gives one route per subnet, with the source address of this node that suits the
-// subnet's family.
-func wantedRoutes(subnets []netip.Prefix, mtu int, src4, src6 netip.Addr) []routeSpec {
-	out := make([]routeSpec, 0, len(subnets))
-	for _, s := range subnets {
-		src := src6
-		if s.Addr().Is4() {
-			src = src4
-		}
-		out = append(out, routeSpec{Dst: s, Src: src, MTU: mtu})
-	}
-	return out
-}
-
-// pickSource returns the first of addrs (in the given order) inside one of local, of the wanted
-// family: an address of this node inside its own pod subnets, so that traffic the gateway itself
-// originates carries a source the remote end's AllowedIPs accept.
-func pickSource(addrs []netip.Addr, local []netip.Prefix, v4 bool) netip.Addr {
-	for _, a := range addrs {
-		a = a.Unmap()
-		if a.Is4() != v4 || a.IsLoopback() || a.IsLinkLocalUnicast() {
-			continue
-		}
-		for _, p := range local {
-			if p.Contains(a) {
-				return a
-			}
-		}
-	}
-	return netip.Addr{}
 }
 
 // staleState compares the peers on the device with the stored clusters after a restart. Peers no

@@ -11,6 +11,7 @@ import (
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"github.com/cablemesh/cablemesh/cable"
+	"github.com/cablemesh/cablemesh/cable/route"
 )
 
 func testKey(t *testing.T) wgtypes.Key {
@@ -78,7 +79,7 @@ func TestPeerMatches(t *testing.T) {
 	same := func() wgtypes.Peer {
 		return wgtypes.Peer{PublicKey: key, Endpoint: &net.UDPAddr{IP: net.ParseIP("10.0.0.2"), Port: 51820},
 			PersistentKeepaliveInterval: 25 * time.Second,
-			AllowedIPs:                  []net.IPNet{ipNetFromPrefix(pfx("10.2.0.0/16")[0]), ipNetFromPrefix(pfx("10.1.0.0/16")[0])}}
+			AllowedIPs:                  []net.IPNet{route.IPNetFromPrefix(pfx("10.2.0.0/16")[0]), route.IPNetFromPrefix(pfx("10.1.0.0/16")[0])}}
 	}
 	tests := []struct {
 		name   string
@@ -104,62 +105,7 @@ func TestPeerMatches(t *testing.T) {
 	}
 }
 
-func TestPlanRoutes(t *testing.T) {
-	src := netip.MustParseAddr("10.1.0.1")
-	r := func(dst string, mtu int) routeSpec {
-		return routeSpec{Dst: netip.MustParsePrefix(dst), Src: src, MTU: mtu}
-	}
-	all := func(netip.Prefix) bool { return true }
-	none := func(netip.Prefix) bool { return false }
-	tests := []struct {
-		name        string
-		existing    []routeSpec
-		want        []routeSpec
-		owned       func(netip.Prefix) bool
-		wantReplace []routeSpec
-		wantDelete  []routeSpec
-	}{
-		{name: "routes already in place need nothing", existing: []routeSpec{r("10.2.0.0/16", 1420)}, want: []routeSpec{r("10.2.0.0/16", 1420)}, owned: all},
-		{name: "a missing route is added", want: []routeSpec{r("10.2.0.0/16", 1420)}, owned: all, wantReplace: []routeSpec{r("10.2.0.0/16", 1420)}},
-		{name: "a route with another MTU is replaced", existing: []routeSpec{r("10.2.0.0/16", 1500)}, want: []routeSpec{r("10.2.0.0/16", 1420)}, owned: all,
-			wantReplace: []routeSpec{r("10.2.0.0/16", 1420)}},
-		{name: "a route with another source is replaced", existing: []routeSpec{{Dst: netip.MustParsePrefix("10.2.0.0/16"), MTU: 1420}}, want: []routeSpec{r("10.2.0.0/16", 1420)}, owned: all,
-			wantReplace: []routeSpec{r("10.2.0.0/16", 1420)}},
-		{name: "an owned unwanted route is deleted", existing: []routeSpec{r("10.3.0.0/16", 1420)}, owned: all, wantDelete: []routeSpec{r("10.3.0.0/16", 1420)}},
-		{name: "another cluster's route is left alone", existing: []routeSpec{r("10.3.0.0/16", 1420)}, owned: none},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got := planRoutes(tt.existing, tt.want, tt.owned)
-			if !slices.Equal(got.Replace, tt.wantReplace) || !slices.Equal(got.Delete, tt.wantDelete) {
-				t.Errorf("plan = %+v, want replace %v delete %v", got, tt.wantReplace, tt.wantDelete)
-			}
-		})
-	}
-}
-
-func TestPickSource(t *testing.T) {
-	addrs := []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("10.250.0.1"),
-		netip.MustParseAddr("10.1.0.1"), netip.MustParseAddr("fd00:1::1"), netip.MustParseAddr("fe80::1")}
-	tests := []struct {
-		name  string
-		local []netip.Prefix
-		v4    bool
-		want  string
-	}{
-		{"the node's address inside its pod subnet is chosen", pfx("10.1.0.0/16"), true, "10.1.0.1"},
-		{"no address inside the subnets gives none", pfx("10.9.0.0/16"), true, "invalid IP"},
-		{"an IPv6 subnet gives an IPv6 source", pfx("10.1.0.0/16", "fd00:1::/64"), false, "fd00:1::1"},
-		{"loopback is never chosen", pfx("127.0.0.0/8"), true, "invalid IP"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := pickSource(addrs, tt.local, tt.v4); got.String() != tt.want {
-				t.Errorf("pickSource = %s, want %s", got, tt.want)
-			}
-		})
-	}
-}
+// Route planning and source choice are tested in cable/route, which this driver uses.
 
 func TestOverlappingClusterIsFound(t *testing.T) {
 	stored := map[string]storedConn{"b": {Subnets: pfx("10.2.0.0/16")}, "c": {Subnets: pfx("10.3.0.0/16")}}

@@ -31,14 +31,16 @@ import (
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"github.com/cablemesh/cablemesh/cable"
+	"github.com/cablemesh/cablemesh/cable/route"
 )
 
 // Name is the registry key of this driver.
 const Name = "wireguard"
 
 // RouteProtocol marks every route this driver installs (rtnetlink protocol number), so cleanup
-// and pruning find exactly ours. `ip route show proto 157` lists them.
-const RouteProtocol netlink.RouteProtocol = 157
+// and pruning find exactly ours. `ip route show proto 157` lists them. It is the protocol of
+// every cable driver's routes (cable/route).
+const RouteProtocol = route.Protocol
 
 func init() { cable.Register(Name, New) }
 
@@ -157,24 +159,15 @@ func (d *Driver) underlayMTU() int {
 	if !d.node.AdvertiseAddress.IsValid() {
 		return fallbackUnderlayMTU
 	}
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	_, mtu, found, err := route.UnderlayLink(d.node.AdvertiseAddress)
 	if err != nil {
-		d.log.Warn("list addresses for the underlay MTU", "error", err)
+		d.log.Warn("find the underlay link for its MTU", "error", err)
+	}
+	if err != nil || !found {
+		d.log.Warn("advertise address is on no local link, assuming underlay MTU", "address", d.node.AdvertiseAddress, "mtu", fallbackUnderlayMTU)
 		return fallbackUnderlayMTU
 	}
-	for _, a := range addrs {
-		ip, ok := netip.AddrFromSlice(a.IP)
-		if !ok || ip.Unmap() != d.node.AdvertiseAddress.Unmap() {
-			continue
-		}
-		l, err := netlink.LinkByIndex(a.LinkIndex)
-		if err != nil {
-			break
-		}
-		return l.Attrs().MTU
-	}
-	d.log.Warn("advertise address is on no local link, assuming underlay MTU", "address", d.node.AdvertiseAddress, "mtu", fallbackUnderlayMTU)
-	return fallbackUnderlayMTU
+	return mtu
 }
 
 func (d *Driver) initDevice() error {
@@ -238,13 +231,13 @@ func (d *Driver) initDevice() error {
 	if err != nil {
 		return err
 	}
-	var stale []routeSpec
+	var stale []route.Spec
 	for _, r := range existing {
 		if !owned[r.Dst] {
 			stale = append(stale, r)
 		}
 	}
-	if err := d.applyRoutes(link.Attrs().Index, routePlan{Delete: stale}); err != nil {
+	if err := d.applyRoutes(link.Attrs().Index, route.Plan{Delete: stale}); err != nil {
 		return err
 	}
 	if storeChanged {
@@ -344,7 +337,7 @@ func (d *Driver) Connect(ctx context.Context, remote cable.RemoteEndpoint, opts 
 		return fmt.Errorf("wireguard connect to cluster %s: %w", want.Cluster, err)
 	}
 	owned := func(p netip.Prefix) bool { return hadOld && slices.Contains(old.Subnets, p) }
-	plan := planRoutes(existing, wantedRoutes(want.Subnets, d.mtu, src4, src6), owned)
+	plan := route.PlanRoutes(existing, route.Wanted(want.Subnets, d.mtu, src4, src6), owned)
 	if err := d.applyRoutes(link.Attrs().Index, plan); err != nil {
 		return fmt.Errorf("wireguard connect to cluster %s: %w", want.Cluster, err)
 	}
@@ -379,84 +372,20 @@ func hasPeer(dev *wgtypes.Device, k wgtypes.Key) bool {
 
 // sources picks this node's addresses inside its local subnets, per family, as route sources.
 func (d *Driver) sources() (netip.Addr, netip.Addr) {
-	if len(d.node.LocalSubnets) == 0 {
-		return netip.Addr{}, netip.Addr{}
-	}
-	list, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	src4, src6, err := route.Sources(d.node.LocalSubnets)
 	if err != nil {
-		d.log.Warn("list addresses for the route source", "error", err)
-		return netip.Addr{}, netip.Addr{}
+		d.log.Warn("no route source", "error", err)
 	}
-	addrs := make([]netip.Addr, 0, len(list))
-	for _, a := range list {
-		if ip, ok := netip.AddrFromSlice(a.IP); ok {
-			addrs = append(addrs, ip.Unmap())
-		}
-	}
-	return pickSource(addrs, d.node.LocalSubnets, true), pickSource(addrs, d.node.LocalSubnets, false)
+	return src4, src6
 }
 
 // ourRoutes lists the routes with RouteProtocol on the link, in the main table.
-func (d *Driver) ourRoutes(linkIndex int) ([]routeSpec, error) {
-	rs, err := netlink.RouteListFiltered(netlink.FAMILY_ALL,
-		&netlink.Route{LinkIndex: linkIndex, Protocol: RouteProtocol},
-		netlink.RT_FILTER_OIF|netlink.RT_FILTER_PROTOCOL)
-	if err != nil {
-		return nil, fmt.Errorf("list routes on %s: %w", d.cfg.Interface, err)
-	}
-	out := make([]routeSpec, 0, len(rs))
-	for _, r := range rs {
-		if r.Dst == nil {
-			continue
-		}
-		dst, err := prefixFromIPNet(*r.Dst)
-		if err != nil {
-			continue
-		}
-		spec := routeSpec{Dst: dst, MTU: r.MTU}
-		if src, ok := netip.AddrFromSlice(r.Src); ok {
-			spec.Src = src.Unmap()
-		}
-		out = append(out, spec)
-	}
-	return out, nil
+func (d *Driver) ourRoutes(linkIndex int) ([]route.Spec, error) {
+	return route.List(linkIndex, d.cfg.Interface)
 }
 
-func (d *Driver) applyRoutes(linkIndex int, plan routePlan) error {
-	for _, r := range plan.Delete {
-		if err := netlink.RouteDel(d.netlinkRoute(linkIndex, r)); err != nil && !isNotFound(err) {
-			return fmt.Errorf("delete route %s dev %s: %w", r.Dst, d.cfg.Interface, err)
-		}
-		d.routeChanges.Add(1)
-		d.log.Info("route deleted", "dst", r.Dst)
-	}
-	for _, r := range plan.Replace {
-		if err := netlink.RouteReplace(d.netlinkRoute(linkIndex, r)); err != nil {
-			return fmt.Errorf("replace route %s dev %s src %v mtu %d: %w", r.Dst, d.cfg.Interface, r.Src, r.MTU, err)
-		}
-		d.routeChanges.Add(1)
-		d.log.Info("route replaced", "dst", r.Dst, "src", r.Src, "mtu", r.MTU)
-	}
-	return nil
-}
-
-func (d *Driver) netlinkRoute(linkIndex int, r routeSpec) *netlink.Route {
-	dst := ipNetFromPrefix(r.Dst)
-	nr := &netlink.Route{
-		LinkIndex: linkIndex,
-		Dst:       &dst,
-		Protocol:  RouteProtocol,
-		Scope:     netlink.SCOPE_LINK,
-		MTU:       r.MTU,
-	}
-	if r.Src.IsValid() {
-		nr.Src = r.Src.AsSlice()
-	}
-	return nr
-}
-
-func isNotFound(err error) bool {
-	return errors.Is(err, os.ErrNotExist) || errors.Is(err, errESRCH)
+func (d *Driver) applyRoutes(linkIndex int, plan route.Plan) error {
+	return route.Apply(d.log, linkIndex, d.cfg.Interface, plan, func() { d.routeChanges.Add(1) })
 }
 
 // Disconnect removes the peer and routes of cluster. An unknown cluster is no error.
@@ -484,7 +413,7 @@ func (d *Driver) Disconnect(ctx context.Context, cluster string) error {
 		if err != nil {
 			return fmt.Errorf("wireguard disconnect cluster %s: %w", cluster, err)
 		}
-		plan := planRoutes(existing, nil, func(p netip.Prefix) bool { return slices.Contains(c.Subnets, p) })
+		plan := route.PlanRoutes(existing, nil, func(p netip.Prefix) bool { return slices.Contains(c.Subnets, p) })
 		if err := d.applyRoutes(link.Attrs().Index, plan); err != nil {
 			return fmt.Errorf("wireguard disconnect cluster %s: %w", cluster, err)
 		}
@@ -556,7 +485,7 @@ func (d *Driver) Cleanup(ctx context.Context) error {
 		if err != nil {
 			errs = append(errs, err)
 		} else {
-			errs = append(errs, d.applyRoutes(link.Attrs().Index, routePlan{Delete: existing}))
+			errs = append(errs, d.applyRoutes(link.Attrs().Index, route.Plan{Delete: existing}))
 		}
 		if d.dev == nil && link.Type() == "wireguard" {
 			// Cleanup without Init (e.g. an uninstall command): the kernel link is still ours.

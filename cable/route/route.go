@@ -1,0 +1,283 @@
+// Package route holds what every cable driver does with the routes to remote clusters: deciding
+// which routes it wants (one per remote subnet, with a source address of this node inside its
+// own subnets, the tunnel MTU and the TCP MSS clamp), comparing them with the routes of ours the
+// kernel holds, and applying the difference. Every route carries Protocol, so a driver's cleanup
+// and pruning find exactly its routes and nothing else.
+//
+// The planning half (Spec, Plan, Wanted, PickSource, NormalizeSubnets) is pure and table-tested;
+// the rest (List, Apply, Sources, UnderlayMTU) talks to the kernel through netlink in the calling
+// process's network namespace.
+package route
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"syscall"
+
+	"github.com/vishvananda/netlink"
+)
+
+// Protocol marks every route a cable driver installs (rtnetlink protocol number), so cleanup and
+// pruning find exactly ours. `ip route show proto 157` lists them.
+const Protocol netlink.RouteProtocol = 157
+
+// FallbackUnderlayMTU is assumed when the link holding the advertise address cannot be found
+// (e.g. the advertised address is a NAT's public address).
+const FallbackUnderlayMTU = 1500
+
+// TCPIPv4HeaderBytes is what an IPv4 + TCP header without options takes: the advertised MSS of a
+// route is its MTU minus this.
+const TCPIPv4HeaderBytes = 40
+
+// Spec is one route of ours as far as we care about it. Routes without a gateway are scope-link
+// routes over a point-to-point device (wireguard); routes with one are onlink routes via the
+// remote's tunnel address (vxlan), so the gateway needs no connected route of its own.
+type Spec struct {
+	Dst netip.Prefix
+	Gw  netip.Addr // invalid when none
+	Src netip.Addr // invalid when none
+	MTU int
+	// AdvMSS is the TCP MSS advertised for connections over the route (0: the kernel derives it
+	// from the MTU). Setting it clamps the MSS of connections this node terminates.
+	AdvMSS int
+}
+
+// Plan is the difference between the routes we have and those we want.
+type Plan struct {
+	Replace []Spec
+	Delete  []Spec
+}
+
+// Empty reports whether the plan changes nothing.
+func (p Plan) Empty() bool { return len(p.Replace) == 0 && len(p.Delete) == 0 }
+
+// PlanRoutes compares existing (our routes on the link) with want. Only routes whose destination
+// is owned are deleted when unwanted: owned is the set of subnets the caller is responsible for
+// (one cluster's old and new subnets for Connect; every subnet for a full prune).
+func PlanRoutes(existing, want []Spec, owned func(netip.Prefix) bool) Plan {
+	var plan Plan
+	have := map[netip.Prefix]Spec{}
+	for _, r := range existing {
+		have[r.Dst] = r
+	}
+	wanted := map[netip.Prefix]bool{}
+	for _, w := range want {
+		wanted[w.Dst] = true
+		if h, ok := have[w.Dst]; !ok || h != w {
+			plan.Replace = append(plan.Replace, w)
+		}
+	}
+	for _, r := range existing {
+		if !wanted[r.Dst] && owned(r.Dst) {
+			plan.Delete = append(plan.Delete, r)
+		}
+	}
+	slices.SortFunc(plan.Replace, func(a, b Spec) int { return ComparePrefix(a.Dst, b.Dst) })
+	slices.SortFunc(plan.Delete, func(a, b Spec) int { return ComparePrefix(a.Dst, b.Dst) })
+	return plan
+}
+
+// Wanted gives one route per subnet with the source address of this node that suits the
+// subnet's family, the MTU, and no gateway nor MSS clamp; callers that need those set them.
+func Wanted(subnets []netip.Prefix, mtu int, src4, src6 netip.Addr) []Spec {
+	out := make([]Spec, 0, len(subnets))
+	for _, s := range subnets {
+		src := src6
+		if s.Addr().Is4() {
+			src = src4
+		}
+		out = append(out, Spec{Dst: s, Src: src, MTU: mtu})
+	}
+	return out
+}
+
+// PickSource returns the first of addrs (in the given order) inside one of local, of the wanted
+// family: an address of this node inside its own pod subnets, so that traffic the gateway itself
+// originates carries a source the remote end accepts and routes back.
+func PickSource(addrs []netip.Addr, local []netip.Prefix, v4 bool) netip.Addr {
+	for _, a := range addrs {
+		a = a.Unmap()
+		if a.Is4() != v4 || a.IsLoopback() || a.IsLinkLocalUnicast() {
+			continue
+		}
+		for _, p := range local {
+			if p.Contains(a) {
+				return a
+			}
+		}
+	}
+	return netip.Addr{}
+}
+
+// NormalizeSubnets masks, sorts and de-duplicates prefixes, rejecting invalid ones.
+func NormalizeSubnets(in []netip.Prefix) ([]netip.Prefix, error) {
+	out := make([]netip.Prefix, 0, len(in))
+	for _, p := range in {
+		if !p.IsValid() {
+			return nil, fmt.Errorf("subnet %q is not a valid CIDR", p)
+		}
+		out = append(out, netip.PrefixFrom(p.Addr().Unmap(), p.Bits()).Masked())
+	}
+	slices.SortFunc(out, ComparePrefix)
+	return slices.Compact(out), nil
+}
+
+// ComparePrefix orders prefixes by address, then length.
+func ComparePrefix(a, b netip.Prefix) int {
+	if c := a.Addr().Compare(b.Addr()); c != 0 {
+		return c
+	}
+	return a.Bits() - b.Bits()
+}
+
+// PrefixFromIPNet converts what netlink reports, unmapping IPv4 and masking.
+func PrefixFromIPNet(n net.IPNet) (netip.Prefix, error) {
+	a, ok := netip.AddrFromSlice(n.IP)
+	if !ok {
+		return netip.Prefix{}, fmt.Errorf("bad IP %v", n.IP)
+	}
+	ones, bits := n.Mask.Size()
+	a = a.Unmap()
+	if bits == 128 && a.Is4() {
+		ones -= 96
+	}
+	return netip.PrefixFrom(a, ones).Masked(), nil
+}
+
+// IPNetFromPrefix is the netlink form of p.
+func IPNetFromPrefix(p netip.Prefix) net.IPNet {
+	return net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// List returns the routes with Protocol on the link, in the main table.
+func List(linkIndex int, linkName string) ([]Spec, error) {
+	rs, err := netlink.RouteListFiltered(netlink.FAMILY_ALL,
+		&netlink.Route{LinkIndex: linkIndex, Protocol: Protocol},
+		netlink.RT_FILTER_OIF|netlink.RT_FILTER_PROTOCOL)
+	if err != nil {
+		return nil, fmt.Errorf("list routes on %s: %w", linkName, err)
+	}
+	out := make([]Spec, 0, len(rs))
+	for _, r := range rs {
+		if r.Dst == nil {
+			continue
+		}
+		dst, err := PrefixFromIPNet(*r.Dst)
+		if err != nil {
+			continue
+		}
+		spec := Spec{Dst: dst, MTU: r.MTU, AdvMSS: r.AdvMSS}
+		if src, ok := netip.AddrFromSlice(r.Src); ok {
+			spec.Src = src.Unmap()
+		}
+		if gw, ok := netip.AddrFromSlice(r.Gw); ok {
+			spec.Gw = gw.Unmap()
+		}
+		out = append(out, spec)
+	}
+	return out, nil
+}
+
+// Apply deletes then replaces the routes of plan on the link, logging each change and calling
+// changed once per route touched (the drivers count them to prove idempotence). A route already
+// gone is no error.
+func Apply(log *slog.Logger, linkIndex int, linkName string, plan Plan, changed func()) error {
+	for _, r := range plan.Delete {
+		if err := netlink.RouteDel(netlinkRoute(linkIndex, r)); err != nil && !IsNotFound(err) {
+			return fmt.Errorf("delete route %s dev %s: %w", r.Dst, linkName, err)
+		}
+		changed()
+		log.Info("route deleted", "dst", r.Dst)
+	}
+	for _, r := range plan.Replace {
+		if err := netlink.RouteReplace(netlinkRoute(linkIndex, r)); err != nil {
+			if r.Gw.IsValid() {
+				return fmt.Errorf("replace route %s via %s dev %s src %v mtu %d advmss %d: %w", r.Dst, r.Gw, linkName, r.Src, r.MTU, r.AdvMSS, err)
+			}
+			return fmt.Errorf("replace route %s dev %s src %v mtu %d: %w", r.Dst, linkName, r.Src, r.MTU, err)
+		}
+		changed()
+		if r.Gw.IsValid() || r.AdvMSS != 0 {
+			log.Info("route replaced", "dst", r.Dst, "via", r.Gw, "src", r.Src, "mtu", r.MTU, "advmss", r.AdvMSS)
+		} else {
+			log.Info("route replaced", "dst", r.Dst, "src", r.Src, "mtu", r.MTU)
+		}
+	}
+	return nil
+}
+
+func netlinkRoute(linkIndex int, r Spec) *netlink.Route {
+	dst := IPNetFromPrefix(r.Dst)
+	nr := &netlink.Route{
+		LinkIndex: linkIndex,
+		Dst:       &dst,
+		Protocol:  Protocol,
+		Scope:     netlink.SCOPE_LINK,
+		MTU:       r.MTU,
+		AdvMSS:    r.AdvMSS,
+	}
+	if r.Gw.IsValid() {
+		// onlink: the gateway is the remote's tunnel address, reachable on the link without a
+		// connected route (several tunnel links may hold the same tunnel prefix).
+		nr.Gw = r.Gw.AsSlice()
+		nr.Scope = netlink.SCOPE_UNIVERSE
+		nr.Flags = int(netlink.FLAG_ONLINK)
+	}
+	if r.Src.IsValid() {
+		nr.Src = r.Src.AsSlice()
+	}
+	return nr
+}
+
+// IsNotFound reports the errors netlink gives when deleting something that is not there.
+func IsNotFound(err error) bool {
+	return errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ESRCH) || errors.Is(err, syscall.ENOENT)
+}
+
+// Sources picks this node's addresses inside local, per family, as route sources. Invalid
+// addresses mean none (no local subnet, or no address of this node inside one).
+func Sources(local []netip.Prefix) (v4, v6 netip.Addr, err error) {
+	if len(local) == 0 {
+		return netip.Addr{}, netip.Addr{}, nil
+	}
+	list, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return netip.Addr{}, netip.Addr{}, fmt.Errorf("list addresses for the route source: %w", err)
+	}
+	addrs := make([]netip.Addr, 0, len(list))
+	for _, a := range list {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+			addrs = append(addrs, ip.Unmap())
+		}
+	}
+	return PickSource(addrs, local, true), PickSource(addrs, local, false), nil
+}
+
+// UnderlayLink finds the local link holding addr: its index and MTU. found is false when no local
+// link holds it (a public address behind NAT); callers then assume FallbackUnderlayMTU.
+func UnderlayLink(addr netip.Addr) (index, mtu int, found bool, err error) {
+	if !addr.IsValid() {
+		return 0, 0, false, nil
+	}
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return 0, 0, false, fmt.Errorf("list addresses to find the link of %s: %w", addr, err)
+	}
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok || ip.Unmap() != addr.Unmap() {
+			continue
+		}
+		l, err := netlink.LinkByIndex(a.LinkIndex)
+		if err != nil {
+			return 0, 0, false, fmt.Errorf("find the link of %s (index %d): %w", addr, a.LinkIndex, err)
+		}
+		return a.LinkIndex, l.Attrs().MTU, true, nil
+	}
+	return 0, 0, false, nil
+}
