@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/netip"
@@ -24,6 +25,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/cablemesh/cablemesh/agent/brokerclient"
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
@@ -33,16 +35,22 @@ import (
 	"github.com/cablemesh/cablemesh/agent/routes"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/cable"
+	"github.com/cablemesh/cablemesh/policy"
 )
 
-// DriverFactory builds the cable driver once the agent knows the subnets behind this node
-// (from the config, or after joining, from the cluster record).
-type DriverFactory func(localSubnets []netip.Prefix) (cable.Driver, error)
+// DriverFactory builds the cable driver name (one of the config's cableDrivers) once the agent
+// knows the subnets behind this node (from the config, or after joining, from the cluster
+// record). It only validates and builds; Init is the agent's call.
+type DriverFactory func(name string, localSubnets []netip.Prefix) (cable.Driver, error)
+
+// DefaultRepairInterval is how often at most the agent re-asserts (re-runs the driver's
+// idempotent Connect for) a connection whose health probes keep failing.
+const DefaultRepairInterval = 30 * time.Second
 
 // Options wire an Agent.
 type Options struct {
 	Config *config.Config
-	// NewDriver builds the cable driver on gateway nodes; unused elsewhere.
+	// NewDriver builds each of the config's cableDrivers on gateway nodes; unused elsewhere.
 	NewDriver DriverFactory
 	Log       *slog.Logger
 	// ApplyRoutes applies the routes of a non-gateway node; default routes.Apply.
@@ -56,6 +64,12 @@ type Options struct {
 	// InterfaceAddrs lists this node's addresses, for its health-check address; default the
 	// host's interface addresses (tests pin them).
 	InterfaceAddrs func() []netip.Addr
+	// RepairInterval bounds how often a connection whose probes failed failureThreshold times
+	// is re-asserted; default DefaultRepairInterval.
+	RepairInterval time.Duration
+	// MSS, if set, is called once on gateways before the first reconcile to install the TCP MSS
+	// clamp for the tunnels (cable/mss.Ensure in the binary); a failure is logged, not fatal.
+	MSS func() error
 }
 
 // Agent is one node's agent. Build with New, run with Run.
@@ -64,7 +78,8 @@ type Agent struct {
 	opts Options
 	log  *slog.Logger
 
-	driver     cable.Driver
+	drivers    []cable.Driver    // the configured drivers whose Init succeeded, in config order
+	driverErrs reconcile.Drivers // every configured driver: nil, or why it does not run
 	reconciler *reconcile.Reconciler
 	trigger    chan struct{}
 	wakeWatch  chan struct{} // a successful register wakes a watch loop waiting out its backoff
@@ -79,6 +94,10 @@ type Agent struct {
 	lastErr      string
 	cached       bool // running on state loaded from disk, not yet resynced
 	lastProblems string
+
+	resKey     string           // policy.Resolver cache: PolicyKey of the policies it was built from
+	res        *policy.Resolver // nil until first built
+	lastRepair map[string]time.Time
 
 	health        *health.Manager   // nil unless a gateway with healthCheck enabled, once Run started
 	healthReasons map[string]string // wanted connections not probed, and why
@@ -112,22 +131,76 @@ func New(opts Options) (*Agent, error) {
 	if opts.InterfaceAddrs == nil {
 		opts.InterfaceAddrs = interfaceAddrs
 	}
+	if opts.RepairInterval == 0 {
+		opts.RepairInterval = DefaultRepairInterval
+	}
 	return &Agent{
-		cfg:       opts.Config,
-		opts:      opts,
-		log:       opts.Log.With("cluster", opts.Config.Cluster, "node", opts.Config.Node),
-		trigger:   make(chan struct{}, 1),
-		wakeWatch: make(chan struct{}, 1),
-		state:     brokerstate.New(),
-		metrics:   newHealthMetrics(),
+		cfg:        opts.Config,
+		opts:       opts,
+		log:        opts.Log.With("cluster", opts.Config.Cluster, "node", opts.Config.Node),
+		trigger:    make(chan struct{}, 1),
+		wakeWatch:  make(chan struct{}, 1),
+		state:      brokerstate.New(),
+		metrics:    newHealthMetrics(),
+		lastRepair: map[string]time.Time{},
 	}, nil
 }
 
-// Driver is the cable driver once Run has built it (nil before, and on non-gateway nodes).
-func (a *Agent) Driver() cable.Driver {
+// Drivers are the cable drivers that initialised once Run has built them (none before, and on
+// non-gateway nodes), in the config's order.
+func (a *Agent) Drivers() []cable.Driver {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.driver
+	return slices.Clone(a.drivers)
+}
+
+// driverSet says, for every configured driver, whether it runs (nil) or why not.
+func (a *Agent) driverSet() reconcile.Drivers {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return maps.Clone(a.driverErrs)
+}
+
+// startDrivers builds every configured driver, then initialises each. A driver that cannot be
+// built is a configuration error and ends the agent before anything is created; one whose Init
+// fails (strongSwan not installed, no VXLAN in the kernel) is logged loudly and left out: the
+// node does not publish it, and pairs the policies put on it report why.
+func (a *Agent) startDrivers(ctx context.Context) error {
+	subnets := a.localSubnets()
+	built := make([]cable.Driver, 0, len(a.cfg.CableDrivers))
+	for _, name := range a.cfg.CableDrivers {
+		d, err := a.opts.NewDriver(name, subnets)
+		if err != nil {
+			return fmt.Errorf("build cable driver %s: %w", name, err)
+		}
+		if d.Name() != name {
+			return fmt.Errorf("build cable driver %s: got a driver named %q", name, d.Name())
+		}
+		built = append(built, d)
+	}
+	var running []cable.Driver
+	errs := reconcile.Drivers{}
+	for _, d := range built {
+		if err := d.Init(ctx); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			errs[d.Name()] = err
+			a.log.Error("CABLE DRIVER UNAVAILABLE: initialisation failed; this node will not offer it and pairs that need it stay down",
+				"driver", d.Name(), "err", err)
+			continue
+		}
+		errs[d.Name()] = nil
+		running = append(running, d)
+		a.log.Info("cable driver ready", "driver", d.Name(), "port", d.LocalEndpoint().Port)
+	}
+	a.mu.Lock()
+	a.drivers, a.driverErrs = running, errs
+	// The reconciler logs the remote cluster and node under the keys cluster and node, so it
+	// gets the local identity under other keys.
+	a.reconciler = reconcile.NewReconciler(running, a.opts.Log.With("localCluster", a.cfg.Cluster, "localNode", a.cfg.Node))
+	a.mu.Unlock()
+	return nil
 }
 
 // Run runs the agent until ctx ends. It returns an error only when the agent cannot work at
@@ -149,19 +222,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 
 	if a.cfg.Gateway {
-		d, err := a.opts.NewDriver(a.localSubnets())
-		if err != nil {
-			return fmt.Errorf("build cable driver: %w", err)
+		if err := a.startDrivers(ctx); err != nil {
+			return err
 		}
-		if err := d.Init(ctx); err != nil {
-			return fmt.Errorf("initialise %s driver: %w", d.Name(), err)
+		if a.opts.MSS != nil {
+			if err := a.opts.MSS(); err != nil {
+				a.log.Error("TCP MSS clamping not installed; TCP through the tunnels may stall on large segments", "err", err)
+			}
 		}
-		a.mu.Lock()
-		a.driver = d
-		// The reconciler logs the remote cluster and node under the keys cluster and node, so
-		// it gets the local identity under other keys.
-		a.reconciler = reconcile.NewReconciler(d, a.opts.Log.With("localCluster", a.cfg.Cluster, "localNode", a.cfg.Node))
-		a.mu.Unlock()
 		if a.cfg.HealthCheck.IsEnabled() {
 			m := health.NewManager(a.healthSettings(), a.opts.NewPinger, a.metrics,
 				a.opts.Log.With("localCluster", a.cfg.Cluster, "localNode", a.cfg.Node))
@@ -285,11 +353,43 @@ func (a *Agent) revision() uint64 {
 	return a.state.Revision
 }
 
-// snapshot returns a copy of the broker state for planning without holding the lock.
+// snapshot returns a copy of the broker state for planning without holding the lock. Until the
+// watch brings our own cluster record, the one from Join stands in (its labels matter to the
+// policies).
 func (a *Agent) snapshot() *brokerstate.State {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.state.Clone()
+	st := a.state.Clone()
+	if st.Clusters[a.cfg.Cluster] == nil && a.joinCluster != nil {
+		st.Clusters[a.cfg.Cluster] = proto.Clone(a.joinCluster).(*apiv1.Cluster)
+	}
+	return st
+}
+
+// resolver returns the policy resolver for st's policies, rebuilt only when they changed.
+func (a *Agent) resolver(st *brokerstate.State) *policy.Resolver {
+	key := reconcile.PolicyKey(st)
+	a.mu.Lock()
+	if a.res != nil && a.resKey == key {
+		r := a.res
+		a.mu.Unlock()
+		return r
+	}
+	a.mu.Unlock()
+	r, problems := reconcile.Resolver(st)
+	for _, p := range problems {
+		a.log.Warn("ignoring connection policy", "policy", p.Policy, "reason", p.Message)
+	}
+	a.log.Info("connection policies loaded", "policies", len(st.Policies), "revision", st.Revision)
+	a.mu.Lock()
+	a.res, a.resKey = r, key
+	a.mu.Unlock()
+	return r
+}
+
+// desired is the planner's view for this gateway: wanted connections, problems, decisions.
+func (a *Agent) desired(st *brokerstate.State) ([]reconcile.Want, []reconcile.Problem, []reconcile.PairDecision) {
+	return reconcile.Desired(st, a.cfg.Cluster, a.resolver(st), a.driverSet())
 }
 
 // Trigger asks for a reconcile pass soon; triggers coalesce.
@@ -303,27 +403,116 @@ func (a *Agent) Trigger() {
 func (a *Agent) reconcileLoop(ctx context.Context) {
 	t := time.NewTicker(a.cfg.ResyncInterval)
 	defer t.Stop()
+	// Health checks: a connection whose probes fail is re-asserted soon, not at the next resync.
+	var healthTick <-chan time.Time
+	if a.healthManager() != nil {
+		ht := time.NewTicker(a.cfg.HealthCheck.Period)
+		defer ht.Stop()
+		healthTick = ht.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-a.trigger:
 		case <-t.C:
+		case <-healthTick:
+			if !a.repairDue(a.currentWants()) {
+				continue
+			}
 		}
 		a.reconcileOnce(ctx)
 	}
+}
+
+// currentWants is what the reconciler last applied, for the health repair check.
+func (a *Agent) currentWants() map[string]reconcile.Want {
+	a.mu.Lock()
+	r := a.reconciler
+	a.mu.Unlock()
+	if r == nil {
+		return nil
+	}
+	out := map[string]reconcile.Want{}
+	for k, v := range r.Applied() {
+		out[k] = v.Want
+	}
+	return out
+}
+
+// unhealthy returns the wanted pairs whose probes (aimed at the wanted endpoint) failed
+// failureThreshold times in a row, with the count.
+func (a *Agent) unhealthy(wants map[string]reconcile.Want) map[string]int {
+	m := a.healthManager()
+	if m == nil {
+		return nil
+	}
+	th := m.Settings().FailureThreshold
+	out := map[string]int{}
+	for c, w := range wants {
+		r, ok := m.Result(c)
+		if ok && r.Target.Node == w.Remote.Node && !r.Healthy(th) {
+			out[c] = r.ConsecutiveFailures
+		}
+	}
+	return out
+}
+
+// repairDue reports whether some unhealthy pair may be re-asserted now.
+func (a *Agent) repairDue(wants map[string]reconcile.Want) bool {
+	bad := a.unhealthy(wants)
+	now := time.Now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for c := range bad {
+		if now.Sub(a.lastRepair[c]) >= a.opts.RepairInterval {
+			return true
+		}
+	}
+	return false
+}
+
+// repairs picks the pairs to re-assert this pass: unhealthy ones not re-asserted within the
+// repair interval. Re-running the driver's idempotent Connect restores what the device cannot
+// show as missing (routes lost when their source address went away and came back).
+func (a *Agent) repairs(wants []reconcile.Want) map[string]string {
+	byCluster := map[string]reconcile.Want{}
+	for _, w := range wants {
+		byCluster[w.Remote.Cluster] = w
+	}
+	bad := a.unhealthy(byCluster)
+	if len(bad) == 0 {
+		return nil
+	}
+	now := time.Now()
+	out := map[string]string{}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for c, n := range bad {
+		if now.Sub(a.lastRepair[c]) < a.opts.RepairInterval {
+			continue
+		}
+		a.lastRepair[c] = now
+		out[c] = fmt.Sprintf("health probes failed %d times in a row; re-asserting the connection", n)
+	}
+	for c := range a.lastRepair {
+		if _, ok := byCluster[c]; !ok {
+			delete(a.lastRepair, c)
+		}
+	}
+	return out
 }
 
 // reconcileOnce is one observe → desire → diff → apply pass.
 func (a *Agent) reconcileOnce(ctx context.Context) {
 	st := a.snapshot()
 	if !a.cfg.Gateway {
-		if err := a.opts.ApplyRoutes(routes.Desired(st, a.cfg.Cluster, reconcile.DefaultDriver)); err != nil {
+		if err := a.opts.ApplyRoutes(routes.Desired(st, a.cfg.Cluster, a.resolver(st))); err != nil {
 			a.log.Warn("routes via the gateway not applied", "err", err)
 		}
 		return
 	}
-	desired, problems := reconcile.Desired(st, a.cfg.Cluster, reconcile.DefaultDriver)
+	desired, problems, _ := a.desired(st)
 	a.logProblems(problems)
 	a.mu.Lock()
 	r := a.reconciler
@@ -331,7 +520,7 @@ func (a *Agent) reconcileOnce(ctx context.Context) {
 	if r == nil {
 		return
 	}
-	if _, err := r.Reconcile(ctx, desired); err != nil && ctx.Err() == nil {
+	if _, err := r.Reconcile(ctx, desired, st.Revision, a.repairs(desired)); err != nil && ctx.Err() == nil {
 		a.log.Warn("reconcile incomplete; retrying at the next pass", "err", err)
 	}
 	a.syncHealth(st, desired)
@@ -341,7 +530,7 @@ func (a *Agent) reconcileOnce(ctx context.Context) {
 func (a *Agent) logProblems(problems []reconcile.Problem) {
 	var lines []string
 	for _, p := range problems {
-		lines = append(lines, p.Cluster+": "+p.Message)
+		lines = append(lines, p.Cluster+" "+p.Driver+": "+p.Message)
 	}
 	sort.Strings(lines)
 	joined := strings.Join(lines, "\n")
@@ -353,7 +542,7 @@ func (a *Agent) logProblems(problems []reconcile.Problem) {
 		return
 	}
 	for _, p := range problems {
-		a.log.Warn("remote cluster not connected", "cluster", p.Cluster, "driver", reconcile.DefaultDriver, "reason", p.Message)
+		a.log.Warn("remote cluster not connected", "cluster", p.Cluster, "driver", p.Driver, "policy", p.Policy, "reason", p.Message)
 	}
 }
 
@@ -512,7 +701,7 @@ func (a *Agent) register(ctx context.Context, client apiv1.AgentClient) error {
 	if err != nil {
 		return fmt.Errorf("register endpoint: %w", err)
 	}
-	a.log.Info("endpoint registered", "driver", reconcile.DefaultDriver, "address", ep.GetPrivateIp(), "subnets", strings.Join(ep.GetSubnets(), ","))
+	a.log.Info("endpoint registered", "drivers", strings.Join(ep.GetDrivers(), ","), "address", ep.GetPrivateIp(), "subnets", strings.Join(ep.GetSubnets(), ","))
 	return nil
 }
 
@@ -533,15 +722,21 @@ func (a *Agent) endpoint() *apiv1.Endpoint {
 		Cluster:   a.cfg.Cluster,
 		Node:      a.cfg.Node,
 		PrivateIp: a.cfg.AdvertiseAddress,
-		Drivers:   []string{reconcile.DefaultDriver},
 	}
 	for _, p := range subnets {
 		ep.Subnets = append(ep.Subnets, p.String())
 	}
-	if d := a.Driver(); d != nil {
+	// Only the drivers that run are published: the node does not claim a cable it cannot carry.
+	for _, d := range a.Drivers() {
 		le := d.LocalEndpoint()
-		ep.CablePorts = map[string]uint32{d.Name(): uint32(le.Port)}
-		ep.WireguardPublicKey = le.PublicKey
+		ep.Drivers = append(ep.Drivers, d.Name())
+		if ep.CablePorts == nil {
+			ep.CablePorts = map[string]uint32{}
+		}
+		ep.CablePorts[d.Name()] = uint32(le.Port)
+		if d.Name() == "wireguard" {
+			ep.WireguardPublicKey = le.PublicKey
+		}
 	}
 	if ip := healthCheckIP(a.localPodCIDRs(), a.opts.InterfaceAddrs()); ip.IsValid() {
 		ep.HealthCheckIp = ip.String()

@@ -87,6 +87,7 @@ func testConfig(t *testing.T, b *fakebroker.Broker, gateway bool) *config.Config
 		StateDir: filepath.Join(t.TempDir(), "state"), Gateway: gateway,
 		AdvertiseAddress: "127.0.0.11", PodCIDRs: []string{"10.1.0.0/16"},
 		StatusSocket:      filepath.Join(sockDir, "agent.sock"),
+		CableDrivers:      []string{"wireguard"},
 		LeaseSeconds:      2,
 		HeartbeatInterval: 100 * time.Millisecond,
 		ResyncInterval:    time.Second,
@@ -117,8 +118,13 @@ func startAgentWith(t *testing.T, cfg *config.Config, d *fakedriver.Driver, mod 
 	r := &running{done: make(chan error, 1), ready: make(chan struct{})}
 	var once sync.Once
 	opts := Options{
-		Config:     cfg,
-		NewDriver:  func([]netip.Prefix) (cable.Driver, error) { return d, nil },
+		Config: cfg,
+		NewDriver: func(name string, _ []netip.Prefix) (cable.Driver, error) {
+			if name != d.Name() {
+				return nil, errors.New("test agent has no driver " + name)
+			}
+			return d, nil
+		},
 		Log:        slog.New(slog.NewTextHandler(io.Discard, nil)),
 		MinBackoff: 50 * time.Millisecond,
 		MaxBackoff: 200 * time.Millisecond,

@@ -9,6 +9,7 @@ import (
 
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
 	"github.com/cablemesh/cablemesh/agent/health"
+	"github.com/cablemesh/cablemesh/agent/reconcile"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 	"github.com/cablemesh/cablemesh/cable"
 )
@@ -27,10 +28,15 @@ func (a *Agent) healthManager() *health.Manager {
 }
 
 // syncHealth points the probers at the remote gateways of the connections this node wants.
-func (a *Agent) syncHealth(st *brokerstate.State, desired []cable.RemoteEndpoint) {
+func (a *Agent) syncHealth(st *brokerstate.State, wants []reconcile.Want) {
 	m := a.healthManager()
 	if m == nil {
 		return
+	}
+	// Probes go through whatever cable the pair runs: they only need the two health addresses.
+	desired := make([]cable.RemoteEndpoint, 0, len(wants))
+	for _, w := range wants {
+		desired = append(desired, w.Remote)
 	}
 	targets, reasons := healthTargets(st, desired, a.localPodCIDRs(), a.opts.InterfaceAddrs())
 	a.mu.Lock()

@@ -50,17 +50,36 @@ func (a *Agent) Status(ctx context.Context) statusapi.Status {
 		t := last.UTC()
 		out.Broker.LastContact = &t
 	}
-	d := a.Driver()
-	if !a.cfg.Gateway || d == nil {
+	a.mu.Lock()
+	r := a.reconciler
+	a.mu.Unlock()
+	if !a.cfg.Gateway || r == nil {
 		return out
 	}
-	desired, problems := reconcile.Desired(st, a.cfg.Cluster, reconcile.DefaultDriver)
+	for _, name := range a.cfg.CableDrivers {
+		ds := statusapi.DriverStatus{Name: name}
+		if err, ok := a.driverSet()[name]; ok && err == nil {
+			ds.Running = true
+		} else if err != nil {
+			ds.Error = err.Error()
+		}
+		for _, d := range a.Drivers() {
+			if d.Name() == name {
+				ds.Port = int(d.LocalEndpoint().Port)
+			}
+		}
+		out.Drivers = append(out.Drivers, ds)
+	}
+	desired, problems, decisions := a.desired(st)
 	octx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	observed, obsErr := d.Connections(octx)
+	observed, obsErrs := r.Observe(octx)
 	cancel()
-	out.Connections = BuildConnections(d.Name(), desired, problems, observed, obsErr, func(name string) uint32 {
+	out.Connections = BuildConnections(desired, problems, observed, obsErrs, r.Applied(), func(name string) uint32 {
 		return st.Clusters[name].GetId()
 	})
+	for _, d := range decisions {
+		out.Decisions = append(out.Decisions, statusapi.Decision{Cluster: d.Cluster, Connect: d.Connect, Driver: d.Driver, Policy: d.Policy, Default: d.Default})
+	}
 	if m := a.healthManager(); m != nil {
 		a.mu.Lock()
 		reasons := a.healthReasons
@@ -70,32 +89,42 @@ func (a *Agent) Status(ctx context.Context) statusapi.Status {
 	return out
 }
 
-// BuildConnections joins what is wanted with what the device reports. It is pure.
-func BuildConnections(driver string, desired []cable.RemoteEndpoint, problems []reconcile.Problem, observed []cable.ConnectionStatus, obsErr error, clusterID func(string) uint32) []statusapi.Connection {
-	have := map[string]cable.ConnectionStatus{}
-	for _, o := range observed {
-		have[o.Cluster] = o
-	}
+// BuildConnections joins what is wanted with what the drivers report. It is pure. observed has
+// an entry for every driver that could be read, obsErrs the error of those that could not;
+// applied is what this process last connected (for AppliedRevision).
+func BuildConnections(desired []reconcile.Want, problems []reconcile.Problem, observed map[string][]cable.ConnectionStatus, obsErrs map[string]error, applied map[string]reconcile.Applied, clusterID func(string) uint32) []statusapi.Connection {
 	out := []statusapi.Connection{}
-	for _, d := range desired {
+	for _, w := range desired {
+		d := w.Remote
 		c := statusapi.Connection{
 			Cluster:   d.Cluster,
 			ClusterID: d.ClusterID,
 			Node:      d.Node,
-			Driver:    driver,
+			Driver:    w.Driver,
+			Policy:    w.Policy,
 			Endpoint:  reconcile.EndpointString(d),
+		}
+		if ap, ok := applied[d.Cluster]; ok && reconcile.EqualWant(ap.Want, w) {
+			c.AppliedRevision = ap.Revision
 		}
 		for _, p := range d.Subnets {
 			c.Subnets = append(c.Subnets, p.String())
 		}
-		o, ok := have[d.Cluster]
+		var o cable.ConnectionStatus
+		ok := false
+		for _, x := range observed[w.Driver] {
+			if x.Cluster == d.Cluster {
+				o, ok = x, true
+				break
+			}
+		}
 		switch {
-		case obsErr != nil:
+		case obsErrs[w.Driver] != nil:
 			c.State = string(cable.StateError)
-			c.Message = "cannot read the device: " + obsErr.Error()
+			c.Message = "cannot read the " + w.Driver + " device: " + obsErrs[w.Driver].Error()
 		case !ok:
 			c.State = string(cable.StateError)
-			c.Message = "connection is wanted but missing on the device"
+			c.Message = "connection is wanted but missing on the " + w.Driver + " device"
 		default:
 			c.State = string(o.State)
 			c.Message = o.Message
@@ -114,10 +143,14 @@ func BuildConnections(driver string, desired []cable.RemoteEndpoint, problems []
 		out = append(out, c)
 	}
 	for _, p := range problems {
+		if p.Cluster == "" {
+			continue
+		}
 		out = append(out, statusapi.Connection{
 			Cluster:   p.Cluster,
 			ClusterID: clusterID(p.Cluster),
-			Driver:    driver,
+			Driver:    p.Driver,
+			Policy:    p.Policy,
 			State:     string(cable.StateError),
 			Message:   p.Message,
 		})

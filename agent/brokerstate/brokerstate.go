@@ -1,6 +1,9 @@
-// Package brokerstate is the agent's copy of the broker's state (clusters, endpoints, revision):
-// applying watch messages to it is pure, and it persists atomically to the state dir so the agent
-// can start, and keep its tunnels, without the broker.
+// Package brokerstate is the agent's copy of the broker's state (clusters, endpoints, connection
+// policies, revision): applying watch messages to it is pure, and it persists atomically to the
+// state dir so the agent can start, and keep its tunnels, without the broker.
+//
+// The cluster records the broker sends an agent carry the pair's pre-shared key (pair_psk), so
+// the cache file is written 0600 and its records are never logged.
 package brokerstate
 
 import (
@@ -27,11 +30,14 @@ type State struct {
 	Revision  uint64
 	Clusters  map[string]*apiv1.Cluster  // by cluster name
 	Endpoints map[string]*apiv1.Endpoint // by "cluster/node"
+	// Policies are the mesh's connection policies by name, the default one (is_default)
+	// included. Empty when the broker predates policies.
+	Policies map[string]*apiv1.Policy
 }
 
 // New returns an empty state.
 func New() *State {
-	return &State{Clusters: map[string]*apiv1.Cluster{}, Endpoints: map[string]*apiv1.Endpoint{}}
+	return &State{Clusters: map[string]*apiv1.Cluster{}, Endpoints: map[string]*apiv1.Endpoint{}, Policies: map[string]*apiv1.Policy{}}
 }
 
 // EndpointKey is the key the broker uses for an endpoint in events.
@@ -46,6 +52,9 @@ func (s *State) Clone() *State {
 	}
 	for k, v := range s.Endpoints {
 		c.Endpoints[k] = proto.Clone(v).(*apiv1.Endpoint)
+	}
+	for k, v := range s.Policies {
+		c.Policies[k] = proto.Clone(v).(*apiv1.Policy)
 	}
 	return c
 }
@@ -81,6 +90,8 @@ func (s *State) applyEvent(ev *apiv1.Event) error {
 			kind = "cluster"
 		case ev.GetResource().GetEndpoint() != nil:
 			kind = "endpoint"
+		case ev.GetResource().GetPolicy() != nil:
+			kind = "policy"
 		}
 	}
 	switch kind {
@@ -118,8 +129,28 @@ func (s *State) applyEvent(ev *apiv1.Event) error {
 			return fmt.Errorf("endpoint key %q is not cluster/node", key)
 		}
 		s.Endpoints[key] = proto.Clone(e).(*apiv1.Endpoint)
+	case "policy":
+		key := ev.GetKey()
+		if p := ev.GetResource().GetPolicy(); p != nil && key == "" {
+			key = p.GetName()
+		}
+		if ev.GetType() == apiv1.Event_DELETE {
+			delete(s.Policies, key)
+			return nil
+		}
+		p := ev.GetResource().GetPolicy()
+		if p == nil {
+			return errors.New("upsert without a policy resource")
+		}
+		if key == "" {
+			return errors.New("policy without a name")
+		}
+		p = proto.Clone(p).(*apiv1.Policy)
+		// Status is for admins; the agent resolves from the policy alone.
+		p.StatusJson = nil
+		s.Policies[key] = p
 	default:
-		// Kinds this agent does not know yet (policies, exports in later issues) are ignored,
+		// Kinds this agent does not know yet (exports in later issues) are ignored,
 		// so an older agent keeps working against a newer broker.
 	}
 	return nil
@@ -141,6 +172,7 @@ type file struct {
 	SavedAt   time.Time         `json:"savedAt"`
 	Clusters  []json.RawMessage `json:"clusters"`
 	Endpoints []json.RawMessage `json:"endpoints"`
+	Policies  []json.RawMessage `json:"policies,omitempty"`
 }
 
 // Marshal encodes s as the cache file's JSON, records sorted by key so equal states give equal
@@ -160,6 +192,13 @@ func (s *State) Marshal(now time.Time) ([]byte, error) {
 			return nil, fmt.Errorf("encode endpoint %q: %w", k, err)
 		}
 		f.Endpoints = append(f.Endpoints, b)
+	}
+	for _, k := range sortedKeys(s.Policies) {
+		b, err := protojson.Marshal(s.Policies[k])
+		if err != nil {
+			return nil, fmt.Errorf("encode policy %q: %w", k, err)
+		}
+		f.Policies = append(f.Policies, b)
 	}
 	return json.MarshalIndent(f, "", "  ")
 }
@@ -192,11 +231,22 @@ func Unmarshal(data []byte) (*State, error) {
 		}
 		s.Endpoints[EndpointKey(e.GetCluster(), e.GetNode())] = e
 	}
+	for i, raw := range f.Policies {
+		p := &apiv1.Policy{}
+		if err := protojson.Unmarshal(raw, p); err != nil {
+			return nil, fmt.Errorf("decode broker state: policies[%d]: %w", i, err)
+		}
+		if p.GetName() == "" {
+			return nil, fmt.Errorf("decode broker state: policies[%d] has no name", i)
+		}
+		s.Policies[p.GetName()] = p
+	}
 	return s, nil
 }
 
 // Save writes s to dir/broker-state.json atomically (temp file, fsync, rename), so a crash
-// leaves either the old or the new state, never half of one.
+// leaves either the old or the new state, never half of one. The file is 0600: it holds the
+// pairs' pre-shared keys.
 func (s *State) Save(dir string, now time.Time) error {
 	data, err := s.Marshal(now)
 	if err != nil {

@@ -53,11 +53,32 @@ func TestApply(t *testing.T) {
 		}
 	})
 	t.Run("unknown kinds are ignored", func(t *testing.T) {
-		err := s.Apply(&apiv1.WatchResponse{Revision: 11, Events: []*apiv1.Event{{Type: apiv1.Event_UPSERT, Kind: "policy", Key: "p"}}})
+		err := s.Apply(&apiv1.WatchResponse{Revision: 11, Events: []*apiv1.Event{{Type: apiv1.Event_UPSERT, Kind: "export", Key: "p"}}})
 		if err != nil || s.Revision != 11 {
 			t.Fatalf("err %v state %+v", err, s)
 		}
 	})
+	t.Run("a policy is stored without its admin status and deleted by name", func(t *testing.T) {
+		err := s.Apply(&apiv1.WatchResponse{Revision: 12, Events: []*apiv1.Event{policyEv("p", 12)}})
+		if err != nil || s.Policies["p"] == nil || !s.Policies["p"].GetIsDefault() || s.Policies["p"].GetStatusJson() != nil || string(s.Policies["p"].GetJson()) != `{"x":1}` {
+			t.Fatalf("err %v policies %+v", err, s.Policies)
+		}
+		err = s.Apply(&apiv1.WatchResponse{Revision: 13, Events: []*apiv1.Event{{Type: apiv1.Event_DELETE, Kind: "policy", Key: "p", Revision: 13}}})
+		if err != nil || len(s.Policies) != 0 {
+			t.Fatalf("err %v policies %+v", err, s.Policies)
+		}
+	})
+	t.Run("a policy upsert without a resource is malformed", func(t *testing.T) {
+		err := s.Apply(&apiv1.WatchResponse{Revision: 14, Events: []*apiv1.Event{{Type: apiv1.Event_UPSERT, Kind: "policy", Key: "q"}}})
+		if err == nil || s.Revision != 13 {
+			t.Fatalf("err %v state %+v", err, s)
+		}
+	})
+}
+
+func policyEv(name string, rev uint64) *apiv1.Event {
+	return &apiv1.Event{Type: apiv1.Event_UPSERT, Kind: "policy", Key: name, Revision: rev,
+		Resource: &apiv1.Resource{Kind: &apiv1.Resource_Policy{Policy: &apiv1.Policy{Name: name, Json: []byte(`{"x":1}`), IsDefault: true, StatusJson: []byte(`{}`)}}}}
 }
 
 func TestSaveAndLoadRoundTrip(t *testing.T) {
@@ -66,7 +87,9 @@ func TestSaveAndLoadRoundTrip(t *testing.T) {
 		t.Fatalf("Load of an empty dir = %v, %v", s, err)
 	}
 	s := New()
-	_ = s.Apply(&apiv1.WatchResponse{Snapshot: true, Revision: 42, Events: []*apiv1.Event{clusterEv("east", 1, 1), endpointEv("east", "e1", 42)}})
+	psk := clusterEv("west", 2, 2)
+	psk.GetResource().GetCluster().PairPsk = []byte("0123456789abcdef0123456789abcdef")
+	_ = s.Apply(&apiv1.WatchResponse{Snapshot: true, Revision: 42, Events: []*apiv1.Event{clusterEv("east", 1, 1), psk, endpointEv("east", "e1", 42), policyEv("default", 40)}})
 	if err := s.Save(dir, time.Unix(100, 0)); err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +97,8 @@ func TestSaveAndLoadRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Revision != 42 || !proto.Equal(got.Clusters["east"], s.Clusters["east"]) || !proto.Equal(got.Endpoints["east/e1"], s.Endpoints["east/e1"]) {
+	if got.Revision != 42 || !proto.Equal(got.Clusters["east"], s.Clusters["east"]) || !proto.Equal(got.Endpoints["east/e1"], s.Endpoints["east/e1"]) ||
+		!proto.Equal(got.Policies["default"], s.Policies["default"]) || string(got.Clusters["west"].GetPairPsk()) != "0123456789abcdef0123456789abcdef" {
 		t.Fatalf("round trip: %+v", got)
 	}
 	entries, _ := os.ReadDir(dir)
@@ -95,7 +119,7 @@ func TestSaveAndLoadRoundTrip(t *testing.T) {
 
 func FuzzUnmarshal(f *testing.F) {
 	s := New()
-	_ = s.Apply(&apiv1.WatchResponse{Snapshot: true, Revision: 3, Events: []*apiv1.Event{clusterEv("east", 1, 1), endpointEv("east", "e1", 3)}})
+	_ = s.Apply(&apiv1.WatchResponse{Snapshot: true, Revision: 3, Events: []*apiv1.Event{clusterEv("east", 1, 1), endpointEv("east", "e1", 3), policyEv("p", 2)}})
 	b, _ := s.Marshal(time.Unix(0, 0))
 	f.Add(b)
 	f.Add([]byte(`{"clusters":[{}]}`))
@@ -109,7 +133,7 @@ func FuzzUnmarshal(f *testing.F) {
 			t.Fatalf("re-encode: %v", err)
 		}
 		again, err := Unmarshal(out)
-		if err != nil || again.Revision != st.Revision || len(again.Clusters) != len(st.Clusters) || len(again.Endpoints) != len(st.Endpoints) {
+		if err != nil || again.Revision != st.Revision || len(again.Clusters) != len(st.Clusters) || len(again.Endpoints) != len(st.Endpoints) || len(again.Policies) != len(st.Policies) {
 			t.Fatalf("round trip changed the state: %v", err)
 		}
 	})

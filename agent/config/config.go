@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -31,6 +32,11 @@ const (
 	DefaultHeartbeatInterval = 10 * time.Second
 	DefaultResyncInterval    = 30 * time.Second
 	DefaultLogLevel          = "info"
+	DefaultVXLANPort         = 4789
+	DefaultVXLANVNI          = 100
+	DefaultIPsecPort         = 500
+	DefaultIPsecNATTPort     = 4500
+	DefaultIPsecCharon       = "/usr/lib/ipsec/charon"
 
 	// Health probes, in the manner of Linkerd's gateway probes (3s x 3). They are the values of
 	// agent/health's defaults, repeated here so the config package stays free of I/O imports.
@@ -39,6 +45,9 @@ const (
 	DefaultHealthCheckFailureThreshold = 3
 	DefaultHealthCheckWindow           = 128
 )
+
+// DefaultCableDrivers are the drivers a gateway runs when cableDrivers is not set: all three.
+func DefaultCableDrivers() []string { return []string{"wireguard", "vxlan", "ipsec"} }
 
 // Config is the whole agent configuration file.
 type Config struct {
@@ -75,8 +84,16 @@ type Config struct {
 	// StatusSocket is the unix socket the status API (GET /v1/status, read by
 	// `cablectl status`) listens on. Default: /run/cablemesh/agent.sock.
 	StatusSocket string `yaml:"statusSocket" json:"statusSocket"`
+	// CableDrivers are the cable drivers this gateway runs and publishes in its endpoint; the
+	// connection policies pick one per pair among them. Each must be a registered driver, at
+	// most once. Default: [wireguard, vxlan, ipsec].
+	CableDrivers []string `yaml:"cableDrivers" json:"cableDrivers"`
 	// WireGuard configures the wireguard cable driver on gateway nodes.
 	WireGuard WireGuard `yaml:"wireguard" json:"wireguard"`
+	// VXLAN configures the vxlan cable driver on gateway nodes.
+	VXLAN VXLAN `yaml:"vxlan" json:"vxlan"`
+	// IPsec configures the ipsec cable driver (strongSwan charon) on gateway nodes.
+	IPsec IPsec `yaml:"ipsec" json:"ipsec"`
 	// LeaseSeconds is the endpoint lease the agent asks the broker for; the broker withdraws
 	// the endpoint when no heartbeat arrived for that long. Default: 30.
 	LeaseSeconds int `yaml:"leaseSeconds" json:"leaseSeconds"`
@@ -130,6 +147,37 @@ type WireGuard struct {
 	// MTU of the WireGuard link; 0 means automatic (the underlay MTU minus WireGuard's
 	// overhead of 80 bytes, at least 1280). Otherwise 1280..65535. Default: 0.
 	MTU int `yaml:"mtu" json:"mtu"`
+}
+
+// VXLAN is the vxlan driver's node settings.
+type VXLAN struct {
+	// Port is the UDP port VXLAN listens on and the endpoint publishes. Default: 4789.
+	Port int `yaml:"port" json:"port"`
+	// VNI is the VXLAN network identifier, 1..16777215; both ends of a pair must agree (keep it
+	// equal mesh-wide, or set it per pair with the policy option vni). Default: 100.
+	VNI int `yaml:"vni" json:"vni"`
+	// MTU of the VXLAN links; 0 means automatic (underlay MTU minus 50). Otherwise 576..65535.
+	// Default: 0.
+	MTU int `yaml:"mtu" json:"mtu"`
+}
+
+// IPsec is the ipsec driver's node settings.
+type IPsec struct {
+	// Port is charon's IKE UDP port. Default: 500.
+	Port int `yaml:"port" json:"port"`
+	// NATTPort is charon's NAT-T UDP port (IKE after the switch, UDP-encapsulated ESP); it must
+	// differ from port. Default: 4500.
+	NATTPort int `yaml:"nattPort" json:"nattPort"`
+	// MTU of the tunnel routes; 0 means automatic (from the underlay and the datapath).
+	// Otherwise 1280..65535. Default: 0.
+	MTU int `yaml:"mtu" json:"mtu"`
+	// Charon is the absolute path of the charon binary the driver starts and supervises.
+	// Default: /usr/lib/ipsec/charon.
+	Charon string `yaml:"charon" json:"charon"`
+	// UseSystemCharon is the absolute path of the VICI socket of a charon the host already runs
+	// (e.g. /var/run/charon.vici); the driver then starts none, and port, nattPort and charon
+	// must be left unset. Default: "" (the driver runs its own charon).
+	UseSystemCharon string `yaml:"useSystemCharon" json:"useSystemCharon"`
 }
 
 // maxSize bounds the config file: anything larger is not a config file.
@@ -229,6 +277,28 @@ func (c *Config) ApplyDefaults(host func() string) {
 	if c.WireGuard.Port == 0 {
 		c.WireGuard.Port = DefaultWireGuardPort
 	}
+	if c.CableDrivers == nil {
+		c.CableDrivers = DefaultCableDrivers()
+	}
+	if c.VXLAN.Port == 0 {
+		c.VXLAN.Port = DefaultVXLANPort
+	}
+	if c.VXLAN.VNI == 0 {
+		c.VXLAN.VNI = DefaultVXLANVNI
+	}
+	// With a system charon the driver owns no ports and no binary: leave them unset, as the
+	// driver requires.
+	if c.IPsec.UseSystemCharon == "" {
+		if c.IPsec.Port == 0 {
+			c.IPsec.Port = DefaultIPsecPort
+		}
+		if c.IPsec.NATTPort == 0 {
+			c.IPsec.NATTPort = DefaultIPsecNATTPort
+		}
+		if c.IPsec.Charon == "" {
+			c.IPsec.Charon = DefaultIPsecCharon
+		}
+	}
 	if c.LeaseSeconds == 0 {
 		c.LeaseSeconds = DefaultLeaseSeconds
 	}
@@ -326,6 +396,9 @@ func (c *Config) Validate() error {
 	if c.WireGuard.MTU != 0 && (c.WireGuard.MTU < 1280 || c.WireGuard.MTU > 65535) {
 		return fmt.Errorf("wireguard.mtu: %d is out of range (0 for automatic, or 1280..65535)", c.WireGuard.MTU)
 	}
+	if err := c.validateDrivers(); err != nil {
+		return err
+	}
 	if c.LeaseSeconds < 2 || c.LeaseSeconds > 3600 {
 		return fmt.Errorf("leaseSeconds: %d is out of range (2..3600)", c.LeaseSeconds)
 	}
@@ -349,6 +422,108 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("logLevel: %q is not one of debug, info, warn, error", c.LogLevel)
 	}
 	return c.HealthCheck.validate()
+}
+
+var driverNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,31}$`)
+
+func (c *Config) validateDrivers() error {
+	if len(c.CableDrivers) == 0 {
+		return errors.New("cableDrivers: is empty (list at least one driver, or leave it unset for [wireguard, vxlan, ipsec])")
+	}
+	seen := map[string]bool{}
+	for i, d := range c.CableDrivers {
+		if !driverNameRE.MatchString(d) {
+			return fmt.Errorf("cableDrivers[%d]: %q is not a driver name", i, d)
+		}
+		if seen[d] {
+			return fmt.Errorf("cableDrivers[%d]: %q is listed twice", i, d)
+		}
+		seen[d] = true
+	}
+	v := c.VXLAN
+	if v.Port < 1 || v.Port > 65535 {
+		return fmt.Errorf("vxlan.port: %d is not a UDP port (1..65535)", v.Port)
+	}
+	if v.VNI < 1 || v.VNI > 1<<24-1 {
+		return fmt.Errorf("vxlan.vni: %d is out of range (1..16777215)", v.VNI)
+	}
+	if v.MTU != 0 && (v.MTU < 576 || v.MTU > 65535) {
+		return fmt.Errorf("vxlan.mtu: %d is out of range (0 for automatic, or 576..65535)", v.MTU)
+	}
+	p := c.IPsec
+	if p.UseSystemCharon != "" {
+		if !strings.HasPrefix(p.UseSystemCharon, "/") {
+			return fmt.Errorf("ipsec.useSystemCharon: %q is not an absolute path (the system charon's VICI socket)", p.UseSystemCharon)
+		}
+		for _, f := range []struct {
+			name string
+			set  bool
+		}{{"port", p.Port != 0}, {"nattPort", p.NATTPort != 0}, {"charon", p.Charon != ""}} {
+			if f.set {
+				return fmt.Errorf("ipsec.%s: must be unset with ipsec.useSystemCharon %q (the system charon has its own)", f.name, p.UseSystemCharon)
+			}
+		}
+	} else {
+		if p.Port < 1 || p.Port > 65535 {
+			return fmt.Errorf("ipsec.port: %d is not a UDP port (1..65535)", p.Port)
+		}
+		if p.NATTPort < 1 || p.NATTPort > 65535 {
+			return fmt.Errorf("ipsec.nattPort: %d is not a UDP port (1..65535)", p.NATTPort)
+		}
+		if p.Port == p.NATTPort {
+			return fmt.Errorf("ipsec.nattPort: %d equals ipsec.port; charon needs two different ports", p.NATTPort)
+		}
+		if !strings.HasPrefix(p.Charon, "/") {
+			return fmt.Errorf("ipsec.charon: %q is not an absolute path", p.Charon)
+		}
+	}
+	if p.MTU != 0 && (p.MTU < 1280 || p.MTU > 65535) {
+		return fmt.Errorf("ipsec.mtu: %d is out of range (0 for automatic, or 1280..65535)", p.MTU)
+	}
+	return nil
+}
+
+// CheckRegistered checks that every driver in cableDrivers is one of registered (the drivers
+// compiled into the binary); the error names the entry and lists the registered ones.
+func (c *Config) CheckRegistered(registered []string) error {
+	for i, d := range c.CableDrivers {
+		if !slices.Contains(registered, d) {
+			return fmt.Errorf("cableDrivers[%d]: %q is not a registered cable driver (have %s)", i, d, strings.Join(registered, ", "))
+		}
+	}
+	return nil
+}
+
+// DriverSettings returns the cable.Settings map (as plain strings, so this package needs no
+// driver) of driver name from the config; the drivers validate their keys again.
+func (c *Config) DriverSettings(name string) map[string]string {
+	itoa := strconv.Itoa
+	switch name {
+	case "wireguard":
+		s := map[string]string{"interface": c.WireGuard.Interface, "port": itoa(c.WireGuard.Port)}
+		if c.WireGuard.MTU != 0 {
+			s["mtu"] = itoa(c.WireGuard.MTU)
+		}
+		return s
+	case "vxlan":
+		s := map[string]string{"port": itoa(c.VXLAN.Port), "vni": itoa(c.VXLAN.VNI)}
+		if c.VXLAN.MTU != 0 {
+			s["mtu"] = itoa(c.VXLAN.MTU)
+		}
+		return s
+	case "ipsec":
+		s := map[string]string{}
+		if c.IPsec.UseSystemCharon != "" {
+			s["useSystemCharon"] = c.IPsec.UseSystemCharon
+		} else {
+			s["port"], s["nattPort"], s["charon"] = itoa(c.IPsec.Port), itoa(c.IPsec.NATTPort), c.IPsec.Charon
+		}
+		if c.IPsec.MTU != 0 {
+			s["mtu"] = itoa(c.IPsec.MTU)
+		}
+		return s
+	}
+	return map[string]string{}
 }
 
 func (h HealthCheck) validate() error {

@@ -1,10 +1,17 @@
 // Package reconcile turns the broker's state into cable connections. The planner (Desired, Plan)
-// is pure: it reads broker records and what the driver observed, and returns actions. The
-// applier (Reconciler) is the thin part that calls the driver.
+// is pure: it reads broker records, the connection policies' decisions and what the drivers
+// observed, and returns actions. The applier (Reconciler) is the thin part that calls the
+// drivers.
 package reconcile
 
 import (
+	"cmp"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"sort"
@@ -12,36 +19,123 @@ import (
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/cable"
+	"github.com/cablemesh/cablemesh/policy"
 )
 
-// DefaultDriver is the driver of the mesh's default policy (full mesh over WireGuard) until
-// policies arrive in a later issue.
-const DefaultDriver = "wireguard"
+// DefaultDriver is the driver of the mesh's default policy when the broker sends no policies at
+// all (a broker older than policies): full mesh over WireGuard, as before policies existed.
+const DefaultDriver = policy.DefaultDriver
 
 // Problem is a remote cluster the planner had to skip or trim, with the reason (logged, shown in
-// status).
+// status). Driver and Policy are those the decision named, when there is one.
 type Problem struct {
 	Cluster string
+	Driver  string
+	Policy  string
 	Message string
 }
 
-// Desired returns, for every cluster other than local that has at least one usable endpoint,
-// the one connection this node should have to it over driver, sorted by cluster name.
+// Want is one connection this node should have: to Remote over Driver with Options, as Policy
+// decided.
+type Want struct {
+	Remote  cable.RemoteEndpoint
+	Driver  string
+	Options cable.Options
+	Policy  string
+}
+
+// PairDecision is the policy decision for one remote cluster with a live endpoint, connected or
+// not, so an operator can see why a pair is absent.
+type PairDecision struct {
+	Cluster string
+	Connect bool
+	Driver  string
+	Policy  string
+	Default bool
+}
+
+// Drivers are the drivers this node is configured to run: by name, nil when the driver runs, or
+// the error that keeps it from running (its Init failed). A driver not in the map is not
+// configured on this node.
+type Drivers map[string]error
+
+// Resolver builds the policy resolver for st: the mesh's non-default policies and its default
+// policy (is_default). With no policy at all (a broker that predates policies) the default is
+// full mesh over DefaultDriver, as before. Policies whose JSON cannot be decoded are left out
+// and returned as problems (keyed by policy name in Cluster).
+func Resolver(st *brokerstate.State) (*policy.Resolver, []Problem) {
+	var list []policy.ClusterConnectionPolicy
+	def := policy.DefaultPolicy(DefaultDriver)
+	var problems []Problem
+	names := slices.Sorted(maps.Keys(st.Policies))
+	for _, n := range names {
+		rec := st.Policies[n]
+		var p policy.ClusterConnectionPolicy
+		if err := json.Unmarshal(rec.GetJson(), &p); err != nil {
+			problems = append(problems, Problem{Policy: n, Message: fmt.Sprintf("policy %q: cannot decode its JSON: %v", n, err)})
+			continue
+		}
+		if p.Metadata.Name == "" {
+			p.Metadata.Name = n
+		}
+		if rec.GetIsDefault() {
+			def = p
+			continue
+		}
+		list = append(list, p)
+	}
+	return policy.NewResolver(list, def), problems
+}
+
+// PolicyKey fingerprints the policies of st: equal keys give equal resolvers, so the agent
+// builds a resolver only when a policy changed (labels are inputs of Resolve, not of the
+// resolver).
+func PolicyKey(st *brokerstate.State) string {
+	h := sha256.New()
+	for _, n := range slices.Sorted(maps.Keys(st.Policies)) {
+		p := st.Policies[n]
+		var b [9]byte
+		binary.BigEndian.PutUint64(b[:8], uint64(len(p.GetJson())))
+		if p.GetIsDefault() {
+			b[8] = 1
+		}
+		h.Write([]byte(n))
+		h.Write([]byte{0})
+		h.Write(b[:])
+		h.Write(p.GetJson())
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// Desired returns, for every cluster other than local that has at least one endpoint, the
+// decision of the policies (res) for the pair, and for the pairs that connect, the one
+// connection this node should have, sorted by cluster name.
 //
-// The endpoint is chosen deterministically: the lexically smallest node name among the cluster's
-// endpoints that publish what the driver needs (a port, and for wireguard a public key), so every
-// remote agent and every restart picks the same one. The connection carries the cluster's pod and
-// service CIDRs (or, if the cluster record has none, the endpoint's subnets).
-func Desired(st *brokerstate.State, local, driver string) ([]cable.RemoteEndpoint, []Problem) {
+// The driver is the decision's; the remote endpoint must list it in its drivers (an endpoint
+// listing none is from an agent older than multi-driver nodes and is taken to run anything it
+// publishes a port for) and publish its port in cable_ports. The endpoint is chosen
+// deterministically: the lexically smallest node name among the cluster's endpoints that can
+// carry the driver, so every remote agent and every restart picks the same one. The connection
+// carries the cluster's pod and service CIDRs (or, if the cluster record has none, the endpoint's
+// subnets) and the pair's pre-shared key from the cluster record.
+//
+// drivers are this node's: a decision for a driver this node does not run is a problem, not a
+// connection. A nil drivers does not check (non-gateway nodes route what their gateway connects).
+func Desired(st *brokerstate.State, local string, res *policy.Resolver, drivers Drivers) ([]Want, []Problem, []PairDecision) {
 	if st == nil {
-		return nil, nil
+		return nil, nil, nil
+	}
+	if res == nil {
+		res, _ = Resolver(st)
 	}
 	byCluster := map[string][]*apiv1.Endpoint{}
 	for _, e := range st.Endpoints {
 		byCluster[e.GetCluster()] = append(byCluster[e.GetCluster()], e)
 	}
-	var out []cable.RemoteEndpoint
+	localC := policy.Cluster{Name: local, Labels: st.Clusters[local].GetLabels()}
+	var out []Want
 	var problems []Problem
+	var decisions []PairDecision
 	for _, name := range st.ClusterNames() {
 		if name == local {
 			continue
@@ -51,13 +145,37 @@ func Desired(st *brokerstate.State, local, driver string) ([]cable.RemoteEndpoin
 		if len(eps) == 0 {
 			continue
 		}
+		dec := res.Resolve(localC, policy.Cluster{Name: name, Labels: c.GetLabels()})
+		decisions = append(decisions, PairDecision{Cluster: name, Connect: dec.Connect, Driver: dec.Driver, Policy: dec.Policy, Default: dec.Default})
+		if !dec.Connect {
+			continue
+		}
+		driver := dec.Driver
+		prob := func(msg string) {
+			problems = append(problems, Problem{Cluster: name, Driver: driver, Policy: dec.Policy, Message: msg})
+		}
+		if drivers != nil {
+			err, configured := drivers[driver]
+			switch {
+			case !configured:
+				prob(fmt.Sprintf("driver %s is not configured on this node (cableDrivers)", driver))
+				continue
+			case err != nil:
+				prob(fmt.Sprintf("driver %s unavailable on this node: %v", driver, err))
+				continue
+			}
+		}
 		sort.Slice(eps, func(i, j int) bool { return eps[i].GetNode() < eps[j].GetNode() })
 		var chosen *apiv1.Endpoint
 		var addr netip.Addr
 		var port uint16
 		var skipped []string
+		lacking := 0
 		for _, e := range eps {
 			a, p, why := usable(e, driver)
+			if why == whyNotRun {
+				lacking++
+			}
 			if why != "" {
 				skipped = append(skipped, e.GetNode()+": "+why)
 				continue
@@ -66,7 +184,11 @@ func Desired(st *brokerstate.State, local, driver string) ([]cable.RemoteEndpoin
 			break
 		}
 		if chosen == nil {
-			problems = append(problems, Problem{Cluster: name, Message: fmt.Sprintf("no usable %s endpoint (%v)", driver, skipped)})
+			if lacking == len(eps) {
+				prob("remote gateway does not run driver " + driver)
+			} else {
+				prob(fmt.Sprintf("no usable %s endpoint (%v)", driver, skipped))
+			}
 			continue
 		}
 		cidrs := append(slices.Clone(c.GetPodCidrs()), c.GetServiceCidrs()...)
@@ -75,23 +197,38 @@ func Desired(st *brokerstate.State, local, driver string) ([]cable.RemoteEndpoin
 		}
 		subnets, bad := parsePrefixes(cidrs)
 		for _, b := range bad {
-			problems = append(problems, Problem{Cluster: name, Message: fmt.Sprintf("ignoring subnet %q: not a CIDR", b)})
+			prob(fmt.Sprintf("ignoring subnet %q: not a CIDR", b))
 		}
-		out = append(out, cable.RemoteEndpoint{
-			Cluster:   name,
-			ClusterID: c.GetId(),
-			Node:      chosen.GetNode(),
-			Address:   addr,
-			Port:      port,
-			PublicKey: chosen.GetWireguardPublicKey(),
-			Subnets:   subnets,
+		var opts cable.Options
+		if len(dec.Options) > 0 {
+			opts = cable.Options(maps.Clone(dec.Options))
+		}
+		out = append(out, Want{
+			Remote: cable.RemoteEndpoint{
+				Cluster:      name,
+				ClusterID:    c.GetId(),
+				Node:         chosen.GetNode(),
+				Address:      addr,
+				Port:         port,
+				PublicKey:    chosen.GetWireguardPublicKey(),
+				Subnets:      subnets,
+				PreSharedKey: slices.Clone(c.GetPairPsk()),
+			},
+			Driver:  driver,
+			Options: opts,
+			Policy:  dec.Policy,
 		})
 	}
-	return out, problems
+	return out, problems, decisions
 }
+
+const whyNotRun = "does not run the driver"
 
 // usable says whether e can carry a connection over driver, and where to.
 func usable(e *apiv1.Endpoint, driver string) (netip.Addr, uint16, string) {
+	if len(e.GetDrivers()) > 0 && !slices.Contains(e.GetDrivers(), driver) {
+		return netip.Addr{}, 0, whyNotRun
+	}
 	ipStr := e.GetPrivateIp()
 	if ipStr == "" {
 		ipStr = e.GetPublicIp()
@@ -99,9 +236,6 @@ func usable(e *apiv1.Endpoint, driver string) (netip.Addr, uint16, string) {
 	a, err := netip.ParseAddr(ipStr)
 	if err != nil {
 		return netip.Addr{}, 0, fmt.Sprintf("address %q is not an IP", ipStr)
-	}
-	if len(e.GetDrivers()) > 0 && !slices.Contains(e.GetDrivers(), driver) {
-		return netip.Addr{}, 0, "does not run " + driver
 	}
 	p := e.GetCablePorts()[driver]
 	if p == 0 || p > 65535 {
@@ -133,64 +267,119 @@ const (
 	Disconnect ActionKind = "disconnect"
 )
 
-// Action is one change to make through the driver.
+// Action is one change to make through a driver.
 type Action struct {
 	Kind    ActionKind
 	Cluster string
-	Remote  cable.RemoteEndpoint // for Connect
-	Reason  string
+	// Driver is the driver the action goes through.
+	Driver string
+	// Want is the connection to make (Connect only).
+	Want Want
+	// MovesTo is, on a Disconnect, the driver the pair moves to ("" when it just goes away);
+	// MovesFrom is, on a Connect, the driver the pair was applied on before ("" if none or the
+	// same).
+	MovesTo, MovesFrom string
+	Reason             string
 }
 
-// Plan diffs desired connections against what the driver observed on the host and what this
-// process last applied. It returns the actions in a stable order: disconnects first (freeing
-// routes a new connection may need), then connects, each sorted by cluster.
+// Plan diffs desired connections against what the drivers observed on the host and what this
+// process last applied. observed holds an entry (possibly empty) for every driver that could be
+// observed; a pair whose wanted or last applied driver is missing from it is left alone this pass.
+// repair names pairs to re-assert with Connect although nothing changed (health probes failing),
+// with the reason.
 //
-// A desired connection is (re)connected when the device does not have it, when the device has
-// it to another endpoint or with other subnets, when the device reports it in error (Connect is
-// idempotent, so this repairs), or when it differs from what this process last applied (which
-// catches a changed public key the device cannot show). applied is empty after a restart, so the
-// first pass re-asserts every connection through the driver's idempotent Connect: no flap.
-// A connection on the device that is not desired is disconnected. Nothing else is touched, so
-// with unchanged inputs Plan returns no actions.
-func Plan(desired []cable.RemoteEndpoint, observed []cable.ConnectionStatus, applied map[string]cable.RemoteEndpoint) []Action {
-	want := map[string]cable.RemoteEndpoint{}
+// Actions come in a stable order: every disconnect first (a pair moving to another driver loses
+// its old tunnel and routes before the new one claims them), then connects, each sorted by
+// cluster and driver.
+//
+// A desired connection is (re)connected when its driver does not have it, when the driver has it
+// to another endpoint or with other subnets, when the driver reports it in error (Connect is
+// idempotent, so this repairs), when it is to be repaired, or when it differs from what this
+// process last applied (driver, options, key, PSK: what the device cannot show). applied is empty
+// after a restart, so the first pass re-asserts every connection through the driver's idempotent
+// Connect: no flap. A connection on any driver that is not desired there is disconnected: a pair
+// decided no-connect, gone from the broker, or moved to another driver, and after a restart the
+// leftovers of another driver. Nothing else is touched, so with unchanged inputs Plan returns no
+// actions.
+func Plan(desired []Want, observed map[string][]cable.ConnectionStatus, applied map[string]Want, repair map[string]string) []Action {
+	want := map[string]Want{}
 	for _, d := range desired {
-		want[d.Cluster] = d
+		want[d.Remote.Cluster] = d
 	}
-	have := map[string]cable.ConnectionStatus{}
-	for _, o := range observed {
-		have[o.Cluster] = o
+	blocked := func(cluster string) bool {
+		if w, ok := want[cluster]; ok {
+			if _, seen := observed[w.Driver]; !seen {
+				return true
+			}
+		}
+		if a, ok := applied[cluster]; ok {
+			if _, seen := observed[a.Driver]; !seen {
+				return true
+			}
+		}
+		return false
 	}
 	var disc, conn []Action
-	for name := range have {
-		if _, ok := want[name]; !ok {
-			disc = append(disc, Action{Kind: Disconnect, Cluster: name, Reason: "cluster no longer has a usable endpoint"})
+	for driver, conns := range observed {
+		for _, o := range conns {
+			w, wanted := want[o.Cluster]
+			if wanted && w.Driver == driver {
+				continue
+			}
+			if blocked(o.Cluster) {
+				continue
+			}
+			a := Action{Kind: Disconnect, Cluster: o.Cluster, Driver: driver, Reason: "pair is not wanted (no-connect, or no usable endpoint)"}
+			if wanted {
+				a.MovesTo = w.Driver
+				a.Reason = fmt.Sprintf("pair moves from %s to %s (policy %s)", driver, w.Driver, w.Policy)
+			}
+			disc = append(disc, a)
 		}
 	}
 	for name, d := range want {
-		o, onDevice := have[name]
+		if blocked(name) {
+			continue
+		}
+		var o cable.ConnectionStatus
+		onDevice := false
+		for _, c := range observed[d.Driver] {
+			if c.Cluster == name {
+				o, onDevice = c, true
+				break
+			}
+		}
 		prev, wasApplied := applied[name]
 		var reason string
 		switch {
 		case !onDevice:
-			reason = "not on the device"
-		case o.Endpoint != "" && o.Endpoint != EndpointString(d):
-			reason = fmt.Sprintf("device has endpoint %s, want %s", o.Endpoint, EndpointString(d))
-		case o.Subnets != nil && !samePrefixes(o.Subnets, d.Subnets):
-			reason = fmt.Sprintf("device has subnets %v, want %v", o.Subnets, d.Subnets)
+			reason = "not on the " + d.Driver + " device"
+		case o.Endpoint != "" && o.Endpoint != EndpointString(d.Remote):
+			reason = fmt.Sprintf("device has endpoint %s, want %s", o.Endpoint, EndpointString(d.Remote))
+		case o.Subnets != nil && !samePrefixes(o.Subnets, d.Remote.Subnets):
+			reason = fmt.Sprintf("device has subnets %v, want %v", o.Subnets, d.Remote.Subnets)
 		case o.State == cable.StateError:
 			reason = "device reports error: " + o.Message
+		case repair[name] != "":
+			reason = repair[name]
 		case !wasApplied:
 			reason = "not applied by this process yet"
-		case !Equal(prev, d):
-			reason = "endpoint record changed"
+		case !EqualWant(prev, d):
+			reason = "policy decision or endpoint record changed"
 		default:
 			continue
 		}
-		conn = append(conn, Action{Kind: Connect, Cluster: name, Remote: d, Reason: reason})
+		a := Action{Kind: Connect, Cluster: name, Driver: d.Driver, Want: d, Reason: reason}
+		if wasApplied && prev.Driver != d.Driver {
+			a.MovesFrom = prev.Driver
+		}
+		conn = append(conn, a)
 	}
-	sort.Slice(disc, func(i, j int) bool { return disc[i].Cluster < disc[j].Cluster })
-	sort.Slice(conn, func(i, j int) bool { return conn[i].Cluster < conn[j].Cluster })
+	order := func(a, b Action) int {
+		return cmp.Or(cmp.Compare(a.Cluster, b.Cluster), cmp.Compare(a.Driver, b.Driver))
+	}
+	slices.SortFunc(disc, order)
+	slices.SortFunc(conn, order)
 	return append(disc, conn...)
 }
 
@@ -205,7 +394,13 @@ func EndpointString(r cable.RemoteEndpoint) string {
 // Equal compares two remote endpoints field by field, subnets as sets.
 func Equal(a, b cable.RemoteEndpoint) bool {
 	return a.Cluster == b.Cluster && a.ClusterID == b.ClusterID && a.Node == b.Node && a.Address == b.Address &&
-		a.Port == b.Port && a.PublicKey == b.PublicKey && samePrefixes(a.Subnets, b.Subnets)
+		a.Port == b.Port && a.PublicKey == b.PublicKey && samePrefixes(a.Subnets, b.Subnets) &&
+		string(a.PreSharedKey) == string(b.PreSharedKey)
+}
+
+// EqualWant compares two wanted connections: endpoint, driver and options.
+func EqualWant(a, b Want) bool {
+	return a.Driver == b.Driver && maps.Equal(a.Options, b.Options) && Equal(a.Remote, b.Remote)
 }
 
 func samePrefixes(a, b []netip.Prefix) bool {
@@ -214,13 +409,13 @@ func samePrefixes(a, b []netip.Prefix) bool {
 	}
 	x := slices.Clone(a)
 	y := slices.Clone(b)
-	cmp := func(p, q netip.Prefix) int {
+	cmpP := func(p, q netip.Prefix) int {
 		if c := p.Addr().Compare(q.Addr()); c != 0 {
 			return c
 		}
 		return p.Bits() - q.Bits()
 	}
-	slices.SortFunc(x, cmp)
-	slices.SortFunc(y, cmp)
+	slices.SortFunc(x, cmpP)
+	slices.SortFunc(y, cmpP)
 	return slices.Equal(x, y)
 }

@@ -94,7 +94,14 @@ func TestDesired(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, problems := Desired(tt.st, "east", "wireguard")
+			wants, problems, _ := Desired(tt.st, "east", nil, Drivers{"wireguard": nil})
+			var got []cable.RemoteEndpoint
+			for _, w := range wants {
+				if w.Driver != "wireguard" || w.Policy != "default" {
+					t.Errorf("want %s over %s by policy %q, want wireguard by default", w.Remote.Cluster, w.Driver, w.Policy)
+				}
+				got = append(got, w.Remote)
+			}
 			if !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("Desired =\n %+v\nwant\n %+v", got, tt.want)
 			}
@@ -113,12 +120,26 @@ func observedOf(rs ...cable.RemoteEndpoint) []cable.ConnectionStatus {
 	return out
 }
 
-func appliedOf(rs ...cable.RemoteEndpoint) map[string]cable.RemoteEndpoint {
-	m := map[string]cable.RemoteEndpoint{}
+func appliedOf(rs ...cable.RemoteEndpoint) map[string]Want {
+	m := map[string]Want{}
 	for _, r := range rs {
-		m[r.Cluster] = r
+		m[r.Cluster] = wg(r)
 	}
 	return m
+}
+
+func wg(r cable.RemoteEndpoint) Want { return Want{Remote: r, Driver: "wireguard", Policy: "default"} }
+
+func wgs(rs ...cable.RemoteEndpoint) []Want {
+	var out []Want
+	for _, r := range rs {
+		out = append(out, wg(r))
+	}
+	return out
+}
+
+func onWG(cs []cable.ConnectionStatus) map[string][]cable.ConnectionStatus {
+	return map[string][]cable.ConnectionStatus{"wireguard": cs}
 }
 
 func kinds(as []Action) []string {
@@ -140,7 +161,7 @@ func TestPlan(t *testing.T) {
 		name     string
 		desired  []cable.RemoteEndpoint
 		observed []cable.ConnectionStatus
-		applied  map[string]cable.RemoteEndpoint
+		applied  map[string]Want
 		want     []string
 	}{
 		{"a new cluster is connected", []cable.RemoteEndpoint{west, north}, observedOf(west), appliedOf(west), []string{"connect north"}},
@@ -155,7 +176,7 @@ func TestPlan(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := kinds(Plan(tt.desired, tt.observed, tt.applied))
+			got := kinds(Plan(wgs(tt.desired...), onWG(tt.observed), tt.applied, nil))
 			if !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("Plan = %v, want %v", got, tt.want)
 			}
@@ -165,7 +186,7 @@ func TestPlan(t *testing.T) {
 		obs := observedOf(west)
 		obs[0].State = cable.StateError
 		obs[0].Message = "route missing"
-		got := Plan([]cable.RemoteEndpoint{west}, obs, appliedOf(west))
+		got := Plan(wgs(west), onWG(obs), appliedOf(west), nil)
 		if len(got) != 1 || got[0].Kind != Connect || !strings.Contains(got[0].Reason, "route missing") {
 			t.Errorf("Plan = %+v", got)
 		}
@@ -176,23 +197,23 @@ func TestReconcilerIsIdempotent(t *testing.T) {
 	d := fakedriver.New()
 	_ = d.Init(context.Background())
 	d.Calls()
-	r := NewReconciler(d, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	r := NewReconciler([]cable.Driver{d}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	st := state([]*apiv1.Cluster{cl("east", 1, "10.1.0.0/16"), cl("west", 2, "10.2.0.0/16")}, ep("west", "w1", "10.0.0.12", "KW"))
-	desired, _ := Desired(st, "east", "wireguard")
-	if _, err := r.Reconcile(context.Background(), desired); err != nil {
+	desired, _, _ := Desired(st, "east", nil, Drivers{"wireguard": nil})
+	if _, err := r.Reconcile(context.Background(), desired, 1, nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := d.Calls(); len(got) != 1 || got[0].Op != "connect" || got[0].Cluster != "west" {
 		t.Fatalf("first pass calls = %v", got)
 	}
-	if acts, err := r.Reconcile(context.Background(), desired); err != nil || len(acts) != 0 {
+	if acts, err := r.Reconcile(context.Background(), desired, 2, nil); err != nil || len(acts) != 0 {
 		t.Fatalf("second pass = %v, %v", acts, err)
 	}
 	if got := d.Calls(); len(got) != 0 {
 		t.Fatalf("second pass changed the host: %v", got)
 	}
 	d.ObserveErr = io.ErrUnexpectedEOF
-	if _, err := r.Reconcile(context.Background(), nil); err == nil {
+	if _, err := r.Reconcile(context.Background(), nil, 3, nil); err == nil {
 		t.Fatal("reconcile with an unobservable driver succeeded")
 	}
 	if got := d.Calls(); len(got) != 0 {

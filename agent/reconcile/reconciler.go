@@ -5,69 +5,147 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
+	"time"
 
 	"github.com/cablemesh/cablemesh/cable"
 )
 
-// Reconciler applies plans through one driver. It is safe for concurrent use; passes are
-// serialised.
+// Applied is what this process last connected for one pair, and at which broker revision.
+type Applied struct {
+	Want     Want
+	Revision uint64
+	At       time.Time
+}
+
+// Reconciler applies plans through the node's drivers. It is safe for concurrent use; passes
+// are serialised.
 type Reconciler struct {
-	driver cable.Driver
-	log    *slog.Logger
+	drivers map[string]cable.Driver
+	log     *slog.Logger
+	now     func() time.Time
 
 	mu      sync.Mutex
-	applied map[string]cable.RemoteEndpoint // what this process last connected, by cluster
+	applied map[string]Applied // what this process last connected, by cluster
 }
 
-// NewReconciler returns a reconciler for driver.
-func NewReconciler(driver cable.Driver, log *slog.Logger) *Reconciler {
-	return &Reconciler{driver: driver, log: log, applied: map[string]cable.RemoteEndpoint{}}
+// NewReconciler returns a reconciler over drivers (the ones that initialised).
+func NewReconciler(drivers []cable.Driver, log *slog.Logger) *Reconciler {
+	m := map[string]cable.Driver{}
+	for _, d := range drivers {
+		m[d.Name()] = d
+	}
+	return &Reconciler{drivers: m, log: log, now: time.Now, applied: map[string]Applied{}}
 }
 
-// Reconcile observes the driver's connections, plans against desired and applies the plan. If
-// the driver cannot be observed it changes nothing. It returns the actions it attempted and the
-// joined errors of those that failed; a failed action is retried on the next pass.
-func (r *Reconciler) Reconcile(ctx context.Context, desired []cable.RemoteEndpoint) ([]Action, error) {
+// Applied returns a copy of what this process last connected, by cluster.
+func (r *Reconciler) Applied() map[string]Applied {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	observed, err := r.driver.Connections(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("observe %s connections: %w", r.driver.Name(), err)
+	return maps.Clone(r.applied)
+}
+
+// Observe reads every driver's connections. observed has an entry for each driver that answered;
+// errs for each that did not.
+func (r *Reconciler) Observe(ctx context.Context) (observed map[string][]cable.ConnectionStatus, errs map[string]error) {
+	observed = map[string][]cable.ConnectionStatus{}
+	errs = map[string]error{}
+	for _, name := range slices.Sorted(maps.Keys(r.drivers)) {
+		conns, err := r.drivers[name].Connections(ctx)
+		if err != nil {
+			errs[name] = err
+			continue
+		}
+		observed[name] = conns
 	}
-	actions := Plan(desired, observed, r.applied)
-	// Forget what was applied but is neither desired nor on the device any more.
+	return observed, errs
+}
+
+// Reconcile observes the drivers, plans against desired and applies the plan; revision is the
+// broker revision desired was computed from (recorded per connection applied). A driver that
+// cannot be observed is left alone, and so are the pairs that involve it. A pair moving between
+// drivers is disconnected from the old one first, and connected on the new one only if that
+// succeeded, in the same pass. It returns the actions it attempted and the joined errors of
+// those that failed (and of unobservable drivers); a failed action is retried on the next pass.
+func (r *Reconciler) Reconcile(ctx context.Context, desired []Want, revision uint64, repair map[string]string) ([]Action, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	observed, obsErrs := r.Observe(ctx)
+	var errs []error
+	for _, name := range slices.Sorted(maps.Keys(obsErrs)) {
+		errs = append(errs, fmt.Errorf("observe %s connections: %w", name, obsErrs[name]))
+	}
+	appliedWants := make(map[string]Want, len(r.applied))
+	for k, v := range r.applied {
+		appliedWants[k] = v.Want
+	}
+	actions := Plan(desired, observed, appliedWants, repair)
+	// Forget what was applied but is no longer desired, unless its driver could not be observed
+	// (then it may still be on the device and the next pass must know to move it).
 	want := map[string]bool{}
 	for _, d := range desired {
-		want[d.Cluster] = true
+		want[d.Remote.Cluster] = true
 	}
-	for name := range r.applied {
-		if !want[name] {
+	for name, a := range r.applied {
+		if _, seen := observed[a.Want.Driver]; !want[name] && seen {
 			delete(r.applied, name)
 		}
 	}
-	var errs []error
+	movedAt := map[string]time.Time{} // pairs whose old connection went in this pass
+	failed := map[string]bool{}       // pairs whose old connection could not be removed
 	for _, a := range actions {
 		switch a.Kind {
 		case Disconnect:
-			if err := r.driver.Disconnect(ctx, a.Cluster); err != nil {
-				r.log.Error("disconnect failed", "cluster", a.Cluster, "driver", r.driver.Name(), "err", err)
-				errs = append(errs, fmt.Errorf("disconnect %s: %w", a.Cluster, err))
+			start := r.now()
+			if err := r.drivers[a.Driver].Disconnect(ctx, a.Cluster); err != nil {
+				r.log.Error("disconnect failed", "cluster", a.Cluster, "driver", a.Driver, "err", err)
+				errs = append(errs, fmt.Errorf("disconnect %s from %s: %w", a.Cluster, a.Driver, err))
+				failed[a.Cluster] = true
 				continue
 			}
-			delete(r.applied, a.Cluster)
-			r.log.Info("disconnected", "cluster", a.Cluster, "driver", r.driver.Name(), "reason", a.Reason)
+			if prev, ok := r.applied[a.Cluster]; ok && prev.Want.Driver == a.Driver {
+				delete(r.applied, a.Cluster)
+			}
+			if a.MovesTo != "" {
+				movedAt[a.Cluster] = start
+			}
+			r.log.Info("disconnected", "cluster", a.Cluster, "driver", a.Driver, "reason", a.Reason)
 		case Connect:
-			d := a.Remote
-			if err := r.driver.Connect(ctx, d, nil); err != nil {
-				r.log.Error("connect failed", "cluster", d.Cluster, "node", d.Node, "driver", r.driver.Name(), "peer", EndpointString(d), "err", err)
-				delete(r.applied, d.Cluster)
-				errs = append(errs, fmt.Errorf("connect %s: %w", d.Cluster, err))
+			d := a.Want
+			if failed[a.Cluster] {
+				// Connecting now would put two cables' routes on the same subnets.
+				errs = append(errs, fmt.Errorf("connect %s over %s: skipped, the old connection could not be removed", a.Cluster, a.Driver))
 				continue
 			}
-			r.applied[d.Cluster] = d
-			r.log.Info("connected", "cluster", d.Cluster, "node", d.Node, "driver", r.driver.Name(), "peer", EndpointString(d),
-				"subnets", fmt.Sprint(d.Subnets), "reason", a.Reason)
+			start := r.now()
+			if err := r.drivers[a.Driver].Connect(ctx, d.Remote, d.Options); err != nil {
+				r.log.Error("connect failed", "cluster", a.Cluster, "node", d.Remote.Node, "driver", a.Driver, "peer", EndpointString(d.Remote), "err", err)
+				delete(r.applied, a.Cluster)
+				errs = append(errs, fmt.Errorf("connect %s over %s: %w", a.Cluster, a.Driver, err))
+				continue
+			}
+			end := r.now()
+			r.applied[a.Cluster] = Applied{Want: d, Revision: revision, At: end}
+			r.log.Info("connected", "cluster", a.Cluster, "node", d.Remote.Node, "driver", a.Driver, "peer", EndpointString(d.Remote),
+				"subnets", fmt.Sprint(d.Remote.Subnets), "policy", d.Policy, "revision", revision, "reason", a.Reason)
+			from := a.MovesFrom
+			if t, ok := movedAt[a.Cluster]; ok {
+				start = t
+				if from == "" {
+					// A restart: the old connection was found on the device, not in memory.
+					for _, x := range actions {
+						if x.Kind == Disconnect && x.Cluster == a.Cluster && x.MovesTo == a.Driver {
+							from = x.Driver
+						}
+					}
+				}
+			}
+			if from != "" && from != a.Driver {
+				r.log.Info("pair moved", "cluster", a.Cluster, "from", from, "to", a.Driver, "policy", d.Policy,
+					"duration", end.Sub(start).String(), "durationMs", float64(end.Sub(start).Microseconds())/1000, "revision", revision)
+			}
 		}
 	}
 	return actions, errors.Join(errs...)

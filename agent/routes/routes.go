@@ -14,6 +14,7 @@ import (
 
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
 	"github.com/cablemesh/cablemesh/agent/reconcile"
+	"github.com/cablemesh/cablemesh/policy"
 )
 
 // Protocol marks the agent's routes (rtnetlink protocol number; 157 is unassigned in
@@ -26,10 +27,11 @@ type Route struct {
 	Gw  netip.Addr
 }
 
-// Desired routes every remote cluster's subnets (those of clusters that have a usable gateway,
-// as reconcile.Desired decides) via the local cluster's gateway: its endpoint with the smallest
-// node name. With no local gateway there is nothing to route via, so nothing is wanted.
-func Desired(st *brokerstate.State, local, driver string) []Route {
+// Desired routes every remote cluster's subnets (those of clusters the policies connect to this
+// one and that have a usable gateway, as reconcile.Desired decides; res nil means the resolver
+// built from st) via the local cluster's gateway: its endpoint with the smallest node name. With
+// no local gateway there is nothing to route via, so nothing is wanted.
+func Desired(st *brokerstate.State, local string, res *policy.Resolver) []Route {
 	if st == nil {
 		return nil
 	}
@@ -50,10 +52,11 @@ func Desired(st *brokerstate.State, local, driver string) []Route {
 	if !gw.IsValid() {
 		return nil
 	}
-	remotes, _ := reconcile.Desired(st, local, driver)
+	// The local gateway's drivers are not checked here: it reports what it cannot carry.
+	remotes, _, _ := reconcile.Desired(st, local, res, nil)
 	var out []Route
 	for _, r := range remotes {
-		for _, p := range r.Subnets {
+		for _, p := range r.Remote.Subnets {
 			if p.Addr().Is4() == gw.Is4() {
 				out = append(out, Route{Dst: p, Gw: gw})
 			}

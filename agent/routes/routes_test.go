@@ -22,12 +22,12 @@ func TestDesiredRoutesGoViaTheLocalGateway(t *testing.T) {
 	s.Endpoints["west/w1"] = ep("west", "w1", "10.0.0.31")
 	gw := netip.MustParseAddr("10.0.0.21")
 	want := []Route{{netip.MustParsePrefix("10.2.0.0/16"), gw}, {netip.MustParsePrefix("10.96.2.0/24"), gw}}
-	if got := Desired(s, "east", "wireguard"); !reflect.DeepEqual(got, want) {
+	if got := Desired(s, "east", nil); !reflect.DeepEqual(got, want) {
 		t.Errorf("Desired = %v, want %v", got, want)
 	}
 	delete(s.Endpoints, "east/e1")
 	delete(s.Endpoints, "east/e2")
-	if got := Desired(s, "east", "wireguard"); got != nil {
+	if got := Desired(s, "east", nil); got != nil {
 		t.Errorf("without a local gateway Desired = %v, want nothing", got)
 	}
 }

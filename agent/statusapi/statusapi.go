@@ -14,6 +14,32 @@ type Status struct {
 	Gateway     bool         `json:"gateway"`
 	Broker      Broker       `json:"broker"`
 	Connections []Connection `json:"connections"`
+	// Decisions are the connection policies' verdicts for every remote cluster with a live
+	// endpoint, connected or not: why a cluster is absent from Connections. Gateways only.
+	Decisions []Decision `json:"decisions,omitempty"`
+	// Drivers are the cable drivers this gateway is configured with, and whether each runs.
+	Drivers []DriverStatus `json:"drivers,omitempty"`
+}
+
+// Decision is what the connection policies decided for the pair (this cluster, Cluster).
+type Decision struct {
+	Cluster string `json:"cluster"`
+	Connect bool   `json:"connect"`
+	// Driver is the cable of a connecting pair.
+	Driver string `json:"driver,omitempty"`
+	// Policy names the policy that decided ("" when none covers the pair).
+	Policy string `json:"policy,omitempty"`
+	// Default is true when the mesh default policy decided.
+	Default bool `json:"default,omitempty"`
+}
+
+// DriverStatus is one configured cable driver on this gateway.
+type DriverStatus struct {
+	Name string `json:"name"`
+	// Running is false when the driver's initialisation failed; Error says why.
+	Running bool   `json:"running"`
+	Port    int    `json:"port,omitempty"`
+	Error   string `json:"error,omitempty"`
 }
 
 type Broker struct {
@@ -33,6 +59,12 @@ type Connection struct {
 	ClusterID uint32 `json:"clusterID"`
 	Node      string `json:"node,omitempty"`
 	Driver    string `json:"driver"`
+	// Policy names the connection policy that decided this pair's connection and driver.
+	Policy string `json:"policy,omitempty"`
+	// AppliedRevision is the broker revision at which this agent last (re)connected the pair
+	// through its driver: after a policy change at revision R, the pair carries the new decision
+	// once AppliedRevision >= R. 0 when not applied by this process (yet).
+	AppliedRevision uint64 `json:"appliedRevision,omitempty"`
 	// State is connected | connecting | error: read from the device, and error when the health
 	// probes failed healthCheck.failureThreshold times in a row (see Health).
 	State         string     `json:"state"`

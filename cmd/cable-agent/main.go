@@ -14,7 +14,6 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
-	"strconv"
 	"syscall"
 	"time"
 
@@ -22,8 +21,15 @@ import (
 	"github.com/cablemesh/cablemesh/agent/config"
 	"github.com/cablemesh/cablemesh/agent/routes"
 	"github.com/cablemesh/cablemesh/cable"
+	_ "github.com/cablemesh/cablemesh/cable/ipsec" // registers driver "ipsec"
+	"github.com/cablemesh/cablemesh/cable/mss"
+	_ "github.com/cablemesh/cablemesh/cable/vxlan" // registers driver "vxlan"
 	"github.com/cablemesh/cablemesh/cable/wireguard"
 )
+
+// mssPrefixes are the names of the links tunnelled traffic leaves through: every cablemesh link
+// (cbl-wg0, cbl-vx*) and kernel-libipsec's ipsec0.
+var mssPrefixes = []string{"cbl-", "ipsec"}
 
 func main() {
 	// First thing: without kernel WireGuard the driver re-executes the agent in its own mount
@@ -67,23 +73,35 @@ func run(args []string, stderr io.Writer) int {
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level(cfg.LogLevel)}))
 	slog.SetDefault(log)
 
-	settings := cable.Settings{
-		"interface": cfg.WireGuard.Interface,
-		"port":      strconv.Itoa(cfg.WireGuard.Port),
-	}
-	if cfg.WireGuard.MTU != 0 {
-		settings["mtu"] = strconv.Itoa(cfg.WireGuard.MTU)
-	}
-	newDriver := func(subnets []netip.Prefix) (cable.Driver, error) {
-		return cable.New("wireguard", cable.LocalNode{
+	newDriver := func(name string, subnets []netip.Prefix) (cable.Driver, error) {
+		return cable.New(name, cable.LocalNode{
 			Cluster:          cfg.Cluster,
 			Node:             cfg.Node,
 			StateDir:         cfg.StateDir,
 			AdvertiseAddress: cfg.AdvertiseAddr(),
 			LocalSubnets:     subnets,
-		}, settings)
+		}, cable.Settings(cfg.DriverSettings(name)))
 	}
-	a, err := agent.New(agent.Options{Config: cfg, NewDriver: newDriver, Log: log})
+	// Every configured driver must exist (on any node: the config is strict) and, on a gateway,
+	// accept its settings before anything is created: building a driver only validates, Init is
+	// what touches the host.
+	if err := cfg.CheckRegistered(cable.Names()); err != nil {
+		fmt.Fprintln(stderr, "cable-agent:", err)
+		return 2
+	}
+	if cfg.Gateway {
+		for _, name := range cfg.CableDrivers {
+			if _, err := newDriver(name, nil); err != nil {
+				fmt.Fprintf(stderr, "cable-agent: %s: %v\n", name, err)
+				return 2
+			}
+		}
+	}
+	opts := agent.Options{Config: cfg, NewDriver: newDriver, Log: log}
+	if cfg.Gateway {
+		opts.MSS = func() error { return mss.Ensure(mssPrefixes) }
+	}
+	a, err := agent.New(opts)
 	if err != nil {
 		fmt.Fprintln(stderr, "cable-agent:", err)
 		return 2
@@ -95,9 +113,14 @@ func run(args []string, stderr io.Writer) int {
 	if *cleanup {
 		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if d := a.Driver(); d != nil {
+		for _, d := range a.Drivers() {
 			if err := d.Cleanup(cctx); err != nil {
 				log.Error("cleanup failed", "driver", d.Name(), "err", err)
+			}
+		}
+		if cfg.Gateway {
+			if err := mss.Remove(); err != nil {
+				log.Error("MSS clamp cleanup failed", "err", err)
 			}
 		}
 		if !cfg.Gateway {

@@ -20,6 +20,7 @@ func TestBadInvocationsExitTwoBeforeCreatingAnything(t *testing.T) {
 		return p
 	}
 	good := "cluster: east\nnode: e1\nbroker: 127.0.0.1:1\nstateDir: " + state + "\nstatusSocket: " + sock + "\n"
+	gw := "gateway: true\nadvertiseAddress: 127.0.0.1\n"
 	tests := []struct {
 		name string
 		args []string
@@ -31,6 +32,11 @@ func TestBadInvocationsExitTwoBeforeCreatingAnything(t *testing.T) {
 		{"an unknown config field is reported with its line", []string{"--config", write("a.yaml", good+"gatewy: true\n")}, `line 6: unknown field "gatewy"`},
 		{"a bad CIDR is reported with the field", []string{"--config", write("b.yaml", good+"podCIDRs: [10.0.0.0/40]\n")}, `podCIDRs[0]: "10.0.0.0/40" is not a CIDR`},
 		{"a bad --log-level is reported", []string{"--config", write("c.yaml", good), "--log-level", "loud"}, `logLevel: "loud"`},
+		{"an unregistered cable driver is reported", []string{"--config", write("d.yaml", good+gw+"cableDrivers: [wireguard, gre]\n")},
+			`cableDrivers[1]: "gre" is not a registered cable driver (have ipsec, vxlan, wireguard)`},
+		{"a VNI out of range is reported with the field", []string{"--config", write("e.yaml", good+gw+"vxlan: {vni: 0x1000000}\n")}, "vxlan.vni: 16777216 is out of range"},
+		{"an ipsec port with a system charon is reported", []string{"--config", write("f.yaml", good+gw+"ipsec: {useSystemCharon: /run/charon.vici, nattPort: 4500}\n")},
+			"ipsec.nattPort: must be unset with ipsec.useSystemCharon"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -113,14 +113,14 @@ func printStatus(w io.Writer, format string, s *statusapi.Status, now time.Time)
 	wide := format == "wide"
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	if wide {
-		fmt.Fprintln(tw, "CLUSTER\tID\tDRIVER\tSTATE\tENDPOINT\tRTT\tMIN/AVG/MAX\tP50/P95/P99\tHEALTH\tPROBES\tRX\tTX\tLAST HANDSHAKE\tMTU")
+		fmt.Fprintln(tw, "CLUSTER\tID\tDRIVER\tPOLICY\tSTATE\tENDPOINT\tRTT\tMIN/AVG/MAX\tP50/P95/P99\tHEALTH\tPROBES\tRX\tTX\tLAST HANDSHAKE\tMTU")
 	} else {
 		fmt.Fprintln(tw, "CLUSTER\tID\tDRIVER\tSTATE\tENDPOINT\tRTT\tRX\tTX\tLAST HANDSHAKE")
 	}
 	for _, c := range s.Connections {
 		if wide {
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
-				c.Cluster, c.ClusterID, statusDash(c.Driver), statusDash(c.State), statusDash(c.Endpoint), statusRTT(c.RTT),
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
+				c.Cluster, c.ClusterID, statusDash(c.Driver), statusDash(c.Policy), statusDash(c.State), statusDash(c.Endpoint), statusRTT(c.RTT),
 				statusRTTSpread(c.RTT), statusRTTPercentiles(c.RTT), statusHealth(c.Health), statusProbes(c.Health),
 				statusBytes(c.RxBytes), statusBytes(c.TxBytes), statusAgo(c.LastHandshake, now), statusMTU(c.MTU))
 			continue
@@ -147,6 +147,24 @@ func printStatus(w io.Writer, format string, s *statusapi.Status, now time.Time)
 					line += ", last error: " + h.LastError
 				}
 				fmt.Fprintln(w, line)
+			}
+		}
+	}
+	// Pairs the policies decided not to connect are absent from the table; say so, and why.
+	for _, d := range s.Decisions {
+		if d.Connect {
+			continue
+		}
+		by := "no policy covers the pair"
+		if d.Policy != "" {
+			by = "policy " + d.Policy
+		}
+		fmt.Fprintf(w, "  %s: not connected (no-connect by %s)\n", d.Cluster, by)
+	}
+	if wide {
+		for _, d := range s.Drivers {
+			if !d.Running {
+				fmt.Fprintf(w, "  driver %s: not running: %s\n", d.Name, d.Error)
 			}
 		}
 	}

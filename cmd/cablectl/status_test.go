@@ -69,6 +69,31 @@ func fixtureStatusWithProbes() *statusapi.Status {
 		ConsecutiveFailures: 4, FailureThreshold: 3, PeriodMs: 3000, Samples: 26, LastProbe: ago(2 * time.Second), LastSuccess: ago(14 * time.Second),
 		LastError: "timeout after 2s"}
 	south.LastHandshake, south.RxBytes, south.TxBytes = ago(40*time.Second), 4096, 8192
+	north.Policy, west.Policy, south.Policy = "default", "default", "default"
+	return s
+}
+
+// fixtureStatusWithPolicies is a gateway whose policies put west on vxlan, leave south on
+// wireguard, keep north unconnected, and whose ipsec driver did not start (a pair needing it
+// errors).
+func fixtureStatusWithPolicies() *statusapi.Status {
+	s := fixtureStatus()
+	s.Connections = []statusapi.Connection{
+		{Cluster: "south", ClusterID: 4, Node: "south-gw1", Driver: "wireguard", Policy: "default", AppliedRevision: 40, State: "connected",
+			Endpoint: "10.0.0.14:51820", RxBytes: 2048, TxBytes: 1024, LastHandshake: ago(20 * time.Second)},
+		{Cluster: "west", ClusterID: 2, Node: "west-gw1", Driver: "vxlan", Policy: "east-west-vxlan", AppliedRevision: 42, State: "connected",
+			Endpoint: "10.0.0.12:4789", RxBytes: 1258291, TxBytes: 3482},
+		{Cluster: "zeta", ClusterID: 6, Driver: "ipsec", Policy: "secure-zeta", State: "error",
+			Message: "driver ipsec unavailable on this node: charon: no such file"},
+	}
+	s.Decisions = []statusapi.Decision{
+		{Cluster: "north", Connect: false, Policy: "isolate-north"},
+		{Cluster: "south", Connect: true, Driver: "wireguard", Policy: "default", Default: true},
+		{Cluster: "west", Connect: true, Driver: "vxlan", Policy: "east-west-vxlan"},
+		{Cluster: "zeta", Connect: true, Driver: "ipsec", Policy: "secure-zeta"},
+	}
+	s.Drivers = []statusapi.DriverStatus{{Name: "wireguard", Running: true, Port: 51820}, {Name: "vxlan", Running: true, Port: 4789},
+		{Name: "ipsec", Error: "charon: no such file"}}
 	return s
 }
 
@@ -92,6 +117,8 @@ func TestStatusTableMatchesGolden(t *testing.T) {
 		}, ""},
 		{"a gateway whose probes to one cluster fail", "status_table_probes.golden", fixtureStatusWithProbes, ""},
 		{"the wide table with RTT statistics and probe health", "status_wide.golden", fixtureStatusWithProbes, "wide"},
+		{"a gateway whose policies pick a driver per pair and leave one pair unconnected", "status_table_policies.golden", fixtureStatusWithPolicies, ""},
+		{"the wide table names the deciding policy and the driver that did not start", "status_wide_policies.golden", fixtureStatusWithPolicies, "wide"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

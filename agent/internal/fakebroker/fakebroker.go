@@ -8,7 +8,9 @@ import (
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -94,6 +96,7 @@ type Broker struct {
 	rev       uint64
 	clusters  map[string]*apiv1.Cluster
 	endpoints map[string]*apiv1.Endpoint
+	policies  map[string]*apiv1.Policy
 	history   []*apiv1.Event // every event, in order
 	changed   chan struct{}  // closed and replaced on every change
 	joins     int
@@ -111,7 +114,7 @@ func New() (*Broker, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Broker{PKI: p, clusters: map[string]*apiv1.Cluster{}, endpoints: map[string]*apiv1.Endpoint{}, changed: make(chan struct{})}, nil
+	return &Broker{PKI: p, clusters: map[string]*apiv1.Cluster{}, endpoints: map[string]*apiv1.Endpoint{}, policies: map[string]*apiv1.Policy{}, changed: make(chan struct{})}, nil
 }
 
 // Start serves on addr ("127.0.0.1:0" for any port; the previous address to restart).
@@ -197,6 +200,65 @@ func (b *Broker) UpsertCluster(c *apiv1.Cluster) {
 	b.clusters[c.GetName()] = c
 	b.emit(&apiv1.Event{Type: apiv1.Event_UPSERT, Kind: "cluster", Key: c.GetName(), Revision: b.rev,
 		Resource: &apiv1.Resource{Kind: &apiv1.Resource_Cluster{Cluster: c}}})
+}
+
+// UpsertPolicy stores a connection policy record (Json is policy.ClusterConnectionPolicy as
+// JSON; IsDefault marks the mesh default).
+func (b *Broker) UpsertPolicy(p *apiv1.Policy) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.rev++
+	p = proto.Clone(p).(*apiv1.Policy)
+	p.Revision = b.rev
+	b.policies[p.GetName()] = p
+	b.emit(&apiv1.Event{Type: apiv1.Event_UPSERT, Kind: "policy", Key: p.GetName(), Revision: b.rev,
+		Resource: &apiv1.Resource{Kind: &apiv1.Resource_Policy{Policy: p}}})
+}
+
+// DeletePolicy removes a policy.
+func (b *Broker) DeletePolicy(name string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.policies[name]; !ok {
+		return
+	}
+	delete(b.policies, name)
+	b.rev++
+	b.emit(&apiv1.Event{Type: apiv1.Event_DELETE, Kind: "policy", Key: name, Revision: b.rev})
+}
+
+// pskSecret is the fake mesh secret the pair PSKs derive from.
+var pskSecret = []byte("fake mesh secret for pair psks")
+
+// PairPSK is the pre-shared key of the pair (a, b) as the broker derives it:
+// HMAC-SHA256(meshSecret, "cablemesh psk v1|" + min + "|" + max).
+func PairPSK(a, b string) []byte {
+	if b < a {
+		a, b = b, a
+	}
+	m := hmac.New(sha256.New, pskSecret)
+	m.Write([]byte("cablemesh psk v1|" + a + "|" + b))
+	return m.Sum(nil)
+}
+
+// forCaller returns ev as the agent of cluster caller receives it: every cluster record other
+// than its own carries the pair's PSK.
+func forCaller(ev *apiv1.Event, caller string) *apiv1.Event {
+	c := ev.GetResource().GetCluster()
+	if c == nil || c.GetName() == caller {
+		return ev
+	}
+	ev = proto.Clone(ev).(*apiv1.Event)
+	ev.GetResource().GetCluster().PairPsk = PairPSK(caller, c.GetName())
+	return ev
+}
+
+func forCallerAll(evs []*apiv1.Event, caller string) []*apiv1.Event {
+	out := make([]*apiv1.Event, len(evs))
+	for i, ev := range evs {
+		out[i] = forCaller(ev, caller)
+	}
+	return out
 }
 
 // UpsertEndpoint stores an endpoint record.
@@ -328,7 +390,8 @@ func (b *Broker) Heartbeat(ctx context.Context, req *apiv1.HeartbeatRequest) (*a
 
 // Watch sends a snapshot (or the deltas after since_revision), then every change.
 func (b *Broker) Watch(req *apiv1.WatchRequest, stream grpc.ServerStreamingServer[apiv1.WatchResponse]) error {
-	if _, _, err := identity(stream.Context()); err != nil {
+	caller, _, err := identity(stream.Context())
+	if err != nil {
 		return err
 	}
 	b.mu.Lock()
@@ -342,6 +405,7 @@ func (b *Broker) Watch(req *apiv1.WatchRequest, stream grpc.ServerStreamingServe
 	sent := b.rev
 	changed := b.changed
 	b.mu.Unlock()
+	first.Events = forCallerAll(first.Events, caller)
 	if err := stream.Send(first); err != nil {
 		return err
 	}
@@ -359,7 +423,7 @@ func (b *Broker) Watch(req *apiv1.WatchRequest, stream grpc.ServerStreamingServe
 		if len(evs) == 0 {
 			continue
 		}
-		if err := stream.Send(&apiv1.WatchResponse{Revision: sent, Events: evs}); err != nil {
+		if err := stream.Send(&apiv1.WatchResponse{Revision: sent, Events: forCallerAll(evs, caller)}); err != nil {
 			return err
 		}
 	}
@@ -385,6 +449,15 @@ func (b *Broker) snapshotLocked() *apiv1.WatchResponse {
 	for _, n := range names {
 		resp.Events = append(resp.Events, &apiv1.Event{Type: apiv1.Event_UPSERT, Kind: "cluster", Key: n, Revision: b.clusters[n].GetRevision(),
 			Resource: &apiv1.Resource{Kind: &apiv1.Resource_Cluster{Cluster: b.clusters[n]}}})
+	}
+	pnames := make([]string, 0, len(b.policies))
+	for n := range b.policies {
+		pnames = append(pnames, n)
+	}
+	sort.Strings(pnames)
+	for _, n := range pnames {
+		resp.Events = append(resp.Events, &apiv1.Event{Type: apiv1.Event_UPSERT, Kind: "policy", Key: n, Revision: b.policies[n].GetRevision(),
+			Resource: &apiv1.Resource{Kind: &apiv1.Resource_Policy{Policy: b.policies[n]}}})
 	}
 	keys := make([]string, 0, len(b.endpoints))
 	for k := range b.endpoints {

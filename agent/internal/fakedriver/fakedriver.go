@@ -20,6 +20,9 @@ type Call struct {
 	Op      string // connect | disconnect | init | cleanup
 	Cluster string
 	Remote  cable.RemoteEndpoint
+	Options cable.Options
+	Driver  string // the driver's name
+	At      time.Time
 }
 
 // Driver is the fake.
@@ -30,24 +33,39 @@ type Driver struct {
 	State       cable.State // reported state of every connection; default connected
 	ObserveErr  error       // returned by Connections when set
 	ConnectErr  error       // returned by Connect when set
+	InitErr     error       // returned by Init when set
+	DriverName  string      // Name(); default wireguard
 	Handshake   time.Time
 	Port        uint16
 	Key         string
 	initialized bool
 }
 
-// New returns an empty fake whose connections report connected.
+// New returns an empty fake named wireguard whose connections report connected.
 func New() *Driver {
-	return &Driver{conns: map[string]cable.RemoteEndpoint{}, State: cable.StateConnected, Port: 51820, Key: "bG9jYWwta2V5LWxvY2FsLWtleS1sb2NhbC1rZXktMDA="}
+	return &Driver{conns: map[string]cable.RemoteEndpoint{}, State: cable.StateConnected, Port: 51820, Key: "bG9jYWwta2V5LWxvY2FsLWtleS1sb2NhbC1rZXktMDA=", DriverName: "wireguard"}
 }
 
-func (d *Driver) Name() string { return "wireguard" }
+// NewNamed returns an empty fake registered under name, publishing port.
+func NewNamed(name string, port uint16) *Driver {
+	d := New()
+	d.DriverName, d.Port = name, port
+	if name != "wireguard" {
+		d.Key = ""
+	}
+	return d
+}
+
+func (d *Driver) Name() string { return d.DriverName }
 
 func (d *Driver) Init(context.Context) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.calls = append(d.calls, Call{Op: "init", Driver: d.DriverName, At: time.Now()})
+	if d.InitErr != nil {
+		return d.InitErr
+	}
 	d.initialized = true
-	d.calls = append(d.calls, Call{Op: "init"})
 	return nil
 }
 
@@ -57,7 +75,7 @@ func (d *Driver) LocalEndpoint() cable.LocalEndpoint {
 	return cable.LocalEndpoint{Port: d.Port, PublicKey: d.Key}
 }
 
-func (d *Driver) Connect(_ context.Context, r cable.RemoteEndpoint, _ cable.Options) error {
+func (d *Driver) Connect(_ context.Context, r cable.RemoteEndpoint, opts cable.Options) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if !d.initialized {
@@ -68,7 +86,7 @@ func (d *Driver) Connect(_ context.Context, r cable.RemoteEndpoint, _ cable.Opti
 	}
 	r.Subnets = slices.Clone(r.Subnets)
 	d.conns[r.Cluster] = r
-	d.calls = append(d.calls, Call{Op: "connect", Cluster: r.Cluster, Remote: r})
+	d.calls = append(d.calls, Call{Op: "connect", Cluster: r.Cluster, Remote: r, Options: opts, Driver: d.DriverName, At: time.Now()})
 	return nil
 }
 
@@ -76,7 +94,7 @@ func (d *Driver) Disconnect(_ context.Context, cluster string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	delete(d.conns, cluster)
-	d.calls = append(d.calls, Call{Op: "disconnect", Cluster: cluster})
+	d.calls = append(d.calls, Call{Op: "disconnect", Cluster: cluster, Driver: d.DriverName, At: time.Now()})
 	return nil
 }
 
@@ -108,7 +126,7 @@ func (d *Driver) Cleanup(context.Context) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.conns = map[string]cable.RemoteEndpoint{}
-	d.calls = append(d.calls, Call{Op: "cleanup"})
+	d.calls = append(d.calls, Call{Op: "cleanup", Driver: d.DriverName, At: time.Now()})
 	return nil
 }
 
@@ -139,6 +157,13 @@ func (d *Driver) Clusters() []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// Put adds a connection behind the agent's back, as a previous run would have left it.
+func (d *Driver) Put(r cable.RemoteEndpoint) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.conns[r.Cluster] = r
 }
 
 // Remove drops a connection behind the agent's back, as drift on the host would.
