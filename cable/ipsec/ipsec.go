@@ -45,6 +45,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/cablemesh/cablemesh/cable"
+	"github.com/cablemesh/cablemesh/cable/route"
 )
 
 // Name is the registry key of this driver.
@@ -304,23 +305,16 @@ func (d *Driver) underlayMTU() int {
 	if !d.node.AdvertiseAddress.IsValid() {
 		return fallbackUnderlayMTU
 	}
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	_, mtu, found, err := route.UnderlayLink(d.node.AdvertiseAddress)
 	if err != nil {
-		d.log.Warn("list addresses for the underlay MTU", "error", err)
+		d.log.Warn("find the underlay link for its MTU", "error", err)
 		return fallbackUnderlayMTU
 	}
-	for _, a := range addrs {
-		ip, ok := netip.AddrFromSlice(a.IP)
-		if !ok || ip.Unmap() != d.node.AdvertiseAddress.Unmap() {
-			continue
-		}
-		if l, err := netlink.LinkByIndex(a.LinkIndex); err == nil {
-			return l.Attrs().MTU
-		}
-		break
+	if !found {
+		d.log.Warn("advertise address is on no local link, assuming underlay MTU", "address", d.node.AdvertiseAddress, "mtu", fallbackUnderlayMTU)
+		return fallbackUnderlayMTU
 	}
-	d.log.Warn("advertise address is on no local link, assuming underlay MTU", "address", d.node.AdvertiseAddress, "mtu", fallbackUnderlayMTU)
-	return fallbackUnderlayMTU
+	return mtu
 }
 
 // LocalEndpoint is the IKE port to publish.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cablemesh/cablemesh/agent/statusapi"
+	"github.com/cablemesh/cablemesh/tests/netns/nstest"
 )
 
 // binaries builds cable-broker, cable-agent and cablectl into a temp dir.
@@ -138,9 +139,8 @@ func TestAgentsReportRTTThroughTheTunnelAndProbeFailures(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the real binaries")
 	}
-	removeStale(t)
 	bin := binaries(t)
-	dir, err := os.MkdirTemp("", prefix) // short: the status socket path must fit in sun_path
+	dir, err := os.MkdirTemp("", string(prefix)) // short: the status socket path must fit in sun_path
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,32 +153,32 @@ func TestAgentsReportRTTThroughTheTunnelAndProbeFailures(t *testing.T) {
 	})
 
 	// Underlay: a bridge in its own namespace, one veth per node moved straight into the node.
-	ul := addNamespace(t, "ul")
-	brk := addNamespace(t, "brk")
+	ul := prefix.Add(t, "ul")
+	brk := prefix.Add(t, "brk")
 	gws := []*gateway{
 		{name: "east", underlay: "172.31.0.10", podIP: "10.1.0.1", podCIDR: "10.1.0.0/16"},
 		{name: "west", underlay: "172.31.0.11", podIP: "10.2.0.1", podCIDR: "10.2.0.0/16"},
 	}
 	for _, g := range gws {
-		g.ns = addNamespace(t, g.name)
+		g.ns = prefix.Add(t, g.name)
 	}
-	mustRun(t, "ip", "-n", ul, "link", "add", "br0", "type", "bridge")
-	mustRun(t, "ip", "-n", ul, "link", "set", "br0", "up")
+	nstest.MustRun(t, "ip", "-n", ul, "link", "add", "br0", "type", "bridge")
+	nstest.MustRun(t, "ip", "-n", ul, "link", "set", "br0", "up")
 	attach := func(i int, ns, addr string) {
 		u := fmt.Sprintf("u%d", i)
-		mustRun(t, "ip", "-n", ul, "link", "add", u, "type", "veth", "peer", "name", "eth0", "netns", ns)
-		mustRun(t, "ip", "-n", ul, "link", "set", u, "master", "br0", "up")
-		mustRun(t, "ip", "-n", ns, "addr", "add", addr+"/24", "dev", "eth0")
-		mustRun(t, "ip", "-n", ns, "link", "set", "eth0", "up")
-		mustRun(t, "ip", "-n", ns, "link", "set", "lo", "up")
-		waitLinkUp(t, ns, "eth0")
+		nstest.MustRun(t, "ip", "-n", ul, "link", "add", u, "type", "veth", "peer", "name", "eth0", "netns", ns)
+		nstest.MustRun(t, "ip", "-n", ul, "link", "set", u, "master", "br0", "up")
+		nstest.MustRun(t, "ip", "-n", ns, "addr", "add", addr+"/24", "dev", "eth0")
+		nstest.MustRun(t, "ip", "-n", ns, "link", "set", "eth0", "up")
+		nstest.MustRun(t, "ip", "-n", ns, "link", "set", "lo", "up")
+		nstest.WaitLinkUp(t, ns, "eth0")
 	}
 	attach(1, brk, "172.31.0.1")
 	for i, g := range gws {
 		attach(i+2, g.ns, g.underlay)
 		// The gateway's address inside its pod CIDR (its health-check address), on lo: no pod
 		// namespace is needed to probe gateway to gateway.
-		mustRun(t, "ip", "-n", g.ns, "addr", "add", g.podIP+"/32", "dev", "lo")
+		nstest.MustRun(t, "ip", "-n", g.ns, "addr", "add", g.podIP+"/32", "dev", "lo")
 	}
 
 	// Broker, join tokens, agents probing every 500ms with a threshold of 3.
@@ -279,7 +279,7 @@ healthCheck: {period: 500ms, timeout: 300ms, failureThreshold: 3}
 	// (Deleting west's address instead would also delete the cable's routes that use it as
 	// source, and the driver would not restore them when it came back.)
 	blackhole := []string{"ip", "-n", west.ns, "route", "add", "blackhole", east.podIP + "/32"}
-	mustRun(t, blackhole...)
+	nstest.MustRun(t, blackhole...)
 	took := waitUntil(t, "east to report west in error", 30*time.Second, func() (bool, string) {
 		c, desc := status(east)
 		return c.State == "error" && strings.HasPrefix(c.Message, "health probe: "), desc
@@ -300,7 +300,7 @@ healthCheck: {period: 500ms, timeout: 300ms, failureThreshold: 3}
 
 	// 3. The path is repaired: the probes answer again and both report connected.
 	blackhole[4] = "del"
-	mustRun(t, blackhole...)
+	nstest.MustRun(t, blackhole...)
 	for _, g := range gws {
 		took = waitUntil(t, g.name+" to report its peer connected again", 30*time.Second, func() (bool, string) {
 			c, desc := status(g)

@@ -23,27 +23,27 @@ import (
 
 	"github.com/cablemesh/cablemesh/agent/health"
 	"github.com/cablemesh/cablemesh/cable"
+	"github.com/cablemesh/cablemesh/tests/netns/nstest"
 )
 
 func TestProberThroughAVethPairSeesRTTThenFailureThenRecovery(t *testing.T) {
 	requireRoot(t)
-	removeStale(t)
 
 	// Deleting a namespace deletes the veth end inside it, and with it the pair.
-	nsA, nsB := addNamespace(t, "pa"), addNamespace(t, "pb")
+	nsA, nsB := prefix.Add(t, "pa"), prefix.Add(t, "pb")
 	src, dst := netip.MustParseAddr("10.250.7.1"), netip.MustParseAddr("10.250.7.2")
-	mustRun(t, "ip", "-n", nsA, "link", "add", "cbth-va", "type", "veth", "peer", "name", "cbth-vb", "netns", nsB)
-	mustRun(t, "ip", "-n", nsA, "addr", "add", src.String()+"/24", "dev", "cbth-va")
-	mustRun(t, "ip", "-n", nsB, "addr", "add", dst.String()+"/24", "dev", "cbth-vb")
+	nstest.MustRun(t, "ip", "-n", nsA, "link", "add", "cbth-va", "type", "veth", "peer", "name", "cbth-vb", "netns", nsB)
+	nstest.MustRun(t, "ip", "-n", nsA, "addr", "add", src.String()+"/24", "dev", "cbth-va")
+	nstest.MustRun(t, "ip", "-n", nsB, "addr", "add", dst.String()+"/24", "dev", "cbth-vb")
 	for _, ns := range []string{nsA, nsB} {
-		mustRun(t, "ip", "-n", ns, "link", "set", "lo", "up")
+		nstest.MustRun(t, "ip", "-n", ns, "link", "set", "lo", "up")
 	}
-	mustRun(t, "ip", "-n", nsA, "link", "set", "cbth-va", "up")
-	mustRun(t, "ip", "-n", nsB, "link", "set", "cbth-vb", "up")
+	nstest.MustRun(t, "ip", "-n", nsA, "link", "set", "cbth-va", "up")
+	nstest.MustRun(t, "ip", "-n", nsB, "link", "set", "cbth-vb", "up")
 	// The kernel activates a link's queue asynchronously (linkwatch, up to a second later) and
 	// drops what is sent before; probes sent then would fail for reasons this test is not about.
-	waitLinkUp(t, nsA, "cbth-va")
-	waitLinkUp(t, nsB, "cbth-vb")
+	nstest.WaitLinkUp(t, nsA, "cbth-va")
+	nstest.WaitLinkUp(t, nsB, "cbth-vb")
 
 	handle, err := netns.GetFromName(nsA)
 	if err != nil {
@@ -108,7 +108,7 @@ func TestProberThroughAVethPairSeesRTTThenFailureThenRecovery(t *testing.T) {
 	}
 
 	// 2. The peer address goes away: error after three consecutive failures, not before.
-	mustRun(t, "ip", "-n", nsB, "addr", "del", dst.String()+"/24", "dev", "cbth-vb")
+	nstest.MustRun(t, "ip", "-n", nsB, "addr", "del", dst.String()+"/24", "dev", "cbth-vb")
 	took := waitFor("the connection to turn to error", 10*time.Second, func() bool { st, _ := state(); return st == cable.StateError })
 	st, msg := state()
 	t.Logf("error after %v: %s", took.Round(time.Millisecond), msg)
@@ -124,7 +124,7 @@ func TestProberThroughAVethPairSeesRTTThenFailureThenRecovery(t *testing.T) {
 	}
 
 	// 3. The address comes back: one answer recovers the connection.
-	mustRun(t, "ip", "-n", nsB, "addr", "add", dst.String()+"/24", "dev", "cbth-vb")
+	nstest.MustRun(t, "ip", "-n", nsB, "addr", "add", dst.String()+"/24", "dev", "cbth-vb")
 	took = waitFor("the connection to recover", 10*time.Second, func() bool { st, _ := state(); return st == cable.StateConnected })
 	r = result()
 	t.Logf("recovered after %v: sent %d, failed %d, last error %q", took.Round(time.Millisecond), r.Sent, r.Failed, r.LastError)

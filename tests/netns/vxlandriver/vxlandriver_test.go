@@ -21,39 +21,12 @@ import (
 
 	"github.com/cablemesh/cablemesh/cable"
 	"github.com/cablemesh/cablemesh/cable/vxlan"
-)
-
-// status mirrors testpeer's Status.
-type status struct {
-	PID                int                      `json:"pid"`
-	VTEP               string                   `json:"vtep"`
-	MTU                int                      `json:"mtu"`
-	Port               uint16                   `json:"port"`
-	AfterInit          vxlan.Stats              `json:"afterInit"`
-	AfterFirstConnect  vxlan.Stats              `json:"afterFirstConnect"`
-	AfterSecondConnect vxlan.Stats              `json:"afterSecondConnect"`
-	Stats              vxlan.Stats              `json:"stats"`
-	Connections        []cable.ConnectionStatus `json:"connections"`
-	Options            string                   `json:"options"`
-	Disconnected       bool                     `json:"disconnected"`
-	CleanedUp          bool                     `json:"cleanedUp"`
-	Error              string                   `json:"error"`
-}
-
-type transfer struct {
-	Bytes  int64  `json:"bytes"`
-	SHA256 string `json:"sha256"`
-}
-
-// Namespaces are "cbtv<pid>-a" and "cbtv<pid>-b": unique per test process, so two runs at once
-// (a developer's and `go test ./tests/netns/...`) do not delete each other's namespaces.
-var (
-	nsA = fmt.Sprintf("%s%d-a", nsPrefix, os.Getpid())
-	nsB = fmt.Sprintf("%s%d-b", nsPrefix, os.Getpid())
+	"github.com/cablemesh/cablemesh/tests/netns/nstest"
 )
 
 const (
-	nsPrefix = "cbtv"
+	// Namespaces are cbtv<pid>-a, cbtv<pid>-b, ... (see nstest).
+	nsPrefix = nstest.Prefix("cbtv")
 	// altOptions is the policy change of the test: another VNI, a port both ends use, and a
 	// smaller MTU for the pair.
 	altOptions = "vni=200,port=4791,mtu=1400"
@@ -61,70 +34,38 @@ const (
 
 // node is one side of the test mesh.
 type node struct {
-	ns, cluster, underlay, vtep, mac, pod, podNet string
-	port                                          int
-	stateDir, statusPath                          string
-	args                                          []string
-	cmd                                           *exec.Cmd
-	exited                                        chan error
-}
-
-func run(t *testing.T, args ...string) (string, error) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, args[0], args[1:]...).CombinedOutput()
-	if err != nil {
-		return string(out), fmt.Errorf("%s: %w: %s", strings.Join(args, " "), err, out)
-	}
-	return string(out), nil
-}
-
-func mustRun(t *testing.T, args ...string) string {
-	t.Helper()
-	out, err := run(t, args...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
+	nstest.Peer
+	cluster, underlay, vtep, mac, pod, podNet string
+	port                                      int
+	stateDir                                  string
 }
 
 func TestVXLANDriverBetweenTwoNamespaces(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces, veth pairs and VXLAN links")
-	}
-	for _, tool := range []string{"ip", "ping", "bridge"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("needs %s (iproute2, iputils-ping)", tool)
-		}
-	}
+	nstest.RequireRoot(t, "creates network namespaces, veth pairs and VXLAN links", "ip", "ping", "bridge")
 	tmp := t.TempDir()
 	bin := filepath.Join(tmp, "testpeer")
 	buildTestpeer(t, bin)
 
-	setupNamespaces(t)
-
-	a := &node{ns: nsA, cluster: "a", underlay: "10.252.0.1", vtep: "240.252.0.1", mac: "02:cb:f0:fc:00:01",
+	a := &node{cluster: "a", underlay: "10.252.0.1", vtep: "240.252.0.1", mac: "02:cb:f0:fc:00:01",
 		pod: "10.253.1.1", podNet: "10.253.1.0/24", port: 4789}
-	b := &node{ns: nsB, cluster: "b", underlay: "10.252.0.2", vtep: "240.252.0.2", mac: "02:cb:f0:fc:00:02",
+	b := &node{cluster: "b", underlay: "10.252.0.2", vtep: "240.252.0.2", mac: "02:cb:f0:fc:00:02",
 		pod: "10.253.2.1", podNet: "10.253.2.0/24", port: 4790}
+	a.NS, b.NS = nsPrefix.Pair(t, nstest.Node{Underlay: a.underlay, Pod: a.pod}, nstest.Node{Underlay: b.underlay, Pod: b.pod})
+	a.Env, b.Env = peerEnv(), peerEnv()
 	other := map[*node]*node{a: b, b: a}
 	for _, n := range []*node{a, b} {
 		n.stateDir = filepath.Join(tmp, n.cluster, "state")
-		n.statusPath = filepath.Join(tmp, n.cluster, "status.json")
-		if err := os.MkdirAll(filepath.Dir(n.statusPath), 0o755); err != nil {
-			t.Fatal(err)
-		}
+		n.StatusPath = filepath.Join(tmp, n.cluster, "status.json")
 		r := other[n]
-		n.args = []string{"netns", "exec", n.ns, bin, "peer",
+		n.Args = []string{"netns", "exec", n.NS, bin, "peer",
 			"-cluster", n.cluster, "-node", "gw", "-state-dir", n.stateDir, "-advertise", n.underlay,
-			"-local-subnets", n.podNet, "-status", n.statusPath, "-settings", "port=" + strconv.Itoa(n.port),
+			"-local-subnets", n.podNet, "-status", n.StatusPath, "-settings", "port=" + strconv.Itoa(n.port),
 			"-alt-options", altOptions,
 			"-remote-cluster", r.cluster, "-remote-address", r.underlay, "-remote-port", strconv.Itoa(r.port),
 			"-remote-subnets", r.podNet}
 	}
-	start(t, a)
-	start(t, b)
+	a.Start(t)
+	b.Start(t)
 
 	// The first Connect builds everything, the second changes nothing; the host shows a VXLAN
 	// link with the right VNI, port, source and MAC, the FDB entries, the neighbor and the route.
@@ -132,28 +73,28 @@ func TestVXLANDriverBetweenTwoNamespaces(t *testing.T) {
 		r := other[n]
 		st := waitStatus(t, n, "a connected connection", connectedTo(r.cluster))
 		if st.VTEP != n.vtep || st.MTU != 1450 || int(st.Port) != n.port {
-			t.Errorf("%s: VTEP %s MTU %d port %d, want %s 1450 %d", n.ns, st.VTEP, st.MTU, st.Port, n.vtep, n.port)
+			t.Errorf("%s: VTEP %s MTU %d port %d, want %s 1450 %d", n.NS, st.VTEP, st.MTU, st.Port, n.vtep, n.port)
 		}
 		f := st.AfterFirstConnect
 		if f.LinkChanges == 0 || f.AddrChanges != 1 || f.FDBChanges != 2 || f.NeighChanges != 1 || f.RouteChanges != 1 {
-			t.Errorf("%s: first Connect stats %+v, want a link, 1 address, 2 FDB entries, 1 neighbor, 1 route", n.ns, f)
+			t.Errorf("%s: first Connect stats %+v, want a link, 1 address, 2 FDB entries, 1 neighbor, 1 route", n.NS, f)
 		}
 		if st.AfterSecondConnect != f {
-			t.Errorf("%s: second Connect changed the host: stats %+v then %+v", n.ns, f, st.AfterSecondConnect)
+			t.Errorf("%s: second Connect changed the host: stats %+v then %+v", n.NS, f, st.AfterSecondConnect)
 		}
 		c := st.Connections[0]
 		wantEndpoint := fmt.Sprintf("%s:%d", r.underlay, r.port)
 		if c.Node != "gw" || c.MTU != 1450 || c.Endpoint != wantEndpoint || c.Message != "" || len(c.Subnets) != 1 || c.Subnets[0].String() != r.podNet {
-			t.Errorf("%s: connection %+v, want node gw MTU 1450 endpoint %s subnets [%s]", n.ns, c, wantEndpoint, r.podNet)
+			t.Errorf("%s: connection %+v, want node gw MTU 1450 endpoint %s subnets [%s]", n.NS, c, wantEndpoint, r.podNet)
 		}
 		checkHost(t, n, r, "cbl-vx100", 100, n.port, r.port, 1450, 1450)
 	}
 
 	// Traffic between the pod addresses, both ways, sourced by the gateways themselves (route src).
-	before := waitStatus(t, a, "any status", func(status) bool { return true }).Connections[0]
-	pingOK(t, a.ns, b.pod)
-	pingOK(t, b.ns, a.pod)
-	after := waitStatus(t, a, "grown device counters", func(s status) bool {
+	before := waitStatus(t, a, "any status", func(Status) bool { return true }).Connections[0]
+	nstest.PingOK(t, a.NS, b.pod)
+	nstest.PingOK(t, b.NS, a.pod)
+	after := waitStatus(t, a, "grown device counters", func(s Status) bool {
 		return len(s.Connections) == 1 && s.Connections[0].RxBytes > before.RxBytes+3*84 && s.Connections[0].TxBytes > before.TxBytes+3*84
 	}).Connections[0]
 	t.Logf("a: rx %d -> %d, tx %d -> %d", before.RxBytes, after.RxBytes, before.TxBytes, after.TxBytes)
@@ -166,56 +107,56 @@ func TestVXLANDriverBetweenTwoNamespaces(t *testing.T) {
 	tcpTransfer(t, bin, b, a, 4<<20, 7302)
 
 	// Disconnect removes FDB, neighbor, routes and (the last connection of it) the link; traffic stops.
-	signal(t, a, syscall.SIGHUP)
-	waitStatus(t, a, "no connection after Disconnect", func(s status) bool { return s.Disconnected && len(s.Connections) == 0 })
-	if routes := mustRun(t, "ip", "-n", a.ns, "route", "show", "proto", "157"); strings.TrimSpace(routes) != "" {
+	a.Signal(t, syscall.SIGHUP)
+	waitStatus(t, a, "no connection after Disconnect", func(s Status) bool { return s.Disconnected && len(s.Connections) == 0 })
+	if routes := nstest.MustRun(t, "ip", "-n", a.NS, "route", "show", "proto", "157"); strings.TrimSpace(routes) != "" {
 		t.Errorf("routes left after Disconnect:\n%s", routes)
 	}
-	if out := mustRun(t, "ip", "-n", a.ns, "-o", "link", "show", "type", "vxlan"); strings.TrimSpace(out) != "" {
+	if out := nstest.MustRun(t, "ip", "-n", a.NS, "-o", "link", "show", "type", "vxlan"); strings.TrimSpace(out) != "" {
 		t.Errorf("VXLAN link left after the last Disconnect:\n%s", out)
 	}
-	if fdb := mustRun(t, "bridge", "-n", a.ns, "fdb", "show"); strings.Contains(fdb, "dst "+b.underlay) {
+	if fdb := nstest.MustRun(t, "bridge", "-n", a.NS, "fdb", "show"); strings.Contains(fdb, "dst "+b.underlay) {
 		t.Errorf("FDB entries towards %s left after Disconnect:\n%s", b.underlay, fdb)
 	}
-	pingFails(t, a.ns, b.pod)
-	pingFails(t, b.ns, a.pod)
+	nstest.PingFails(t, a.NS, b.pod)
+	nstest.PingFails(t, b.NS, a.pod)
 	// b still has its side, and says so truthfully: connected on its host (VXLAN has no handshake).
 	if st := readStatus(t, b); len(st.Connections) != 1 || st.Connections[0].State != cable.StateConnected {
 		t.Errorf("b: %+v", st.Connections)
 	}
 
 	// Connect again: everything comes back.
-	signal(t, a, syscall.SIGUSR1)
-	waitStatus(t, a, "connected again", func(s status) bool { return !s.Disconnected && connectedTo("b")(s) })
-	pingOK(t, a.ns, b.pod)
+	a.Signal(t, syscall.SIGUSR1)
+	waitStatus(t, a, "connected again", func(s Status) bool { return !s.Disconnected && connectedTo("b")(s) })
+	nstest.PingOK(t, a.NS, b.pod)
 
 	// A policy change: both ends move the pair to VNI 200 on port 4791 with MTU 1400. The old link
 	// goes away, the new one carries the pair, and 1400 bytes with DF cross while 1401 do not.
 	for _, n := range []*node{a, b} {
-		signal(t, n, syscall.SIGWINCH)
+		n.Signal(t, syscall.SIGWINCH)
 	}
 	const altLink = "cbl-vx200p4791"
 	for _, n := range []*node{a, b} {
 		r := other[n]
-		st := waitStatus(t, n, "connected with the new options", func(s status) bool { return s.Options == altOptions && connectedTo(r.cluster)(s) })
+		st := waitStatus(t, n, "connected with the new options", func(s Status) bool { return s.Options == altOptions && connectedTo(r.cluster)(s) })
 		if c := st.Connections[0]; c.MTU != 1400 || c.Endpoint != r.underlay+":4791" {
-			t.Errorf("%s: connection after the policy change %+v, want MTU 1400 endpoint port 4791", n.ns, c)
+			t.Errorf("%s: connection after the policy change %+v, want MTU 1400 endpoint port 4791", n.NS, c)
 		}
-		if _, err := run(t, "ip", "-n", n.ns, "link", "show", "cbl-vx100"); err == nil {
-			t.Errorf("%s: cbl-vx100 still exists after the pair moved to %s", n.ns, altLink)
+		if _, err := nstest.Run("ip", "-n", n.NS, "link", "show", "cbl-vx100"); err == nil {
+			t.Errorf("%s: cbl-vx100 still exists after the pair moved to %s", n.NS, altLink)
 		}
 		// The link keeps the node MTU; the pair's smaller MTU is on its routes.
 		checkHost(t, n, r, altLink, 200, 4791, 4791, 1450, 1400)
 	}
-	pingOK(t, a.ns, b.pod)
-	pingOK(t, b.ns, a.pod)
+	nstest.PingOK(t, a.NS, b.pod)
+	nstest.PingOK(t, b.NS, a.pod)
 	checkDFPings(t, a, b, 1400)
 	tcpTransfer(t, bin, a, b, 4<<20, 7303)
 
 	// An FDB entry on our link that no cluster owns is reported, not hidden.
 	const stray = "10.252.0.99"
-	mustRun(t, "bridge", "-n", b.ns, "fdb", "append", "00:00:00:00:00:00", "dev", altLink, "dst", stray, "self", "permanent")
-	st := waitStatus(t, b, "the stray FDB entry reported", func(s status) bool { return len(s.Connections) == 2 })
+	nstest.MustRun(t, "bridge", "-n", b.NS, "fdb", "append", "00:00:00:00:00:00", "dev", altLink, "dst", stray, "self", "permanent")
+	st := waitStatus(t, b, "the stray FDB entry reported", func(s Status) bool { return len(s.Connections) == 2 })
 	if c := st.Connections[0]; c.Cluster != "" || c.State != cable.StateError || !strings.Contains(c.Message, "belongs to no known cluster") {
 		t.Errorf("b: stray FDB entry reported as %+v", c)
 	}
@@ -223,43 +164,43 @@ func TestVXLANDriverBetweenTwoNamespaces(t *testing.T) {
 	// Restart a without cleanup (same options): the kernel kept everything, so Init only prunes
 	// what is not ours to keep (a stray link with our prefix, a stray FDB entry on our link),
 	// Connect changes nothing, and traffic flows throughout.
-	stop(t, a, syscall.SIGTERM)
-	pingOK(t, b.ns, a.pod)
-	mustRun(t, "ip", "-n", a.ns, "link", "add", "cbl-vx999", "type", "vxlan", "id", "999", "dstport", "4789", "local", a.underlay)
-	mustRun(t, "bridge", "-n", a.ns, "fdb", "append", "00:00:00:00:00:00", "dev", altLink, "dst", stray, "self", "permanent")
-	os.Remove(a.statusPath)
-	a.args = replaceFlag(a.args, "-options", altOptions)
-	start(t, a)
+	a.Stop(t, syscall.SIGTERM)
+	nstest.PingOK(t, b.NS, a.pod)
+	nstest.MustRun(t, "ip", "-n", a.NS, "link", "add", "cbl-vx999", "type", "vxlan", "id", "999", "dstport", "4789", "local", a.underlay)
+	nstest.MustRun(t, "bridge", "-n", a.NS, "fdb", "append", "00:00:00:00:00:00", "dev", altLink, "dst", stray, "self", "permanent")
+	os.Remove(a.StatusPath)
+	a.Args = replaceFlag(a.Args, "-options", altOptions)
+	a.Start(t)
 	st = waitStatus(t, a, "connected after restart", connectedTo("b"))
 	if want := (vxlan.Stats{LinkChanges: 1, FDBChanges: 1}); st.AfterInit != want || st.AfterSecondConnect != want {
 		t.Errorf("restart: stats after Init %+v, after Connect %+v; want %+v for both (prune only)", st.AfterInit, st.AfterSecondConnect, want)
 	}
-	if out, err := run(t, "ip", "-n", a.ns, "link", "show", "cbl-vx999"); err == nil {
+	if out, err := nstest.Run("ip", "-n", a.NS, "link", "show", "cbl-vx999"); err == nil {
 		t.Errorf("a: stray link cbl-vx999 survived Init:\n%s", out)
 	}
-	if fdb := mustRun(t, "bridge", "-n", a.ns, "fdb", "show", "dev", altLink); strings.Contains(fdb, stray) {
+	if fdb := nstest.MustRun(t, "bridge", "-n", a.NS, "fdb", "show", "dev", altLink); strings.Contains(fdb, stray) {
 		t.Errorf("a: stray FDB entry survived Init:\n%s", fdb)
 	}
-	pingOK(t, a.ns, b.pod)
+	nstest.PingOK(t, a.NS, b.pod)
 
 	// Cleanup leaves no VXLAN link, no route with proto 157, no connections.json.
 	for _, n := range []*node{a, b} {
-		stop(t, n, syscall.SIGUSR2)
+		n.Stop(t, syscall.SIGUSR2)
 		st := readStatus(t, n)
 		if !st.CleanedUp || st.Error != "" {
-			t.Errorf("%s: cleanup status %+v", n.ns, st)
+			t.Errorf("%s: cleanup status %+v", n.NS, st)
 		}
-		if out := mustRun(t, "ip", "-n", n.ns, "-o", "link", "show"); strings.Contains(out, "cbl-vx") {
-			t.Errorf("%s: cbl-vx links after Cleanup:\n%s", n.ns, out)
+		if out := nstest.MustRun(t, "ip", "-n", n.NS, "-o", "link", "show"); strings.Contains(out, "cbl-vx") {
+			t.Errorf("%s: cbl-vx links after Cleanup:\n%s", n.NS, out)
 		}
-		if routes := mustRun(t, "ip", "-n", n.ns, "route", "show", "proto", "157"); strings.TrimSpace(routes) != "" {
-			t.Errorf("%s: routes with proto 157 after Cleanup:\n%s", n.ns, routes)
+		if routes := nstest.MustRun(t, "ip", "-n", n.NS, "route", "show", "proto", "157"); strings.TrimSpace(routes) != "" {
+			t.Errorf("%s: routes with proto 157 after Cleanup:\n%s", n.NS, routes)
 		}
 		if _, err := os.Stat(filepath.Join(n.stateDir, "vxlan", "connections.json")); !errors.Is(err, os.ErrNotExist) {
-			t.Errorf("%s: connections.json after Cleanup: %v", n.ns, err)
+			t.Errorf("%s: connections.json after Cleanup: %v", n.NS, err)
 		}
 	}
-	pingFails(t, b.ns, a.pod)
+	nstest.PingFails(t, b.NS, a.pod)
 }
 
 // coverDirEnv names a directory: when set, testpeer is built with coverage of the cable packages
@@ -274,7 +215,7 @@ func buildTestpeer(t *testing.T, bin string) {
 		// main must be among the covered packages, or nothing is written.
 		args = append(args, "-cover", "-coverpkg=github.com/cablemesh/cablemesh/cable/vxlan,github.com/cablemesh/cablemesh/cable/route,github.com/cablemesh/cablemesh/tests/netns/vxlandriver/testpeer")
 	}
-	mustRun(t, append(args, "./testpeer")...)
+	nstest.MustRun(t, append(args, "./testpeer")...)
 }
 
 // peerEnv is the environment of testpeer processes.
@@ -285,8 +226,8 @@ func peerEnv() []string {
 	return nil // inherit
 }
 
-func connectedTo(cluster string) func(status) bool {
-	return func(s status) bool {
+func connectedTo(cluster string) func(Status) bool {
+	return func(s Status) bool {
 		return len(s.Connections) == 1 && s.Connections[0].Cluster == cluster && s.Connections[0].State == cable.StateConnected
 	}
 }
@@ -319,21 +260,21 @@ func checkHost(t *testing.T, n, r *node, link string, vni, port, dstPort, linkMT
 			} `json:"info_data"`
 		} `json:"linkinfo"`
 	}
-	out := mustRun(t, "ip", "-n", n.ns, "-d", "-j", "link", "show", link)
+	out := nstest.MustRun(t, "ip", "-n", n.NS, "-d", "-j", "link", "show", link)
 	if err := json.Unmarshal([]byte(out), &links); err != nil || len(links) != 1 {
-		t.Fatalf("%s: ip -j link show %s: %v\n%s", n.ns, link, err, out)
+		t.Fatalf("%s: ip -j link show %s: %v\n%s", n.NS, link, err, out)
 	}
 	l := links[0]
 	d := l.LinkInfo.Data
 	if l.LinkInfo.Kind != "vxlan" || d.ID != vni || d.Port != port || d.Learning || d.Local != n.underlay || l.MTU != linkMTU || l.Address != n.mac {
 		t.Errorf("%s: link %s is %+v, want vxlan id %d port %d learning off local %s mtu %d address %s\n%s",
-			n.ns, link, l, vni, port, n.underlay, linkMTU, n.mac, out)
+			n.NS, link, l, vni, port, n.underlay, linkMTU, n.mac, out)
 	}
-	addrs := mustRun(t, "ip", "-n", n.ns, "-4", "-o", "addr", "show", "dev", link)
+	addrs := nstest.MustRun(t, "ip", "-n", n.NS, "-4", "-o", "addr", "show", "dev", link)
 	if !strings.Contains(addrs, "inet "+n.vtep+"/8") {
-		t.Errorf("%s: addresses of %s:\n%s\nwant %s/8", n.ns, link, addrs, n.vtep)
+		t.Errorf("%s: addresses of %s:\n%s\nwant %s/8", n.NS, link, addrs, n.vtep)
 	}
-	fdb := mustRun(t, "bridge", "-n", n.ns, "fdb", "show", "dev", link)
+	fdb := nstest.MustRun(t, "bridge", "-n", n.NS, "fdb", "show", "dev", link)
 	portPart := ""
 	if dstPort != port {
 		portPart = fmt.Sprintf(" port %d", dstPort)
@@ -343,18 +284,18 @@ func checkHost(t *testing.T, n, r *node, link string, vni, port, dstPort, linkMT
 		fmt.Sprintf("%s dst %s%s self permanent", r.mac, r.underlay, portPart),
 	} {
 		if !strings.Contains(fdb, want) {
-			t.Errorf("%s: FDB of %s:\n%s\nwant a line with %q", n.ns, link, fdb, want)
+			t.Errorf("%s: FDB of %s:\n%s\nwant a line with %q", n.NS, link, fdb, want)
 		}
 	}
-	neigh := mustRun(t, "ip", "-n", n.ns, "neigh", "show", "dev", link)
+	neigh := nstest.MustRun(t, "ip", "-n", n.NS, "neigh", "show", "dev", link)
 	if want := fmt.Sprintf("%s lladdr %s PERMANENT", r.vtep, r.mac); !strings.Contains(neigh, want) {
-		t.Errorf("%s: neighbors of %s:\n%s\nwant %q", n.ns, link, neigh, want)
+		t.Errorf("%s: neighbors of %s:\n%s\nwant %q", n.NS, link, neigh, want)
 	}
-	routes := mustRun(t, "ip", "-n", n.ns, "route", "show", "proto", "157")
+	routes := nstest.MustRun(t, "ip", "-n", n.NS, "route", "show", "proto", "157")
 	re := regexp.MustCompile(fmt.Sprintf(`(?m)^%s via %s dev %s .*src %s .*onlink.* mtu %d advmss %d`,
 		regexp.QuoteMeta(r.podNet), regexp.QuoteMeta(r.vtep), link, regexp.QuoteMeta(n.pod), mtu, mtu-40))
 	if !re.MatchString(routes) {
-		t.Errorf("%s: routes with proto 157:\n%s\nwant one matching %s", n.ns, routes, re)
+		t.Errorf("%s: routes with proto 157:\n%s\nwant one matching %s", n.NS, routes, re)
 	}
 }
 
@@ -365,17 +306,17 @@ func checkDFPings(t *testing.T, a, b *node, mtu int) {
 	for _, p := range [][2]*node{{a, b}, {b, a}} {
 		from, to := p[0], p[1]
 		for _, size := range []int{1400 - 28, mtu - 28} {
-			if _, err := run(t, "ip", "netns", "exec", from.ns, "ping", "-M", "do", "-c", "2", "-i", "0.2", "-W", "2",
+			if _, err := nstest.Run("ip", "netns", "exec", from.NS, "ping", "-M", "do", "-c", "2", "-i", "0.2", "-W", "2",
 				"-s", strconv.Itoa(size), to.pod); err != nil {
-				t.Errorf("DF ping of %d bytes from %s to %s: %v", size+28, from.ns, to.pod, err)
+				t.Errorf("DF ping of %d bytes from %s to %s: %v", size+28, from.NS, to.pod, err)
 			}
 		}
-		out, err := run(t, "ip", "netns", "exec", from.ns, "ping", "-M", "do", "-c", "1", "-W", "1",
+		out, err := nstest.Run("ip", "netns", "exec", from.NS, "ping", "-M", "do", "-c", "1", "-W", "1",
 			"-s", strconv.Itoa(mtu-28+1), to.pod)
 		if err == nil {
-			t.Errorf("DF ping of %d bytes from %s crossed a path of MTU %d", mtu+1, from.ns, mtu)
+			t.Errorf("DF ping of %d bytes from %s crossed a path of MTU %d", mtu+1, from.NS, mtu)
 		} else if !strings.Contains(strings.ToLower(out+err.Error()), "message too long") {
-			t.Errorf("DF ping of %d bytes from %s failed, but not with 'message too long' at the source: %v", mtu+1, from.ns, err)
+			t.Errorf("DF ping of %d bytes from %s failed, but not with 'message too long' at the source: %v", mtu+1, from.NS, err)
 		}
 	}
 }
@@ -387,7 +328,7 @@ func tcpTransfer(t *testing.T, bin string, from, to *node, size, port int) {
 	addr := fmt.Sprintf("%s:%d", to.pod, port)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	sink := exec.CommandContext(ctx, "ip", "netns", "exec", to.ns, bin, "sink", "-listen", addr, "-bytes", strconv.Itoa(size))
+	sink := exec.CommandContext(ctx, "ip", "netns", "exec", to.NS, bin, "sink", "-listen", addr, "-bytes", strconv.Itoa(size))
 	var sinkOut, sinkErr strings.Builder
 	sink.Stdout, sink.Stderr = &sinkOut, &sinkErr
 	if err := sink.Start(); err != nil {
@@ -396,7 +337,7 @@ func tcpTransfer(t *testing.T, bin string, from, to *node, size, port int) {
 	sinkDone := make(chan error, 1)
 	go func() { sinkDone <- sink.Wait() }()
 	t0 := time.Now()
-	srcOut, srcErr := run(t, "ip", "netns", "exec", from.ns, bin, "source", "-addr", addr, "-bind", from.pod,
+	srcOut, srcErr := nstest.RunWithin(90*time.Second, "ip", "netns", "exec", from.NS, bin, "source", "-addr", addr, "-bind", from.pod,
 		"-bytes", strconv.Itoa(size), "-seed", strconv.Itoa(port))
 	elapsed := time.Since(t0)
 	var err error
@@ -407,9 +348,9 @@ func tcpTransfer(t *testing.T, bin string, from, to *node, size, port int) {
 		err = <-sinkDone
 	}
 	if srcErr != nil || err != nil {
-		t.Fatalf("TCP %d bytes %s -> %s: source %v; sink %v %s %s", size, from.ns, addr, srcErr, err, sinkOut.String(), sinkErr.String())
+		t.Fatalf("TCP %d bytes %s -> %s: source %v; sink %v %s %s", size, from.NS, addr, srcErr, err, sinkOut.String(), sinkErr.String())
 	}
-	var sent, got transfer
+	var sent, got Transfer
 	if err := json.Unmarshal([]byte(lastLine(srcOut)), &sent); err != nil {
 		t.Fatalf("source output %q: %v", srcOut, err)
 	}
@@ -417,9 +358,9 @@ func tcpTransfer(t *testing.T, bin string, from, to *node, size, port int) {
 		t.Fatalf("sink output %q: %v", sinkOut.String(), err)
 	}
 	if sent != got || got.Bytes != int64(size) {
-		t.Errorf("TCP %s -> %s: sent %+v, received %+v", from.ns, addr, sent, got)
+		t.Errorf("TCP %s -> %s: sent %+v, received %+v", from.NS, addr, sent, got)
 	}
-	t.Logf("TCP %d bytes %s -> %s intact in %v", size, from.ns, addr, elapsed.Round(time.Millisecond))
+	t.Logf("TCP %d bytes %s -> %s intact in %v", size, from.NS, addr, elapsed.Round(time.Millisecond))
 }
 
 func lastLine(s string) string {
@@ -427,183 +368,9 @@ func lastLine(s string) string {
 	return lines[len(lines)-1]
 }
 
-func setupNamespaces(t *testing.T) {
-	t.Helper()
-	sweepStale(t)
-	t.Cleanup(func() {
-		for _, ns := range []string{nsA, nsB} {
-			if out, err := run(t, "ip", "netns", "del", ns); err != nil {
-				t.Logf("delete netns %s: %v %s", ns, err, out)
-			}
-		}
-	})
-	mustRun(t, "ip", "netns", "add", nsA)
-	mustRun(t, "ip", "netns", "add", nsB)
-	mustRun(t, "ip", "-n", nsA, "link", "add", "cbtv-va", "type", "veth", "peer", "name", "cbtv-vb", "netns", nsB)
-	for _, c := range [][]string{
-		{"ip", "-n", nsA, "addr", "add", "10.252.0.1/24", "dev", "cbtv-va"},
-		{"ip", "-n", nsB, "addr", "add", "10.252.0.2/24", "dev", "cbtv-vb"},
-		{"ip", "-n", nsA, "link", "set", "cbtv-va", "up"},
-		{"ip", "-n", nsB, "link", "set", "cbtv-vb", "up"},
-		{"ip", "-n", nsA, "link", "set", "lo", "up"},
-		{"ip", "-n", nsB, "link", "set", "lo", "up"},
-		// The "pod" addresses: one address of each node inside its cluster's pod CIDR.
-		{"ip", "-n", nsA, "addr", "add", "10.253.1.1/32", "dev", "lo"},
-		{"ip", "-n", nsB, "addr", "add", "10.253.2.1/32", "dev", "lo"},
-	} {
-		mustRun(t, c...)
-	}
-}
+func readStatus(t *testing.T, n *node) Status { return nstest.ReadStatus[Status](t, &n.Peer) }
 
-// sweepStale deletes namespaces of earlier runs of this test whose process is gone (killed runs
-// cannot clean up), and kills what still runs in them.
-func sweepStale(t *testing.T) {
+func waitStatus(t *testing.T, n *node, what string, ok func(Status) bool) Status {
 	t.Helper()
-	out, err := run(t, "ip", "netns", "list")
-	if err != nil {
-		return
-	}
-	re := regexp.MustCompile(`^` + nsPrefix + `([0-9]+)-[0-9a-z]+$`)
-	for _, line := range strings.Split(out, "\n") {
-		f := strings.Fields(line)
-		if len(f) == 0 {
-			continue
-		}
-		m := re.FindStringSubmatch(f[0])
-		if m == nil {
-			continue
-		}
-		if pid, err := strconv.Atoi(m[1]); err == nil && pid > 0 && syscall.Kill(pid, 0) == nil {
-			continue // its run is still going
-		}
-		t.Logf("removing stale namespace %s", f[0])
-		if pids, err := run(t, "ip", "netns", "pids", f[0]); err == nil {
-			for _, p := range strings.Fields(pids) {
-				if pid, err := strconv.Atoi(p); err == nil {
-					syscall.Kill(pid, syscall.SIGKILL)
-				}
-			}
-		}
-		run(t, "ip", "netns", "del", f[0])
-	}
-}
-
-func start(t *testing.T, n *node) {
-	t.Helper()
-	cmd := exec.Command("ip", n.args...)
-	cmd.Env = peerEnv()
-	logPath := filepath.Join(filepath.Dir(n.statusPath), "testpeer.log")
-	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		t.Fatal(err)
-	}
-	n.exited = make(chan error, 1)
-	go func() { n.exited <- cmd.Wait(); logf.Close() }()
-	exited := n.exited
-	first := n.cmd == nil
-	n.cmd = cmd
-	t.Cleanup(func() {
-		select {
-		case <-exited:
-			return
-		default:
-		}
-		cmd.Process.Kill() // ip netns exec execs testpeer: this is its pid
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			t.Logf("%s: testpeer did not exit", n.ns)
-		}
-	})
-	if !first {
-		return // the log is shown once, by the first start's cleanup
-	}
-	t.Cleanup(func() {
-		if t.Failed() || testing.Verbose() {
-			if data, err := os.ReadFile(logPath); err == nil {
-				t.Logf("%s testpeer log:\n%s", n.ns, data)
-			}
-		}
-	})
-}
-
-func signal(t *testing.T, n *node, s syscall.Signal) {
-	t.Helper()
-	if err := n.cmd.Process.Signal(s); err != nil {
-		t.Fatalf("%s: signal %v: %v", n.ns, s, err)
-	}
-}
-
-// stop signals the process and waits for it to exit.
-func stop(t *testing.T, n *node, s syscall.Signal) {
-	t.Helper()
-	signal(t, n, s)
-	select {
-	case err := <-n.exited:
-		if err != nil {
-			t.Errorf("%s: testpeer exited with %v after %v", n.ns, err, s)
-		}
-		n.exited <- err // for the cleanup's check
-	case <-time.After(20 * time.Second):
-		t.Fatalf("%s: testpeer did not exit after %v", n.ns, s)
-	}
-}
-
-func readStatus(t *testing.T, n *node) status {
-	t.Helper()
-	data, err := os.ReadFile(n.statusPath)
-	if err != nil {
-		t.Fatalf("%s: read status: %v", n.ns, err)
-	}
-	var st status
-	if err := json.Unmarshal(data, &st); err != nil {
-		t.Fatalf("%s: decode status %s: %v", n.ns, data, err)
-	}
-	return st
-}
-
-func waitStatus(t *testing.T, n *node, what string, ok func(status) bool) status {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	var last status
-	for time.Now().Before(deadline) {
-		select {
-		case err := <-n.exited:
-			n.exited <- err
-			t.Fatalf("%s: testpeer exited (%v) while waiting for %s", n.ns, err, what)
-		default:
-		}
-		if data, err := os.ReadFile(n.statusPath); err == nil {
-			if json.Unmarshal(data, &last) == nil && ok(last) {
-				return last
-			}
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("%s: no %s within 30s; last status %+v", n.ns, what, last)
-	return last
-}
-
-func pingOK(t *testing.T, ns, dst string) {
-	t.Helper()
-	var err error
-	for i := 0; i < 10; i++ {
-		if _, err = run(t, "ip", "netns", "exec", ns, "ping", "-c", "3", "-i", "0.2", "-W", "1", dst); err == nil {
-			return
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
-	t.Fatalf("ping %s from %s: %v", dst, ns, err)
-}
-
-func pingFails(t *testing.T, ns, dst string) {
-	t.Helper()
-	if _, err := run(t, "ip", "netns", "exec", ns, "ping", "-c", "2", "-i", "0.2", "-W", "1", dst); err == nil {
-		t.Errorf("ping %s from %s worked, want no path", dst, ns)
-	}
+	return nstest.WaitStatus(t, &n.Peer, what, 30*time.Second, ok)
 }

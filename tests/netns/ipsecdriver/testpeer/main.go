@@ -2,12 +2,8 @@
 // inside a node's network namespace with `ip netns exec`. It reads the pair's pre-shared key as
 // one line of hex from standard input (so it is in no file, argument or environment variable),
 // then calls New, Init and Connect (twice, to record that the second changes nothing), and
-// serves until a signal:
-//
-//	SIGTERM, SIGINT  Close (stop charon) without cleanup, as an agent exit does
-//	SIGUSR2          Cleanup, then exit 0
-//	SIGHUP           Disconnect the remote cluster
-//	SIGUSR1          Connect the remote cluster again
+// serves until a signal as package tests/netns/nstest/peer describes (SIGTERM and SIGINT Close
+// the driver, which stops charon, without cleanup, as an agent exit does).
 //
 // It writes a JSON Status to -status every 200ms and after every action.
 package main
@@ -16,102 +12,35 @@ import (
 	"bufio"
 	"context"
 	"encoding/hex"
-	"encoding/json"
 	"flag"
 	"fmt"
-	"log/slog"
-	"net/netip"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
-	"time"
 
 	"github.com/cablemesh/cablemesh/cable"
 	"github.com/cablemesh/cablemesh/cable/ipsec"
+	"github.com/cablemesh/cablemesh/tests/netns/ipsecdriver"
+	"github.com/cablemesh/cablemesh/tests/netns/nstest/peer"
 )
 
-// Status is what the test reads.
-type Status struct {
-	PID                int                      `json:"pid"`
-	CharonPID          int                      `json:"charonPID"`
-	Datapath           string                   `json:"datapath"`
-	MTU                int                      `json:"mtu"`
-	ViciSocket         string                   `json:"viciSocket"`
-	AfterFirstConnect  ipsec.Stats              `json:"afterFirstConnect"`
-	AfterSecondConnect ipsec.Stats              `json:"afterSecondConnect"`
-	Stats              ipsec.Stats              `json:"stats"`
-	Connections        []cable.ConnectionStatus `json:"connections"`
-	Disconnected       bool                     `json:"disconnected"`
-	CleanedUp          bool                     `json:"cleanedUp"`
-	ConnectionsError   string                   `json:"connectionsError,omitempty"`
-	// Error is the error of the last action (Connect, Disconnect, Cleanup).
-	Error string `json:"error,omitempty"`
-}
-
-func main() {
-	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "testpeer:", err)
-		os.Exit(1)
-	}
-}
-
-func prefixes(s string) ([]netip.Prefix, error) {
-	var out []netip.Prefix
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f == "" {
-			continue
-		}
-		p, err := netip.ParsePrefix(f)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, p)
-	}
-	return out, nil
-}
+func main() { peer.Main(run) }
 
 func run() error {
-	var (
-		cluster      = flag.String("cluster", "a", "local cluster")
-		node         = flag.String("node", "gw", "local node")
-		stateDir     = flag.String("state-dir", "", "state directory")
-		advertise    = flag.String("advertise", "", "underlay address")
-		localSubnets = flag.String("local-subnets", "", "comma-separated local CIDRs")
-		settingsFlag = flag.String("settings", "", "comma-separated driver settings k=v")
-		rCluster     = flag.String("remote-cluster", "", "remote cluster")
-		rNode        = flag.String("remote-node", "gw", "remote node")
-		rAddr        = flag.String("remote-address", "", "remote underlay address")
-		rPort        = flag.Uint("remote-port", 500, "remote IKE port")
-		rSubnets     = flag.String("remote-subnets", "", "comma-separated remote CIDRs")
-		statusPath   = flag.String("status", "", "status file")
-	)
+	var f peer.Flags
+	f.Register(flag.CommandLine, 500)
+	settingsFlag := flag.String("settings", "", "comma-separated driver settings k=v")
 	flag.Parse()
-	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})))
-
+	local, remote, err := f.Endpoints()
+	if err != nil {
+		return err
+	}
 	line, err := bufio.NewReader(os.Stdin).ReadString('\n')
 	if err != nil {
 		return fmt.Errorf("read the pre-shared key from stdin: %w", err)
 	}
-	psk, err := hex.DecodeString(strings.TrimSpace(line))
+	remote.PreSharedKey, err = hex.DecodeString(strings.TrimSpace(line))
 	if err != nil {
 		return fmt.Errorf("pre-shared key on stdin is not hex")
-	}
-	local, err := prefixes(*localSubnets)
-	if err != nil {
-		return fmt.Errorf("-local-subnets: %w", err)
-	}
-	remoteSubnets, err := prefixes(*rSubnets)
-	if err != nil {
-		return fmt.Errorf("-remote-subnets: %w", err)
-	}
-	adv, err := netip.ParseAddr(*advertise)
-	if err != nil {
-		return fmt.Errorf("-advertise: %w", err)
-	}
-	raddr, err := netip.ParseAddr(*rAddr)
-	if err != nil {
-		return fmt.Errorf("-remote-address: %w", err)
 	}
 	settings := cable.Settings{}
 	for _, kv := range strings.Split(*settingsFlag, ",") {
@@ -119,17 +48,15 @@ func run() error {
 			settings[k] = v
 		}
 	}
-	d, err := ipsec.NewDriver(cable.LocalNode{Cluster: *cluster, Node: *node, StateDir: *stateDir,
-		AdvertiseAddress: adv, LocalSubnets: local}, settings)
+	d, err := ipsec.NewDriver(local, settings)
 	if err != nil {
 		return err
 	}
-	remote := cable.RemoteEndpoint{Cluster: *rCluster, Node: *rNode, Address: raddr, Port: uint16(*rPort),
-		Subnets: remoteSubnets, PreSharedKey: psk}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	st := Status{PID: os.Getpid()}
+	var st ipsecdriver.Status
+	st.PID = os.Getpid()
 	write := func() {
 		if !st.CleanedUp {
 			// While charon restarts, Connections fails for a moment: keep the last good list.
@@ -143,62 +70,17 @@ func run() error {
 		}
 		st.Stats = d.Stats()
 		st.CharonPID = d.CharonPID()
-		data, _ := json.Marshal(st)
-		tmp := *statusPath + ".tmp"
-		if os.WriteFile(tmp, data, 0o644) == nil {
-			os.Rename(tmp, *statusPath)
-		}
+		peer.WriteJSON(f.StatusPath, st)
 	}
 
 	if err := d.Init(ctx); err != nil {
 		return err
 	}
 	st.Datapath, st.MTU, st.ViciSocket = string(d.Datapath()), d.MTU(), d.ViciSocket()
-	if err := d.Connect(ctx, remote, nil); err != nil {
+	if err := st.ConnectTwice(ctx, d, remote, nil); err != nil {
 		d.Cleanup(ctx)
 		return err
 	}
-	st.AfterFirstConnect = d.Stats()
-	if err := d.Connect(ctx, remote, nil); err != nil {
-		d.Cleanup(ctx)
-		return err
-	}
-	st.AfterSecondConnect = d.Stats()
 	write()
-
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGHUP)
-	tick := time.NewTicker(200 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		select {
-		case <-tick.C:
-			write()
-		case s := <-sigs:
-			switch s {
-			case syscall.SIGTERM, syscall.SIGINT:
-				return d.Close()
-			case syscall.SIGHUP:
-				if err := d.Disconnect(ctx, remote.Cluster); err != nil {
-					st.Error = err.Error()
-				}
-				st.Disconnected = true
-				write()
-			case syscall.SIGUSR1:
-				if err := d.Connect(ctx, remote, nil); err != nil {
-					st.Error = err.Error()
-				}
-				st.Disconnected = false
-				write()
-			case syscall.SIGUSR2:
-				if err := d.Cleanup(ctx); err != nil {
-					st.Error = err.Error()
-				}
-				st.CleanedUp = true
-				st.Connections = nil
-				write()
-				return nil
-			}
-		}
-	}
+	return peer.Serve(ctx, d, remote, nil, &st.Status, write, d.Close, nil)
 }

@@ -26,7 +26,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/netip"
@@ -38,163 +37,76 @@ import (
 
 	"github.com/cablemesh/cablemesh/cable"
 	"github.com/cablemesh/cablemesh/cable/vxlan"
+	"github.com/cablemesh/cablemesh/tests/netns/nstest/peer"
+	"github.com/cablemesh/cablemesh/tests/netns/vxlandriver"
 )
 
-// Status is what the test reads.
-type Status struct {
-	PID                int                      `json:"pid"`
-	VTEP               string                   `json:"vtep"`
-	MTU                int                      `json:"mtu"`
-	Port               uint16                   `json:"port"`
-	AfterInit          vxlan.Stats              `json:"afterInit"`
-	AfterFirstConnect  vxlan.Stats              `json:"afterFirstConnect"`
-	AfterSecondConnect vxlan.Stats              `json:"afterSecondConnect"`
-	Stats              vxlan.Stats              `json:"stats"`
-	Connections        []cable.ConnectionStatus `json:"connections"`
-	Options            string                   `json:"options"`
-	Disconnected       bool                     `json:"disconnected"`
-	CleanedUp          bool                     `json:"cleanedUp"`
-	Error              string                   `json:"error,omitempty"`
-}
-
-// Transfer is what sink and source print.
-type Transfer struct {
-	Bytes  int64  `json:"bytes"`
-	SHA256 string `json:"sha256"`
-}
-
 func main() {
+	modes := map[string]func([]string) error{"peer": peerMode, "multi": multi, "sink": sink, "source": source}
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: testpeer peer|sink|source [flags]")
+		fmt.Fprintln(os.Stderr, "usage: testpeer peer|multi|sink|source [flags]")
 		os.Exit(2)
 	}
-	var err error
-	switch os.Args[1] {
-	case "peer":
-		err = peer(os.Args[2:])
-	case "multi":
-		err = multi(os.Args[2:])
-	case "sink":
-		err = sink(os.Args[2:])
-	case "source":
-		err = source(os.Args[2:])
-	default:
+	mode, ok := modes[os.Args[1]]
+	if !ok {
 		fmt.Fprintf(os.Stderr, "testpeer: unknown mode %q\n", os.Args[1])
 		os.Exit(2)
 	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "testpeer:", err)
-		os.Exit(1)
-	}
+	peer.Main(func() error { return mode(os.Args[2:]) })
 }
 
-func prefixes(s string) ([]netip.Prefix, error) {
-	var out []netip.Prefix
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f == "" {
-			continue
-		}
-		p, err := netip.ParsePrefix(f)
+// refresh reads the driver's connections (none after Cleanup) and counters into st.
+func refresh(ctx context.Context, d *vxlan.Driver, st *peer.Status[vxlan.Stats]) {
+	if !st.CleanedUp {
+		conns, err := d.Connections(ctx)
 		if err != nil {
-			return nil, err
+			st.Error = err.Error()
 		}
-		out = append(out, p)
+		st.Connections = conns
 	}
-	return out, nil
+	st.Stats = d.Stats()
 }
 
-// keyValues parses "k=v,k2=v2".
-func keyValues(s string) (map[string]string, error) {
-	out := map[string]string{}
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f == "" {
-			continue
-		}
-		k, v, ok := strings.Cut(f, "=")
-		if !ok {
-			return nil, fmt.Errorf("%q is not key=value", f)
-		}
-		out[k] = v
-	}
-	return out, nil
-}
-
-func peer(args []string) error {
+func peerMode(args []string) error {
 	fs := flag.NewFlagSet("peer", flag.ContinueOnError)
+	var f peer.Flags
+	f.Register(fs, vxlan.DefaultPort)
 	var (
-		cluster      = fs.String("cluster", "a", "local cluster")
-		node         = fs.String("node", "gw", "local node")
-		stateDir     = fs.String("state-dir", "", "state directory")
-		advertise    = fs.String("advertise", "", "underlay address")
-		localSubnets = fs.String("local-subnets", "", "comma-separated local CIDRs")
 		settingsFlag = fs.String("settings", "", "driver settings k=v,...")
 		optionsFlag  = fs.String("options", "", "connection options k=v,...")
 		altOptions   = fs.String("alt-options", "", "connection options for SIGWINCH")
-		rCluster     = fs.String("remote-cluster", "", "remote cluster")
-		rNode        = fs.String("remote-node", "gw", "remote node")
-		rAddr        = fs.String("remote-address", "", "remote underlay address")
-		rPort        = fs.Uint("remote-port", vxlan.DefaultPort, "remote port")
-		rSubnets     = fs.String("remote-subnets", "", "comma-separated remote CIDRs")
-		statusPath   = fs.String("status", "", "status file")
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})))
-
-	local, err := prefixes(*localSubnets)
-	if err != nil {
-		return fmt.Errorf("-local-subnets: %w", err)
-	}
-	remoteSubnets, err := prefixes(*rSubnets)
-	if err != nil {
-		return fmt.Errorf("-remote-subnets: %w", err)
-	}
-	adv, err := netip.ParseAddr(*advertise)
-	if err != nil {
-		return fmt.Errorf("-advertise: %w", err)
-	}
-	raddr, err := netip.ParseAddr(*rAddr)
-	if err != nil {
-		return fmt.Errorf("-remote-address: %w", err)
-	}
-	settings, err := keyValues(*settingsFlag)
-	if err != nil {
-		return fmt.Errorf("-settings: %w", err)
-	}
-	opts, err := keyValues(*optionsFlag)
-	if err != nil {
-		return fmt.Errorf("-options: %w", err)
-	}
-	alt, err := keyValues(*altOptions)
-	if err != nil {
-		return fmt.Errorf("-alt-options: %w", err)
-	}
-	d, err := vxlan.NewDriver(cable.LocalNode{Cluster: *cluster, Node: *node, StateDir: *stateDir,
-		AdvertiseAddress: adv, LocalSubnets: local}, settings)
+	local, remote, err := f.Endpoints()
 	if err != nil {
 		return err
 	}
-	remote := cable.RemoteEndpoint{Cluster: *rCluster, Node: *rNode, Address: raddr, Port: uint16(*rPort),
-		Subnets: remoteSubnets}
+	settings, err := peer.KeyValues(*settingsFlag)
+	if err != nil {
+		return fmt.Errorf("-settings: %w", err)
+	}
+	opts, err := peer.KeyValues(*optionsFlag)
+	if err != nil {
+		return fmt.Errorf("-options: %w", err)
+	}
+	alt, err := peer.KeyValues(*altOptions)
+	if err != nil {
+		return fmt.Errorf("-alt-options: %w", err)
+	}
+	d, err := vxlan.NewDriver(local, settings)
+	if err != nil {
+		return err
+	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	st := Status{PID: os.Getpid(), VTEP: d.VTEP().String(), Options: *optionsFlag}
+	st := vxlandriver.Status{VTEP: d.VTEP().String(), Options: *optionsFlag}
+	st.PID = os.Getpid()
 	write := func() {
-		if !st.CleanedUp {
-			conns, err := d.Connections(ctx)
-			if err != nil {
-				st.Error = err.Error()
-			}
-			st.Connections = conns
-		}
-		st.Stats = d.Stats()
-		data, _ := json.Marshal(st)
-		tmp := *statusPath + ".tmp"
-		if os.WriteFile(tmp, data, 0o644) == nil {
-			os.Rename(tmp, *statusPath)
-		}
+		refresh(ctx, d, &st.Status)
+		peer.WriteJSON(f.StatusPath, st)
 	}
 
 	if err := d.Init(ctx); err != nil {
@@ -203,91 +115,30 @@ func peer(args []string) error {
 	st.AfterInit = d.Stats()
 	st.MTU = d.MTU()
 	st.Port = d.LocalEndpoint().Port
-	if err := d.Connect(ctx, remote, opts); err != nil {
+	if err := st.ConnectTwice(ctx, d, remote, opts); err != nil {
 		return err
 	}
-	st.AfterFirstConnect = d.Stats()
-	if err := d.Connect(ctx, remote, opts); err != nil {
-		return err
-	}
-	st.AfterSecondConnect = d.Stats()
 	write()
-
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGHUP, syscall.SIGWINCH)
-	tick := time.NewTicker(200 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		select {
-		case <-tick.C:
-			write()
-		case s := <-sigs:
-			switch s {
-			case syscall.SIGTERM, syscall.SIGINT:
-				return nil
-			case syscall.SIGHUP:
-				if err := d.Disconnect(ctx, remote.Cluster); err != nil {
-					st.Error = err.Error()
-				}
-				st.Disconnected = true
-			case syscall.SIGUSR1:
-				if err := d.Connect(ctx, remote, opts); err != nil {
-					st.Error = err.Error()
-				}
-				st.Disconnected, st.Options = false, *optionsFlag
-			case syscall.SIGWINCH:
-				if err := d.Connect(ctx, remote, alt); err != nil {
-					st.Error = err.Error()
-				}
-				st.Disconnected, st.Options = false, *altOptions
-			case syscall.SIGUSR2:
-				if err := d.Cleanup(ctx); err != nil {
-					st.Error = err.Error()
-				}
-				st.CleanedUp = true
-				st.Connections = nil
-				write()
-				return nil
-			}
-			write()
-		}
-	}
+	// The VXLAN link outlives the process (the kernel keeps it): stopping changes nothing.
+	return peer.Serve(ctx, d, remote, opts, &st.Status, write, func() error { return nil }, map[os.Signal]func(){
+		syscall.SIGUSR1: func() {
+			st.Connect(ctx, d, remote, opts)
+			st.Options = *optionsFlag
+		},
+		syscall.SIGWINCH: func() {
+			st.Connect(ctx, d, remote, alt)
+			st.Options = *altOptions
+		},
+	})
 }
 
-// Remote is one entry of multi's -remotes.
-type Remote struct {
-	Cluster string            `json:"cluster"`
-	Address string            `json:"address"`
-	Port    uint16            `json:"port"`
-	Subnets []string          `json:"subnets"`
-	Options map[string]string `json:"options,omitempty"`
-}
-
-// Command is what multi runs on SIGUSR1: connect (a cluster of -remotes, with Options),
-// disconnect (a cluster) or cleanup.
-type Command struct {
-	Seq     int               `json:"seq"`
-	Action  string            `json:"action"`
-	Cluster string            `json:"cluster"`
-	Options map[string]string `json:"options,omitempty"`
-}
-
-// MultiStatus is what multi writes.
-type MultiStatus struct {
-	PID         int                      `json:"pid"`
-	LastSeq     int                      `json:"lastSeq"`
-	Stats       vxlan.Stats              `json:"stats"`
-	Connections []cable.ConnectionStatus `json:"connections"`
-	CleanedUp   bool                     `json:"cleanedUp"`
-	Error       string                   `json:"error,omitempty"`
-}
-
-func (r Remote) endpoint() (cable.RemoteEndpoint, error) {
+// endpoint is the RemoteEndpoint of one entry of -remotes.
+func endpoint(r vxlandriver.Remote) (cable.RemoteEndpoint, error) {
 	a, err := netip.ParseAddr(r.Address)
 	if err != nil {
 		return cable.RemoteEndpoint{}, fmt.Errorf("remote %s address: %w", r.Cluster, err)
 	}
-	subnets, err := prefixes(strings.Join(r.Subnets, ","))
+	subnets, err := peer.Prefixes(strings.Join(r.Subnets, ","))
 	if err != nil {
 		return cable.RemoteEndpoint{}, fmt.Errorf("remote %s subnets: %w", r.Cluster, err)
 	}
@@ -308,8 +159,8 @@ func multi(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})))
-	local, err := prefixes(*localSubnets)
+	peer.LogToStderr()
+	local, err := peer.Prefixes(*localSubnets)
 	if err != nil {
 		return fmt.Errorf("-local-subnets: %w", err)
 	}
@@ -317,11 +168,11 @@ func multi(args []string) error {
 	if err != nil {
 		return fmt.Errorf("-advertise: %w", err)
 	}
-	var remotes []Remote
+	var remotes []vxlandriver.Remote
 	if err := json.Unmarshal([]byte(*remotesJSON), &remotes); err != nil {
 		return fmt.Errorf("-remotes: %w", err)
 	}
-	byName := map[string]Remote{}
+	byName := map[string]vxlandriver.Remote{}
 	for _, r := range remotes {
 		byName[r.Cluster] = r
 	}
@@ -332,28 +183,18 @@ func multi(args []string) error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	st := MultiStatus{PID: os.Getpid()}
+	var st vxlandriver.MultiStatus
+	st.PID = os.Getpid()
 	write := func() {
-		if !st.CleanedUp {
-			conns, err := d.Connections(ctx)
-			if err != nil {
-				st.Error = err.Error()
-			}
-			st.Connections = conns
-		}
-		st.Stats = d.Stats()
-		data, _ := json.Marshal(st)
-		tmp := *statusPath + ".tmp"
-		if os.WriteFile(tmp, data, 0o644) == nil {
-			os.Rename(tmp, *statusPath)
-		}
+		refresh(ctx, d, &st.Status)
+		peer.WriteJSON(*statusPath, st)
 	}
 	connect := func(name string, opts map[string]string) error {
 		r, ok := byName[name]
 		if !ok {
 			return fmt.Errorf("cluster %q is not in -remotes", name)
 		}
-		ep, err := r.endpoint()
+		ep, err := endpoint(r)
 		if err != nil {
 			return err
 		}
@@ -381,7 +222,7 @@ func multi(args []string) error {
 			if s != syscall.SIGUSR1 {
 				return nil
 			}
-			var cmd Command
+			var cmd vxlandriver.Command
 			data, err := os.ReadFile(*controlPath)
 			if err == nil {
 				err = json.Unmarshal(data, &cmd)
@@ -435,7 +276,7 @@ func sink(args []string) error {
 	c.SetDeadline(time.Now().Add(*timeout))
 	h := sha256.New()
 	n, err := io.Copy(h, c)
-	out, _ := json.Marshal(Transfer{Bytes: n, SHA256: hex.EncodeToString(h.Sum(nil))})
+	out, _ := json.Marshal(vxlandriver.Transfer{Bytes: n, SHA256: hex.EncodeToString(h.Sum(nil))})
 	fmt.Println(string(out))
 	if err != nil {
 		return fmt.Errorf("after %d bytes: %w", n, err)
@@ -489,7 +330,7 @@ func source(args []string) error {
 	}
 	// Wait for the sink to close, so "sent" means "received".
 	io.Copy(io.Discard, c)
-	out, _ := json.Marshal(Transfer{Bytes: sent, SHA256: hex.EncodeToString(h.Sum(nil))})
+	out, _ := json.Marshal(vxlandriver.Transfer{Bytes: sent, SHA256: hex.EncodeToString(h.Sum(nil))})
 	fmt.Println(string(out))
 	return nil
 }
