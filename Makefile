@@ -35,6 +35,8 @@ demo: deps build
 demo-down:
 	./scripts/demo-down.sh
 
+# Benchmarks (root): throughput and RTT over each cable driver vs the raw underlay, and the
+# issue-2 WireGuard figure; results in bench/results/. BENCH_RUN='^TestDrivers$' runs one.
 bench: deps build
 	./bench/throughput.sh
 

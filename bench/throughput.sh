@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Measures iperf3 throughput pod-to-pod across the WireGuard cable against the raw underlay veth
-# beneath it, in one run (3 interleaved repetitions of 10s each), and writes the medians and their
-# ratio to bench/results/throughput-<date>.json and .md. Needs root (network namespaces).
+# Cablemesh benchmarks, as root (they build meshes of network namespaces):
+#   TestDrivers     pod-to-pod iperf3 throughput (3 runs of 10s, median) and ping RTT (20 pings,
+#                   median) over each cable driver (wireguard, vxlan, ipsec), each interleaved run
+#                   by run with the raw underlay between the same gateways, in one run; ratios to
+#                   bench/results/drivers-<date>.json and .md.
+#   TestThroughput  the issue-2 figure: WireGuard vs underlay, bench/results/throughput-<date>.*
+# BENCH_RUN selects (a go test -run pattern); default both.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -11,4 +15,4 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 export CABLEMESH_BIN=${CABLEMESH_BIN:-$ROOT/bin}
 export CABLEMESH_BENCH_RESULTS=${CABLEMESH_BENCH_RESULTS:-$ROOT/bench/results}
-go test -tags bench -run '^TestThroughput$' -v -count=1 -timeout 20m ./bench/
+go test -tags bench -run "${BENCH_RUN:-^(TestDrivers|TestThroughput)\$}" -v -count=1 -timeout 30m ./bench/

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Installs the system tools the netns tests, the demo and the benchmark need (iperf3, ping, ip,
-# strongSwan),
-# only those that are missing. Idempotent and non-interactive; a no-op on a machine that has them.
+# Installs the system tools the netns tests, the demo and the benchmark need (iperf3, ping, ip and
+# bridge, strongSwan's charon and swanctl for the ipsec cable), only those that are missing.
+# Idempotent and non-interactive; a no-op on a machine that has them.
 set -euo pipefail
 
 need=()
 command -v iperf3 >/dev/null 2>&1 || need+=(iperf3)
 command -v ping >/dev/null 2>&1 || need+=(iputils-ping)
-command -v ip >/dev/null 2>&1 || need+=(iproute2)
+# ip and bridge (the netns tests read VXLAN FDB entries with `bridge fdb`) both come with iproute2.
+if ! command -v ip >/dev/null 2>&1 || ! command -v bridge >/dev/null 2>&1; then
+	need+=(iproute2)
+fi
 # The ipsec cable driver: charon, its vici plugin, kernel-libipsec (userspace ESP where the kernel
 # has none) and the openssl plugin. See cable/ipsec/DEPENDENCIES.md.
 [ -x /usr/lib/ipsec/charon ] || need+=(strongswan-charon)

@@ -431,6 +431,9 @@ func (m *Mesh) teardown() {
 				r := Run(ctx, "ip", append([]string{"-n", c.GwNS}, args...)...)
 				t.Logf("---- %s: ip %s\n%s%s", c.GwNS, strings.Join(args, " "), r.Stdout, r.Stderr)
 			}
+			// The cables as the host shows them (all drivers: links, routes incl. table 220, FDB,
+			// WireGuard peers, charon's SAs).
+			t.Logf("---- %s: host view of the cables\n%s", c.GwNS, c.Host().Dump())
 		}
 		m.mu.Lock()
 		logs := map[string]bool{}

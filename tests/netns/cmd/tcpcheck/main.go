@@ -4,7 +4,13 @@
 //	tcpcheck serve  -listen ADDR                 echo server; prints "listening ADDR" once bound
 //	tcpcheck dial   -addr ADDR [-timeout 5s]     one connection, one echoed payload; prints "ok"
 //	tcpcheck stream -addr ADDR -duration 10s     one connection kept busy echoing for the duration;
-//	                                             any error (reset, stall past -timeout) exits 1
+//	                                             any error (reset, stall past -timeout) exits 1;
+//	                                             prints {"rounds","bytes","maxGapMs","gaps"}: the
+//	                                             longest time between two completed echoes, and
+//	                                             every gap over -gap-report (default 200ms)
+//	tcpcheck transfer -addr ADDR -bytes N        sends N pseudo-random bytes through the echo
+//	                                             server in full-size segments, reads them back and
+//	                                             compares; prints {"bytes","ms","sha256"}
 //
 // Exit codes: 0 ok, 1 the check failed, 2 bad usage.
 package main
@@ -12,6 +18,8 @@ package main
 import (
 	"bytes"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -24,7 +32,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: tcpcheck serve|dial|stream [flags]")
+		fmt.Fprintln(os.Stderr, "usage: tcpcheck serve|dial|stream|transfer [flags]")
 		os.Exit(2)
 	}
 	fs := flag.NewFlagSet(os.Args[1], flag.ExitOnError)
@@ -32,6 +40,8 @@ func main() {
 	addr := fs.String("addr", "", "dial/stream: address to connect to")
 	timeout := fs.Duration("timeout", 5*time.Second, "dial/stream: deadline of one connect or one echo")
 	duration := fs.Duration("duration", 10*time.Second, "stream: how long to keep the connection busy")
+	gapReport := fs.Duration("gap-report", 200*time.Millisecond, "stream: list every gap between echoes longer than this")
+	size := fs.Int64("bytes", 4<<20, "transfer: how many bytes to send")
 	_ = fs.Parse(os.Args[2:])
 
 	var err error
@@ -41,9 +51,11 @@ func main() {
 	case "dial":
 		err = dial(*addr, *timeout)
 	case "stream":
-		err = stream(*addr, *timeout, *duration)
+		err = stream(*addr, *timeout, *duration, *gapReport)
+	case "transfer":
+		err = transfer(*addr, *timeout, *size)
 	default:
-		fmt.Fprintf(os.Stderr, "tcpcheck: unknown mode %q (want serve, dial or stream)\n", os.Args[1])
+		fmt.Fprintf(os.Stderr, "tcpcheck: unknown mode %q (want serve, dial, stream or transfer)\n", os.Args[1])
 		os.Exit(2)
 	}
 	if err != nil {
@@ -106,7 +118,26 @@ func dial(addr string, timeout time.Duration) error {
 	return nil
 }
 
-func stream(addr string, timeout, duration time.Duration) error {
+// Gap is one pause of the stream: it ended AtMs after the stream began and lasted Ms.
+type Gap struct {
+	AtMs float64 `json:"atMs"`
+	Ms   float64 `json:"ms"`
+}
+
+// StreamResult is what stream prints (one JSON line on stdout), also when it fails.
+type StreamResult struct {
+	Rounds   int     `json:"rounds"`
+	Bytes    int     `json:"bytes"`
+	MaxGapMs float64 `json:"maxGapMs"`
+	// Gaps are the pauses longer than -gap-report, in order.
+	Gaps  []Gap  `json:"gaps"`
+	Error string `json:"error,omitempty"`
+}
+
+// stream keeps one connection busy with 16 KiB echoes, 10ms apart, and measures the longest
+// time between two completed echoes (the stall a reroute of the connection causes). A stall
+// shorter than timeout is survived and measured; a longer one fails the stream.
+func stream(addr string, timeout, duration, gapReport time.Duration) error {
 	if addr == "" {
 		return errors.New("-addr is required")
 	}
@@ -116,17 +147,95 @@ func stream(addr string, timeout, duration time.Duration) error {
 	}
 	defer c.Close()
 	payload := make([]byte, 16*1024)
-	var rounds, bytesEchoed int
-	end := time.Now().Add(duration)
+	res := StreamResult{Gaps: []Gap{}}
+	start := time.Now()
+	last := start
+	end := start.Add(duration)
 	for time.Now().Before(end) {
 		_, _ = rand.Read(payload)
 		if err := echo(c, payload, timeout); err != nil {
-			return fmt.Errorf("after %d echoes: %w", rounds, err)
+			res.Error = fmt.Sprintf("after %d echoes: %v", res.Rounds, err)
+			_ = json.NewEncoder(os.Stdout).Encode(res)
+			return errors.New(res.Error)
 		}
-		rounds++
-		bytesEchoed += len(payload)
+		now := time.Now()
+		// The pacing sleep is part of every gap; it is subtracted so that a gap is the time the
+		// network made the stream wait.
+		gap := now.Sub(last)
+		if res.Rounds > 0 {
+			gap -= pace
+		}
+		ms := float64(gap.Microseconds()) / 1000
+		if ms > res.MaxGapMs {
+			res.MaxGapMs = ms
+		}
+		if gap > gapReport {
+			res.Gaps = append(res.Gaps, Gap{AtMs: float64(now.Sub(start).Milliseconds()), Ms: ms})
+		}
+		last = now
+		res.Rounds++
+		res.Bytes += len(payload)
 		// Pace the stream: the point is an uninterrupted connection, not throughput.
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(pace)
 	}
-	return json.NewEncoder(os.Stdout).Encode(map[string]int{"rounds": rounds, "bytes": bytesEchoed})
+	return json.NewEncoder(os.Stdout).Encode(res)
+}
+
+const pace = 10 * time.Millisecond
+
+// transfer sends size bytes through the echo server while reading the echo back concurrently,
+// so both directions carry full-size segments, and checks that what came back is what was sent.
+func transfer(addr string, timeout time.Duration, size int64) error {
+	if addr == "" {
+		return errors.New("-addr is required")
+	}
+	if size <= 0 {
+		return fmt.Errorf("-bytes %d: want > 0", size)
+	}
+	c, err := net.DialTimeout("tcp", addr, timeout)
+	if err != nil {
+		return fmt.Errorf("connect %s: %w", addr, err)
+	}
+	defer c.Close()
+	// The whole transfer gets timeout per MiB on top of one timeout, which a working path meets
+	// by orders of magnitude and a black-holed one (lost big segments) does not.
+	deadline := time.Now().Add(timeout + time.Duration(size>>20)*timeout)
+	if err := c.SetDeadline(deadline); err != nil {
+		return err
+	}
+	start := time.Now()
+	sent := sha256.New()
+	writeErr := make(chan error, 1)
+	// The writer goroutine is owned by transfer: it ends when it has written everything or the
+	// connection fails (the deadline bounds it); transfer waits for it before returning.
+	go func() {
+		buf := make([]byte, 64*1024)
+		var n int64
+		for n < size {
+			chunk := buf[:min(int64(len(buf)), size-n)]
+			_, _ = rand.Read(chunk)
+			sent.Write(chunk)
+			if _, err := c.Write(chunk); err != nil {
+				writeErr <- fmt.Errorf("write to %s after %d bytes: %w", addr, n, err)
+				return
+			}
+			n += int64(len(chunk))
+		}
+		writeErr <- nil
+	}()
+	got := sha256.New()
+	n, err := io.CopyN(got, c, size)
+	werr := <-writeErr
+	if werr != nil {
+		return werr
+	}
+	if err != nil {
+		return fmt.Errorf("read echo from %s after %d of %d bytes: %w", addr, n, size, err)
+	}
+	if !bytes.Equal(sent.Sum(nil), got.Sum(nil)) {
+		return errors.New("the echoed bytes differ from what was sent")
+	}
+	return json.NewEncoder(os.Stdout).Encode(map[string]any{
+		"bytes": size, "ms": time.Since(start).Milliseconds(), "sha256": hex.EncodeToString(got.Sum(nil)),
+	})
 }
