@@ -32,7 +32,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -81,9 +80,10 @@ type Driver struct {
 	charon   *charonProcess // nil with a system charon
 	conns    map[string]*loadedConn
 	// keeper re-initiates connections of which this node is the initiator and that have no
-	// IKE_SA (see keep); stopKeeper ends it.
+	// IKE_SA (see keep); kickKeeper makes it look at once (after a load); stopKeeper ends it.
 	stopKeeper context.CancelFunc
 	keeperDone chan struct{}
+	kickKeeper chan struct{}
 
 	connLoads, sharedLoads, unloads, terminates, initiates atomic.Uint64
 }
@@ -95,10 +95,19 @@ type loadedConn struct {
 	psk         []byte // kept to load it again into a restarted charon; never logged
 	digest      [32]byte
 	loadedAt    time.Time
-	// The keeper's schedule for this connection: next initiate not before nextInitiate, then
-	// wait initBackoff (doubling up to maxInitBackoff while the peer keeps refusing).
+	// The keeper's schedule for this connection (see keep): next initiate not before
+	// nextInitiate; initBackoff is the wait after the last initiate (nextInitBackoff); up says
+	// the keeper last saw an established IKE_SA.
 	nextInitiate time.Time
 	initBackoff  time.Duration
+	up           bool
+}
+
+// scheduleAfterLoad sets the keeper's schedule for a connection charon has just loaded: charon's
+// start_action sends the first IKE_SA_INIT at once, and if the peer refuses it (it has not loaded
+// its side yet) the keeper initiates again firstInitRetry later, then backs off.
+func (c *loadedConn) scheduleAfterLoad(now time.Time) {
+	c.nextInitiate, c.initBackoff, c.up = now.Add(firstInitRetry), 0, false
 }
 
 // Stats counts the changes the driver made to charon since New. A Connect that finds everything
@@ -416,7 +425,15 @@ func (d *Driver) Connect(ctx context.Context, remote cable.RemoteEndpoint, opts 
 	}
 	lc := &loadedConn{want: want, fingerprint: fp, psk: slices.Clone(remote.PreSharedKey), digest: digest, loadedAt: d.now()}
 	if old != nil && connOK && !keyChanged {
+		// Only the key was loaded again: the connection and its SAs stay, and so does the
+		// keeper's schedule.
 		lc.loadedAt = old.loadedAt
+		lc.nextInitiate, lc.initBackoff, lc.up = old.nextInitiate, old.initBackoff, old.up
+	} else {
+		lc.scheduleAfterLoad(d.now())
+		if want.Initiator {
+			d.kick()
+		}
 	}
 	if old != nil {
 		clear(old.psk)
@@ -521,71 +538,155 @@ func (d *Driver) replay(ctx context.Context, p *charonProcess) {
 			continue
 		}
 		c.loadedAt = d.now()
+		c.scheduleAfterLoad(c.loadedAt)
 		d.log.Info("connection reloaded after charon restart", "cluster", c.want.Cluster, "name", name)
 	}
+	d.kick()
 }
 
-// keepEvery is the keeper's period, and the first wait between its initiates of a connection;
-// maxInitBackoff the longest, so a peer that refuses for good is not asked every 3s forever.
+// The keeper's clock. keepEvery is its period while every connection it watches is established
+// (or charon is still working on one): it bounds how late the keeper notices that the peer
+// deleted an IKE_SA (a restarting responder), and a list-sas over a unix socket each second costs
+// next to nothing. firstInitRetry is the wait after a connection is loaded or
+// after the first initiate of a series, doubling per initiate up to maxInitBackoff, so a peer
+// that has not loaded its side yet is asked again within a fraction of a second, and one that
+// refuses for good is not asked every few seconds forever. lossGrace is how long the keeper
+// waits before initiating again when an established IKE_SA has gone: the peer deleted it, most
+// likely because its agent is removing this connection, and ours is about to do the same.
 const (
-	keepEvery      = 3 * time.Second
+	keepEvery      = time.Second
+	firstInitRetry = 200 * time.Millisecond
 	maxInitBackoff = time.Minute
+	lossGrace      = time.Second
+	// minKeepWait keeps a misbehaving schedule from spinning the keeper.
+	minKeepWait = 10 * time.Millisecond
+	// keeperErrorWait is the keeper's period while charon does not answer.
+	keeperErrorWait = 5 * time.Second
 )
 
+// nextInitBackoff is the wait after an initiate, given the wait after the one before (0 for the
+// first initiate of a series): firstInitRetry, then doubling, capped at maxInitBackoff.
+func nextInitBackoff(prev time.Duration) time.Duration {
+	if prev <= 0 {
+		return firstInitRetry
+	}
+	return min(2*prev, maxInitBackoff)
+}
+
 // startKeeper starts the keeper goroutine; the driver owns it and stops it in Cleanup and Close.
+// It runs keep when keep asked to be run again, and at once when kicked (a connection was
+// loaded).
 func (d *Driver) startKeeper() {
 	ctx, cancel := context.WithCancel(context.Background())
-	d.stopKeeper, d.keeperDone = cancel, make(chan struct{})
+	d.stopKeeper, d.keeperDone, d.kickKeeper = cancel, make(chan struct{}), make(chan struct{}, 1)
+	kick, done := d.kickKeeper, d.keeperDone
 	go func() {
-		defer close(d.keeperDone)
-		t := time.NewTicker(keepEvery)
+		defer close(done)
+		t := time.NewTimer(keepEvery)
 		defer t.Stop()
 		for {
 			select {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				d.keep(ctx)
+			case <-kick:
 			}
+			t.Reset(d.keep(ctx))
 		}
 	}()
 }
 
-// keep initiates every connection this node initiates that has no IKE_SA at all. charon's
-// start_action only fires when a connection is loaded, and a definitive answer from the peer
-// (NO_PROPOSAL_CHOSEN while the peer has not loaded its side yet, AUTHENTICATION_FAILED while
-// its key is not there yet) ends the attempt for good even with keyingtries 0. The initiate is
+// kick makes the keeper look at its connections now. Called with d.mu held; never blocks.
+func (d *Driver) kick() {
+	if d.kickKeeper == nil {
+		return
+	}
+	select {
+	case d.kickKeeper <- struct{}{}:
+	default:
+	}
+}
+
+// keep initiates every connection this node initiates that has no IKE_SA at all, and returns
+// how long to wait before the next look. charon's start_action only fires when a connection is
+// loaded, and a definitive answer from the peer (NO_PROPOSAL_CHOSEN while the peer has not
+// loaded its side yet, AUTHENTICATION_FAILED while its key is not there yet) destroys the IKE_SA
+// and ends the attempt for good even with keyingtries 0. So an absent IKE_SA is the sign of
+// such a failure: this is read from list-sas, a level rather than an event, so nothing is
+// missed across a charon restart or a dropped event subscription. A connecting IKE_SA is left
+// alone (charon retransmits to a silent peer itself) and looked at again soon. The initiate is
 // asynchronous (timeout -1): charon reports the outcome in list-sas.
-func (d *Driver) keep(ctx context.Context) {
+func (d *Driver) keep(ctx context.Context) time.Duration {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if !d.inited {
-		return
+		return keepEvery
 	}
+	wait := keepEvery
+	initiator := false
+	for _, c := range d.conns {
+		initiator = initiator || c.want.Initiator
+	}
+	if !initiator {
+		return wait
+	}
+	evs, err := d.client.stream(ctx, "list-sas", "list-sa", map[string]any{"noblock": "yes"})
+	if err != nil {
+		// charon is down or restarting: its supervisor's replay kicks the keeper once the new
+		// one holds the connections again, so look less often meanwhile.
+		d.log.Warn("keeper: list SAs", "error", err)
+		return keeperErrorWait
+	}
+	sas := parseSAs(evs)
+	now := d.now()
 	for name, c := range d.conns {
 		if !c.want.Initiator {
 			continue
 		}
-		evs, err := d.client.stream(ctx, "list-sas", "list-sa", map[string]any{"ike": name, "noblock": "yes"})
-		if err != nil {
-			d.log.Warn("keeper: list SAs", "cluster", c.want.Cluster, "error", err)
-			continue
+		due := keepAction(c, sas[name], now)
+		if due.initiate {
+			d.initiates.Add(1)
+			if _, err := d.client.stream(ctx, "initiate", "control-log", map[string]any{"child": name, "ike": name, "timeout": "-1"}); err != nil {
+				d.log.Warn("keeper: initiate", "cluster", c.want.Cluster, "error", err)
+			}
 		}
-		if len(parseSAs(evs)[name]) > 0 {
-			c.initBackoff, c.nextInitiate = 0, time.Time{}
-			continue
-		}
-		now := d.now()
-		if now.Before(c.nextInitiate) {
-			continue
-		}
-		c.initBackoff = min(max(2*c.initBackoff, keepEvery), maxInitBackoff)
-		c.nextInitiate = now.Add(c.initBackoff)
-		d.initiates.Add(1)
-		if _, err := d.client.stream(ctx, "initiate", "control-log", map[string]any{"child": name, "ike": name, "timeout": "-1"}); err != nil {
-			d.log.Warn("keeper: initiate", "cluster", c.want.Cluster, "error", err)
-		}
+		wait = min(wait, max(due.after, minKeepWait))
 	}
+	return wait
+}
+
+// keepDecision is what keepAction decided for one connection.
+type keepDecision struct {
+	initiate bool          // send an initiate now
+	after    time.Duration // look at the connection again after this
+}
+
+// keepAction updates c's schedule from the IKE_SAs charon holds for it at now and decides
+// whether to initiate. Pure, so the schedule is table-tested.
+func keepAction(c *loadedConn, sas []ikeSA, now time.Time) keepDecision {
+	established := slices.ContainsFunc(sas, func(sa ikeSA) bool { return slices.Contains(ikeUsable, sa.State) })
+	switch {
+	case established:
+		c.up, c.initBackoff, c.nextInitiate = true, 0, time.Time{}
+		return keepDecision{after: keepEvery}
+	case len(sas) > 0:
+		// Connecting (or being deleted): charon is at work; look again as soon as a refusal
+		// could have ended it.
+		return keepDecision{after: min(max(c.initBackoff, firstInitRetry), keepEvery)}
+	case c.up:
+		// An established IKE_SA went: the peer deleted it. Give our own agent lossGrace to
+		// remove the connection too before asking the peer again.
+		c.up, c.initBackoff, c.nextInitiate = false, 0, now.Add(lossGrace)
+		return keepDecision{after: lossGrace}
+	case now.Before(c.nextInitiate):
+		return keepDecision{after: c.nextInitiate.Sub(now)}
+	}
+	c.initBackoff = nextInitBackoff(c.initBackoff)
+	c.nextInitiate = now.Add(c.initBackoff)
+	// Look again soon whatever the backoff: to see the outcome (a refusal comes within a round
+	// trip), and above all to see the IKE_SA established, so that a later delete by the peer is
+	// taken for what it is (lossGrace) and not for one more refusal.
+	return keepDecision{initiate: true, after: firstInitRetry}
 }
 
 // Disconnect removes the connection to cluster, its SAs (charon then removes its routes) and its

@@ -176,6 +176,15 @@ func yesNo(b bool) string {
 // Timers of every connection. DPD every 10s notices a dead peer within about 35s with the
 // retransmission settings of strongswan.conf; the initiator then starts again (dpd_action
 // restart) while the responder just clears (dpd_action clear) and waits.
+//
+// close_action is none on both ends. The peer closes (deletes) an IKE_SA on purpose: when its
+// agent removes the connection (the pair leaves ipsec, the cluster goes) or when its agent or
+// charon stops. With close_action start the initiator's charon would start a new IKE_SA at once,
+// before its own agent unloads a connection that is being removed (the peer refuses it with
+// NO_PROPOSAL_CHOSEN), and a peer that is restarting cannot answer yet anyway. The driver's
+// keeper re-initiates instead: it sees the IKE_SA gone, waits lossGrace for our own agent to
+// remove the connection too, then initiates with a short, growing backoff until the restarted
+// peer has loaded its side.
 const (
 	dpdDelay = "10s"
 )
@@ -185,7 +194,7 @@ const (
 func connMessage(want desiredConn) map[string]any {
 	startAction, dpdAction, closeAction := "none", "clear", "none"
 	if want.Initiator {
-		startAction, dpdAction, closeAction = "start", "restart", "start"
+		startAction, dpdAction = "start", "restart"
 	}
 	child := map[string]any{
 		"mode":          "tunnel",

@@ -1,6 +1,8 @@
 package ipsecdriver
 
 import (
+	"time"
+
 	"github.com/cablemesh/cablemesh/cable/ipsec"
 	"github.com/cablemesh/cablemesh/tests/netns/nstest/peer"
 )
@@ -14,4 +16,10 @@ type Status struct {
 	MTU              int    `json:"mtu"`
 	ViciSocket       string `json:"viciSocket"`
 	ConnectionsError string `json:"connectionsError,omitempty"`
+	// With -hold: Ready once Init is done and the testpeer waits for SIGUSR1 to Connect;
+	// ConnectReturned when the first Connect returned; Installed when the testpeer first saw the
+	// connection connected (zero if not within 30s).
+	Ready           bool      `json:"ready,omitempty"`
+	ConnectReturned time.Time `json:"connectReturned"`
+	Installed       time.Time `json:"installed"`
 }

@@ -6,6 +6,11 @@
 // the driver, which stops charon, without cleanup, as an agent exit does).
 //
 // It writes a JSON Status to -status every 200ms and after every action.
+//
+// With -hold it stops after Init, reports Ready and waits for SIGUSR1 before the first Connect,
+// so a test can start the two ends' Connects in an order and at times of its choosing; it then
+// records when its Connect returned and when it first saw the connection connected (a CHILD_SA
+// INSTALLED), polling every 10ms.
 package main
 
 import (
@@ -15,7 +20,10 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/cablemesh/cablemesh/cable"
 	"github.com/cablemesh/cablemesh/cable/ipsec"
@@ -29,6 +37,7 @@ func run() error {
 	var f peer.Flags
 	f.Register(flag.CommandLine, 500)
 	settingsFlag := flag.String("settings", "", "comma-separated driver settings k=v")
+	hold := flag.Bool("hold", false, "after Init, wait for SIGUSR1 before the first Connect and time it")
 	flag.Parse()
 	local, remote, err := f.Endpoints()
 	if err != nil {
@@ -77,10 +86,31 @@ func run() error {
 		return err
 	}
 	st.Datapath, st.MTU, st.ViciSocket = string(d.Datapath()), d.MTU(), d.ViciSocket()
+	if *hold {
+		// Caught before Ready is written: SIGUSR1's default action would end the process.
+		sigs := make(chan os.Signal, 1)
+		signal.Notify(sigs, syscall.SIGUSR1, syscall.SIGTERM, syscall.SIGINT)
+		st.Ready = true
+		write()
+		if s := <-sigs; s != syscall.SIGUSR1 {
+			return d.Close()
+		}
+		signal.Stop(sigs)
+	}
 	if err := st.ConnectTwice(ctx, d, remote, nil); err != nil {
 		d.Cleanup(ctx)
 		return err
 	}
+	st.ConnectReturned = time.Now()
 	write()
+	if *hold {
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			if conns, err := d.Connections(ctx); err == nil && len(conns) == 1 && conns[0].State == cable.StateConnected {
+				st.Installed = time.Now()
+				break
+			}
+		}
+		write()
+	}
 	return peer.Serve(ctx, d, remote, nil, &st.Status, write, d.Close, nil)
 }
