@@ -45,6 +45,7 @@ import (
 
 	"github.com/cablemesh/cablemesh/cable"
 	"github.com/cablemesh/cablemesh/cable/route"
+	"github.com/cablemesh/cablemesh/internal/statefile"
 )
 
 // Name is the registry key of this driver.
@@ -885,23 +886,7 @@ func (d *Driver) Close() error {
 
 // writeFileAtomic writes data to path through a temporary file in the same directory.
 func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	defer os.Remove(tmp.Name())
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
+	if err := statefile.WriteAtomic(path, data, mode); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil

@@ -340,17 +340,17 @@ func FuzzParseFDB(f *testing.F) {
 func TestStoreRoundTrip(t *testing.T) {
 	dir := t.TempDir()
 	in := map[string]conn{"b": testConn()}
-	if err := saveStore(dir, in); err != nil {
+	if err := connections(dir).Save(in); err != nil {
 		t.Fatal(err)
 	}
-	out, err := loadStore(dir)
+	out, err := connections(dir).Load()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(out) != 1 || !out["b"].equal(in["b"]) {
 		t.Errorf("round trip: %+v != %+v", out, in)
 	}
-	empty, err := loadStore(t.TempDir())
+	empty, err := connections(t.TempDir()).Load()
 	if err != nil || len(empty) != 0 {
 		t.Errorf("missing file: %v %v, want an empty map", empty, err)
 	}
@@ -361,11 +361,11 @@ func FuzzDecodeStore(f *testing.F) {
 	f.Add([]byte(`{"version":1,"connections":{"b":{"address":"fd00::1"}}}`))
 	f.Add([]byte(`{"version":2}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		doc, err := decodeStore(data)
+		conns, err := connections("").Decode(data)
 		if err != nil {
 			return
 		}
-		for cluster, c := range doc.Connections {
+		for cluster, c := range conns {
 			if cluster == "" || c.Device == "" || len(c.Device) > 15 {
 				t.Fatalf("accepted cluster %q device %q", cluster, c.Device)
 			}

@@ -42,7 +42,6 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -166,7 +165,7 @@ func (d *Driver) Init(ctx context.Context) error {
 	if d.ready {
 		return nil
 	}
-	conns, err := loadStore(d.dir)
+	conns, err := connections(d.dir).Load()
 	if err != nil {
 		return err
 	}
@@ -312,7 +311,7 @@ func (d *Driver) Connect(ctx context.Context, remote cable.RemoteEndpoint, opts 
 	}
 	if !hadOld || !old.equal(want) {
 		d.conns[remote.Cluster] = want
-		if err := saveStore(d.dir, d.conns); err != nil {
+		if err := connections(d.dir).Save(d.conns); err != nil {
 			return fmt.Errorf("vxlan connect to cluster %s: %w", remote.Cluster, err)
 		}
 		log.Info("connected", "remote", want.Address, "dst_port", want.DstPort, "vni", want.VNI, "mtu", want.MTU, "subnets", want.Subnets)
@@ -586,7 +585,7 @@ func (d *Driver) Disconnect(ctx context.Context, cluster string) error {
 		return fmt.Errorf("vxlan disconnect cluster %s: %w", cluster, err)
 	}
 	delete(d.conns, cluster)
-	if err := saveStore(d.dir, d.conns); err != nil {
+	if err := connections(d.dir).Save(d.conns); err != nil {
 		return fmt.Errorf("vxlan disconnect cluster %s: %w", cluster, err)
 	}
 	d.log.Info("disconnected", "cluster", cluster, "interface", c.Device)
@@ -724,7 +723,7 @@ func (d *Driver) Cleanup(ctx context.Context) error {
 		}
 		errs = append(errs, d.deleteLink(l))
 	}
-	if err := os.Remove(filepath.Join(d.dir, connectionsFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := connections(d.dir).Remove(); err != nil {
 		errs = append(errs, err)
 	}
 	d.conns = nil

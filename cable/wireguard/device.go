@@ -85,7 +85,9 @@ func (u *userDevice) Close() error {
 			u.err = fmt.Errorf("remove UAPI socket %s: %w", UAPISocketPath(u.name), err)
 			return
 		}
-		if lerr != nil && !errors.Is(lerr, net.ErrClosed) {
+		// wireguard-go's UAPI listener closes its own wake-up pipe when it sees the socket file
+		// go; a Close racing with that reports os.ErrClosed for a listener that is already shut.
+		if lerr != nil && !errors.Is(lerr, net.ErrClosed) && !errors.Is(lerr, os.ErrClosed) {
 			u.err = fmt.Errorf("close UAPI listener of %s: %w", u.name, lerr)
 		}
 	})

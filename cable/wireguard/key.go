@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
+	"github.com/cablemesh/cablemesh/internal/statefile"
 )
 
 // privateKeyFile is the node's WireGuard private key (base64, one line) under StateDir/wireguard.
@@ -51,35 +53,8 @@ func loadOrCreateKey(dir string) (wgtypes.Key, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return wgtypes.Key{}, fmt.Errorf("wireguard state directory %s: %w", dir, err)
 	}
-	if err := writeFileAtomic(path, []byte(k.String()+"\n"), 0o600); err != nil {
+	if err := statefile.WriteAtomic(path, []byte(k.String()+"\n"), 0o600); err != nil {
 		return wgtypes.Key{}, fmt.Errorf("wireguard private key %s: %w", path, err)
 	}
 	return k, nil
-}
-
-// writeFileAtomic writes data to a temporary file in the same directory and renames it over path,
-// so a crash never leaves a half-written key or state file behind.
-func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp) // no-op after a successful rename
-	if err := f.Chmod(perm); err != nil {
-		f.Close()
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }

@@ -123,17 +123,17 @@ func TestOverlappingClusterIsFound(t *testing.T) {
 func TestStoreRoundTrip(t *testing.T) {
 	dir := t.TempDir()
 	in := map[string]storedConn{"b": {Node: "gw", PublicKey: testKey(t).String(), Endpoint: "10.0.0.2:51820", Subnets: pfx("10.2.0.0/16")}}
-	if err := saveStore(dir, in); err != nil {
+	if err := connections(dir).Save(in); err != nil {
 		t.Fatal(err)
 	}
-	out, err := loadStore(dir)
+	out, err := connections(dir).Load()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !storedEqual(in["b"], out["b"]) || len(out) != 1 {
 		t.Errorf("round trip: %+v != %+v", out, in)
 	}
-	empty, err := loadStore(t.TempDir())
+	empty, err := connections(t.TempDir()).Load()
 	if err != nil || len(empty) != 0 {
 		t.Errorf("missing file: %v %v, want an empty map", empty, err)
 	}
@@ -143,11 +143,11 @@ func FuzzDecodeStore(f *testing.F) {
 	f.Add([]byte(`{"version":1,"connections":{"b":{"node":"gw","publicKey":"x","endpoint":"1.2.3.4:5","subnets":["10.0.0.0/8"]}}}`))
 	f.Add([]byte(`{"version":2}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		doc, err := decodeStore(data)
+		conns, err := connections("").Decode(data)
 		if err != nil {
 			return
 		}
-		for c, conn := range doc.Connections {
+		for c, conn := range conns {
 			if c == "" {
 				t.Fatal("accepted an empty cluster")
 			}

@@ -18,7 +18,6 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -150,7 +149,7 @@ func (d *Driver) Init(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	conns, err := loadStore(d.dir)
+	conns, err := connections(d.dir).Load()
 	if err != nil {
 		return err
 	}
@@ -267,7 +266,7 @@ func (d *Driver) initDevice() error {
 		return err
 	}
 	if storeChanged {
-		return saveStore(d.dir, d.conns)
+		return connections(d.dir).Save(d.conns)
 	}
 	return nil
 }
@@ -377,7 +376,7 @@ func (d *Driver) Connect(ctx context.Context, remote cable.RemoteEndpoint, opts 
 	entry := storedConn{Node: want.Node, PublicKey: want.PublicKey.String(), Endpoint: want.Endpoint.String(), Subnets: want.Subnets}
 	if !hadOld || !storedEqual(old, entry) {
 		d.conns[want.Cluster] = entry
-		if err := saveStore(d.dir, d.conns); err != nil {
+		if err := connections(d.dir).Save(d.conns); err != nil {
 			return fmt.Errorf("wireguard connect to cluster %s: %w", want.Cluster, err)
 		}
 	}
@@ -452,7 +451,7 @@ func (d *Driver) Disconnect(ctx context.Context, cluster string) error {
 		}
 	}
 	delete(d.conns, cluster)
-	if err := saveStore(d.dir, d.conns); err != nil {
+	if err := connections(d.dir).Save(d.conns); err != nil {
 		return fmt.Errorf("wireguard disconnect cluster %s: %w", cluster, err)
 	}
 	d.log.Info("disconnected", "cluster", cluster)
@@ -536,7 +535,7 @@ func (d *Driver) Cleanup(ctx context.Context) error {
 		errs = append(errs, d.client.Close())
 	}
 	d.dev, d.client = nil, nil
-	if err := os.Remove(filepath.Join(d.dir, connectionsFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := connections(d.dir).Remove(); err != nil {
 		errs = append(errs, err)
 	}
 	d.conns = nil
