@@ -54,28 +54,11 @@ type Driver struct {
 	key    wgtypes.Key
 	mtu    int
 	dev    wgDevice
-	client wgClient
+	client *wgctrl.Client
 	conns  map[string]storedConn // cluster -> peer, mirrored in connections.json
-
-	// ctx lives from Init to Close or Cleanup (stop cancels it); the handshake watchers of
-	// new peers (kick.go) run under it, one per cluster in watches, all tracked by watchers.
-	ctx      context.Context
-	stop     context.CancelFunc
-	watches  map[string]*handshakeWatch
-	watchers sync.WaitGroup
-	// kickSchedule gives the waits between the checks of a new peer (tests shorten it).
-	kickSchedule func(ours, theirs wgtypes.Key) []time.Duration
 
 	configures   atomic.Uint64
 	routeChanges atomic.Uint64
-	kicks        atomic.Uint64
-}
-
-// wgClient is the part of *wgctrl.Client the driver uses (tests substitute a fake).
-type wgClient interface {
-	Device(name string) (*wgtypes.Device, error)
-	ConfigureDevice(name string, cfg wgtypes.Config) error
-	Close() error
 }
 
 // Stats counts the changes the driver made to the host since New. A Connect that finds everything
@@ -85,10 +68,6 @@ type Stats struct {
 	Configures uint64
 	// RouteChanges is the number of routes replaced or deleted.
 	RouteChanges uint64
-	// HandshakeKicks is the number of times a new peer that had not completed a handshake about
-	// a second after Connect was removed and added again to restart it (see kick.go). These
-	// changes are not counted in Configures: they are the driver's own, not Connect's.
-	HandshakeKicks uint64
 }
 
 // New validates settings and builds the driver; it touches nothing until Init.
@@ -110,9 +89,6 @@ func NewDriver(node cable.LocalNode, settings cable.Settings) (*Driver, error) {
 		cfg:  cfg,
 		dir:  filepath.Join(node.StateDir, Name),
 		log:  slog.Default().With("driver", Name, "interface", cfg.Interface),
-		kickSchedule: func(ours, theirs wgtypes.Key) []time.Duration {
-			return defaultKickSchedule(ours, theirs, randomJitter)
-		},
 	}, nil
 }
 
@@ -120,7 +96,7 @@ func (d *Driver) Name() string { return Name }
 
 // Stats returns the change counters.
 func (d *Driver) Stats() Stats {
-	return Stats{Configures: d.configures.Load(), RouteChanges: d.routeChanges.Load(), HandshakeKicks: d.kicks.Load()}
+	return Stats{Configures: d.configures.Load(), RouteChanges: d.routeChanges.Load()}
 }
 
 // DeviceKind is KindKernel or KindUserspace after Init, "" before.
@@ -168,8 +144,6 @@ func (d *Driver) Init(ctx context.Context) error {
 		return fmt.Errorf("wireguard init: open wgctrl: %w", err)
 	}
 	d.key, d.mtu, d.dev, d.client, d.conns = key, mtu, dev, client, conns
-	d.ctx, d.stop = context.WithCancel(context.Background())
-	d.watches = map[string]*handshakeWatch{}
 	if err := d.initDevice(); err != nil {
 		d.closeLocked()
 		return fmt.Errorf("wireguard init: %w", err)
@@ -333,10 +307,8 @@ func (d *Driver) Connect(ctx context.Context, remote cable.RemoteEndpoint, opts 
 			peers = append(peers, wgtypes.PeerConfig{PublicKey: k, Remove: true})
 		}
 	}
-	peerChanged := false
 	if p, ok := findPeer(dev, want.PublicKey); !ok || !peerMatches(p, want) {
 		peers = append(peers, peerConfig(want))
-		peerChanged = true
 	}
 	if len(peers) > 0 {
 		if err := d.configure(wgtypes.Config{Peers: peers}); err != nil {
@@ -351,10 +323,6 @@ func (d *Driver) Connect(ctx context.Context, remote cable.RemoteEndpoint, opts 
 			return fmt.Errorf("wireguard connect to cluster %s: device %s did not keep the peer configuration", want.Cluster, d.cfg.Interface)
 		}
 		log.Info("peer configured", "endpoint", want.Endpoint, "subnets", want.Subnets)
-	}
-	if peerChanged {
-		// Both sides adding each other at once can stall the first handshake for 5s: watch it.
-		d.startWatchLocked(want)
 	}
 
 	// Routes: this cluster's new subnets wanted; its old ones removed.
@@ -426,7 +394,6 @@ func (d *Driver) Disconnect(ctx context.Context, cluster string) error {
 	if d.dev == nil {
 		return fmt.Errorf("wireguard disconnect cluster %s: driver not initialised", cluster)
 	}
-	d.stopWatchLocked(cluster)
 	c, ok := d.conns[cluster]
 	if !ok {
 		return nil
@@ -509,12 +476,8 @@ func (d *Driver) Connections(ctx context.Context) ([]cable.ConnectionStatus, err
 // Cleanup removes our routes, the link (kernel) or the device with its UAPI socket (userspace),
 // and connections.json. The private key stays: the node keeps its identity.
 func (d *Driver) Cleanup(ctx context.Context) error {
-	// Wait for the watchers after unlocking: one may be waiting for d.mu, and sees that it was
-	// cancelled once it has it.
-	defer d.watchers.Wait()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.stopAllWatchesLocked()
 	var errs []error
 	if link, err := netlink.LinkByName(d.cfg.Interface); err == nil {
 		existing, err := d.ourRoutes(link.Attrs().Index)
@@ -550,14 +513,12 @@ func (d *Driver) Cleanup(ctx context.Context) error {
 // kernel link and its routes stay; a userspace device, its link and its routes go away with it.
 // connections.json stays, so the next Init can tell our peers from stale ones.
 func (d *Driver) Close() error {
-	defer d.watchers.Wait() // after unlocking, as in Cleanup
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.closeLocked()
 }
 
 func (d *Driver) closeLocked() error {
-	d.stopAllWatchesLocked()
 	var errs []error
 	if d.dev != nil && d.dev.Kind() == KindUserspace {
 		errs = append(errs, d.dev.Close())

@@ -1,8 +1,6 @@
 package wgdriver
 
 import (
-	"time"
-
 	"github.com/cablemesh/cablemesh/cable/wireguard"
 	"github.com/cablemesh/cablemesh/tests/netns/nstest/peer"
 )
@@ -14,10 +12,4 @@ type Status struct {
 	PublicKey    string `json:"publicKey"`
 	Port         uint16 `json:"port"`
 	SocketExists bool   `json:"socketExists"`
-	// InitDone is set, with -connect-at, once Init returned and before the wait for Connect.
-	InitDone bool `json:"initDone"`
-	// ConnectLate says by how much Init overran -connect-at ("" when it did not).
-	ConnectLate string `json:"connectLate,omitempty"`
-	// ConnectStarted is when the first Connect began.
-	ConnectStarted time.Time `json:"connectStarted"`
 }

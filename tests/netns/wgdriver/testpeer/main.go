@@ -9,9 +9,7 @@ package main
 import (
 	"context"
 	"flag"
-	"log/slog"
 	"os"
-	"time"
 
 	"github.com/cablemesh/cablemesh/cable"
 	"github.com/cablemesh/cablemesh/cable/wireguard"
@@ -38,15 +36,10 @@ func run() error {
 	iface := flag.String("interface", "", "wireguard interface setting (empty: default)")
 	port := flag.String("port", "", "wireguard port setting (empty: default)")
 	rKey := flag.String("remote-key", "", "remote public key (base64)")
-	connectAt := flag.Int64("connect-at", 0, "Unix time in nanoseconds to wait for between Init and Connect (0: connect at once)")
-	verbose := flag.Bool("verbose", false, "log at debug level, wireguard-go's own messages included")
 	flag.Parse()
 	local, remote, err := f.Endpoints()
 	if err != nil {
 		return err
-	}
-	if *verbose {
-		slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	}
 	remote.PublicKey = *rKey
 	settings := cable.Settings{}
@@ -83,17 +76,6 @@ func run() error {
 	st.Kind = d.DeviceKind()
 	le := d.LocalEndpoint()
 	st.PublicKey, st.Port = le.PublicKey, le.Port
-	if *connectAt != 0 {
-		at := time.Unix(0, *connectAt)
-		st.InitDone = true
-		write()
-		if late := time.Since(at); late > 0 {
-			// The race test needs both sides to connect at the planned moments.
-			st.ConnectLate = late.String()
-		}
-		time.Sleep(time.Until(at))
-	}
-	st.ConnectStarted = time.Now()
 	if err := st.ConnectTwice(ctx, d, remote, nil); err != nil {
 		return err
 	}
