@@ -3,11 +3,9 @@
 package bench
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"regexp"
 	"runtime"
 	"slices"
@@ -202,18 +200,6 @@ func TestDrivers(t *testing.T) {
 
 func writeDriverResults(t *testing.T, res DriversResult) {
 	t.Helper()
-	dir := os.Getenv("CABLEMESH_BENCH_RESULTS")
-	if dir == "" {
-		dir = "results"
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	base := filepath.Join(dir, "drivers-"+time.Now().UTC().Format("2006-01-02T150405Z"))
-	js, _ := json.MarshalIndent(res, "", "  ")
-	if err := os.WriteFile(base+".json", append(js, '\n'), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Cable drivers vs raw underlay (%s)\n\n", res.Date)
 	fmt.Fprintf(&b, "Kernel %s, %d CPUs. Throughput: %s, %ds per run, %d runs per path, each cable run followed by an underlay run; medians. RTT: %d pings 200ms apart; median.\n\n",
@@ -238,8 +224,5 @@ func writeDriverResults(t *testing.T, res DriversResult) {
 	for _, n := range res.Notes {
 		fmt.Fprintf(&b, "- %s\n", n)
 	}
-	if err := os.WriteFile(base+".md", []byte(b.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("results: %s.json and %s.md\n%s", base, base, b.String())
+	saveResults(t, "drivers", res, b.String())
 }

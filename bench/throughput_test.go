@@ -170,18 +170,6 @@ func wgImplementation() string {
 
 func writeResults(t *testing.T, res Result) {
 	t.Helper()
-	dir := os.Getenv("CABLEMESH_BENCH_RESULTS")
-	if dir == "" {
-		dir = "results"
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	base := filepath.Join(dir, "throughput-"+time.Now().UTC().Format("2006-01-02T150405Z"))
-	js, _ := json.MarshalIndent(res, "", "  ")
-	if err := os.WriteFile(base+".json", append(js, '\n'), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Throughput: WireGuard cable vs raw underlay (%s)\n\n", res.Date)
 	fmt.Fprintf(&b, "Kernel %s, %d CPUs, %s, %ds per run, %d runs per path, interleaved. WireGuard: %s.\n\n",
@@ -196,8 +184,30 @@ func writeResults(t *testing.T, res Result) {
 	}
 	fmt.Fprintf(&b, "\nRatio WireGuard / underlay (medians): **%.3f**\n\n", res.Ratio)
 	fmt.Fprintf(&b, "Time for a new cluster to connect: **%.2fs** (%s).\n", res.ConnectSeconds, res.ConnectNote)
-	if err := os.WriteFile(base+".md", []byte(b.String()), 0o644); err != nil {
+	saveResults(t, "throughput", res, b.String())
+}
+
+// saveResults writes res as JSON and markdown as Markdown to
+// $CABLEMESH_BENCH_RESULTS (default results/) as <kind>-<UTC time>.json and .md.
+func saveResults(t *testing.T, kind string, res any, markdown string) {
+	t.Helper()
+	dir := os.Getenv("CABLEMESH_BENCH_RESULTS")
+	if dir == "" {
+		dir = "results"
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("results: %s.json and %s.md\n%s", base, base, b.String())
+	base := filepath.Join(dir, kind+"-"+time.Now().UTC().Format("2006-01-02T150405Z"))
+	js, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(base+".json", append(js, '\n'), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(base+".md", []byte(markdown), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("results: %s.json and %s.md\n%s", base, base, markdown)
 }

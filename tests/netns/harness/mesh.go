@@ -377,26 +377,37 @@ func (c *Cluster) StartAgent() {
 // StopAgent stops the cluster's agent with SIGTERM and returns its exit code.
 func (c *Cluster) StopAgent() int {
 	c.m.T.Helper()
-	if c.Agent == nil {
+	return c.m.stopAgent(c.Agent, c.Name)
+}
+
+// stopAgent stops an agent process (nil: none) with SIGTERM and returns its exit code.
+func (m *Mesh) stopAgent(p *Process, name string) int {
+	m.T.Helper()
+	if p == nil {
 		return 0
 	}
-	code, err := c.Agent.Stop(15 * time.Second)
+	code, err := p.Stop(15 * time.Second)
 	if err != nil {
-		c.m.T.Errorf("stop agent %s: %v", c.Name, err)
+		m.T.Errorf("stop agent %s: %v", name, err)
 	}
-	c.m.Logf("agent %s stopped (exit %d)", c.Name, code)
+	m.Logf("agent %s stopped (exit %d)", name, code)
 	return code
 }
 
 // Status reads the agent's status document with `cablectl status --socket S -o json`.
 func (c *Cluster) Status() (statusapi.Status, error) {
+	return c.m.agentStatus(c.StatusSocket, c.Name)
+}
+
+// agentStatus reads the status document of the agent serving socket.
+func (m *Mesh) agentStatus(socket, name string) (statusapi.Status, error) {
 	var st statusapi.Status
-	r := Run(c.m.Ctx, c.m.Bin.Cablectl, "status", "--socket", c.StatusSocket, "-o", "json")
+	r := Run(m.Ctx, m.Bin.Cablectl, "status", "--socket", socket, "-o", "json")
 	if r.Err != nil {
 		return st, fmt.Errorf("%s", r)
 	}
 	if err := json.Unmarshal([]byte(r.Stdout), &st); err != nil {
-		return st, fmt.Errorf("decode status of %s: %w: %q", c.Name, err, r.Stdout)
+		return st, fmt.Errorf("decode status of %s: %w: %q", name, err, r.Stdout)
 	}
 	return st, nil
 }

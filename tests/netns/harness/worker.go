@@ -1,13 +1,11 @@
 package harness
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 )
@@ -141,28 +139,12 @@ func (w *Worker) StartAgent(extra ...string) {
 // StopAgent stops the worker's agent with SIGTERM and returns its exit code.
 func (w *Worker) StopAgent() int {
 	w.m.T.Helper()
-	if w.Agent == nil {
-		return 0
-	}
-	code, err := w.Agent.Stop(15 * time.Second)
-	if err != nil {
-		w.m.T.Errorf("stop agent %s: %v", w.Node, err)
-	}
-	w.m.Logf("agent %s stopped (exit %d)", w.Node, code)
-	return code
+	return w.m.stopAgent(w.Agent, w.Node)
 }
 
 // Status reads the worker agent's status document with `cablectl status --socket S -o json`.
 func (w *Worker) Status() (statusapi.Status, error) {
-	var st statusapi.Status
-	r := Run(w.m.Ctx, w.m.Bin.Cablectl, "status", "--socket", w.StatusSocket, "-o", "json")
-	if r.Err != nil {
-		return st, fmt.Errorf("%s", r)
-	}
-	if err := json.Unmarshal([]byte(r.Stdout), &st); err != nil {
-		return st, fmt.Errorf("decode status of %s: %w: %q", w.Node, err, r.Stdout)
-	}
-	return st, nil
+	return w.m.agentStatus(w.StatusSocket, w.Node)
 }
 
 // RouteEntry is one line of `ip route show`: destination and next hop ("" if none).
