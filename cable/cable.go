@@ -74,6 +74,17 @@ type ConnectionStatus struct {
 	Subnets       []netip.Prefix
 }
 
+// SortConnections orders connection reports by cluster, then endpoint, so every driver reports in
+// the same stable order (status output and tests compare them).
+func SortConnections(cs []ConnectionStatus) {
+	sort.Slice(cs, func(i, j int) bool {
+		if cs[i].Cluster != cs[j].Cluster {
+			return cs[i].Cluster < cs[j].Cluster
+		}
+		return cs[i].Endpoint < cs[j].Endpoint
+	})
+}
+
 // LocalEndpoint is what this node publishes for a driver in its broker Endpoint record.
 type LocalEndpoint struct {
 	Port      uint16

@@ -144,7 +144,7 @@ func connectionStatuses(loaded map[string]connInfo, foreign []string, sas map[st
 		}
 		out = append(out, st)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Cluster < out[j].Cluster })
+	cable.SortConnections(out)
 	return out
 }
 

@@ -44,7 +44,6 @@ import (
 	"net/netip"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -694,12 +693,7 @@ func (d *Driver) Connections(ctx context.Context) ([]cable.ConnectionStatus, err
 			}
 		}
 	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].Cluster != out[j].Cluster {
-			return out[i].Cluster < out[j].Cluster
-		}
-		return out[i].Endpoint < out[j].Endpoint
-	})
+	cable.SortConnections(out)
 	return out, nil
 }
 

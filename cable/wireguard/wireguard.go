@@ -20,7 +20,6 @@ import (
 	"net/netip"
 	"path/filepath"
 	"slices"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -464,12 +463,7 @@ func (d *Driver) Connections(ctx context.Context) ([]cable.ConnectionStatus, err
 		}
 		out = append(out, st)
 	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].Cluster != out[j].Cluster {
-			return out[i].Cluster < out[j].Cluster
-		}
-		return out[i].Endpoint < out[j].Endpoint
-	})
+	cable.SortConnections(out)
 	return out, nil
 }
 
