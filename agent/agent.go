@@ -734,9 +734,7 @@ func (a *Agent) endpoint() *apiv1.Endpoint {
 			ep.CablePorts = map[string]uint32{}
 		}
 		ep.CablePorts[d.Name()] = uint32(le.Port)
-		if d.Name() == "wireguard" {
-			ep.WireguardPublicKey = le.PublicKey
-		}
+		ep.SetAttributes(d.Name(), le.Attributes)
 	}
 	if ip := healthCheckIP(a.localPodCIDRs(), a.opts.InterfaceAddrs()); ip.IsValid() {
 		ep.HealthCheckIp = ip.String()

@@ -61,7 +61,7 @@ func newBroker(t *testing.T) *fakebroker.Broker {
 }
 
 func remoteEndpoint(cluster, node, ip, key string) *apiv1.Endpoint {
-	return &apiv1.Endpoint{Cluster: cluster, Node: node, PrivateIp: ip, WireguardPublicKey: key,
+	return &apiv1.Endpoint{Cluster: cluster, Node: node, PrivateIp: ip, CableAttributes: wgKey(key),
 		CablePorts: map[string]uint32{"wireguard": 51820}, Drivers: []string{"wireguard"}}
 }
 
@@ -198,7 +198,7 @@ func TestGatewayAgentAgainstABroker(t *testing.T) {
 	// The snapshot leads to a connection to every other cluster.
 	eventually(t, "connections to north and west", func() bool { return connectedClusters(d) == "north,west" })
 	west, _ := d.Has("west")
-	if west.Address != netip.MustParseAddr("127.0.0.12") || west.Port != 51820 || west.PublicKey != "S1dFU1Qta2V5" || west.ClusterID != 2 ||
+	if west.Address != netip.MustParseAddr("127.0.0.12") || west.Port != 51820 || west.Attributes["publicKey"] != "S1dFU1Qta2V5" || west.ClusterID != 2 ||
 		!slices.Equal(west.Subnets, []netip.Prefix{netip.MustParsePrefix("10.2.0.0/16"), netip.MustParsePrefix("10.96.2.0/24")}) {
 		t.Errorf("west connection = %+v", west)
 	}
@@ -209,7 +209,7 @@ func TestGatewayAgentAgainstABroker(t *testing.T) {
 		return b.Endpoint("east", "east-gw1") != nil && beats > 0
 	})
 	ep := b.Endpoint("east", "east-gw1")
-	if ep.GetPrivateIp() != "127.0.0.11" || ep.GetCablePorts()["wireguard"] != 51820 || ep.GetWireguardPublicKey() != d.Key ||
+	if ep.GetPrivateIp() != "127.0.0.11" || ep.GetCablePorts()["wireguard"] != 51820 || ep.Attributes("wireguard")["publicKey"] != d.Key ||
 		!slices.Equal(ep.GetSubnets(), []string{"10.1.0.0/16"}) || !slices.Equal(ep.GetDrivers(), []string{"wireguard"}) {
 		t.Errorf("registered endpoint = %v", ep)
 	}
@@ -307,7 +307,7 @@ func TestGatewayAgentAgainstABroker(t *testing.T) {
 	b.UpsertEndpoint(remoteEndpoint("west", "w1", "127.0.0.12", "TkVXLWtleQ=="))
 	eventually(t, "west reconnected with the new key", func() bool {
 		w, _ := d.Has("west")
-		return w.PublicKey == "TkVXLWtleQ=="
+		return w.Attributes["publicKey"] == "TkVXLWtleQ=="
 	})
 
 	// The broker goes away: the agent keeps its connections and says it is disconnected.
@@ -457,4 +457,9 @@ func TestAgentWaitsForABrokerThatIsNotUpYet(t *testing.T) {
 		t.Fatalf("agent stopped: %v", err)
 	default:
 	}
+}
+
+// wgKey is what a wireguard node publishes: its public key.
+func wgKey(key string) map[string]*apiv1.CableAttributes {
+	return map[string]*apiv1.CableAttributes{"wireguard": {Values: map[string]string{"publicKey": key}}}
 }

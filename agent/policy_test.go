@@ -177,7 +177,7 @@ func TestAPolicyChangeMovesAPairBetweenDrivers(t *testing.T) {
 	eventually(t, "endpoint registered", func() bool { return b.Endpoint("east", "east-gw1") != nil })
 	ep := b.Endpoint("east", "east-gw1")
 	if !slices.Equal(ep.GetDrivers(), []string{"vxlan", "wireguard"}) || ep.GetCablePorts()["vxlan"] != 51821 ||
-		ep.GetCablePorts()["wireguard"] != 51820 || ep.GetWireguardPublicKey() != f["wireguard"].Key {
+		ep.GetCablePorts()["wireguard"] != 51820 || ep.Attributes("wireguard")["publicKey"] != f["wireguard"].Key {
 		t.Errorf("endpoint = %v", ep)
 	}
 	// The pair's PSK reaches the driver, and the cache that holds it is private.

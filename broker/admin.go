@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cablemesh/cablemesh/api/validation"
+
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -65,14 +67,14 @@ func (a *adminService) ListClusters(ctx context.Context, _ *apiv1.ListClustersRe
 }
 
 func (a *adminService) LabelCluster(ctx context.Context, req *apiv1.LabelClusterRequest) (*apiv1.Cluster, error) {
-	if err := registry.ValidateClusterName(req.Name); err != nil {
+	if err := validation.ValidateClusterName(req.Name); err != nil {
 		return nil, invalid(err)
 	}
-	if err := registry.ValidateLabels(req.Set); err != nil {
+	if err := validation.ValidateLabels(req.Set); err != nil {
 		return nil, invalid(err)
 	}
 	for _, k := range req.Remove {
-		if err := registry.ValidateLabelKey(k); err != nil {
+		if err := validation.ValidateLabelKey(k); err != nil {
 			return nil, invalid(err)
 		}
 		if _, ok := req.Set[k]; ok {
@@ -115,7 +117,7 @@ func (a *adminService) LabelCluster(ctx context.Context, req *apiv1.LabelCluster
 }
 
 func (a *adminService) RemoveCluster(ctx context.Context, req *apiv1.RemoveClusterRequest) (*apiv1.RemoveClusterResponse, error) {
-	if err := registry.ValidateClusterName(req.Name); err != nil {
+	if err := validation.ValidateClusterName(req.Name); err != nil {
 		return nil, invalid(err)
 	}
 	var removed *apiv1.Cluster
@@ -149,18 +151,18 @@ func (a *adminService) RemoveCluster(ctx context.Context, req *apiv1.RemoveClust
 }
 
 func (a *adminService) CreateJoinToken(ctx context.Context, req *apiv1.CreateJoinTokenRequest) (*apiv1.CreateJoinTokenResponse, error) {
-	if err := registry.ValidateClusterName(req.Cluster); err != nil {
+	if err := validation.ValidateClusterName(req.Cluster); err != nil {
 		return nil, invalid(err)
 	}
-	pods, err := registry.ParseCIDRs("pod CIDR", req.PodCidrs)
+	pods, err := validation.ParseCIDRs("pod CIDR", req.PodCidrs)
 	if err != nil {
 		return nil, invalid(err)
 	}
-	svcs, err := registry.ParseCIDRs("service CIDR", req.ServiceCidrs)
+	svcs, err := validation.ParseCIDRs("service CIDR", req.ServiceCidrs)
 	if err != nil {
 		return nil, invalid(err)
 	}
-	if err := registry.ValidateLabels(req.Labels); err != nil {
+	if err := validation.ValidateLabels(req.Labels); err != nil {
 		return nil, invalid(err)
 	}
 	validFor := DefaultTokenValidity
@@ -210,8 +212,8 @@ func (a *adminService) CreateJoinToken(ctx context.Context, req *apiv1.CreateJoi
 			Name:         req.Cluster,
 			Id:           id,
 			Labels:       req.Labels,
-			PodCidrs:     registry.Strings(pods),
-			ServiceCidrs: registry.Strings(svcs),
+			PodCidrs:     validation.Strings(pods),
+			ServiceCidrs: validation.Strings(svcs),
 			JoinedAt:     timestamppb.New(now),
 			Uid:          newUID(),
 		}
@@ -247,13 +249,13 @@ func (a *adminService) CreateJoinToken(ctx context.Context, req *apiv1.CreateJoi
 // CIDRs or labels: names are unique in the mesh, so a request that disagrees is most likely a
 // second cluster under a name already taken.
 func checkSameCluster(c *apiv1.Cluster, pods, svcs []netip.Prefix, labels map[string]string) error {
-	if len(pods) > 0 && !registry.SameCIDRs(pods, mustPrefixes(c.PodCidrs)) {
+	if len(pods) > 0 && !validation.SameCIDRs(pods, mustPrefixes(c.PodCidrs)) {
 		return status.Errorf(codes.AlreadyExists, "cluster %q already exists with pod CIDRs [%s], not [%s]: cluster names are unique in the mesh; to add a node to it, give the same --pod-cidr or none",
-			c.Name, strings.Join(c.PodCidrs, ","), strings.Join(registry.Strings(pods), ","))
+			c.Name, strings.Join(c.PodCidrs, ","), strings.Join(validation.Strings(pods), ","))
 	}
-	if len(svcs) > 0 && !registry.SameCIDRs(svcs, mustPrefixes(c.ServiceCidrs)) {
+	if len(svcs) > 0 && !validation.SameCIDRs(svcs, mustPrefixes(c.ServiceCidrs)) {
 		return status.Errorf(codes.AlreadyExists, "cluster %q already exists with service CIDRs [%s], not [%s]: cluster names are unique in the mesh; to add a node to it, give the same --service-cidr or none",
-			c.Name, strings.Join(c.ServiceCidrs, ","), strings.Join(registry.Strings(svcs), ","))
+			c.Name, strings.Join(c.ServiceCidrs, ","), strings.Join(validation.Strings(svcs), ","))
 	}
 	keys := slices.Sorted(maps.Keys(labels))
 	for _, k := range keys {

@@ -2,12 +2,17 @@ package broker
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
+	"slices"
 	"sort"
+	"strings"
 	"time"
+
+	"github.com/cablemesh/cablemesh/api/validation"
+	"github.com/cablemesh/cablemesh/cable"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -42,7 +47,7 @@ func (a *agentService) Join(ctx context.Context, req *apiv1.JoinRequest) (*apiv1
 	if claims.CAHash != a.s.pki.CAHash() {
 		return nil, status.Errorf(codes.Unauthenticated, "join token names mesh CA %s, but this broker's CA is %s", claims.CAHash, a.s.pki.CAHash())
 	}
-	if err := registry.ValidateNodeName(req.Node); err != nil {
+	if err := validation.ValidateNodeName(req.Node); err != nil {
 		return nil, invalid(err)
 	}
 	var c *apiv1.Cluster
@@ -168,7 +173,7 @@ func validateEndpoint(e *apiv1.Endpoint) error {
 	}
 	sort.Strings(drivers)
 	for _, d := range drivers {
-		if err := registry.ValidateLabelValue("cable_ports", d); err != nil || d == "" {
+		if err := validation.ValidateLabelValue("cable_ports", d); err != nil || d == "" {
 			return fmt.Errorf("endpoint %s: cable_ports key %q is not a driver name", key, d)
 		}
 		if p := e.CablePorts[d]; p == 0 || p > 65535 {
@@ -176,18 +181,20 @@ func validateEndpoint(e *apiv1.Endpoint) error {
 		}
 	}
 	for _, d := range e.Drivers {
-		if err := registry.ValidateLabelValue("drivers", d); err != nil || d == "" {
+		if err := validation.ValidateLabelValue("drivers", d); err != nil || d == "" {
 			return fmt.Errorf("endpoint %s: drivers entry %q is not a driver name", key, d)
 		}
 	}
-	if e.WireguardPublicKey != "" {
-		k, err := base64.StdEncoding.DecodeString(e.WireguardPublicKey)
-		if err != nil || len(k) != 32 {
-			return fmt.Errorf("endpoint %s: wireguard_public_key %q is not a base64 32-byte key", key, e.WireguardPublicKey)
+	for _, d := range slices.Sorted(maps.Keys(e.CableAttributes)) {
+		if _, known := cable.Lookup(d); !known {
+			return fmt.Errorf("endpoint %s: cable_attributes key %q is not a registered cable driver (have %s)", key, d, strings.Join(cable.Names(), ", "))
+		}
+		if err := cable.CheckPublished(d, e.Attributes(d)); err != nil {
+			return fmt.Errorf("endpoint %s: cable_attributes[%q]: %w", key, d, err)
 		}
 	}
 	for _, s := range e.Subnets {
-		if _, err := registry.ParseCIDR("endpoint "+key+": subnet", s); err != nil {
+		if _, err := validation.ParseCIDR("endpoint "+key+": subnet", s); err != nil {
 			return err
 		}
 	}

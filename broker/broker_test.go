@@ -358,7 +358,7 @@ func TestEndpointValidation(t *testing.T) {
 		{"a bad public IP", mod(func(e *apiv1.Endpoint) { e.PublicIp = "x" }), 0, `public_ip "x"`},
 		{"port zero", mod(func(e *apiv1.Endpoint) { e.CablePorts["wireguard"] = 0 }), 0, `cable_ports["wireguard"] = 0`},
 		{"a port above 65535", mod(func(e *apiv1.Endpoint) { e.CablePorts["wireguard"] = 70000 }), 0, "70000"},
-		{"a bad WireGuard key", mod(func(e *apiv1.Endpoint) { e.WireguardPublicKey = "abc" }), 0, `wireguard_public_key "abc"`},
+		{"a bad WireGuard key", mod(func(e *apiv1.Endpoint) { e.SetAttributes("wireguard", map[string]string{"publicKey": "abc"}) }), 0, `wireguard publicKey "abc"`},
 		{"a subnet outside the cluster's CIDRs", mod(func(e *apiv1.Endpoint) { e.Subnets = []string{"10.2.0.0/24"} }), 0, "subnet 10.2.0.0/24 is not inside"},
 		{"a malformed subnet", mod(func(e *apiv1.Endpoint) { e.Subnets = []string{"10.1.0.1/16"} }), 0, "host bits"},
 		{"a negative lease", mod(func(e *apiv1.Endpoint) {}), -5, "lease_seconds -5"},

@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	_ "github.com/cablemesh/cablemesh/cable/drivers" // the broker validates what endpoints publish per driver
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -268,10 +270,10 @@ func (a *agent) client(t *testing.T, addr string) apiv1.AgentClient {
 func endpoint(cluster, node, ip string, subnets ...string) *apiv1.Endpoint {
 	return &apiv1.Endpoint{
 		Cluster: cluster, Node: node, PrivateIp: ip,
-		CablePorts:         map[string]uint32{"wireguard": 51820},
-		WireguardPublicKey: "HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw=",
-		Drivers:            []string{"wireguard"},
-		Subnets:            subnets,
+		CablePorts:      map[string]uint32{"wireguard": 51820},
+		CableAttributes: map[string]*apiv1.CableAttributes{"wireguard": {Values: map[string]string{"publicKey": "HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw="}}},
+		Drivers:         []string{"wireguard"},
+		Subnets:         subnets,
 	}
 }
 

@@ -11,11 +11,12 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/cablemesh/cablemesh/api/validation"
+
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
-	"github.com/cablemesh/cablemesh/broker/registry"
 	"github.com/cablemesh/cablemesh/broker/store"
 	"github.com/cablemesh/cablemesh/policy"
 )
@@ -380,7 +381,7 @@ func (a *adminService) ListPolicies(ctx context.Context, _ *apiv1.ListPoliciesRe
 
 func (a *adminService) ExplainConnection(ctx context.Context, req *apiv1.ExplainConnectionRequest) (*apiv1.ExplainConnectionResponse, error) {
 	for _, n := range []string{req.ClusterA, req.ClusterB} {
-		if err := registry.ValidateClusterName(n); err != nil {
+		if err := validation.ValidateClusterName(n); err != nil {
 			return nil, invalid(err)
 		}
 	}

@@ -5,12 +5,18 @@ package cable
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"sort"
 	"sync"
 	"time"
 )
+
+// ErrNotInitialised is returned (wrapped) by Connect, Disconnect and Connections of a driver
+// whose Init has not succeeded.
+var ErrNotInitialised = errors.New("cable driver is not initialised")
 
 // LocalNode describes the node a driver runs on.
 type LocalNode struct {
@@ -25,10 +31,15 @@ type LocalNode struct {
 	// this node inside them as the source of the routes it installs, so that traffic the gateway
 	// itself originates is accepted by the remote end (whose allowed sources are these subnets).
 	LocalSubnets []netip.Prefix
+	// Log is the logger the driver logs through (the agent's, with the node's identity); nil
+	// means slog.Default().
+	Log *slog.Logger
 }
 
-// Settings are a driver's node-level settings from the agent config, e.g. for wireguard
-// {"interface": "cbl-wg0", "port": "51820"}. Unknown keys are an error.
+// Settings are a driver's node-level settings: its own block of the agent config (the YAML mapping
+// under the driver's name, e.g. `wireguard: {interface: cbl-wg0, port: 51820}`), each value in its
+// scalar text form. Only the driver knows its keys: it validates them (Registration.ParseSettings)
+// and fills its defaults. Unknown keys are an error.
 type Settings map[string]string
 
 // Options are the per-connection options a ClusterConnectionPolicy gives (cableDriver.options).
@@ -42,8 +53,10 @@ type RemoteEndpoint struct {
 	// Address is the remote gateway's underlay address and Port its port for this driver.
 	Address netip.Addr
 	Port    uint16
-	// PublicKey is the remote node's WireGuard public key (base64), for drivers that need one.
-	PublicKey string
+	// Attributes are what the remote node published for this driver beyond its port (its
+	// endpoint's cable_attributes[driver]), e.g. the WireGuard public key. Their keys are the
+	// driver's own (LocalEndpoint.Attributes on the remote node).
+	Attributes map[string]string
 	// Subnets are the remote cluster's CIDRs: what the connection carries and what gets routed.
 	Subnets []netip.Prefix
 	// PreSharedKey is the secret of this cluster pair, derived by the broker from the mesh secret
@@ -85,10 +98,12 @@ func SortConnections(cs []ConnectionStatus) {
 	})
 }
 
-// LocalEndpoint is what this node publishes for a driver in its broker Endpoint record.
+// LocalEndpoint is what this node publishes for a driver in its broker Endpoint record: its port
+// (cable_ports[driver]) and any other attributes remote ends need (cable_attributes[driver]),
+// e.g. {"publicKey": "<base64>"} for wireguard.
 type LocalEndpoint struct {
-	Port      uint16
-	PublicKey string
+	Port       uint16
+	Attributes map[string]string
 }
 
 // Driver is one kind of cable. All methods must be idempotent: calling Connect twice with the same
@@ -96,10 +111,15 @@ type LocalEndpoint struct {
 type Driver interface {
 	// Name is the registry key, e.g. "wireguard".
 	Name() string
-	// Init prepares the node: devices, keys. Called once before any Connect.
+	// Init prepares the node: devices, keys, helper processes. Called once before any Connect.
 	Init(ctx context.Context) error
 	// LocalEndpoint returns what this node publishes for the driver (valid after Init).
 	LocalEndpoint() LocalEndpoint
+	// Links names the network links the driver's tunnelled traffic leaves through, as interface
+	// matches: an exact name ("wg-east"), or a prefix ending in '*' ("cbl-vx*"). The agent clamps
+	// the TCP MSS of traffic leaving through them. Valid after Init; may be empty (a datapath
+	// without a link of its own).
+	Links() []string
 	// Connect creates or updates the connection to remote.Cluster (one connection per remote
 	// cluster), including the routes to remote.Subnets over this cable.
 	Connect(ctx context.Context, remote RemoteEndpoint, opts Options) error
@@ -109,45 +129,131 @@ type Driver interface {
 	Connections(ctx context.Context) ([]ConnectionStatus, error)
 	// Cleanup removes every link, route, socket and file (except persistent keys) the driver made.
 	Cleanup(ctx context.Context) error
+	// Close stops everything the driver runs in this process (goroutines, sockets, supervised
+	// helper processes) and releases its handles. It leaves host state that outlives the process
+	// in place (kernel links, routes, SAs), so an agent restart does not flap tunnels; what cannot
+	// outlive the process (an in-process userspace device) ends with it. Close after Cleanup is
+	// allowed; nothing may be called after Close.
+	Close() error
 }
 
 // Factory builds a driver for the local node with its settings. It must validate settings and
-// return an error naming the bad key and value.
+// return an error naming the bad key and value; it must not touch the host (Init does).
 type Factory func(node LocalNode, settings Settings) (Driver, error)
 
+// Registration is everything the rest of Cablemesh knows about a driver, given by the driver
+// itself. Only Name and New are required.
+type Registration struct {
+	// Name is the registry key, the driver's name in policies, the agent config and endpoints.
+	Name string
+	// New builds the driver.
+	New Factory
+	// ParseSettings validates the driver's block of the agent config without I/O; errors name
+	// the field as "<driver>.<key>" and the value. nil accepts only an empty block.
+	ParseSettings func(Settings) error
+	// ValidateOptions validates the per-connection options a policy gives the driver
+	// (cableDriver.options); errors name the option and the value. nil accepts only none.
+	ValidateOptions func(Options) error
+	// CheckPublished validates what a remote node published for this driver
+	// (cable_attributes[driver]); an endpoint that fails it cannot carry the driver. nil accepts
+	// anything.
+	CheckPublished func(attrs map[string]string) error
+}
+
 var (
-	mu        sync.RWMutex
-	factories = map[string]Factory{}
+	mu            sync.RWMutex
+	registrations = map[string]Registration{}
 )
 
-// Register adds a driver factory under name. It panics on a duplicate name: that is a programming
-// error caught at init.
-func Register(name string, f Factory) {
+// Register adds a driver. It panics on a duplicate or empty name or a missing factory: those
+// are programming errors caught at init.
+func Register(r Registration) {
 	mu.Lock()
 	defer mu.Unlock()
-	if _, dup := factories[name]; dup {
-		panic(fmt.Sprintf("cable: driver %q registered twice", name))
+	if r.Name == "" || r.New == nil {
+		panic(fmt.Sprintf("cable: driver registration %q without a name or a factory", r.Name))
 	}
-	factories[name] = f
+	if _, dup := registrations[r.Name]; dup {
+		panic(fmt.Sprintf("cable: driver %q registered twice", r.Name))
+	}
+	registrations[r.Name] = r
+}
+
+// Lookup returns the registration of name.
+func Lookup(name string) (Registration, bool) {
+	mu.RLock()
+	defer mu.RUnlock()
+	r, ok := registrations[name]
+	return r, ok
+}
+
+func lookup(name string) (Registration, error) {
+	r, ok := Lookup(name)
+	if !ok {
+		return Registration{}, fmt.Errorf("cable driver %q is not registered (have %v)", name, Names())
+	}
+	return r, nil
 }
 
 // New builds the driver registered under name.
 func New(name string, node LocalNode, settings Settings) (Driver, error) {
-	mu.RLock()
-	f, ok := factories[name]
-	mu.RUnlock()
-	if !ok {
-		return nil, fmt.Errorf("cable driver %q is not registered (have %v)", name, Names())
+	r, err := lookup(name)
+	if err != nil {
+		return nil, err
 	}
-	return f(node, settings)
+	return r.New(node, settings)
+}
+
+// ParseSettings validates settings for driver name (see Registration.ParseSettings).
+func ParseSettings(name string, s Settings) error {
+	r, err := lookup(name)
+	if err != nil {
+		return err
+	}
+	if r.ParseSettings == nil {
+		for k, v := range s {
+			return fmt.Errorf("%s.%s: %q: the %s driver takes no settings", name, k, v, name)
+		}
+		return nil
+	}
+	return r.ParseSettings(s)
+}
+
+// ValidateOptions validates per-connection options for driver name (see
+// Registration.ValidateOptions).
+func ValidateOptions(name string, o Options) error {
+	r, err := lookup(name)
+	if err != nil {
+		return err
+	}
+	if r.ValidateOptions == nil {
+		for k, v := range o {
+			return fmt.Errorf("%s option %s=%q: unknown key (the %s driver takes no per-connection options)", name, k, v, name)
+		}
+		return nil
+	}
+	return r.ValidateOptions(o)
+}
+
+// CheckPublished validates a remote node's attributes for driver name (see
+// Registration.CheckPublished). An unregistered driver is an error.
+func CheckPublished(name string, attrs map[string]string) error {
+	r, err := lookup(name)
+	if err != nil {
+		return err
+	}
+	if r.CheckPublished == nil {
+		return nil
+	}
+	return r.CheckPublished(attrs)
 }
 
 // Names lists the registered drivers, sorted.
 func Names() []string {
 	mu.RLock()
 	defer mu.RUnlock()
-	names := make([]string, 0, len(factories))
-	for n := range factories {
+	names := make([]string, 0, len(registrations))
+	for n := range registrations {
 		names = append(names, n)
 	}
 	sort.Strings(names)

@@ -210,7 +210,7 @@ func Desired(st *brokerstate.State, local string, res *policy.Resolver, drivers 
 				Node:         chosen.GetNode(),
 				Address:      addr,
 				Port:         port,
-				PublicKey:    chosen.GetWireguardPublicKey(),
+				Attributes:   chosen.Attributes(driver),
 				Subnets:      subnets,
 				PreSharedKey: slices.Clone(c.GetPairPsk()),
 			},
@@ -241,8 +241,8 @@ func usable(e *apiv1.Endpoint, driver string) (netip.Addr, uint16, string) {
 	if p == 0 || p > 65535 {
 		return netip.Addr{}, 0, "publishes no " + driver + " port"
 	}
-	if driver == "wireguard" && e.GetWireguardPublicKey() == "" {
-		return netip.Addr{}, 0, "publishes no wireguard key"
+	if err := cable.CheckPublished(driver, e.Attributes(driver)); err != nil {
+		return netip.Addr{}, 0, err.Error()
 	}
 	return a, uint16(p), ""
 }
@@ -394,7 +394,7 @@ func EndpointString(r cable.RemoteEndpoint) string {
 // Equal compares two remote endpoints field by field, subnets as sets.
 func Equal(a, b cable.RemoteEndpoint) bool {
 	return a.Cluster == b.Cluster && a.ClusterID == b.ClusterID && a.Node == b.Node && a.Address == b.Address &&
-		a.Port == b.Port && a.PublicKey == b.PublicKey && samePrefixes(a.Subnets, b.Subnets) &&
+		a.Port == b.Port && maps.Equal(a.Attributes, b.Attributes) && samePrefixes(a.Subnets, b.Subnets) &&
 		string(a.PreSharedKey) == string(b.PreSharedKey)
 }
 

@@ -20,7 +20,7 @@ func cl(name string, id uint32, pod ...string) *apiv1.Cluster {
 }
 
 func ep(cluster, node, ip, key string) *apiv1.Endpoint {
-	return &apiv1.Endpoint{Cluster: cluster, Node: node, PrivateIp: ip, WireguardPublicKey: key,
+	return &apiv1.Endpoint{Cluster: cluster, Node: node, PrivateIp: ip, CableAttributes: wgKey(key),
 		CablePorts: map[string]uint32{"wireguard": 51820}, Drivers: []string{"wireguard"}}
 }
 
@@ -36,7 +36,7 @@ func state(clusters []*apiv1.Cluster, eps ...*apiv1.Endpoint) *brokerstate.State
 }
 
 func remote(cluster string, id uint32, node, ip, key string, subnets ...string) cable.RemoteEndpoint {
-	r := cable.RemoteEndpoint{Cluster: cluster, ClusterID: id, Node: node, Address: netip.MustParseAddr(ip), Port: 51820, PublicKey: key}
+	r := cable.RemoteEndpoint{Cluster: cluster, ClusterID: id, Node: node, Address: netip.MustParseAddr(ip), Port: 51820, Attributes: map[string]string{"publicKey": key}}
 	for _, s := range subnets {
 		r.Subnets = append(r.Subnets, netip.MustParsePrefix(s))
 	}
@@ -154,7 +154,7 @@ func TestPlan(t *testing.T) {
 	west := remote("west", 2, "w1", "10.0.0.12", "KW", "10.2.0.0/16")
 	north := remote("north", 3, "n1", "10.0.0.13", "KN", "10.3.0.0/16")
 	westNewKey := west
-	westNewKey.PublicKey = "KW2"
+	westNewKey.Attributes = map[string]string{"publicKey": "KW2"}
 	westMoved := west
 	westMoved.Address = netip.MustParseAddr("10.0.0.99")
 	tests := []struct {
@@ -219,4 +219,9 @@ func TestReconcilerIsIdempotent(t *testing.T) {
 	if got := d.Calls(); len(got) != 0 {
 		t.Fatalf("an unobservable driver was changed: %v", got)
 	}
+}
+
+// wgKey is what a wireguard node publishes: its public key.
+func wgKey(key string) map[string]*apiv1.CableAttributes {
+	return map[string]*apiv1.CableAttributes{"wireguard": {Values: map[string]string{"publicKey": key}}}
 }

@@ -15,7 +15,7 @@ func TestDesiredRoutesGoViaTheLocalGateway(t *testing.T) {
 	s.Clusters["west"] = &apiv1.Cluster{Name: "west", Id: 2, PodCidrs: []string{"10.2.0.0/16"}, ServiceCidrs: []string{"10.96.2.0/24"}}
 	s.Clusters["north"] = &apiv1.Cluster{Name: "north", Id: 3, PodCidrs: []string{"10.3.0.0/16"}}
 	ep := func(c, n, ip string) *apiv1.Endpoint {
-		return &apiv1.Endpoint{Cluster: c, Node: n, PrivateIp: ip, WireguardPublicKey: "K", CablePorts: map[string]uint32{"wireguard": 51820}}
+		return &apiv1.Endpoint{Cluster: c, Node: n, PrivateIp: ip, CableAttributes: map[string]*apiv1.CableAttributes{"wireguard": {Values: map[string]string{"publicKey": "K"}}}, CablePorts: map[string]uint32{"wireguard": 51820}}
 	}
 	s.Endpoints["east/e2"] = ep("east", "e2", "10.0.0.22")
 	s.Endpoints["east/e1"] = ep("east", "e1", "10.0.0.21")

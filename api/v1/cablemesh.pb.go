@@ -70,7 +70,7 @@ func (x Event_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Event_Type.Descriptor instead.
 func (Event_Type) EnumDescriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{4, 0}
+	return file_cablemesh_proto_rawDescGZIP(), []int{5, 0}
 }
 
 // Cluster is one member of the mesh. The broker allocates its ID (1..255) and never reuses an ID
@@ -198,8 +198,6 @@ type Endpoint struct {
 	PublicIp  string                 `protobuf:"bytes,4,opt,name=public_ip,json=publicIp,proto3" json:"public_ip,omitempty"`
 	// cable_ports: UDP port per cable driver name, e.g. {"wireguard": 51820}.
 	CablePorts map[string]uint32 `protobuf:"bytes,5,rep,name=cable_ports,json=cablePorts,proto3" json:"cable_ports,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
-	// WireGuard public key, base64 as wg(8) prints it.
-	WireguardPublicKey string `protobuf:"bytes,6,opt,name=wireguard_public_key,json=wireguardPublicKey,proto3" json:"wireguard_public_key,omitempty"`
 	// Drivers this node can run.
 	Drivers       []string `protobuf:"bytes,7,rep,name=drivers,proto3" json:"drivers,omitempty"`
 	HealthCheckIp string   `protobuf:"bytes,8,opt,name=health_check_ip,json=healthCheckIp,proto3" json:"health_check_ip,omitempty"`
@@ -211,9 +209,13 @@ type Endpoint struct {
 	// lease_seconds: the lease the broker granted at registration; each heartbeat extends
 	// lease_expires to now + lease_seconds. Heartbeats do not bump the revision, so last_heartbeat
 	// and lease_expires in watch events are as of the last change; ListClusters shows live values.
-	LeaseSeconds  int64 `protobuf:"varint,13,opt,name=lease_seconds,json=leaseSeconds,proto3" json:"lease_seconds,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	LeaseSeconds int64 `protobuf:"varint,13,opt,name=lease_seconds,json=leaseSeconds,proto3" json:"lease_seconds,omitempty"`
+	// cable_attributes: what each cable driver of this node publishes beyond its port, by driver
+	// name, e.g. {"wireguard": {"publicKey": "<base64>"}}. Each driver defines and validates its
+	// own keys (cable.Registration.CheckPublished); neither the broker nor the agent knows them.
+	CableAttributes map[string]*CableAttributes `protobuf:"bytes,14,rep,name=cable_attributes,json=cableAttributes,proto3" json:"cable_attributes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Endpoint) Reset() {
@@ -281,13 +283,6 @@ func (x *Endpoint) GetCablePorts() map[string]uint32 {
 	return nil
 }
 
-func (x *Endpoint) GetWireguardPublicKey() string {
-	if x != nil {
-		return x.WireguardPublicKey
-	}
-	return ""
-}
-
 func (x *Endpoint) GetDrivers() []string {
 	if x != nil {
 		return x.Drivers
@@ -337,6 +332,58 @@ func (x *Endpoint) GetLeaseSeconds() int64 {
 	return 0
 }
 
+func (x *Endpoint) GetCableAttributes() map[string]*CableAttributes {
+	if x != nil {
+		return x.CableAttributes
+	}
+	return nil
+}
+
+// CableAttributes are one driver's published attributes.
+type CableAttributes struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Values        map[string]string      `protobuf:"bytes,1,rep,name=values,proto3" json:"values,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CableAttributes) Reset() {
+	*x = CableAttributes{}
+	mi := &file_cablemesh_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CableAttributes) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CableAttributes) ProtoMessage() {}
+
+func (x *CableAttributes) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CableAttributes.ProtoReflect.Descriptor instead.
+func (*CableAttributes) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *CableAttributes) GetValues() map[string]string {
+	if x != nil {
+		return x.Values
+	}
+	return nil
+}
+
 // Resource is what the watch stream carries.
 type Resource struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -352,7 +399,7 @@ type Resource struct {
 
 func (x *Resource) Reset() {
 	*x = Resource{}
-	mi := &file_cablemesh_proto_msgTypes[2]
+	mi := &file_cablemesh_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -364,7 +411,7 @@ func (x *Resource) String() string {
 func (*Resource) ProtoMessage() {}
 
 func (x *Resource) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[2]
+	mi := &file_cablemesh_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -377,7 +424,7 @@ func (x *Resource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resource.ProtoReflect.Descriptor instead.
 func (*Resource) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{2}
+	return file_cablemesh_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Resource) GetKind() isResource_Kind {
@@ -457,7 +504,7 @@ type Policy struct {
 
 func (x *Policy) Reset() {
 	*x = Policy{}
-	mi := &file_cablemesh_proto_msgTypes[3]
+	mi := &file_cablemesh_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -469,7 +516,7 @@ func (x *Policy) String() string {
 func (*Policy) ProtoMessage() {}
 
 func (x *Policy) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[3]
+	mi := &file_cablemesh_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -482,7 +529,7 @@ func (x *Policy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Policy.ProtoReflect.Descriptor instead.
 func (*Policy) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{3}
+	return file_cablemesh_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Policy) GetName() string {
@@ -537,7 +584,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_cablemesh_proto_msgTypes[4]
+	mi := &file_cablemesh_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -549,7 +596,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[4]
+	mi := &file_cablemesh_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -562,7 +609,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{4}
+	return file_cablemesh_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Event) GetType() Event_Type {
@@ -608,7 +655,7 @@ type ListClustersRequest struct {
 
 func (x *ListClustersRequest) Reset() {
 	*x = ListClustersRequest{}
-	mi := &file_cablemesh_proto_msgTypes[5]
+	mi := &file_cablemesh_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -620,7 +667,7 @@ func (x *ListClustersRequest) String() string {
 func (*ListClustersRequest) ProtoMessage() {}
 
 func (x *ListClustersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[5]
+	mi := &file_cablemesh_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -633,7 +680,7 @@ func (x *ListClustersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListClustersRequest.ProtoReflect.Descriptor instead.
 func (*ListClustersRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{5}
+	return file_cablemesh_proto_rawDescGZIP(), []int{6}
 }
 
 type ListClustersResponse struct {
@@ -647,7 +694,7 @@ type ListClustersResponse struct {
 
 func (x *ListClustersResponse) Reset() {
 	*x = ListClustersResponse{}
-	mi := &file_cablemesh_proto_msgTypes[6]
+	mi := &file_cablemesh_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -659,7 +706,7 @@ func (x *ListClustersResponse) String() string {
 func (*ListClustersResponse) ProtoMessage() {}
 
 func (x *ListClustersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[6]
+	mi := &file_cablemesh_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -672,7 +719,7 @@ func (x *ListClustersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListClustersResponse.ProtoReflect.Descriptor instead.
 func (*ListClustersResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{6}
+	return file_cablemesh_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListClustersResponse) GetClusters() []*Cluster {
@@ -708,7 +755,7 @@ type LabelClusterRequest struct {
 
 func (x *LabelClusterRequest) Reset() {
 	*x = LabelClusterRequest{}
-	mi := &file_cablemesh_proto_msgTypes[7]
+	mi := &file_cablemesh_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -720,7 +767,7 @@ func (x *LabelClusterRequest) String() string {
 func (*LabelClusterRequest) ProtoMessage() {}
 
 func (x *LabelClusterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[7]
+	mi := &file_cablemesh_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -733,7 +780,7 @@ func (x *LabelClusterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LabelClusterRequest.ProtoReflect.Descriptor instead.
 func (*LabelClusterRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{7}
+	return file_cablemesh_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *LabelClusterRequest) GetName() string {
@@ -766,7 +813,7 @@ type RemoveClusterRequest struct {
 
 func (x *RemoveClusterRequest) Reset() {
 	*x = RemoveClusterRequest{}
-	mi := &file_cablemesh_proto_msgTypes[8]
+	mi := &file_cablemesh_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -778,7 +825,7 @@ func (x *RemoveClusterRequest) String() string {
 func (*RemoveClusterRequest) ProtoMessage() {}
 
 func (x *RemoveClusterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[8]
+	mi := &file_cablemesh_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -791,7 +838,7 @@ func (x *RemoveClusterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveClusterRequest.ProtoReflect.Descriptor instead.
 func (*RemoveClusterRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{8}
+	return file_cablemesh_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RemoveClusterRequest) GetName() string {
@@ -810,7 +857,7 @@ type RemoveClusterResponse struct {
 
 func (x *RemoveClusterResponse) Reset() {
 	*x = RemoveClusterResponse{}
-	mi := &file_cablemesh_proto_msgTypes[9]
+	mi := &file_cablemesh_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -822,7 +869,7 @@ func (x *RemoveClusterResponse) String() string {
 func (*RemoveClusterResponse) ProtoMessage() {}
 
 func (x *RemoveClusterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[9]
+	mi := &file_cablemesh_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -835,7 +882,7 @@ func (x *RemoveClusterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveClusterResponse.ProtoReflect.Descriptor instead.
 func (*RemoveClusterResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{9}
+	return file_cablemesh_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RemoveClusterResponse) GetCluster() *Cluster {
@@ -859,7 +906,7 @@ type CreateJoinTokenRequest struct {
 
 func (x *CreateJoinTokenRequest) Reset() {
 	*x = CreateJoinTokenRequest{}
-	mi := &file_cablemesh_proto_msgTypes[10]
+	mi := &file_cablemesh_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -871,7 +918,7 @@ func (x *CreateJoinTokenRequest) String() string {
 func (*CreateJoinTokenRequest) ProtoMessage() {}
 
 func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[10]
+	mi := &file_cablemesh_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -884,7 +931,7 @@ func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{10}
+	return file_cablemesh_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CreateJoinTokenRequest) GetCluster() string {
@@ -933,7 +980,7 @@ type CreateJoinTokenResponse struct {
 
 func (x *CreateJoinTokenResponse) Reset() {
 	*x = CreateJoinTokenResponse{}
-	mi := &file_cablemesh_proto_msgTypes[11]
+	mi := &file_cablemesh_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -945,7 +992,7 @@ func (x *CreateJoinTokenResponse) String() string {
 func (*CreateJoinTokenResponse) ProtoMessage() {}
 
 func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[11]
+	mi := &file_cablemesh_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -958,7 +1005,7 @@ func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{11}
+	return file_cablemesh_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CreateJoinTokenResponse) GetToken() string {
@@ -994,7 +1041,7 @@ type ApplyPoliciesRequest struct {
 
 func (x *ApplyPoliciesRequest) Reset() {
 	*x = ApplyPoliciesRequest{}
-	mi := &file_cablemesh_proto_msgTypes[12]
+	mi := &file_cablemesh_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1006,7 +1053,7 @@ func (x *ApplyPoliciesRequest) String() string {
 func (*ApplyPoliciesRequest) ProtoMessage() {}
 
 func (x *ApplyPoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[12]
+	mi := &file_cablemesh_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1019,7 +1066,7 @@ func (x *ApplyPoliciesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyPoliciesRequest.ProtoReflect.Descriptor instead.
 func (*ApplyPoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{12}
+	return file_cablemesh_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ApplyPoliciesRequest) GetPolicies() []*Policy {
@@ -1047,7 +1094,7 @@ type ApplyPoliciesResponse struct {
 
 func (x *ApplyPoliciesResponse) Reset() {
 	*x = ApplyPoliciesResponse{}
-	mi := &file_cablemesh_proto_msgTypes[13]
+	mi := &file_cablemesh_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1059,7 +1106,7 @@ func (x *ApplyPoliciesResponse) String() string {
 func (*ApplyPoliciesResponse) ProtoMessage() {}
 
 func (x *ApplyPoliciesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[13]
+	mi := &file_cablemesh_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1072,7 +1119,7 @@ func (x *ApplyPoliciesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyPoliciesResponse.ProtoReflect.Descriptor instead.
 func (*ApplyPoliciesResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{13}
+	return file_cablemesh_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ApplyPoliciesResponse) GetPolicies() []*Policy {
@@ -1098,7 +1145,7 @@ type DeletePoliciesRequest struct {
 
 func (x *DeletePoliciesRequest) Reset() {
 	*x = DeletePoliciesRequest{}
-	mi := &file_cablemesh_proto_msgTypes[14]
+	mi := &file_cablemesh_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1110,7 +1157,7 @@ func (x *DeletePoliciesRequest) String() string {
 func (*DeletePoliciesRequest) ProtoMessage() {}
 
 func (x *DeletePoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[14]
+	mi := &file_cablemesh_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1123,7 +1170,7 @@ func (x *DeletePoliciesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePoliciesRequest.ProtoReflect.Descriptor instead.
 func (*DeletePoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{14}
+	return file_cablemesh_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DeletePoliciesRequest) GetNames() []string {
@@ -1142,7 +1189,7 @@ type DeletePoliciesResponse struct {
 
 func (x *DeletePoliciesResponse) Reset() {
 	*x = DeletePoliciesResponse{}
-	mi := &file_cablemesh_proto_msgTypes[15]
+	mi := &file_cablemesh_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1154,7 +1201,7 @@ func (x *DeletePoliciesResponse) String() string {
 func (*DeletePoliciesResponse) ProtoMessage() {}
 
 func (x *DeletePoliciesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[15]
+	mi := &file_cablemesh_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1167,7 +1214,7 @@ func (x *DeletePoliciesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePoliciesResponse.ProtoReflect.Descriptor instead.
 func (*DeletePoliciesResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{15}
+	return file_cablemesh_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DeletePoliciesResponse) GetDeleted() []string {
@@ -1185,7 +1232,7 @@ type ListPoliciesRequest struct {
 
 func (x *ListPoliciesRequest) Reset() {
 	*x = ListPoliciesRequest{}
-	mi := &file_cablemesh_proto_msgTypes[16]
+	mi := &file_cablemesh_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1197,7 +1244,7 @@ func (x *ListPoliciesRequest) String() string {
 func (*ListPoliciesRequest) ProtoMessage() {}
 
 func (x *ListPoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[16]
+	mi := &file_cablemesh_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1210,7 +1257,7 @@ func (x *ListPoliciesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoliciesRequest.ProtoReflect.Descriptor instead.
 func (*ListPoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{16}
+	return file_cablemesh_proto_rawDescGZIP(), []int{17}
 }
 
 type ListPoliciesResponse struct {
@@ -1223,7 +1270,7 @@ type ListPoliciesResponse struct {
 
 func (x *ListPoliciesResponse) Reset() {
 	*x = ListPoliciesResponse{}
-	mi := &file_cablemesh_proto_msgTypes[17]
+	mi := &file_cablemesh_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1235,7 +1282,7 @@ func (x *ListPoliciesResponse) String() string {
 func (*ListPoliciesResponse) ProtoMessage() {}
 
 func (x *ListPoliciesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[17]
+	mi := &file_cablemesh_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1248,7 +1295,7 @@ func (x *ListPoliciesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoliciesResponse.ProtoReflect.Descriptor instead.
 func (*ListPoliciesResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{17}
+	return file_cablemesh_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListPoliciesResponse) GetPolicies() []*Policy {
@@ -1275,7 +1322,7 @@ type ExplainConnectionRequest struct {
 
 func (x *ExplainConnectionRequest) Reset() {
 	*x = ExplainConnectionRequest{}
-	mi := &file_cablemesh_proto_msgTypes[18]
+	mi := &file_cablemesh_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1287,7 +1334,7 @@ func (x *ExplainConnectionRequest) String() string {
 func (*ExplainConnectionRequest) ProtoMessage() {}
 
 func (x *ExplainConnectionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[18]
+	mi := &file_cablemesh_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1300,7 +1347,7 @@ func (x *ExplainConnectionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainConnectionRequest.ProtoReflect.Descriptor instead.
 func (*ExplainConnectionRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{18}
+	return file_cablemesh_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ExplainConnectionRequest) GetClusterA() string {
@@ -1327,7 +1374,7 @@ type ExplainConnectionResponse struct {
 
 func (x *ExplainConnectionResponse) Reset() {
 	*x = ExplainConnectionResponse{}
-	mi := &file_cablemesh_proto_msgTypes[19]
+	mi := &file_cablemesh_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1339,7 +1386,7 @@ func (x *ExplainConnectionResponse) String() string {
 func (*ExplainConnectionResponse) ProtoMessage() {}
 
 func (x *ExplainConnectionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[19]
+	mi := &file_cablemesh_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1352,7 +1399,7 @@ func (x *ExplainConnectionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainConnectionResponse.ProtoReflect.Descriptor instead.
 func (*ExplainConnectionResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{19}
+	return file_cablemesh_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ExplainConnectionResponse) GetJson() []byte {
@@ -1375,7 +1422,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_cablemesh_proto_msgTypes[20]
+	mi := &file_cablemesh_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1387,7 +1434,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[20]
+	mi := &file_cablemesh_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1400,7 +1447,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{20}
+	return file_cablemesh_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *JoinRequest) GetToken() string {
@@ -1443,7 +1490,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_cablemesh_proto_msgTypes[21]
+	mi := &file_cablemesh_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1455,7 +1502,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[21]
+	mi := &file_cablemesh_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1468,7 +1515,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{21}
+	return file_cablemesh_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *JoinResponse) GetCertificatePem() []byte {
@@ -1503,7 +1550,7 @@ type RegisterEndpointRequest struct {
 
 func (x *RegisterEndpointRequest) Reset() {
 	*x = RegisterEndpointRequest{}
-	mi := &file_cablemesh_proto_msgTypes[22]
+	mi := &file_cablemesh_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1515,7 +1562,7 @@ func (x *RegisterEndpointRequest) String() string {
 func (*RegisterEndpointRequest) ProtoMessage() {}
 
 func (x *RegisterEndpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[22]
+	mi := &file_cablemesh_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1528,7 +1575,7 @@ func (x *RegisterEndpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterEndpointRequest.ProtoReflect.Descriptor instead.
 func (*RegisterEndpointRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{22}
+	return file_cablemesh_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RegisterEndpointRequest) GetEndpoint() *Endpoint {
@@ -1555,7 +1602,7 @@ type RegisterEndpointResponse struct {
 
 func (x *RegisterEndpointResponse) Reset() {
 	*x = RegisterEndpointResponse{}
-	mi := &file_cablemesh_proto_msgTypes[23]
+	mi := &file_cablemesh_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1567,7 +1614,7 @@ func (x *RegisterEndpointResponse) String() string {
 func (*RegisterEndpointResponse) ProtoMessage() {}
 
 func (x *RegisterEndpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[23]
+	mi := &file_cablemesh_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1580,7 +1627,7 @@ func (x *RegisterEndpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterEndpointResponse.ProtoReflect.Descriptor instead.
 func (*RegisterEndpointResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{23}
+	return file_cablemesh_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RegisterEndpointResponse) GetEndpoint() *Endpoint {
@@ -1606,7 +1653,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_cablemesh_proto_msgTypes[24]
+	mi := &file_cablemesh_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1618,7 +1665,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[24]
+	mi := &file_cablemesh_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1631,7 +1678,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{24}
+	return file_cablemesh_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *HeartbeatRequest) GetNode() string {
@@ -1651,7 +1698,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_cablemesh_proto_msgTypes[25]
+	mi := &file_cablemesh_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1663,7 +1710,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[25]
+	mi := &file_cablemesh_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1676,7 +1723,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{25}
+	return file_cablemesh_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *HeartbeatResponse) GetLeaseExpires() *timestamppb.Timestamp {
@@ -1704,7 +1751,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_cablemesh_proto_msgTypes[26]
+	mi := &file_cablemesh_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1716,7 +1763,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[26]
+	mi := &file_cablemesh_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1729,7 +1776,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{26}
+	return file_cablemesh_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *WatchRequest) GetSinceRevision() uint64 {
@@ -1752,7 +1799,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_cablemesh_proto_msgTypes[27]
+	mi := &file_cablemesh_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1764,7 +1811,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[27]
+	mi := &file_cablemesh_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1777,7 +1824,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{27}
+	return file_cablemesh_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *WatchResponse) GetSnapshot() bool {
@@ -1818,7 +1865,7 @@ const file_cablemesh_proto_rawDesc = "" +
 	"\bpair_psk\x18\t \x01(\fR\apairPsk\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcf\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf4\x05\n" +
 	"\bEndpoint\x12\x18\n" +
 	"\acluster\x18\x01 \x01(\tR\acluster\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1d\n" +
@@ -1826,8 +1873,7 @@ const file_cablemesh_proto_rawDesc = "" +
 	"private_ip\x18\x03 \x01(\tR\tprivateIp\x12\x1b\n" +
 	"\tpublic_ip\x18\x04 \x01(\tR\bpublicIp\x12G\n" +
 	"\vcable_ports\x18\x05 \x03(\v2&.cablemesh.v1.Endpoint.CablePortsEntryR\n" +
-	"cablePorts\x120\n" +
-	"\x14wireguard_public_key\x18\x06 \x01(\tR\x12wireguardPublicKey\x12\x18\n" +
+	"cablePorts\x12\x18\n" +
 	"\adrivers\x18\a \x03(\tR\adrivers\x12&\n" +
 	"\x0fhealth_check_ip\x18\b \x01(\tR\rhealthCheckIp\x12\x18\n" +
 	"\asubnets\x18\t \x03(\tR\asubnets\x12A\n" +
@@ -1835,10 +1881,19 @@ const file_cablemesh_proto_rawDesc = "" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\rlastHeartbeat\x12?\n" +
 	"\rlease_expires\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\fleaseExpires\x12\x1a\n" +
 	"\brevision\x18\f \x01(\x04R\brevision\x12#\n" +
-	"\rlease_seconds\x18\r \x01(\x03R\fleaseSeconds\x1a=\n" +
+	"\rlease_seconds\x18\r \x01(\x03R\fleaseSeconds\x12V\n" +
+	"\x10cable_attributes\x18\x0e \x03(\v2+.cablemesh.v1.Endpoint.CableAttributesEntryR\x0fcableAttributes\x1a=\n" +
 	"\x0fCablePortsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\xab\x01\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\x1aa\n" +
+	"\x14CableAttributesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x123\n" +
+	"\x05value\x18\x02 \x01(\v2\x1d.cablemesh.v1.CableAttributesR\x05value:\x028\x01J\x04\b\x06\x10\aR\x14wireguard_public_key\"\x8f\x01\n" +
+	"\x0fCableAttributes\x12A\n" +
+	"\x06values\x18\x01 \x03(\v2).cablemesh.v1.CableAttributes.ValuesEntryR\x06values\x1a9\n" +
+	"\vValuesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xab\x01\n" +
 	"\bResource\x121\n" +
 	"\acluster\x18\x01 \x01(\v2\x15.cablemesh.v1.ClusterH\x00R\acluster\x124\n" +
 	"\bendpoint\x18\x02 \x01(\v2\x16.cablemesh.v1.EndpointH\x00R\bendpoint\x12.\n" +
@@ -1965,98 +2020,104 @@ func file_cablemesh_proto_rawDescGZIP() []byte {
 }
 
 var file_cablemesh_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_cablemesh_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_cablemesh_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_cablemesh_proto_goTypes = []any{
 	(Event_Type)(0),                   // 0: cablemesh.v1.Event.Type
 	(*Cluster)(nil),                   // 1: cablemesh.v1.Cluster
 	(*Endpoint)(nil),                  // 2: cablemesh.v1.Endpoint
-	(*Resource)(nil),                  // 3: cablemesh.v1.Resource
-	(*Policy)(nil),                    // 4: cablemesh.v1.Policy
-	(*Event)(nil),                     // 5: cablemesh.v1.Event
-	(*ListClustersRequest)(nil),       // 6: cablemesh.v1.ListClustersRequest
-	(*ListClustersResponse)(nil),      // 7: cablemesh.v1.ListClustersResponse
-	(*LabelClusterRequest)(nil),       // 8: cablemesh.v1.LabelClusterRequest
-	(*RemoveClusterRequest)(nil),      // 9: cablemesh.v1.RemoveClusterRequest
-	(*RemoveClusterResponse)(nil),     // 10: cablemesh.v1.RemoveClusterResponse
-	(*CreateJoinTokenRequest)(nil),    // 11: cablemesh.v1.CreateJoinTokenRequest
-	(*CreateJoinTokenResponse)(nil),   // 12: cablemesh.v1.CreateJoinTokenResponse
-	(*ApplyPoliciesRequest)(nil),      // 13: cablemesh.v1.ApplyPoliciesRequest
-	(*ApplyPoliciesResponse)(nil),     // 14: cablemesh.v1.ApplyPoliciesResponse
-	(*DeletePoliciesRequest)(nil),     // 15: cablemesh.v1.DeletePoliciesRequest
-	(*DeletePoliciesResponse)(nil),    // 16: cablemesh.v1.DeletePoliciesResponse
-	(*ListPoliciesRequest)(nil),       // 17: cablemesh.v1.ListPoliciesRequest
-	(*ListPoliciesResponse)(nil),      // 18: cablemesh.v1.ListPoliciesResponse
-	(*ExplainConnectionRequest)(nil),  // 19: cablemesh.v1.ExplainConnectionRequest
-	(*ExplainConnectionResponse)(nil), // 20: cablemesh.v1.ExplainConnectionResponse
-	(*JoinRequest)(nil),               // 21: cablemesh.v1.JoinRequest
-	(*JoinResponse)(nil),              // 22: cablemesh.v1.JoinResponse
-	(*RegisterEndpointRequest)(nil),   // 23: cablemesh.v1.RegisterEndpointRequest
-	(*RegisterEndpointResponse)(nil),  // 24: cablemesh.v1.RegisterEndpointResponse
-	(*HeartbeatRequest)(nil),          // 25: cablemesh.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),         // 26: cablemesh.v1.HeartbeatResponse
-	(*WatchRequest)(nil),              // 27: cablemesh.v1.WatchRequest
-	(*WatchResponse)(nil),             // 28: cablemesh.v1.WatchResponse
-	nil,                               // 29: cablemesh.v1.Cluster.LabelsEntry
-	nil,                               // 30: cablemesh.v1.Endpoint.CablePortsEntry
-	nil,                               // 31: cablemesh.v1.LabelClusterRequest.SetEntry
-	nil,                               // 32: cablemesh.v1.CreateJoinTokenRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),     // 33: google.protobuf.Timestamp
+	(*CableAttributes)(nil),           // 3: cablemesh.v1.CableAttributes
+	(*Resource)(nil),                  // 4: cablemesh.v1.Resource
+	(*Policy)(nil),                    // 5: cablemesh.v1.Policy
+	(*Event)(nil),                     // 6: cablemesh.v1.Event
+	(*ListClustersRequest)(nil),       // 7: cablemesh.v1.ListClustersRequest
+	(*ListClustersResponse)(nil),      // 8: cablemesh.v1.ListClustersResponse
+	(*LabelClusterRequest)(nil),       // 9: cablemesh.v1.LabelClusterRequest
+	(*RemoveClusterRequest)(nil),      // 10: cablemesh.v1.RemoveClusterRequest
+	(*RemoveClusterResponse)(nil),     // 11: cablemesh.v1.RemoveClusterResponse
+	(*CreateJoinTokenRequest)(nil),    // 12: cablemesh.v1.CreateJoinTokenRequest
+	(*CreateJoinTokenResponse)(nil),   // 13: cablemesh.v1.CreateJoinTokenResponse
+	(*ApplyPoliciesRequest)(nil),      // 14: cablemesh.v1.ApplyPoliciesRequest
+	(*ApplyPoliciesResponse)(nil),     // 15: cablemesh.v1.ApplyPoliciesResponse
+	(*DeletePoliciesRequest)(nil),     // 16: cablemesh.v1.DeletePoliciesRequest
+	(*DeletePoliciesResponse)(nil),    // 17: cablemesh.v1.DeletePoliciesResponse
+	(*ListPoliciesRequest)(nil),       // 18: cablemesh.v1.ListPoliciesRequest
+	(*ListPoliciesResponse)(nil),      // 19: cablemesh.v1.ListPoliciesResponse
+	(*ExplainConnectionRequest)(nil),  // 20: cablemesh.v1.ExplainConnectionRequest
+	(*ExplainConnectionResponse)(nil), // 21: cablemesh.v1.ExplainConnectionResponse
+	(*JoinRequest)(nil),               // 22: cablemesh.v1.JoinRequest
+	(*JoinResponse)(nil),              // 23: cablemesh.v1.JoinResponse
+	(*RegisterEndpointRequest)(nil),   // 24: cablemesh.v1.RegisterEndpointRequest
+	(*RegisterEndpointResponse)(nil),  // 25: cablemesh.v1.RegisterEndpointResponse
+	(*HeartbeatRequest)(nil),          // 26: cablemesh.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),         // 27: cablemesh.v1.HeartbeatResponse
+	(*WatchRequest)(nil),              // 28: cablemesh.v1.WatchRequest
+	(*WatchResponse)(nil),             // 29: cablemesh.v1.WatchResponse
+	nil,                               // 30: cablemesh.v1.Cluster.LabelsEntry
+	nil,                               // 31: cablemesh.v1.Endpoint.CablePortsEntry
+	nil,                               // 32: cablemesh.v1.Endpoint.CableAttributesEntry
+	nil,                               // 33: cablemesh.v1.CableAttributes.ValuesEntry
+	nil,                               // 34: cablemesh.v1.LabelClusterRequest.SetEntry
+	nil,                               // 35: cablemesh.v1.CreateJoinTokenRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),     // 36: google.protobuf.Timestamp
 }
 var file_cablemesh_proto_depIdxs = []int32{
-	29, // 0: cablemesh.v1.Cluster.labels:type_name -> cablemesh.v1.Cluster.LabelsEntry
-	33, // 1: cablemesh.v1.Cluster.joined_at:type_name -> google.protobuf.Timestamp
-	30, // 2: cablemesh.v1.Endpoint.cable_ports:type_name -> cablemesh.v1.Endpoint.CablePortsEntry
-	33, // 3: cablemesh.v1.Endpoint.last_heartbeat:type_name -> google.protobuf.Timestamp
-	33, // 4: cablemesh.v1.Endpoint.lease_expires:type_name -> google.protobuf.Timestamp
-	1,  // 5: cablemesh.v1.Resource.cluster:type_name -> cablemesh.v1.Cluster
-	2,  // 6: cablemesh.v1.Resource.endpoint:type_name -> cablemesh.v1.Endpoint
-	4,  // 7: cablemesh.v1.Resource.policy:type_name -> cablemesh.v1.Policy
-	0,  // 8: cablemesh.v1.Event.type:type_name -> cablemesh.v1.Event.Type
-	3,  // 9: cablemesh.v1.Event.resource:type_name -> cablemesh.v1.Resource
-	1,  // 10: cablemesh.v1.ListClustersResponse.clusters:type_name -> cablemesh.v1.Cluster
-	2,  // 11: cablemesh.v1.ListClustersResponse.endpoints:type_name -> cablemesh.v1.Endpoint
-	31, // 12: cablemesh.v1.LabelClusterRequest.set:type_name -> cablemesh.v1.LabelClusterRequest.SetEntry
-	1,  // 13: cablemesh.v1.RemoveClusterResponse.cluster:type_name -> cablemesh.v1.Cluster
-	32, // 14: cablemesh.v1.CreateJoinTokenRequest.labels:type_name -> cablemesh.v1.CreateJoinTokenRequest.LabelsEntry
-	1,  // 15: cablemesh.v1.CreateJoinTokenResponse.cluster:type_name -> cablemesh.v1.Cluster
-	33, // 16: cablemesh.v1.CreateJoinTokenResponse.expires:type_name -> google.protobuf.Timestamp
-	4,  // 17: cablemesh.v1.ApplyPoliciesRequest.policies:type_name -> cablemesh.v1.Policy
-	4,  // 18: cablemesh.v1.ApplyPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
-	4,  // 19: cablemesh.v1.ListPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
-	1,  // 20: cablemesh.v1.JoinResponse.cluster:type_name -> cablemesh.v1.Cluster
-	2,  // 21: cablemesh.v1.RegisterEndpointRequest.endpoint:type_name -> cablemesh.v1.Endpoint
-	2,  // 22: cablemesh.v1.RegisterEndpointResponse.endpoint:type_name -> cablemesh.v1.Endpoint
-	33, // 23: cablemesh.v1.HeartbeatResponse.lease_expires:type_name -> google.protobuf.Timestamp
-	5,  // 24: cablemesh.v1.WatchResponse.events:type_name -> cablemesh.v1.Event
-	6,  // 25: cablemesh.v1.Admin.ListClusters:input_type -> cablemesh.v1.ListClustersRequest
-	8,  // 26: cablemesh.v1.Admin.LabelCluster:input_type -> cablemesh.v1.LabelClusterRequest
-	9,  // 27: cablemesh.v1.Admin.RemoveCluster:input_type -> cablemesh.v1.RemoveClusterRequest
-	11, // 28: cablemesh.v1.Admin.CreateJoinToken:input_type -> cablemesh.v1.CreateJoinTokenRequest
-	13, // 29: cablemesh.v1.Admin.ApplyPolicies:input_type -> cablemesh.v1.ApplyPoliciesRequest
-	15, // 30: cablemesh.v1.Admin.DeletePolicies:input_type -> cablemesh.v1.DeletePoliciesRequest
-	17, // 31: cablemesh.v1.Admin.ListPolicies:input_type -> cablemesh.v1.ListPoliciesRequest
-	19, // 32: cablemesh.v1.Admin.ExplainConnection:input_type -> cablemesh.v1.ExplainConnectionRequest
-	21, // 33: cablemesh.v1.Agent.Join:input_type -> cablemesh.v1.JoinRequest
-	23, // 34: cablemesh.v1.Agent.RegisterEndpoint:input_type -> cablemesh.v1.RegisterEndpointRequest
-	25, // 35: cablemesh.v1.Agent.Heartbeat:input_type -> cablemesh.v1.HeartbeatRequest
-	27, // 36: cablemesh.v1.Agent.Watch:input_type -> cablemesh.v1.WatchRequest
-	7,  // 37: cablemesh.v1.Admin.ListClusters:output_type -> cablemesh.v1.ListClustersResponse
-	1,  // 38: cablemesh.v1.Admin.LabelCluster:output_type -> cablemesh.v1.Cluster
-	10, // 39: cablemesh.v1.Admin.RemoveCluster:output_type -> cablemesh.v1.RemoveClusterResponse
-	12, // 40: cablemesh.v1.Admin.CreateJoinToken:output_type -> cablemesh.v1.CreateJoinTokenResponse
-	14, // 41: cablemesh.v1.Admin.ApplyPolicies:output_type -> cablemesh.v1.ApplyPoliciesResponse
-	16, // 42: cablemesh.v1.Admin.DeletePolicies:output_type -> cablemesh.v1.DeletePoliciesResponse
-	18, // 43: cablemesh.v1.Admin.ListPolicies:output_type -> cablemesh.v1.ListPoliciesResponse
-	20, // 44: cablemesh.v1.Admin.ExplainConnection:output_type -> cablemesh.v1.ExplainConnectionResponse
-	22, // 45: cablemesh.v1.Agent.Join:output_type -> cablemesh.v1.JoinResponse
-	24, // 46: cablemesh.v1.Agent.RegisterEndpoint:output_type -> cablemesh.v1.RegisterEndpointResponse
-	26, // 47: cablemesh.v1.Agent.Heartbeat:output_type -> cablemesh.v1.HeartbeatResponse
-	28, // 48: cablemesh.v1.Agent.Watch:output_type -> cablemesh.v1.WatchResponse
-	37, // [37:49] is the sub-list for method output_type
-	25, // [25:37] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	30, // 0: cablemesh.v1.Cluster.labels:type_name -> cablemesh.v1.Cluster.LabelsEntry
+	36, // 1: cablemesh.v1.Cluster.joined_at:type_name -> google.protobuf.Timestamp
+	31, // 2: cablemesh.v1.Endpoint.cable_ports:type_name -> cablemesh.v1.Endpoint.CablePortsEntry
+	36, // 3: cablemesh.v1.Endpoint.last_heartbeat:type_name -> google.protobuf.Timestamp
+	36, // 4: cablemesh.v1.Endpoint.lease_expires:type_name -> google.protobuf.Timestamp
+	32, // 5: cablemesh.v1.Endpoint.cable_attributes:type_name -> cablemesh.v1.Endpoint.CableAttributesEntry
+	33, // 6: cablemesh.v1.CableAttributes.values:type_name -> cablemesh.v1.CableAttributes.ValuesEntry
+	1,  // 7: cablemesh.v1.Resource.cluster:type_name -> cablemesh.v1.Cluster
+	2,  // 8: cablemesh.v1.Resource.endpoint:type_name -> cablemesh.v1.Endpoint
+	5,  // 9: cablemesh.v1.Resource.policy:type_name -> cablemesh.v1.Policy
+	0,  // 10: cablemesh.v1.Event.type:type_name -> cablemesh.v1.Event.Type
+	4,  // 11: cablemesh.v1.Event.resource:type_name -> cablemesh.v1.Resource
+	1,  // 12: cablemesh.v1.ListClustersResponse.clusters:type_name -> cablemesh.v1.Cluster
+	2,  // 13: cablemesh.v1.ListClustersResponse.endpoints:type_name -> cablemesh.v1.Endpoint
+	34, // 14: cablemesh.v1.LabelClusterRequest.set:type_name -> cablemesh.v1.LabelClusterRequest.SetEntry
+	1,  // 15: cablemesh.v1.RemoveClusterResponse.cluster:type_name -> cablemesh.v1.Cluster
+	35, // 16: cablemesh.v1.CreateJoinTokenRequest.labels:type_name -> cablemesh.v1.CreateJoinTokenRequest.LabelsEntry
+	1,  // 17: cablemesh.v1.CreateJoinTokenResponse.cluster:type_name -> cablemesh.v1.Cluster
+	36, // 18: cablemesh.v1.CreateJoinTokenResponse.expires:type_name -> google.protobuf.Timestamp
+	5,  // 19: cablemesh.v1.ApplyPoliciesRequest.policies:type_name -> cablemesh.v1.Policy
+	5,  // 20: cablemesh.v1.ApplyPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
+	5,  // 21: cablemesh.v1.ListPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
+	1,  // 22: cablemesh.v1.JoinResponse.cluster:type_name -> cablemesh.v1.Cluster
+	2,  // 23: cablemesh.v1.RegisterEndpointRequest.endpoint:type_name -> cablemesh.v1.Endpoint
+	2,  // 24: cablemesh.v1.RegisterEndpointResponse.endpoint:type_name -> cablemesh.v1.Endpoint
+	36, // 25: cablemesh.v1.HeartbeatResponse.lease_expires:type_name -> google.protobuf.Timestamp
+	6,  // 26: cablemesh.v1.WatchResponse.events:type_name -> cablemesh.v1.Event
+	3,  // 27: cablemesh.v1.Endpoint.CableAttributesEntry.value:type_name -> cablemesh.v1.CableAttributes
+	7,  // 28: cablemesh.v1.Admin.ListClusters:input_type -> cablemesh.v1.ListClustersRequest
+	9,  // 29: cablemesh.v1.Admin.LabelCluster:input_type -> cablemesh.v1.LabelClusterRequest
+	10, // 30: cablemesh.v1.Admin.RemoveCluster:input_type -> cablemesh.v1.RemoveClusterRequest
+	12, // 31: cablemesh.v1.Admin.CreateJoinToken:input_type -> cablemesh.v1.CreateJoinTokenRequest
+	14, // 32: cablemesh.v1.Admin.ApplyPolicies:input_type -> cablemesh.v1.ApplyPoliciesRequest
+	16, // 33: cablemesh.v1.Admin.DeletePolicies:input_type -> cablemesh.v1.DeletePoliciesRequest
+	18, // 34: cablemesh.v1.Admin.ListPolicies:input_type -> cablemesh.v1.ListPoliciesRequest
+	20, // 35: cablemesh.v1.Admin.ExplainConnection:input_type -> cablemesh.v1.ExplainConnectionRequest
+	22, // 36: cablemesh.v1.Agent.Join:input_type -> cablemesh.v1.JoinRequest
+	24, // 37: cablemesh.v1.Agent.RegisterEndpoint:input_type -> cablemesh.v1.RegisterEndpointRequest
+	26, // 38: cablemesh.v1.Agent.Heartbeat:input_type -> cablemesh.v1.HeartbeatRequest
+	28, // 39: cablemesh.v1.Agent.Watch:input_type -> cablemesh.v1.WatchRequest
+	8,  // 40: cablemesh.v1.Admin.ListClusters:output_type -> cablemesh.v1.ListClustersResponse
+	1,  // 41: cablemesh.v1.Admin.LabelCluster:output_type -> cablemesh.v1.Cluster
+	11, // 42: cablemesh.v1.Admin.RemoveCluster:output_type -> cablemesh.v1.RemoveClusterResponse
+	13, // 43: cablemesh.v1.Admin.CreateJoinToken:output_type -> cablemesh.v1.CreateJoinTokenResponse
+	15, // 44: cablemesh.v1.Admin.ApplyPolicies:output_type -> cablemesh.v1.ApplyPoliciesResponse
+	17, // 45: cablemesh.v1.Admin.DeletePolicies:output_type -> cablemesh.v1.DeletePoliciesResponse
+	19, // 46: cablemesh.v1.Admin.ListPolicies:output_type -> cablemesh.v1.ListPoliciesResponse
+	21, // 47: cablemesh.v1.Admin.ExplainConnection:output_type -> cablemesh.v1.ExplainConnectionResponse
+	23, // 48: cablemesh.v1.Agent.Join:output_type -> cablemesh.v1.JoinResponse
+	25, // 49: cablemesh.v1.Agent.RegisterEndpoint:output_type -> cablemesh.v1.RegisterEndpointResponse
+	27, // 50: cablemesh.v1.Agent.Heartbeat:output_type -> cablemesh.v1.HeartbeatResponse
+	29, // 51: cablemesh.v1.Agent.Watch:output_type -> cablemesh.v1.WatchResponse
+	40, // [40:52] is the sub-list for method output_type
+	28, // [28:40] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_cablemesh_proto_init() }
@@ -2064,7 +2125,7 @@ func file_cablemesh_proto_init() {
 	if File_cablemesh_proto != nil {
 		return
 	}
-	file_cablemesh_proto_msgTypes[2].OneofWrappers = []any{
+	file_cablemesh_proto_msgTypes[3].OneofWrappers = []any{
 		(*Resource_Cluster)(nil),
 		(*Resource_Endpoint)(nil),
 		(*Resource_Policy)(nil),
@@ -2075,7 +2136,7 @@ func file_cablemesh_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cablemesh_proto_rawDesc), len(file_cablemesh_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   32,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

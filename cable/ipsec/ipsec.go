@@ -63,7 +63,20 @@ const libipsecDevice = "ipsec0"
 // charonTable is the routing table (and rule priority) charon installs its routes in by default.
 const charonTable = 220
 
-func init() { cable.Register(Name, New) }
+func init() {
+	cable.Register(cable.Registration{
+		Name: Name,
+		New:  New,
+		ParseSettings: func(s cable.Settings) error {
+			_, err := parseSettings(s)
+			return err
+		},
+		ValidateOptions: func(o cable.Options) error {
+			_, err := parseOptions(o)
+			return err
+		},
+	})
+}
 
 // Driver is the ipsec cable driver. Its methods are safe for concurrent use.
 type Driver struct {
@@ -860,6 +873,15 @@ func (d *Driver) removeHostLeftovers() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Links is kernel-libipsec's TUN device when ESP runs in charon; with kernel ESP the traffic
+// leaves through the underlay link and there is no link of the driver's own.
+func (d *Driver) Links() []string {
+	if d.Datapath() == DatapathLibipsec {
+		return []string{libipsecDevice}
+	}
+	return nil
 }
 
 // Close stops our own charon without removing connections from the configuration, as a process

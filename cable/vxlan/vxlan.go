@@ -58,7 +58,20 @@ import (
 // Name is the registry key of this driver.
 const Name = "vxlan"
 
-func init() { cable.Register(Name, New) }
+func init() {
+	cable.Register(cable.Registration{
+		Name: Name,
+		New:  New,
+		ParseSettings: func(s cable.Settings) error {
+			_, err := parseSettings(s)
+			return err
+		},
+		ValidateOptions: func(o cable.Options) error {
+			_, err := parseOptions(o)
+			return err
+		},
+	})
+}
 
 // Driver is the vxlan cable driver. Its methods are safe for concurrent use.
 type Driver struct {
@@ -253,6 +266,13 @@ func (d *Driver) deleteLink(l netlink.Link) error {
 	d.log.Info("link deleted", "interface", l.Attrs().Name)
 	return nil
 }
+
+// Links are the VXLAN links of this driver: every link with its prefix.
+func (d *Driver) Links() []string { return []string{d.cfg.Prefix + "*"} }
+
+// Close releases nothing: the driver runs no goroutine and holds no handle between calls, and its
+// kernel links outlive the process.
+func (d *Driver) Close() error { return nil }
 
 // LocalEndpoint is the UDP port to publish in Endpoint.cable_ports["vxlan"]. There is no key.
 func (d *Driver) LocalEndpoint() cable.LocalEndpoint {

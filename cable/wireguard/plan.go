@@ -31,9 +31,10 @@ func desiredFromRemote(remote cable.RemoteEndpoint, keepalive time.Duration) (de
 	if remote.Cluster == "" {
 		return desiredPeer{}, fmt.Errorf("wireguard connect: remote cluster name is empty")
 	}
-	key, err := wgtypes.ParseKey(remote.PublicKey)
+	pub := remote.Attributes[AttrPublicKey]
+	key, err := wgtypes.ParseKey(pub)
 	if err != nil {
-		return desiredPeer{}, fmt.Errorf("wireguard connect to cluster %s: public key %q: %w", remote.Cluster, remote.PublicKey, err)
+		return desiredPeer{}, fmt.Errorf("wireguard connect to cluster %s: public key %q: %w", remote.Cluster, pub, err)
 	}
 	if !remote.Address.IsValid() || remote.Address.IsUnspecified() {
 		return desiredPeer{}, fmt.Errorf("wireguard connect to cluster %s: address %q is not a usable IP", remote.Cluster, remote.Address)

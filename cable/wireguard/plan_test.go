@@ -34,7 +34,7 @@ func pfx(s ...string) []netip.Prefix {
 func TestDesiredFromRemote(t *testing.T) {
 	key := testKey(t)
 	good := cable.RemoteEndpoint{Cluster: "b", Node: "gw", Address: netip.MustParseAddr("10.0.0.2"), Port: 51820,
-		PublicKey: key.String(), Subnets: pfx("10.2.0.0/16", "10.1.0.5/16", "10.2.0.0/16")}
+		Attributes: map[string]string{AttrPublicKey: key.String()}, Subnets: pfx("10.2.0.0/16", "10.1.0.5/16", "10.2.0.0/16")}
 	tests := []struct {
 		name    string
 		mutate  func(*cable.RemoteEndpoint)
@@ -42,7 +42,7 @@ func TestDesiredFromRemote(t *testing.T) {
 	}{
 		{"a complete remote is accepted", func(*cable.RemoteEndpoint) {}, ""},
 		{"an empty cluster is an error", func(r *cable.RemoteEndpoint) { r.Cluster = "" }, "cluster name is empty"},
-		{"a bad public key is an error naming it", func(r *cable.RemoteEndpoint) { r.PublicKey = "nope" }, `"nope"`},
+		{"a bad public key is an error naming it", func(r *cable.RemoteEndpoint) { r.Attributes = map[string]string{AttrPublicKey: "nope"} }, `"nope"`},
 		{"a missing address is an error", func(r *cable.RemoteEndpoint) { r.Address = netip.Addr{} }, "address"},
 		{"an unspecified address is an error", func(r *cable.RemoteEndpoint) { r.Address = netip.MustParseAddr("0.0.0.0") }, "0.0.0.0"},
 		{"port 0 is an error", func(r *cable.RemoteEndpoint) { r.Port = 0 }, "port 0"},

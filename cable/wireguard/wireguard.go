@@ -40,7 +40,30 @@ const Name = "wireguard"
 // every cable driver's routes (cable/route).
 const RouteProtocol = route.Protocol
 
-func init() { cable.Register(Name, New) }
+// AttrPublicKey is the attribute a wireguard node publishes its public key under (base64, as
+// wg(8) prints it).
+const AttrPublicKey = "publicKey"
+
+func init() {
+	cable.Register(cable.Registration{
+		Name: Name,
+		New:  New,
+		ParseSettings: func(s cable.Settings) error {
+			_, err := parseSettings(s)
+			return err
+		},
+		ValidateOptions: parseOptions,
+		CheckPublished: func(attrs map[string]string) error {
+			if attrs[AttrPublicKey] == "" {
+				return fmt.Errorf("publishes no wireguard key")
+			}
+			if _, err := wgtypes.ParseKey(attrs[AttrPublicKey]); err != nil {
+				return fmt.Errorf("wireguard %s %q is not a base64 32-byte key", AttrPublicKey, attrs[AttrPublicKey])
+			}
+			return nil
+		},
+	})
+}
 
 // Driver is the wireguard cable driver. Its methods are safe for concurrent use.
 type Driver struct {
@@ -260,8 +283,15 @@ func (d *Driver) LocalEndpoint() cable.LocalEndpoint {
 	if d.key != (wgtypes.Key{}) {
 		pub = d.key.PublicKey().String()
 	}
-	return cable.LocalEndpoint{Port: uint16(d.cfg.Port), PublicKey: pub}
+	ep := cable.LocalEndpoint{Port: uint16(d.cfg.Port)}
+	if pub != "" {
+		ep.Attributes = map[string]string{AttrPublicKey: pub}
+	}
+	return ep
 }
+
+// Links is the WireGuard link.
+func (d *Driver) Links() []string { return []string{d.cfg.Interface} }
 
 // Connect makes the device hold exactly one peer for remote.Cluster and routes its subnets over
 // the link. It reads first and changes nothing when everything already matches.
@@ -279,14 +309,14 @@ func (d *Driver) Connect(ctx context.Context, remote cable.RemoteEndpoint, opts 
 		return fmt.Errorf("wireguard connect to cluster %s: driver not initialised", want.Cluster)
 	}
 	if want.PublicKey == d.key.PublicKey() {
-		return fmt.Errorf("wireguard connect to cluster %s: public key %s is this node's own", want.Cluster, remote.PublicKey)
+		return fmt.Errorf("wireguard connect to cluster %s: public key %s is this node's own", want.Cluster, want.PublicKey)
 	}
 	if other, theirs, ours, bad := overlappingCluster(want.Cluster, want.Subnets, d.conns); bad {
 		return fmt.Errorf("wireguard connect to cluster %s: subnet %s overlaps %s of cluster %s", want.Cluster, ours, theirs, other)
 	}
 	for cluster, c := range d.conns {
 		if cluster != want.Cluster && c.PublicKey == want.PublicKey.String() {
-			return fmt.Errorf("wireguard connect to cluster %s: public key %s is already the peer of cluster %s", want.Cluster, remote.PublicKey, cluster)
+			return fmt.Errorf("wireguard connect to cluster %s: public key %s is already the peer of cluster %s", want.Cluster, want.PublicKey, cluster)
 		}
 	}
 	log := d.log.With("cluster", want.Cluster, "node", want.Node, "peer", want.PublicKey.String())

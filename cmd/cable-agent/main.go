@@ -21,9 +21,8 @@ import (
 	"github.com/cablemesh/cablemesh/agent/config"
 	"github.com/cablemesh/cablemesh/agent/routes"
 	"github.com/cablemesh/cablemesh/cable"
-	_ "github.com/cablemesh/cablemesh/cable/ipsec" // registers driver "ipsec"
+	_ "github.com/cablemesh/cablemesh/cable/drivers" // registers every cable driver
 	"github.com/cablemesh/cablemesh/cable/mss"
-	_ "github.com/cablemesh/cablemesh/cable/vxlan" // registers driver "vxlan"
 	"github.com/cablemesh/cablemesh/cable/wireguard"
 )
 

@@ -24,6 +24,8 @@ import (
 	"syscall"
 	"time"
 
+	_ "github.com/cablemesh/cablemesh/cable/drivers" // the broker validates what endpoints publish per driver
+
 	"github.com/cablemesh/cablemesh/broker"
 )
 

@@ -13,6 +13,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/cablemesh/cablemesh/api/validation"
+
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -20,7 +22,6 @@ import (
 
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/broker/adminconfig"
-	"github.com/cablemesh/cablemesh/broker/registry"
 )
 
 // adminTimeout bounds every admin call, so a dead broker fails the command instead of hanging it.
@@ -104,18 +105,18 @@ cluster must give the same CIDRs or none. Tokens can be used by several nodes un
 		Args: exactArgs(1, "NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			name := args[0]
-			if err := registry.ValidateClusterName(name); err != nil {
+			if err := validation.ValidateClusterName(name); err != nil {
 				return usagef("%v", err)
 			}
-			pods, err := registry.ParseCIDRs("pod CIDR", podCIDRs)
+			pods, err := validation.ParseCIDRs("pod CIDR", podCIDRs)
 			if err != nil {
 				return usagef("--pod-cidr: %v", err)
 			}
-			svcs, err := registry.ParseCIDRs("service CIDR", svcCIDRs)
+			svcs, err := validation.ParseCIDRs("service CIDR", svcCIDRs)
 			if err != nil {
 				return usagef("--service-cidr: %v", err)
 			}
-			lbls, err := registry.ParseLabels(labels)
+			lbls, err := validation.ParseLabels(labels)
 			if err != nil {
 				return usagef("--labels: %v", err)
 			}
@@ -134,8 +135,8 @@ cluster must give the same CIDRs or none. Tokens can be used by several nodes un
 			defer closeConn()
 			resp, err := client.CreateJoinToken(ctx, &apiv1.CreateJoinTokenRequest{
 				Cluster:         name,
-				PodCidrs:        registry.Strings(pods),
-				ServiceCidrs:    registry.Strings(svcs),
+				PodCidrs:        validation.Strings(pods),
+				ServiceCidrs:    validation.Strings(svcs),
 				Labels:          lbls,
 				ValidForSeconds: int64(validFor / time.Second),
 			})
@@ -167,15 +168,18 @@ type clusterView struct {
 }
 
 type gatewayView struct {
-	Node               string            `json:"node"`
-	PrivateIP          string            `json:"privateIP"`
-	PublicIP           string            `json:"publicIP,omitempty"`
-	CablePorts         map[string]uint32 `json:"cablePorts,omitempty"`
-	WireguardPublicKey string            `json:"wireguardPublicKey,omitempty"`
-	Drivers            []string          `json:"drivers,omitempty"`
-	Subnets            []string          `json:"subnets,omitempty"`
-	LastHeartbeat      *time.Time        `json:"lastHeartbeat,omitempty"`
-	LeaseExpires       *time.Time        `json:"leaseExpires,omitempty"`
+	Node       string            `json:"node"`
+	PrivateIP  string            `json:"privateIP"`
+	PublicIP   string            `json:"publicIP,omitempty"`
+	CablePorts map[string]uint32 `json:"cablePorts,omitempty"`
+	// WireguardPublicKey repeats cableAttributes.wireguard.publicKey, the key this output has
+	// always had.
+	WireguardPublicKey string                       `json:"wireguardPublicKey,omitempty"`
+	CableAttributes    map[string]map[string]string `json:"cableAttributes,omitempty"`
+	Drivers            []string                     `json:"drivers,omitempty"`
+	Subnets            []string                     `json:"subnets,omitempty"`
+	LastHeartbeat      *time.Time                   `json:"lastHeartbeat,omitempty"`
+	LeaseExpires       *time.Time                   `json:"leaseExpires,omitempty"`
 }
 
 type clusterListView struct {
@@ -223,7 +227,7 @@ func printClusters(w io.Writer, format string, resp *apiv1.ListClustersResponse,
 			}
 			cv.Gateways = append(cv.Gateways, gatewayView{
 				Node: e.Node, PrivateIP: e.PrivateIp, PublicIP: e.PublicIp, CablePorts: e.CablePorts,
-				WireguardPublicKey: e.WireguardPublicKey, Drivers: e.Drivers, Subnets: e.Subnets,
+				WireguardPublicKey: e.Attributes("wireguard")["publicKey"], CableAttributes: attributes(e), Drivers: e.Drivers, Subnets: e.Subnets,
 				LastHeartbeat: tsPtr(e.LastHeartbeat.AsTime(), e.LastHeartbeat != nil),
 				LeaseExpires:  tsPtr(e.LeaseExpires.AsTime(), e.LeaseExpires != nil),
 			})
@@ -279,10 +283,10 @@ pairs: see the effect with "cablectl connection-policy list" and "... explain A 
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := registry.ValidateClusterName(args[0]); err != nil {
+			if err := validation.ValidateClusterName(args[0]); err != nil {
 				return usagef("%v", err)
 			}
-			set, remove, err := registry.ParseLabelChanges(args[1:])
+			set, remove, err := validation.ParseLabelChanges(args[1:])
 			if err != nil {
 				return usagef("%v", err)
 			}
@@ -309,7 +313,7 @@ func newClusterRemoveCmd(f *adminFlags) *cobra.Command {
 		Short: "Remove a cluster and its gateways from the mesh; its certificates and tokens stop working",
 		Args:  exactArgs(1, "NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := registry.ValidateClusterName(args[0]); err != nil {
+			if err := validation.ValidateClusterName(args[0]); err != nil {
 				return usagef("%v", err)
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), adminTimeout)
@@ -386,4 +390,16 @@ func humanAge(d time.Duration) string {
 		return strconv.Itoa(int(d/time.Hour)) + "h"
 	}
 	return strconv.Itoa(int(d/(24*time.Hour))) + "d"
+}
+
+// attributes flattens an endpoint's per-driver attributes for output.
+func attributes(e *apiv1.Endpoint) map[string]map[string]string {
+	if len(e.CableAttributes) == 0 {
+		return nil
+	}
+	out := map[string]map[string]string{}
+	for d, a := range e.CableAttributes {
+		out[d] = a.GetValues()
+	}
+	return out
 }

@@ -12,11 +12,12 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/cablemesh/cablemesh/api/validation"
+
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
 
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
-	"github.com/cablemesh/cablemesh/broker/registry"
 	"github.com/cablemesh/cablemesh/policy"
 )
 
@@ -283,7 +284,7 @@ func policyNames(flagName string, args []string) ([]string, error) {
 	}
 	names = append(names, args...)
 	for _, n := range names {
-		if err := registry.ValidateClusterName(n); err != nil {
+		if err := validation.ValidateClusterName(n); err != nil {
 			// Policy names are DNS labels, like cluster names.
 			return nil, usagef("policy name %q is not a DNS label (lowercase letters, digits and '-', at most 63)", n)
 		}
@@ -381,7 +382,7 @@ the explanation as data.`,
 				return err
 			}
 			for _, a := range args {
-				if err := registry.ValidateClusterName(a); err != nil {
+				if err := validation.ValidateClusterName(a); err != nil {
 					return usagef("%v", err)
 				}
 			}

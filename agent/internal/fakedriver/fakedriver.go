@@ -72,7 +72,23 @@ func (d *Driver) Init(context.Context) error {
 func (d *Driver) LocalEndpoint() cable.LocalEndpoint {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return cable.LocalEndpoint{Port: d.Port, PublicKey: d.Key}
+	le := cable.LocalEndpoint{Port: d.Port}
+	if d.Key != "" {
+		le.Attributes = map[string]string{"publicKey": d.Key}
+	}
+	return le
+}
+
+// Links are the fake's link names.
+func (d *Driver) Links() []string { return []string{"fake-" + d.DriverName} }
+
+// Close records the call.
+func (d *Driver) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.calls = append(d.calls, Call{Op: "close", Driver: d.DriverName, At: time.Now()})
+	d.initialized = false
+	return nil
 }
 
 func (d *Driver) Connect(_ context.Context, r cable.RemoteEndpoint, opts cable.Options) error {
@@ -180,4 +196,28 @@ func (d *Driver) SetHandshake(t time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.Handshake = t
+}
+
+// RegisterFakes registers, for every name not registered yet, a registration whose factory builds
+// a fake, so that planner and agent tests run without the real drivers. As the real wireguard
+// driver does, a fake "wireguard" endpoint must publish a non-empty "publicKey".
+func RegisterFakes(names ...string) {
+	for _, name := range names {
+		if _, ok := cable.Lookup(name); ok {
+			continue
+		}
+		r := cable.Registration{
+			Name: name,
+			New:  func(cable.LocalNode, cable.Settings) (cable.Driver, error) { return NewNamed(name, 1), nil },
+		}
+		if name == "wireguard" {
+			r.CheckPublished = func(attrs map[string]string) error {
+				if attrs["publicKey"] == "" {
+					return errors.New("publishes no wireguard key")
+				}
+				return nil
+			}
+		}
+		cable.Register(r)
+	}
 }

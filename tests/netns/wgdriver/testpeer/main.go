@@ -41,7 +41,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	remote.PublicKey = *rKey
+	remote.Attributes = map[string]string{wireguard.AttrPublicKey: *rKey}
 	settings := cable.Settings{}
 	if *iface != "" {
 		settings["interface"] = *iface
@@ -75,7 +75,7 @@ func run() error {
 	}
 	st.Kind = d.DeviceKind()
 	le := d.LocalEndpoint()
-	st.PublicKey, st.Port = le.PublicKey, le.Port
+	st.PublicKey, st.Port = le.Attributes[wireguard.AttrPublicKey], le.Port
 	if err := st.ConnectTwice(ctx, d, remote, nil); err != nil {
 		return err
 	}
