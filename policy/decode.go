@@ -21,7 +21,7 @@ const maxNodes = 100_000
 // its line and the document. Every policy is validated; names must be unique
 // within the file. JSON is YAML, so a JSON document decodes too.
 //
-// Warnings from DecodeYAMLWithWarnings (re-indented lines) are dropped.
+// Warnings from DecodeYAMLWithWarnings (re-indented priority lines) are dropped.
 func DecodeYAML(data []byte) ([]ClusterConnectionPolicy, error) {
 	out, _, err := DecodeYAMLWithWarnings(data)
 	return out, err
@@ -29,17 +29,18 @@ func DecodeYAML(data []byte) ([]ClusterConnectionPolicy, error) {
 
 // DecodeYAMLWithWarnings is DecodeYAML that also says what it repaired.
 //
-// Seed 004's client-server examples indent `priority: 3` one column left of
-// its siblings' parent level, which is not valid YAML. When the YAML does not
-// parse, mis-indented "key: value" lines are moved to the nearest enclosing
-// indentation level (there: spec, where priority belongs) and the file is
-// parsed again; each moved line is reported as a warning. If the repaired
-// file does not parse either, the original parse error is returned.
+// Seed 004's client-server examples indent `priority: 3` one column deeper
+// than the other entries of spec, after a nested block, which is not valid
+// YAML. When the YAML does not parse and that is the only indentation problem
+// of its spec blocks, those priority lines are moved to the column of spec's
+// entries and the file is parsed again; each moved line is a warning naming
+// its line. Anything else that does not parse, or a repaired file that still
+// does not, is refused with the parser's error for the file as written.
 func DecodeYAMLWithWarnings(data []byte) ([]ClusterConnectionPolicy, []string, error) {
 	docs, err := parseDocuments(data)
 	var warnings []string
 	if err != nil {
-		fixed, moved := reindent(data)
+		fixed, moved := reindentPriority(data)
 		if len(moved) == 0 {
 			return nil, nil, err
 		}

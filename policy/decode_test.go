@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"encoding/json"
 	"errors"
 	"reflect"
 	"strings"
@@ -237,23 +238,6 @@ func TestDecodeYAMLSkipsEmptyDocuments(t *testing.T) {
 	}
 }
 
-func TestReindentLeavesValidYAMLAlone(t *testing.T) {
-	in := "a:\n  b: |\n    text: with colon\n      deeper: x\n  c:\n  - d: 1\n    e: 2\n"
-	out, moved := reindent([]byte(in))
-	if len(moved) != 0 || string(out) != in {
-		t.Errorf("moved %q:\n%s", moved, out)
-	}
-}
-
-func TestReindentMovesToTheNearestLevel(t *testing.T) {
-	// "b" sits between spec's children (3) and the top level (0), nearer 3.
-	in := "spec:\n   a: 1\n  b: 2\n"
-	out, moved := reindent([]byte(in))
-	if len(moved) != 1 || string(out) != "spec:\n   a: 1\n   b: 2\n" {
-		t.Errorf("moved %q:\n%s", moved, out)
-	}
-}
-
 func TestEncodeYAMLRoundTrips(t *testing.T) {
 	prio := 4
 	in := []ClusterConnectionPolicy{{
@@ -281,6 +265,29 @@ func TestEncodeYAMLRoundTrips(t *testing.T) {
 	want.APIVersion, want.Status = APIVersion, nil
 	if !reflect.DeepEqual(out[0], want) {
 		t.Errorf("round trip:\n got %+v\nwant %+v\n%s", out[0], want, data)
+	}
+}
+
+func TestJSONRoundTrips(t *testing.T) {
+	for _, f := range []string{"03-on-prem.yaml", "08-client-server-any.yaml", "06-on-prem-to-cloud-no-connect.yaml"} {
+		p := seedPolicy(t, f)
+		p.Origin = "mesh"
+		data, err := json.Marshal(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back ClusterConnectionPolicy
+		if err := json.Unmarshal(data, &back); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(back, p) {
+			t.Errorf("%s: JSON round trip:\n got %+v\nwant %+v\n%s", f, back, p, data)
+		}
+		// Stored JSON is also a valid file for cablectl apply.
+		ps, err := DecodeYAML(data)
+		if err != nil || !reflect.DeepEqual(ps[0], p) {
+			t.Errorf("%s: DecodeYAML of the JSON: %v\n%+v", f, err, ps)
+		}
 	}
 }
 

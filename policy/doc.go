@@ -4,9 +4,9 @@
 //
 // It is pure: no I/O, nothing of the project imported. The broker validates
 // and stores policies with it, the agents resolve their pairs with it, and
-// cablectl parses flags and files with it; because the resolver is a
-// deterministic, symmetric function of (policies, default policy, cluster
-// labels), both ends of a pair always reach the same decision.
+// cablectl parses selectors, cable options and files with it; because the
+// resolver is a deterministic, symmetric function of (policies, default
+// policy, cluster labels), both ends of a pair always reach the same decision.
 //
 // # Reading the seed
 //
@@ -62,11 +62,13 @@
 //   - The seed's two client-server examples indent `priority: 3` at column 4,
 //     between spec's children (column 3) and cableDriver's (column 7): not
 //     valid YAML. DecodeYAML parses the file as written first; only if that
-//     fails does it move such "key: value" lines to the nearest indentation
-//     in use (column 3: priority becomes a spec field, as the seed's Go type
-//     says), parse again, and report each moved line through
-//     DecodeYAMLWithWarnings. The repaired text is decoded strictly like any
-//     other, so a wrong guess ends in an error, not a different policy.
+//     fails, and the only mis-indented lines of its spec blocks are such
+//     `priority: N` lines deeper than spec's children, does it move them to
+//     spec's column (priority is a spec field, as the seed's Go type says),
+//     parse again, and report each moved line through DecodeYAMLWithWarnings.
+//     Any other YAML that does not parse (another mis-indented key, a tab, a
+//     priority outside spec) is refused with the parser's error. The
+//     repaired text is decoded strictly like any other.
 //   - status in an applied file is ignored (the broker writes it); origin is
 //     kept but the broker overwrites it.
 package policy

@@ -1,9 +1,11 @@
 package policy
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -23,6 +25,8 @@ func FuzzDecodeYAML(f *testing.F) {
 	f.Add([]byte(head + "spec:\n  clusterSelector:\n    matchExpressions:\n    - {key: env, operator: In, values: [a, b]}\n"))
 	f.Add([]byte(head + "spec:\n  leftClusterSelector: {env: !production}\n  rightClusterSelector:\n  topology: client-server\n"))
 	f.Add([]byte(head + "spec: &a {}\n---\n" + "kind: ClusterConnectionPolicy\nmetadata: {name: q}\nspec: *a\n"))
+	f.Add([]byte(seedSpec + "   priority: 3\n---\n" + seedSpec + "   topology: full-mesh\n"))
+	f.Add([]byte(seedSpec + "\tpriority: 3\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		ps, err := DecodeYAML(data)
 		if err != nil {
@@ -46,6 +50,50 @@ func FuzzDecodeYAML(f *testing.F) {
 		}
 		if !reflect.DeepEqual(ps, back) {
 			t.Fatalf("round trip changed the policies:\n%+v\n%+v\n%s", ps, back, out)
+		}
+	})
+}
+
+// FuzzReindentPriority: the repair never panics, changes nothing but the
+// indentation of the priority lines it reports, and its result needs no
+// second repair.
+func FuzzReindentPriority(f *testing.F) {
+	for _, file := range []string{"07-client-server-policy.yaml", "08-client-server-any.yaml"} {
+		data, err := os.ReadFile(filepath.Join("testdata", "seed004", file))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(data)
+	}
+	f.Add([]byte(seedSpec + "   priority: 3\n   topology: full-mesh\n"))
+	f.Add([]byte(head + "spec:\n  clusterSelector:\n    matchExpressions:\n    - key: env\n      operator: Exists\n   priority: 3\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		out, moved := reindentPriority(data)
+		if len(moved) == 0 {
+			if !bytes.Equal(out, data) {
+				t.Fatalf("nothing reported moved, yet the text changed:\n%s", out)
+			}
+			return
+		}
+		before, after := strings.Split(string(data), "\n"), strings.Split(string(out), "\n")
+		if len(before) != len(after) {
+			t.Fatalf("%d lines became %d", len(before), len(after))
+		}
+		changed := 0
+		for i := range before {
+			if before[i] == after[i] {
+				continue
+			}
+			changed++
+			if b, a := strings.TrimLeft(before[i], " "), strings.TrimLeft(after[i], " "); b != a || !priorityLine.MatchString(strings.TrimSuffix(a, "\r")) {
+				t.Fatalf("line %d %q became %q", i+1, before[i], after[i])
+			}
+		}
+		if changed != len(moved) {
+			t.Fatalf("%d lines changed, %d reported: %q", changed, len(moved), moved)
+		}
+		if again, more := reindentPriority(out); len(more) != 0 || !bytes.Equal(again, out) {
+			t.Fatalf("a second repair moved %q", more)
 		}
 	})
 }

@@ -46,14 +46,9 @@ func seedPolicy(t *testing.T, file string) ClusterConnectionPolicy {
 	return ps[0]
 }
 
-// want is an expected decision in a compact form: "-" (not connected),
-// "driver" or "driver<initiator" (connected, initiated by that cluster),
-// then "@policy" and, when the default decided, "*".
-type want struct {
-	a, b     Cluster
-	decision string
-}
-
+// render is a decision in a compact form: "-" (not connected), "driver" or
+// "driver<initiator" (connected, initiated by that cluster), then "@policy",
+// "*" when the default decided, and " lost:..." for the conflicts.
 func render(d Decision, a, b string) string {
 	var s string
 	switch {

@@ -195,16 +195,16 @@ func applyPolicies(cmd *cobra.Command, f *adminFlags, policies []policy.ClusterC
 		}
 		req.Policies = append(req.Policies, &apiv1.Policy{Name: policies[i].Metadata.Name, Json: b})
 	}
-	ctx, cancel := context.WithTimeout(cmd.Context(), adminTimeout)
-	defer cancel()
-	client, closeConn, err := f.adminClient(ctx)
+	var resp *apiv1.ApplyPoliciesResponse
+	err := f.withBroker(cmd, func(ctx context.Context, client apiv1.AdminClient) error {
+		var err error
+		if resp, err = client.ApplyPolicies(ctx, req); err != nil {
+			return rpcError("apply", err)
+		}
+		return nil
+	})
 	if err != nil {
 		return err
-	}
-	defer closeConn()
-	resp, err := client.ApplyPolicies(ctx, req)
-	if err != nil {
-		return rpcError("apply", err)
 	}
 	if len(resp.Outcomes) != len(resp.Policies) {
 		return fmt.Errorf("apply: the broker answered %d outcomes for %d policies", len(resp.Outcomes), len(resp.Policies))
@@ -224,32 +224,33 @@ func applyPolicies(cmd *cobra.Command, f *adminFlags, policies []policy.ClusterC
 // deletePolicies deletes names in one all-or-nothing call. With ignoreNotFound it first drops the
 // names the broker does not have (a policy deleted by someone else in between still fails).
 func deletePolicies(cmd *cobra.Command, f *adminFlags, names []string, ignoreNotFound bool) error {
-	ctx, cancel := context.WithTimeout(cmd.Context(), adminTimeout)
-	defer cancel()
-	client, closeConn, err := f.adminClient(ctx)
-	if err != nil {
-		return err
-	}
-	defer closeConn()
-	if ignoreNotFound {
-		list, err := client.ListPolicies(ctx, &apiv1.ListPoliciesRequest{})
+	var deleted []string
+	err := f.withBroker(cmd, func(ctx context.Context, client apiv1.AdminClient) error {
+		if ignoreNotFound {
+			list, err := client.ListPolicies(ctx, &apiv1.ListPoliciesRequest{})
+			if err != nil {
+				return rpcError("delete", err)
+			}
+			have := map[string]bool{}
+			for _, p := range list.Policies {
+				have[p.Name] = true
+			}
+			names = slices.DeleteFunc(slices.Clone(names), func(n string) bool { return !have[n] })
+			if len(names) == 0 {
+				return nil
+			}
+		}
+		resp, err := client.DeletePolicies(ctx, &apiv1.DeletePoliciesRequest{Names: names})
 		if err != nil {
 			return rpcError("delete", err)
 		}
-		have := map[string]bool{}
-		for _, p := range list.Policies {
-			have[p.Name] = true
-		}
-		names = slices.DeleteFunc(slices.Clone(names), func(n string) bool { return !have[n] })
-		if len(names) == 0 {
-			return nil
-		}
-	}
-	resp, err := client.DeletePolicies(ctx, &apiv1.DeletePoliciesRequest{Names: names})
+		deleted = resp.Deleted
+		return nil
+	})
 	if err != nil {
-		return rpcError("delete", err)
+		return err
 	}
-	for _, n := range resp.Deleted {
+	for _, n := range deleted {
 		if _, err := fmt.Fprintf(cmd.OutOrStdout(), "%s deleted\n", resourceName(n)); err != nil {
 			return err
 		}

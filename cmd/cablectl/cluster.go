@@ -13,14 +13,13 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/cablemesh/cablemesh/api/validation"
-
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"sigs.k8s.io/yaml"
 
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/api/validation"
 	"github.com/cablemesh/cablemesh/broker/adminconfig"
 )
 
@@ -50,23 +49,28 @@ func newClusterCmd(g *globalFlags) *cobra.Command {
 	return cmd
 }
 
-// adminClient loads the admin credential and dials the broker.
-func (f *adminFlags) adminClient(ctx context.Context) (apiv1.AdminClient, func(), error) {
+// withBroker loads the admin credential (--config, with --broker overriding its address), dials
+// the broker and runs call with an admin client and a context that ends after adminTimeout. The
+// connection is closed when call returns. Every command that talks to the broker goes through it.
+func (f *adminFlags) withBroker(cmd *cobra.Command, call func(ctx context.Context, client apiv1.AdminClient) error) error {
+	ctx, cancel := context.WithTimeout(cmd.Context(), adminTimeout)
+	defer cancel()
 	cfg, err := adminconfig.Load(f.config)
 	if err != nil {
-		return nil, nil, err
+		return err
 	}
 	if f.broker != "" {
 		cfg.Broker = f.broker
 		if err := cfg.Validate(); err != nil {
-			return nil, nil, usagef("--broker: %v", err)
+			return usagef("--broker: %v", err)
 		}
 	}
 	conn, err := adminconfig.Dial(ctx, cfg)
 	if err != nil {
-		return nil, nil, err
+		return err
 	}
-	return apiv1.NewAdminClient(conn), func() { conn.Close() }, nil
+	defer conn.Close()
+	return call(ctx, apiv1.NewAdminClient(conn))
 }
 
 // rpcError turns a gRPC status into a plain message: the broker's messages already say what was
@@ -105,8 +109,8 @@ cluster must give the same CIDRs or none. Tokens can be used by several nodes un
 		Args: exactArgs(1, "NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			name := args[0]
-			if err := validation.ValidateClusterName(name); err != nil {
-				return usagef("%v", err)
+			if err := checkClusterNames(name); err != nil {
+				return err
 			}
 			pods, err := validation.ParseCIDRs("pod CIDR", podCIDRs)
 			if err != nil {
@@ -126,25 +130,20 @@ cluster must give the same CIDRs or none. Tokens can be used by several nodes un
 			if validFor%time.Second != 0 {
 				return usagef("--valid-for %s: must be whole seconds", validFor)
 			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), adminTimeout)
-			defer cancel()
-			client, closeConn, err := f.adminClient(ctx)
-			if err != nil {
+			return f.withBroker(cmd, func(ctx context.Context, client apiv1.AdminClient) error {
+				resp, err := client.CreateJoinToken(ctx, &apiv1.CreateJoinTokenRequest{
+					Cluster:         name,
+					PodCidrs:        validation.Strings(pods),
+					ServiceCidrs:    validation.Strings(svcs),
+					Labels:          lbls,
+					ValidForSeconds: int64(validFor / time.Second),
+				})
+				if err != nil {
+					return rpcError("create join token", err)
+				}
+				_, err = fmt.Fprintln(cmd.OutOrStdout(), resp.Token)
 				return err
-			}
-			defer closeConn()
-			resp, err := client.CreateJoinToken(ctx, &apiv1.CreateJoinTokenRequest{
-				Cluster:         name,
-				PodCidrs:        validation.Strings(pods),
-				ServiceCidrs:    validation.Strings(svcs),
-				Labels:          lbls,
-				ValidForSeconds: int64(validFor / time.Second),
 			})
-			if err != nil {
-				return rpcError("create join token", err)
-			}
-			_, err = fmt.Fprintln(cmd.OutOrStdout(), resp.Token)
-			return err
 		},
 	}
 	cmd.Flags().StringSliceVar(&podCIDRs, "pod-cidr", nil, "pod CIDR of the cluster (repeatable, or a comma list); required for a new cluster")
@@ -196,18 +195,13 @@ func newClusterListCmd(f *adminFlags) *cobra.Command {
 			if err := checkOutput(f.output); err != nil {
 				return err
 			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), adminTimeout)
-			defer cancel()
-			client, closeConn, err := f.adminClient(ctx)
-			if err != nil {
-				return err
-			}
-			defer closeConn()
-			resp, err := client.ListClusters(ctx, &apiv1.ListClustersRequest{})
-			if err != nil {
-				return rpcError("list clusters", err)
-			}
-			return printClusters(cmd.OutOrStdout(), f.output, resp, time.Now())
+			return f.withBroker(cmd, func(ctx context.Context, client apiv1.AdminClient) error {
+				resp, err := client.ListClusters(ctx, &apiv1.ListClustersRequest{})
+				if err != nil {
+					return rpcError("list clusters", err)
+				}
+				return printClusters(cmd.OutOrStdout(), f.output, resp, time.Now())
+			})
 		},
 	}
 }
@@ -283,26 +277,21 @@ pairs: see the effect with "cablectl connection-policy list" and "... explain A 
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := validation.ValidateClusterName(args[0]); err != nil {
-				return usagef("%v", err)
+			if err := checkClusterNames(args[0]); err != nil {
+				return err
 			}
 			set, remove, err := validation.ParseLabelChanges(args[1:])
 			if err != nil {
 				return usagef("%v", err)
 			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), adminTimeout)
-			defer cancel()
-			client, closeConn, err := f.adminClient(ctx)
-			if err != nil {
+			return f.withBroker(cmd, func(ctx context.Context, client apiv1.AdminClient) error {
+				c, err := client.LabelCluster(ctx, &apiv1.LabelClusterRequest{Name: args[0], Set: set, Remove: remove})
+				if err != nil {
+					return rpcError("label cluster", err)
+				}
+				_, err = fmt.Fprintf(cmd.OutOrStdout(), "cluster %s labels: %s\n", c.Name, orNone(formatLabels(c.Labels)))
 				return err
-			}
-			defer closeConn()
-			c, err := client.LabelCluster(ctx, &apiv1.LabelClusterRequest{Name: args[0], Set: set, Remove: remove})
-			if err != nil {
-				return rpcError("label cluster", err)
-			}
-			_, err = fmt.Fprintf(cmd.OutOrStdout(), "cluster %s labels: %s\n", c.Name, orNone(formatLabels(c.Labels)))
-			return err
+			})
 		},
 	}
 }
@@ -313,24 +302,30 @@ func newClusterRemoveCmd(f *adminFlags) *cobra.Command {
 		Short: "Remove a cluster and its gateways from the mesh; its certificates and tokens stop working",
 		Args:  exactArgs(1, "NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := validation.ValidateClusterName(args[0]); err != nil {
-				return usagef("%v", err)
-			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), adminTimeout)
-			defer cancel()
-			client, closeConn, err := f.adminClient(ctx)
-			if err != nil {
+			if err := checkClusterNames(args[0]); err != nil {
 				return err
 			}
-			defer closeConn()
-			resp, err := client.RemoveCluster(ctx, &apiv1.RemoveClusterRequest{Name: args[0]})
-			if err != nil {
-				return rpcError("remove cluster", err)
-			}
-			_, err = fmt.Fprintf(cmd.OutOrStdout(), "cluster %s (id %d) removed\n", resp.Cluster.Name, resp.Cluster.Id)
-			return err
+			return f.withBroker(cmd, func(ctx context.Context, client apiv1.AdminClient) error {
+				resp, err := client.RemoveCluster(ctx, &apiv1.RemoveClusterRequest{Name: args[0]})
+				if err != nil {
+					return rpcError("remove cluster", err)
+				}
+				_, err = fmt.Fprintf(cmd.OutOrStdout(), "cluster %s (id %d) removed\n", resp.Cluster.Name, resp.Cluster.Id)
+				return err
+			})
 		},
 	}
+}
+
+// checkClusterNames refuses names that are not cluster names as bad usage, before anything is
+// sent to the broker, in the words the broker would use (api/validation).
+func checkClusterNames(names ...string) error {
+	for _, n := range names {
+		if err := validation.ValidateClusterName(n); err != nil {
+			return usagef("%v", err)
+		}
+	}
+	return nil
 }
 
 // exactArgs is cobra.ExactArgs with a usage error (exit 2) that names what is expected.

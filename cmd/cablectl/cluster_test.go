@@ -5,24 +5,23 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"io"
 	"log/slog"
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/cablemesh/cablemesh/api/jointoken"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/broker"
+	"github.com/cablemesh/cablemesh/broker/adminconfig"
 )
-
-var updateClusterGolden = flag.Bool("update-cluster-golden", false, "rewrite the cluster golden files")
 
 // startBroker runs a real broker on loopback and returns the path of its admin.yaml.
 func startClusterTestBroker(t *testing.T) string {
@@ -196,18 +195,87 @@ func TestClusterTableGolden(t *testing.T) {
 	if err := printClusters(&buf, "table", resp, now); err != nil {
 		t.Fatal(err)
 	}
-	golden := filepath.Join("testdata", "cluster-list.golden")
-	if *updateClusterGolden {
-		os.MkdirAll("testdata", 0o755)
-		if err := os.WriteFile(golden, buf.Bytes(), 0o644); err != nil {
-			t.Fatal(err)
-		}
+	golden(t, "cluster-list.golden", buf.Bytes())
+}
+
+// TestClusterFlagErrorsSayWhatTheBrokerSays: cablectl refuses a bad cluster name, CIDR or label
+// itself, as bad usage (exit 2) naming the flag and the value and without dialling (its admin
+// config does not exist), and its message holds the broker's own for the same value.
+func TestClusterFlagErrorsSayWhatTheBrokerSays(t *testing.T) {
+	admin := dialTestBroker(t, startClusterTestBroker(t))
+	missing := filepath.Join(t.TempDir(), "missing.yaml")
+	joinToken := func(req *apiv1.CreateJoinTokenRequest) func(context.Context) error {
+		return func(ctx context.Context) error { _, err := admin.CreateJoinToken(ctx, req); return err }
 	}
-	want, err := os.ReadFile(golden)
+	label := func(req *apiv1.LabelClusterRequest) func(context.Context) error {
+		return func(ctx context.Context) error { _, err := admin.LabelCluster(ctx, req); return err }
+	}
+	pods := []string{"10.1.0.0/16"}
+	tests := []struct {
+		name   string
+		args   []string
+		flag   string // the flag the message names first, if the value came from one
+		broker func(context.Context) error
+	}{
+		{"a join token for a cluster name that is not a DNS label", []string{"cluster", "join-token", "East_1", "--pod-cidr", "10.1.0.0/16"}, "",
+			joinToken(&apiv1.CreateJoinTokenRequest{Cluster: "East_1", PodCidrs: pods})},
+		{"a join token for a cluster name longer than 63 characters", []string{"cluster", "join-token", strings.Repeat("a", 64), "--pod-cidr", "10.1.0.0/16"}, "",
+			joinToken(&apiv1.CreateJoinTokenRequest{Cluster: strings.Repeat("a", 64), PodCidrs: pods})},
+		{"a pod CIDR with host bits", []string{"cluster", "join-token", "east", "--pod-cidr", "10.1.0.1/16"}, "--pod-cidr",
+			joinToken(&apiv1.CreateJoinTokenRequest{Cluster: "east", PodCidrs: []string{"10.1.0.1/16"}})},
+		{"a pod CIDR that is not a CIDR", []string{"cluster", "join-token", "east", "--pod-cidr", "10.1.0.0"}, "--pod-cidr",
+			joinToken(&apiv1.CreateJoinTokenRequest{Cluster: "east", PodCidrs: []string{"10.1.0.0"}})},
+		{"pod CIDRs that overlap each other", []string{"cluster", "join-token", "east", "--pod-cidr", "10.1.0.0/16,10.1.128.0/17"}, "--pod-cidr",
+			joinToken(&apiv1.CreateJoinTokenRequest{Cluster: "east", PodCidrs: []string{"10.1.0.0/16", "10.1.128.0/17"}})},
+		{"a service CIDR with host bits", []string{"cluster", "join-token", "east", "--pod-cidr", "10.1.0.0/16", "--service-cidr", "10.96.0.1/12"}, "--service-cidr",
+			joinToken(&apiv1.CreateJoinTokenRequest{Cluster: "east", PodCidrs: pods, ServiceCidrs: []string{"10.96.0.1/12"}})},
+		{"a label value with a space", []string{"cluster", "join-token", "east", "--pod-cidr", "10.1.0.0/16", "--labels", "env=pro duction"}, "--labels",
+			joinToken(&apiv1.CreateJoinTokenRequest{Cluster: "east", PodCidrs: pods, Labels: map[string]string{"env": "pro duction"}})},
+		{"a label key that ends in '_'", []string{"cluster", "join-token", "east", "--pod-cidr", "10.1.0.0/16", "--labels", "env_=prod"}, "--labels",
+			joinToken(&apiv1.CreateJoinTokenRequest{Cluster: "east", PodCidrs: pods, Labels: map[string]string{"env_": "prod"}})},
+		{"labelling a cluster name that is not a DNS label", []string{"cluster", "label", "East_1", "env=prod"}, "",
+			label(&apiv1.LabelClusterRequest{Name: "East_1", Set: map[string]string{"env": "prod"}})},
+		{"setting a label with a bad value", []string{"cluster", "label", "east", "env=-prod"}, "",
+			label(&apiv1.LabelClusterRequest{Name: "east", Set: map[string]string{"env": "-prod"}})},
+		{"removing a label with a bad key", []string{"cluster", "label", "east", "env_-"}, "",
+			label(&apiv1.LabelClusterRequest{Name: "east", Remove: []string{"env_"}})},
+		{"setting and removing the same label", []string{"cluster", "label", "east", "env=prod", "env-"}, "",
+			label(&apiv1.LabelClusterRequest{Name: "east", Set: map[string]string{"env": "prod"}, Remove: []string{"env"}})},
+		{"removing a cluster name that is not a DNS label", []string{"cluster", "remove", "east.1"}, "",
+			func(ctx context.Context) error {
+				_, err := admin.RemoveCluster(ctx, &apiv1.RemoveClusterRequest{Name: "east.1"})
+				return err
+			}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			brokerErr := tt.broker(context.Background())
+			st, _ := status.FromError(brokerErr)
+			if st.Code() != codes.InvalidArgument {
+				t.Fatalf("the broker answered %v, want InvalidArgument", brokerErr)
+			}
+			_, err := runClusterCmd(t, append([]string{"--config", missing}, tt.args...)...)
+			if !isClusterUsageErr(err) {
+				t.Fatalf("got %v, want a usage error (exit 2) before dialling", err)
+			}
+			if !strings.HasPrefix(err.Error(), tt.flag) || !strings.Contains(err.Error(), st.Message()) {
+				t.Fatalf("cablectl said %q; want %q first and the broker's %q", err, tt.flag, st.Message())
+			}
+		})
+	}
+}
+
+// dialTestBroker is an admin client of the broker whose admin.yaml is cfg.
+func dialTestBroker(t *testing.T, cfg string) apiv1.AdminClient {
+	t.Helper()
+	c, err := adminconfig.Load(cfg)
 	if err != nil {
-		t.Fatalf("%v (run with -update-cluster-golden to create it)", err)
+		t.Fatal(err)
 	}
-	if buf.String() != string(want) {
-		t.Fatalf("table differs from %s:\n%s\nwant:\n%s", golden, buf.String(), want)
+	conn, err := adminconfig.Dial(context.Background(), c)
+	if err != nil {
+		t.Fatal(err)
 	}
+	t.Cleanup(func() { conn.Close() })
+	return apiv1.NewAdminClient(conn)
 }

@@ -12,12 +12,11 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/cablemesh/cablemesh/api/validation"
-
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
 
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/api/validation"
 	"github.com/cablemesh/cablemesh/policy"
 )
 
@@ -38,7 +37,7 @@ Policies are also applied from YAML with "cablectl apply -f FILE".`,
 
 func newPolicyAddCmd(f *adminFlags) *cobra.Command {
 	var (
-		fl       policy.Flags
+		fl       policyFlags
 		priority int
 		dryRun   bool
 	)
@@ -72,7 +71,7 @@ ends (client-server: left = servers, right = clients), or --cluster-selector for
 			fl.LeftSet = flags.Changed("left-cluster-selector")
 			fl.RightSet = flags.Changed("right-cluster-selector")
 			fl.ClusterSet = flags.Changed("cluster-selector")
-			p, err := policy.FromFlags(fl)
+			p, err := policyFromFlags(fl)
 			if err != nil {
 				return usagef("%s", oneLine(err))
 			}
@@ -150,18 +149,15 @@ func decodePolicyRows(resp *apiv1.ListPoliciesResponse) ([]policyRow, error) {
 }
 
 func (f *adminFlags) listPolicies(cmd *cobra.Command) (*apiv1.ListPoliciesResponse, error) {
-	ctx, cancel := context.WithTimeout(cmd.Context(), adminTimeout)
-	defer cancel()
-	client, closeConn, err := f.adminClient(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer closeConn()
-	resp, err := client.ListPolicies(ctx, &apiv1.ListPoliciesRequest{})
-	if err != nil {
-		return nil, rpcError("list policies", err)
-	}
-	return resp, nil
+	var resp *apiv1.ListPoliciesResponse
+	err := f.withBroker(cmd, func(ctx context.Context, client apiv1.AdminClient) error {
+		var err error
+		if resp, err = client.ListPolicies(ctx, &apiv1.ListPoliciesRequest{}); err != nil {
+			return rpcError("list policies", err)
+		}
+		return nil
+	})
+	return resp, err
 }
 
 func newPolicyListCmd(f *adminFlags) *cobra.Command {
@@ -381,34 +377,27 @@ the explanation as data.`,
 			if err := checkOutput(f.output); err != nil {
 				return err
 			}
-			for _, a := range args {
-				if err := validation.ValidateClusterName(a); err != nil {
-					return usagef("%v", err)
-				}
+			if err := checkClusterNames(args...); err != nil {
+				return err
 			}
 			if args[0] == args[1] {
 				return usagef("%s needs two different clusters, got %q twice", cmd.CommandPath(), args[0])
 			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), adminTimeout)
-			defer cancel()
-			client, closeConn, err := f.adminClient(ctx)
-			if err != nil {
+			return f.withBroker(cmd, func(ctx context.Context, client apiv1.AdminClient) error {
+				resp, err := client.ExplainConnection(ctx, &apiv1.ExplainConnectionRequest{ClusterA: args[0], ClusterB: args[1]})
+				if err != nil {
+					return rpcError("explain connection", err)
+				}
+				var e policy.Explanation
+				if err := json.Unmarshal(resp.Json, &e); err != nil {
+					return fmt.Errorf("explanation from the broker: %w", err)
+				}
+				if f.output != "table" {
+					return printData(cmd.OutOrStdout(), f.output, e)
+				}
+				_, err = fmt.Fprintln(cmd.OutOrStdout(), explainLine(args[0], args[1], e))
 				return err
-			}
-			defer closeConn()
-			resp, err := client.ExplainConnection(ctx, &apiv1.ExplainConnectionRequest{ClusterA: args[0], ClusterB: args[1]})
-			if err != nil {
-				return rpcError("explain connection", err)
-			}
-			var e policy.Explanation
-			if err := json.Unmarshal(resp.Json, &e); err != nil {
-				return fmt.Errorf("explanation from the broker: %w", err)
-			}
-			if f.output != "table" {
-				return printData(cmd.OutOrStdout(), f.output, e)
-			}
-			_, err = fmt.Fprintln(cmd.OutOrStdout(), explainLine(args[0], args[1], e))
-			return err
+			})
 		},
 	}
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"flag"
 	"os"
 	"path/filepath"
 	"sort"
@@ -13,18 +12,6 @@ import (
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/policy"
 )
-
-// -update regenerates golden files; whichever test file of the package runs first registers it.
-func init() {
-	if flag.Lookup("update") == nil {
-		flag.Bool("update", false, "rewrite golden files under testdata/")
-	}
-}
-
-func updatePolicyGolden() bool {
-	f := flag.Lookup("update")
-	return f != nil && f.Value.String() == "true"
-}
 
 const seedDir = "../../policy/testdata/seed004"
 
@@ -361,17 +348,5 @@ func TestPolicyTableGolden(t *testing.T) {
 	if err := printPolicies(&buf, "table", resp); err != nil {
 		t.Fatal(err)
 	}
-	golden := filepath.Join("testdata", "policy-list.golden")
-	if updatePolicyGolden() {
-		if err := os.WriteFile(golden, buf.Bytes(), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(golden)
-	if err != nil {
-		t.Fatalf("%v (run with -update to create it)", err)
-	}
-	if buf.String() != string(want) {
-		t.Fatalf("table differs from %s:\n%s\nwant:\n%s", golden, buf.String(), want)
-	}
+	golden(t, "policy-list.golden", buf.Bytes())
 }

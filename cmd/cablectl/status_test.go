@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"net"
 	"net/http"
 	"os"
@@ -16,19 +15,6 @@ import (
 
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 )
-
-// The -update flag regenerates golden files. It is registered only if no other test file of
-// this package registered it already.
-func init() {
-	if flag.Lookup("update") == nil {
-		flag.Bool("update", false, "rewrite golden files under testdata/")
-	}
-}
-
-func updateGolden() bool {
-	f := flag.Lookup("update")
-	return f != nil && f.Value.String() == "true"
-}
 
 var statusNow = time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
 
@@ -130,19 +116,7 @@ func TestStatusTableMatchesGolden(t *testing.T) {
 			if err := printStatus(&buf, format, tt.status(), statusNow); err != nil {
 				t.Fatal(err)
 			}
-			path := filepath.Join("testdata", tt.golden)
-			if updateGolden() {
-				if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatalf("%v (run go test -run TestStatusTable -update to create it)", err)
-			}
-			if got := buf.String(); got != string(want) {
-				t.Errorf("table differs from %s:\n--- got\n%s--- want\n%s", path, got, want)
-			}
+			golden(t, tt.golden, buf.Bytes())
 		})
 	}
 }

@@ -1,50 +1,49 @@
-package policy
+package main
 
 import (
 	"encoding/json"
-	"reflect"
 	"strings"
 	"testing"
 )
 
-func TestFromFlags(t *testing.T) {
+func TestPolicyFromFlags(t *testing.T) {
 	three := 3
 	tests := []struct {
 		name    string
-		flags   Flags
+		flags   policyFlags
 		want    string // the policy as one line of JSON spec
 		wantErr string
 	}{
 		{
 			name: "the seed's on-prem policy can be written with flags",
-			flags: Flags{Name: "on-prem", LeftClusterSelector: "location=on-premise", RightClusterSelector: "location=on-premise",
+			flags: policyFlags{Name: "on-prem", LeftClusterSelector: "location=on-premise", RightClusterSelector: "location=on-premise",
 				Topology: "point-to-point", Priority: &three, ConnectionPolicy: "connect", CableDriver: "vxlan", CableConfig: "vni=100"},
 			want: `{"leftClusterSelector":{"matchLabels":{"location":"on-premise"}},"rightClusterSelector":{"matchLabels":{"location":"on-premise"}},"topology":"point-to-point","priority":3,"connectionPolicy":"connect","cableDriver":{"name":"vxlan","options":{"vni":"100"}}}`,
 		},
 		{
 			name:  "an explicitly empty right selector is kept as the selector of every cluster",
-			flags: Flags{Name: "cs", LeftClusterSelector: "database-server=true", RightSet: true, Topology: "client-server"},
+			flags: policyFlags{Name: "cs", LeftClusterSelector: "database-server=true", RightSet: true, Topology: "client-server"},
 			want:  `{"leftClusterSelector":{"matchLabels":{"database-server":"true"}},"rightClusterSelector":{},"topology":"client-server"}`,
 		},
 		{
 			name:    "a bad selector names its flag",
-			flags:   Flags{Name: "x", ClusterSelector: "a in (b"},
+			flags:   policyFlags{Name: "x", ClusterSelector: "a in (b"},
 			wantErr: "--cluster-selector",
 		},
 		{
 			name:    "a bad topology is named",
-			flags:   Flags{Name: "x", Topology: "star"},
+			flags:   policyFlags{Name: "x", Topology: "star"},
 			wantErr: `spec.topology: "star"`,
 		},
 		{
 			name:    "options without a driver are an error",
-			flags:   Flags{Name: "x", CableConfig: "vni=1"},
+			flags:   policyFlags{Name: "x", CableConfig: "vni=1"},
 			wantErr: "spec.cableDriver.name: required",
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p, err := FromFlags(tt.flags)
+			p, err := policyFromFlags(tt.flags)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("error %v, want %q", err, tt.wantErr)
@@ -59,28 +58,5 @@ func TestFromFlags(t *testing.T) {
 				t.Errorf("got  %s\nwant %s", got, tt.want)
 			}
 		})
-	}
-}
-
-func TestJSONRoundTrips(t *testing.T) {
-	for _, f := range []string{"03-on-prem.yaml", "08-client-server-any.yaml", "06-on-prem-to-cloud-no-connect.yaml"} {
-		p := seedPolicy(t, f)
-		p.Origin = "mesh"
-		data, err := json.Marshal(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var back ClusterConnectionPolicy
-		if err := json.Unmarshal(data, &back); err != nil {
-			t.Fatal(err)
-		}
-		if !reflect.DeepEqual(back, p) {
-			t.Errorf("%s: JSON round trip:\n got %+v\nwant %+v\n%s", f, back, p, data)
-		}
-		// Stored JSON is also a valid file for cablectl apply.
-		ps, err := DecodeYAML(data)
-		if err != nil || !reflect.DeepEqual(ps[0], p) {
-			t.Errorf("%s: DecodeYAML of the JSON: %v\n%+v", f, err, ps)
-		}
 	}
 }

@@ -1,12 +1,16 @@
-package policy
+package main
 
-import "fmt"
+import (
+	"fmt"
 
-// Flags are the values of `cablectl connection-policy add` (seed 004's
+	"github.com/cablemesh/cablemesh/policy"
+)
+
+// policyFlags are the values of `cablectl connection-policy add` (seed 004's
 // `subctl connection-policy add` flags), as strings the way a CLI gets them.
-type Flags struct {
+type policyFlags struct {
 	Name                 string // --name
-	LeftClusterSelector  string // --left-cluster-selector, ParseSelector form
+	LeftClusterSelector  string // --left-cluster-selector, policy.ParseSelector form
 	RightClusterSelector string // --right-cluster-selector
 	ClusterSelector      string // --cluster-selector
 	Topology             string // --topology
@@ -23,13 +27,13 @@ type Flags struct {
 	LeftSet, RightSet, ClusterSet bool
 }
 
-// FromFlags builds and validates a policy from CLI flags.
-func FromFlags(f Flags) (ClusterConnectionPolicy, error) {
-	p := ClusterConnectionPolicy{
-		APIVersion: APIVersion,
-		Kind:       Kind,
-		Metadata:   ObjectMeta{Name: f.Name},
-		Spec: Spec{
+// policyFromFlags builds and validates a policy from the flags of connection-policy add.
+func policyFromFlags(f policyFlags) (policy.ClusterConnectionPolicy, error) {
+	p := policy.ClusterConnectionPolicy{
+		APIVersion: policy.APIVersion,
+		Kind:       policy.Kind,
+		Metadata:   policy.ObjectMeta{Name: f.Name},
+		Spec: policy.Spec{
 			Topology:         f.Topology,
 			ConnectionPolicy: f.ConnectionPolicy,
 		},
@@ -42,7 +46,7 @@ func FromFlags(f Flags) (ClusterConnectionPolicy, error) {
 		flag  string
 		value string
 		set   bool
-		dst   **Selector
+		dst   **policy.Selector
 	}{
 		{"--left-cluster-selector", f.LeftClusterSelector, f.LeftSet, &p.Spec.LeftClusterSelector},
 		{"--right-cluster-selector", f.RightClusterSelector, f.RightSet, &p.Spec.RightClusterSelector},
@@ -51,21 +55,21 @@ func FromFlags(f Flags) (ClusterConnectionPolicy, error) {
 		if !s.set && s.value == "" {
 			continue
 		}
-		sel, err := ParseSelector(s.value)
+		sel, err := policy.ParseSelector(s.value)
 		if err != nil {
-			return ClusterConnectionPolicy{}, fmt.Errorf("%s: %w", s.flag, err)
+			return policy.ClusterConnectionPolicy{}, fmt.Errorf("%s: %w", s.flag, err)
 		}
 		*s.dst = sel
 	}
 	if f.CableDriver != "" || f.CableConfig != "" {
-		opts, err := ParseOptions(f.CableConfig)
+		opts, err := policy.ParseOptions(f.CableConfig)
 		if err != nil {
-			return ClusterConnectionPolicy{}, fmt.Errorf("--cable-config: %w", err)
+			return policy.ClusterConnectionPolicy{}, fmt.Errorf("--cable-config: %w", err)
 		}
-		p.Spec.CableDriver = &CableDriver{Name: f.CableDriver, Options: opts}
+		p.Spec.CableDriver = &policy.CableDriver{Name: f.CableDriver, Options: opts}
 	}
 	if err := p.Validate(); err != nil {
-		return ClusterConnectionPolicy{}, err
+		return policy.ClusterConnectionPolicy{}, err
 	}
 	return p, nil
 }
