@@ -2,15 +2,16 @@ package broker
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
-	"google.golang.org/grpc/status"
 
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/broker/admission"
 	"github.com/cablemesh/cablemesh/broker/pki"
 	"github.com/cablemesh/cablemesh/broker/store"
 )
@@ -60,17 +61,12 @@ func (s *Server) authorize(ctx context.Context, method string) (context.Context,
 	}
 	id, err := peerIdentity(ctx)
 	if err != nil {
-		return nil, err
+		return nil, rpcError("authorize", err)
 	}
-	switch {
-	case strings.HasPrefix(method, adminService_):
-		if !id.Admin {
-			return nil, status.Errorf(codes.PermissionDenied, "%s needs the admin certificate; the caller is %s", method, id)
-		}
-	case strings.HasPrefix(method, agentService_):
-		if id.Admin {
-			return nil, status.Errorf(codes.PermissionDenied, "%s is for agents; the admin certificate may not call it", method)
-		}
+	if err := methodAllowed(method, id); err != nil {
+		return nil, rpcError("authorize", err)
+	}
+	if !id.Admin {
 		var c *apiv1.Cluster
 		err := s.store.View(ctx, func(tx store.ReadTx) error {
 			var err error
@@ -78,35 +74,57 @@ func (s *Server) authorize(ctx context.Context, method string) (context.Context,
 			return err
 		})
 		if err != nil {
-			return nil, status.Errorf(codes.Internal, "read cluster %q: %v", id.Cluster, err)
+			return nil, rpcError(fmt.Sprintf("read cluster %q", id.Cluster), err)
 		}
-		if c == nil || c.Uid != id.ClusterUID {
-			return nil, status.Errorf(codes.Unauthenticated, "the certificate of %s belongs to cluster %q (uid %s), which was removed from the mesh; join again with a new token", id, id.Cluster, id.ClusterUID)
+		if err := admission.AgentCluster(id, c); err != nil {
+			return nil, rpcError("authorize", err)
 		}
-	default:
-		return nil, status.Errorf(codes.PermissionDenied, "method %s is not served to %s", method, id)
 	}
 	s.log.Debug("authorized", "method", method, "caller", id.String())
 	return context.WithValue(ctx, identityKey{}, id), nil
 }
 
+// methodAllowed decides whether id may call method at all: the Admin service is the admin
+// certificate's, the Agent service the agents'.
+func methodAllowed(method string, id pki.Identity) error {
+	forbidden := func(format string, args ...any) error {
+		return &admission.ForbiddenError{Caller: id.String(), Target: method, Err: fmt.Errorf(format, args...)}
+	}
+	switch {
+	case strings.HasPrefix(method, adminService_):
+		if !id.Admin {
+			return forbidden("%s needs the admin certificate; the caller is %s", method, id)
+		}
+	case strings.HasPrefix(method, agentService_):
+		if id.Admin {
+			return forbidden("%s is for agents; the admin certificate may not call it", method)
+		}
+	default:
+		return forbidden("method %s is not served to %s", method, id)
+	}
+	return nil
+}
+
 // peerIdentity reads the identity from the client certificate the TLS layer verified against the
 // mesh CA (VerifyClientCertIfGiven: a certificate is optional, but if given it must verify).
 func peerIdentity(ctx context.Context) (pki.Identity, error) {
+	refused := func(err error) (pki.Identity, error) {
+		return pki.Identity{}, &admission.CredentialError{Err: err}
+	}
 	p, ok := peer.FromContext(ctx)
 	if !ok {
-		return pki.Identity{}, status.Error(codes.Unauthenticated, "no peer information")
+		return refused(errors.New("no peer information"))
 	}
 	ti, ok := p.AuthInfo.(credentials.TLSInfo)
 	if !ok {
-		return pki.Identity{}, status.Error(codes.Unauthenticated, "connection is not TLS")
+		return refused(errors.New("connection is not TLS"))
 	}
 	if len(ti.State.VerifiedChains) == 0 || len(ti.State.VerifiedChains[0]) == 0 {
-		return pki.Identity{}, status.Error(codes.Unauthenticated, "this call needs a client certificate of the mesh CA (the admin certificate, or the agent certificate issued at Join); none was presented")
+		return refused(errors.New("this call needs a client certificate of the mesh CA (the admin certificate, or the agent certificate issued at Join); none was presented"))
 	}
 	id, err := pki.IdentityOf(ti.State.VerifiedChains[0][0])
 	if err != nil {
-		return pki.Identity{}, status.Errorf(codes.Unauthenticated, "client certificate: %v", err)
+		return refused(fmt.Errorf("client certificate: %w", err))
 	}
 	return id, nil
 }

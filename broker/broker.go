@@ -19,10 +19,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/broker/adminconfig"
+	"github.com/cablemesh/cablemesh/broker/admission"
 	"github.com/cablemesh/cablemesh/broker/pki"
 	"github.com/cablemesh/cablemesh/broker/store"
 )
@@ -51,13 +51,19 @@ type Config struct {
 	// ReapInterval is how often expired endpoints are withdrawn (default: Lease/10, at least 100ms).
 	ReapInterval time.Duration
 	// DefaultCableDriver is the driver of the mesh default policy the broker creates at first
-	// start: wireguard, vxlan or ipsec. Empty means wireguard. Later starts keep the stored default
-	// policy (an operator may have changed it with apply) and only log when this differs.
+	// start: one of the registered cable drivers (cable.Names; the cable-broker binary links them
+	// all). Empty means wireguard. Later starts keep the stored default policy (an operator may
+	// have changed it with apply) and only log when this differs.
 	DefaultCableDriver string
 	// StoreOptions tune the embedded store (event log size, watcher buffer).
 	StoreOptions store.Options
-	Logger       *slog.Logger
-	// Now is the clock (tests move it); default time.Now.
+	// Store, when set, is the store to use instead of the embedded one in DataDir/broker.db
+	// (StoreOptions are then not used), e.g. store.Memory in tests. The server owns it: Close
+	// closes it, and so does New when it fails.
+	Store  store.Store
+	Logger *slog.Logger
+	// Now is the clock (tests move it); default time.Now. Leases, token expiry and the reaper
+	// read it.
 	Now func() time.Time
 }
 
@@ -81,7 +87,13 @@ type Server struct {
 // New loads or creates the broker's PKI, mesh secret and store in cfg.DataDir, creates the mesh
 // default policy on first start, and extends every stored endpoint lease by one lease period, so
 // agents have time to reconnect after broker downtime.
-func New(cfg Config) (*Server, error) {
+func New(cfg Config) (_ *Server, err error) {
+	st := cfg.Store
+	defer func() {
+		if err != nil && st != nil {
+			st.Close()
+		}
+	}()
 	if cfg.DataDir == "" {
 		return nil, errors.New("data dir is required")
 	}
@@ -136,17 +148,18 @@ func New(cfg Config) (*Server, error) {
 	if created {
 		cfg.Logger.Info("created mesh secret", "path", filepath.Join(cfg.DataDir, MeshSecretFile))
 	}
-	st, err := store.OpenBolt(filepath.Join(cfg.DataDir, StoreFile), cfg.StoreOptions)
-	if err != nil {
-		return nil, err
+	if st == nil {
+		b, err := store.OpenBolt(filepath.Join(cfg.DataDir, StoreFile), cfg.StoreOptions)
+		if err != nil {
+			return nil, err
+		}
+		st = b
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, pki: p, store: st, meshSecret: secret, stopping: make(chan struct{}), ready: make(chan struct{})}
 	if err := s.ensureDefaultPolicy(context.Background(), cfg.DefaultCableDriver); err != nil {
-		st.Close()
 		return nil, err
 	}
 	if err := s.extendLeases(context.Background()); err != nil {
-		st.Close()
 		return nil, err
 	}
 	tlsCfg := &tls.Config{
@@ -195,7 +208,7 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	errc := make(chan error, 1)
 	go func() { errc <- s.grpc.Serve(lis) }()
 	close(s.ready)
-	s.log.Info("broker ready", "listen", lis.Addr().String(), "admin_config", s.AdminConfigPath(), "ca", s.pki.CAHash())
+	s.log.Info("broker ready", "listen", lis.Addr().String(), "adminConfig", s.AdminConfigPath(), "ca", s.pki.CAHash())
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)
@@ -253,6 +266,11 @@ func (s *Server) writeAdminConfig(addr net.Addr) error {
 	return nil
 }
 
+// leases are the endpoint lease settings admission applies.
+func (s *Server) leases() admission.Leases {
+	return admission.Leases{Default: s.cfg.Lease, Max: s.cfg.MaxLease}
+}
+
 // extendLeases gives every stored endpoint a full lease from now: after broker downtime every
 // lease would otherwise have expired and the reaper would withdraw all gateways at once, before
 // their agents had a chance to reconnect and heartbeat.
@@ -263,12 +281,7 @@ func (s *Server) extendLeases(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		for _, e := range eps {
-			lease := time.Duration(e.LeaseSeconds) * time.Second
-			if lease <= 0 {
-				lease = s.cfg.Lease
-			}
-			e.LeaseExpires = timestamppb.New(now.Add(lease))
+		for _, e := range admission.ExtendLeases(eps, s.cfg.Lease, now) {
 			if err := tx.TouchEndpoint(e); err != nil {
 				return err
 			}
@@ -281,6 +294,7 @@ func (s *Server) extendLeases(ctx context.Context) error {
 	return nil
 }
 
+// reapLoop withdraws expired endpoints every ReapInterval until ctx ends.
 func (s *Server) reapLoop(ctx context.Context) {
 	t := time.NewTicker(s.cfg.ReapInterval)
 	defer t.Stop()
@@ -289,37 +303,35 @@ func (s *Server) reapLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if err := s.reapOnce(ctx); err != nil && ctx.Err() == nil {
+			if err := s.reapExpired(ctx, s.cfg.Now()); err != nil && ctx.Err() == nil {
 				s.log.Error("reap expired endpoints", "err", err)
 			}
 		}
 	}
 }
 
-// reapOnce withdraws every endpoint whose lease has expired.
-func (s *Server) reapOnce(ctx context.Context) error {
-	now := s.cfg.Now()
-	var reaped []string
+// reapExpired withdraws every endpoint whose lease has expired at now. The reap loop calls it
+// with the clock's time; tests call it directly.
+func (s *Server) reapExpired(ctx context.Context, now time.Time) error {
+	var reaped []*apiv1.Endpoint
 	_, err := s.store.Update(ctx, func(tx store.Tx) error {
-		reaped = reaped[:0]
 		eps, err := tx.Endpoints()
 		if err != nil {
 			return err
 		}
-		for _, e := range eps {
-			if e.LeaseExpires != nil && now.After(e.LeaseExpires.AsTime()) {
-				if err := tx.DeleteEndpoint(e.Cluster, e.Node); err != nil {
-					return err
-				}
-				reaped = append(reaped, store.EndpointKey(e.Cluster, e.Node))
+		reaped = admission.Expired(eps, now)
+		for _, e := range reaped {
+			if err := tx.DeleteEndpoint(e.Cluster, e.Node); err != nil {
+				return err
 			}
 		}
 		return nil
 	})
-	for _, k := range reaped {
-		if err == nil {
-			s.log.Info("endpoint lease expired, withdrawn", "endpoint", k)
-		}
+	if err != nil {
+		return err
 	}
-	return err
+	for _, e := range reaped {
+		s.log.Info("endpoint lease expired, withdrawn", "cluster", e.Cluster, "node", e.Node)
+	}
+	return nil
 }

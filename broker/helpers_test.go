@@ -67,13 +67,14 @@ type testBroker struct {
 type brokerOpts struct {
 	addr          string // listen here (for restarts on the same port); default 127.0.0.1:0
 	clock         *clock
+	durable       bool // keep the state in dir/broker.db (restarts); default a memory store
 	storeOpt      store.Options
 	defaultDriver string    // Config.DefaultCableDriver
 	logTo         io.Writer // also write the broker's log here (tests read it)
 }
 
 // startBroker runs a real broker on loopback with real TLS, and an admin client from the
-// admin.yaml it wrote.
+// admin.yaml it wrote. Its state is in memory unless o.durable.
 func startBroker(t *testing.T, dir string, o brokerOpts) *testBroker {
 	t.Helper()
 	if o.addr == "" {
@@ -90,8 +91,12 @@ func startBroker(t *testing.T, dir string, o brokerOpts) *testBroker {
 		logw = io.MultiWriter(logw, o.logTo)
 	}
 	log := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	srv, err := New(Config{DataDir: dir, Listen: o.addr, Logger: log, Now: o.clock.Now, ReapInterval: 20 * time.Millisecond,
-		StoreOptions: o.storeOpt, DefaultCableDriver: o.defaultDriver})
+	cfg := Config{DataDir: dir, Listen: o.addr, Logger: log, Now: o.clock.Now, ReapInterval: 20 * time.Millisecond,
+		StoreOptions: o.storeOpt, DefaultCableDriver: o.defaultDriver}
+	if !o.durable {
+		cfg.Store = store.NewMemory(o.storeOpt)
+	}
+	srv, err := New(cfg)
 	if err != nil {
 		t.Fatalf("start broker: %v", err)
 	}
@@ -154,6 +159,14 @@ func (b *testBroker) token(cluster string, pods ...string) string {
 		b.t.Fatalf("create join token for %s: %v", cluster, err)
 	}
 	return resp.Token
+}
+
+// reap runs the lease reaper once at the test clock's time.
+func (b *testBroker) reap() {
+	b.t.Helper()
+	if err := b.srv.reapExpired(ctxT(b.t), b.clock.Now()); err != nil {
+		b.t.Fatalf("reap: %v", err)
+	}
 }
 
 func (b *testBroker) list() *apiv1.ListClustersResponse {

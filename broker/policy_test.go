@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/broker/admission"
 	"github.com/cablemesh/cablemesh/policy"
 )
 
@@ -116,7 +117,7 @@ spec:
 
 func TestTheDefaultPolicyIsCreatedAtFirstStartAndKeptAfterwards(t *testing.T) {
 	dir := t.TempDir()
-	b := startBroker(t, dir, brokerOpts{defaultDriver: "vxlan"})
+	b := startBroker(t, dir, brokerOpts{defaultDriver: "vxlan", durable: true})
 	raw, pols, _ := b.policies()
 	def, ok := pols[policy.DefaultPolicyName]
 	if len(pols) != 1 || !ok || !raw["default"].IsDefault || def.Spec.CableDriver.Name != "vxlan" || def.Spec.EffectiveTopology() != policy.TopologyFullMesh ||
@@ -126,7 +127,7 @@ func TestTheDefaultPolicyIsCreatedAtFirstStartAndKeptAfterwards(t *testing.T) {
 	b.stop()
 
 	logs := &syncBuffer{}
-	b = startBroker(t, dir, brokerOpts{defaultDriver: "ipsec", logTo: logs})
+	b = startBroker(t, dir, brokerOpts{defaultDriver: "ipsec", logTo: logs, durable: true})
 	if _, pols, _ := b.policies(); pols["default"].Spec.CableDriver.Name != "vxlan" {
 		t.Fatalf("a restart with another driver replaced the stored default: %+v", pols["default"])
 	}
@@ -136,14 +137,14 @@ func TestTheDefaultPolicyIsCreatedAtFirstStartAndKeptAfterwards(t *testing.T) {
 	b.stop()
 
 	logs = &syncBuffer{}
-	b = startBroker(t, dir, brokerOpts{logTo: logs})
+	b = startBroker(t, dir, brokerOpts{logTo: logs, durable: true})
 	if strings.Contains(logs.String(), "differs") {
 		t.Fatalf("a restart without the flag warned about it:\n%s", logs)
 	}
 	b.stop()
 
 	_, err := New(Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0", DefaultCableDriver: "gre"})
-	if err == nil || !strings.Contains(err.Error(), `default cable driver "gre" is not one of wireguard, vxlan, ipsec`) {
+	if err == nil || !strings.Contains(err.Error(), `default cable driver "gre" is not one of ipsec, vxlan, wireguard`) {
 		t.Fatalf("an unknown default driver: %v", err)
 	}
 }
@@ -158,7 +159,7 @@ func TestApplyReportsCreatedConfiguredAndUnchanged(t *testing.T) {
 	recv(t, w)
 
 	r := b.apply(onPremYAML)
-	if r.Outcomes[0] != OutcomeCreated || r.Policies[0].Revision == 0 || r.Policies[0].IsDefault {
+	if r.Outcomes[0] != admission.OutcomeCreated || r.Policies[0].Revision == 0 || r.Policies[0].IsDefault {
 		t.Fatalf("first apply: %v", r)
 	}
 	created := r.Policies[0].Revision
@@ -185,11 +186,11 @@ spec:
   cableDriver: {name: vxlan}
   priority: 3
 `)
-	if r.Outcomes[0] != OutcomeUnchanged || r.Policies[0].Revision != created {
+	if r.Outcomes[0] != admission.OutcomeUnchanged || r.Policies[0].Revision != created {
 		t.Fatalf("re-apply of the same spec: %v, want unchanged at revision %d", r, created)
 	}
 	r = b.apply(strings.Replace(onPremYAML, "priority: 3", "priority: 4", 1))
-	if r.Outcomes[0] != OutcomeConfigured || r.Policies[0].Revision <= created {
+	if r.Outcomes[0] != admission.OutcomeConfigured || r.Policies[0].Revision <= created {
 		t.Fatalf("apply with a new priority: %v, want configured at a new revision", r)
 	}
 	// The unchanged apply produced no event: the next one is the configure.
@@ -209,7 +210,7 @@ spec:
 
 	// The default policy can be changed like any other and stays the default.
 	r = b.apply(strings.Replace(seedFile(t, "01-default-connect.yaml"), "public-internet", "default", 1))
-	if r.Outcomes[0] != OutcomeConfigured || !r.Policies[0].IsDefault {
+	if r.Outcomes[0] != admission.OutcomeConfigured || !r.Policies[0].IsDefault {
 		t.Fatalf("re-applying the default with ipsec: %v", r)
 	}
 	if _, pols, _ := b.policies(); pols["default"].Spec.CableDriver.Name != "ipsec" {

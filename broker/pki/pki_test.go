@@ -112,7 +112,7 @@ func TestAgentCertificates(t *testing.T) {
 	if err != nil || id != (Identity{Cluster: "east", ClusterUID: "uid-1", Node: "gw1"}) {
 		t.Fatalf("identity %+v, %v; want east/gw1 uid-1 (not the CSR's CN)", id, err)
 	}
-	if d := cert.NotAfter.Sub(time.Now()); d < Validity-time.Hour || d > Validity+time.Hour {
+	if d := time.Until(cert.NotAfter); d < Validity-time.Hour || d > Validity+time.Hour {
 		t.Fatalf("validity %v, want about %v", d, Validity)
 	}
 

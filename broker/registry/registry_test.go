@@ -1,6 +1,7 @@
 package registry
 
 import (
+	"errors"
 	"net/netip"
 	"strings"
 	"testing"
@@ -94,5 +95,21 @@ func checkErr(t *testing.T, err error, want string) {
 		t.Fatalf("no error, want one containing %q", want)
 	case want != "" && !strings.Contains(err.Error(), want):
 		t.Fatalf("error %q does not contain %q", err, want)
+	}
+}
+
+func TestRefusalsAreTyped(t *testing.T) {
+	existing := []ClusterCIDRs{{Name: "east", PodCIDRs: pfx("10.1.0.0/16")}}
+	var oe *OverlapError
+	if err := CheckOverlap(ClusterCIDRs{Name: "west", PodCIDRs: pfx("10.1.2.0/24")}, existing); !errors.As(err, &oe) ||
+		*oe != (OverlapError{Cluster: "west", Kind: "pod CIDR", CIDR: pfx("10.1.2.0/24")[0], OtherCluster: "east", OtherKind: "pod CIDR", OtherCIDR: pfx("10.1.0.0/16")[0]}) {
+		t.Fatalf("overlap: %#v (%v), want an *OverlapError naming west's and east's pod CIDRs", oe, err)
+	}
+	used := map[uint32]bool{}
+	for id := uint32(MinClusterID); id <= MaxClusterID; id++ {
+		used[id] = true
+	}
+	if _, err := AllocateID(used); !errors.Is(err, ErrMeshFull) {
+		t.Fatalf("full mesh: %v, want ErrMeshFull", err)
 	}
 }

@@ -1,7 +1,8 @@
 // Package store holds the broker's state: clusters, endpoints and policies, a global revision bumped by
 // every change, and a bounded log of change events that lets a watcher resume from a revision.
-// Store is the interface the broker codes against; Bolt (bbolt, one file) is the embedded
-// implementation, and an etcd one can come later behind the same interface.
+// Store is the interface the broker codes against. Bolt (bbolt, one file) is the embedded
+// implementation; Memory keeps the same state in memory (unit tests); an etcd one can come later
+// behind the same interface. storetest holds the conformance suite every implementation passes.
 package store
 
 import (
@@ -24,6 +25,24 @@ var ErrWatcherTooSlow = errors.New("watcher fell behind and was disconnected; re
 
 // ErrClosed is returned by a store that has been closed.
 var ErrClosed = errors.New("store is closed")
+
+// Options tune a store; zero values take the defaults.
+type Options struct {
+	// LogSize is how many events the log keeps for resuming watchers (default 10,000).
+	LogSize int
+	// WatchBuffer is how many batches a watcher may lag behind before it is dropped (default 1,024).
+	WatchBuffer int
+}
+
+func (o Options) withDefaults() Options {
+	if o.LogSize <= 0 {
+		o.LogSize = 10000
+	}
+	if o.WatchBuffer <= 0 {
+		o.WatchBuffer = 1024
+	}
+	return o
+}
 
 // ReadTx reads a consistent view. Returned messages are copies the caller may keep and modify.
 type ReadTx interface {

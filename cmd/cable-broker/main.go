@@ -2,14 +2,15 @@
 // certificates, served over gRPC with mTLS.
 //
 //	cable-broker --data-dir DIR [--listen 0.0.0.0:7443] [--lease 30s] [--log-level info]
-//	             [--default-cable-driver wireguard|vxlan|ipsec]
+//	             [--default-cable-driver ipsec|vxlan|wireguard]
 //
 // On first start it creates the mesh CA and the mesh secret (from which every cluster pair's
 // pre-shared key is derived) in DIR, writes DIR/admin.yaml, the credential cablectl uses
 // (cablectl --config DIR/admin.yaml ...), and creates the mesh default connection policy "default":
-// every pair connects, full mesh, over --default-cable-driver. Later starts keep the stored
-// default policy (change it with `cablectl apply`); a --default-cable-driver that differs from it
-// is logged and otherwise ignored.
+// every pair connects, full mesh, over --default-cable-driver (any registered cable driver: the
+// binary links them all through cable/drivers). Later starts keep the stored default policy
+// (change it with `cablectl apply`); a --default-cable-driver that differs from it is logged and
+// otherwise ignored.
 package main
 
 import (
@@ -21,12 +22,14 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
-	_ "github.com/cablemesh/cablemesh/cable/drivers" // the broker validates what endpoints publish per driver
-
 	"github.com/cablemesh/cablemesh/broker"
+	"github.com/cablemesh/cablemesh/cable"
+	_ "github.com/cablemesh/cablemesh/cable/drivers" // registers every driver: the default policy's and what endpoints publish are checked against them
+	"github.com/cablemesh/cablemesh/policy"
 )
 
 func main() {
@@ -41,7 +44,8 @@ func run(args []string, stderr io.Writer) int {
 	listen := fs.String("listen", broker.DefaultListen, "address to serve the gRPC API on")
 	lease := fs.Duration("lease", broker.DefaultLease, "default endpoint lease; agents heartbeat within it")
 	logLevel := fs.String("log-level", "info", "log level: debug | info | warn | error")
-	defaultDriver := fs.String("default-cable-driver", "wireguard", "cable driver of the mesh default policy created at first start: wireguard | vxlan | ipsec (later starts keep the stored policy)")
+	defaultDriver := fs.String("default-cable-driver", policy.DefaultDriver, "cable driver of the mesh default policy created at first start: "+
+		strings.Join(cable.Names(), " | ")+" (later starts keep the stored policy)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}

@@ -12,7 +12,7 @@ func TestBadUsageExitsTwoBeforeTouchingTheDataDir(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"an unknown default cable driver", []string{"--data-dir", "/nonexistent/x", "--default-cable-driver", "gre"}, `default cable driver "gre" is not one of wireguard, vxlan, ipsec`},
+		{"an unknown default cable driver", []string{"--data-dir", "/nonexistent/x", "--default-cable-driver", "gre"}, `default cable driver "gre" is not one of ipsec, vxlan, wireguard`},
 		{"no data dir", []string{"--default-cable-driver", "vxlan"}, "--data-dir is required"},
 		{"a lease under a second", []string{"--data-dir", "/nonexistent/x", "--lease", "10ms"}, "shorter than 1s"},
 		{"a stray argument", []string{"--data-dir", "/nonexistent/x", "extra"}, "unexpected arguments"},

@@ -1,4 +1,4 @@
-package broker
+package admission
 
 import (
 	"bytes"
@@ -14,7 +14,7 @@ import (
 // policy it accepts and validates must reach a fixed point in one canonicalisation: re-applying
 // what the broker stored (what export prints) is then recognised as unchanged.
 func FuzzDecodePolicyJSON(f *testing.F) {
-	files, _ := filepath.Glob(filepath.Join("..", "policy", "testdata", "seed004", "*.yaml"))
+	files, _ := filepath.Glob(filepath.Join("..", "..", "policy", "testdata", "seed004", "*.yaml"))
 	for _, path := range files {
 		b, err := os.ReadFile(path)
 		if err != nil {
@@ -33,22 +33,22 @@ func FuzzDecodePolicyJSON(f *testing.F) {
 	f.Add([]byte(`{"metadata":{"name":"x"},"spec":{"leftClusterSelector":{"env":"!production"},"rightClusterSelector":null}} {}`))
 	f.Add([]byte(`null`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		p, err := decodePolicyJSON(data)
+		p, err := DecodePolicyJSON(data)
 		if err != nil || p.Validate() != nil {
 			return
 		}
-		c1, b1, err := canonicalPolicy(p, policy.OriginMesh)
+		c1, b1, err := CanonicalPolicy(p, policy.OriginMesh)
 		if err != nil {
 			t.Fatalf("canonicalise a valid policy: %v", err)
 		}
-		p2, err := decodePolicyJSON(b1)
+		p2, err := DecodePolicyJSON(b1)
 		if err != nil {
 			t.Fatalf("the broker cannot read back what it would store: %v\n%s", err, b1)
 		}
 		if err := p2.Validate(); err != nil {
 			t.Fatalf("the stored form of a valid policy is invalid: %v\n%s", err, b1)
 		}
-		_, b2, err := canonicalPolicy(p2, policy.OriginMesh)
+		_, b2, err := CanonicalPolicy(p2, policy.OriginMesh)
 		if err != nil || !bytes.Equal(b1, b2) {
 			t.Fatalf("canonical form is not stable:\n%s\n%s", b1, b2)
 		}

@@ -1,0 +1,229 @@
+// Package admission decides what the broker accepts into its state and what an accepted request
+// becomes: a new cluster with its ID, a relabelled cluster, an endpoint with its lease, a stored
+// policy. Every function here is pure: it is given what the broker read from its store and the
+// time, and returns the record to write or a typed refusal (errors.go). The broker's handlers
+// read, call these, write the result, and turn refusals into gRPC status codes in one place.
+//
+// Name, CIDR and label rules are api/validation's; ID allocation and the CIDR overlap check are
+// registry's.
+package admission
+
+import (
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/api/validation"
+	"github.com/cablemesh/cablemesh/broker/registry"
+)
+
+// CheckClusterName refuses a cluster name that is not a DNS label, as request field field.
+func CheckClusterName(field, name string) error {
+	if err := validation.ValidateClusterName(name); err != nil {
+		return invalid(field, name, err)
+	}
+	return nil
+}
+
+// ClusterRequest is the cluster part of a join-token request, validated: the cluster it is for
+// and, should it not exist yet, what to create it with.
+type ClusterRequest struct {
+	Name         string
+	PodCIDRs     []netip.Prefix
+	ServiceCIDRs []netip.Prefix
+	Labels       map[string]string
+}
+
+// ParseClusterRequest validates the cluster fields of a join-token request.
+func ParseClusterRequest(req *apiv1.CreateJoinTokenRequest) (ClusterRequest, error) {
+	if err := CheckClusterName("cluster", req.Cluster); err != nil {
+		return ClusterRequest{}, err
+	}
+	pods, err := validation.ParseCIDRs("pod CIDR", req.PodCidrs)
+	if err != nil {
+		return ClusterRequest{}, invalid("pod_cidrs", strings.Join(req.PodCidrs, ","), err)
+	}
+	svcs, err := validation.ParseCIDRs("service CIDR", req.ServiceCidrs)
+	if err != nil {
+		return ClusterRequest{}, invalid("service_cidrs", strings.Join(req.ServiceCidrs, ","), err)
+	}
+	if err := validation.ValidateLabels(req.Labels); err != nil {
+		return ClusterRequest{}, invalid("labels", labelString(req.Labels), err)
+	}
+	return ClusterRequest{Name: req.Cluster, PodCIDRs: pods, ServiceCIDRs: svcs, Labels: req.Labels}, nil
+}
+
+// TokenValidity is how long a join token asked for with validForSeconds is valid: def for 0, at
+// most max.
+func TokenValidity(validForSeconds int64, def, max time.Duration) (time.Duration, error) {
+	v := strconv.FormatInt(validForSeconds, 10)
+	switch {
+	case validForSeconds < 0:
+		return 0, invalidf("valid_for_seconds", v, "valid_for_seconds %d is negative", validForSeconds)
+	case validForSeconds > int64(max/time.Second):
+		return 0, invalidf("valid_for_seconds", v, "valid_for_seconds %d is more than the maximum %s", validForSeconds, max)
+	case validForSeconds > 0:
+		return time.Duration(validForSeconds) * time.Second, nil
+	}
+	return def, nil
+}
+
+// AdmitCluster decides a join-token request against the clusters of the mesh. A stored cluster of
+// that name that agrees with the request is returned as it is (created false): the token is for
+// another node of it. Otherwise the request creates the cluster (created true) with the lowest
+// free ID, joined now, under uid, unless it gives no pod CIDRs (*InvalidError), its CIDRs overlap
+// another cluster's (*OverlapError) or the mesh is full (ErrMeshFull).
+func AdmitCluster(req ClusterRequest, existing []*apiv1.Cluster, now time.Time, uid string) (c *apiv1.Cluster, created bool, err error) {
+	if i := slices.IndexFunc(existing, func(c *apiv1.Cluster) bool { return c.Name == req.Name }); i >= 0 {
+		if err := checkSameCluster(existing[i], req); err != nil {
+			return nil, false, err
+		}
+		return existing[i], false, nil
+	}
+	if len(req.PodCIDRs) == 0 {
+		return nil, false, invalidf("pod_cidrs", "", "cluster %q does not exist yet: its pod CIDRs are required to create it (--pod-cidr)", req.Name)
+	}
+	used := map[uint32]bool{}
+	var others []registry.ClusterCIDRs
+	for _, c := range existing {
+		used[c.Id] = true
+		others = append(others, registry.ClusterCIDRs{Name: c.Name, PodCIDRs: storedPrefixes(c.PodCidrs), ServiceCIDRs: storedPrefixes(c.ServiceCidrs)})
+	}
+	if err := registry.CheckOverlap(registry.ClusterCIDRs{Name: req.Name, PodCIDRs: req.PodCIDRs, ServiceCIDRs: req.ServiceCIDRs}, others); err != nil {
+		return nil, false, err
+	}
+	id, err := registry.AllocateID(used)
+	if err != nil {
+		return nil, false, fmt.Errorf("cannot add cluster %q: %w", req.Name, err)
+	}
+	return &apiv1.Cluster{
+		Name:         req.Name,
+		Id:           id,
+		Labels:       req.Labels,
+		PodCidrs:     validation.Strings(req.PodCIDRs),
+		ServiceCidrs: validation.Strings(req.ServiceCIDRs),
+		JoinedAt:     timestamppb.New(now),
+		Uid:          uid,
+	}, true, nil
+}
+
+// checkSameCluster refuses a join-token request for an existing cluster that gives different
+// CIDRs or labels: names are unique in the mesh, so a request that disagrees is most likely a
+// second cluster under a name already taken.
+func checkSameCluster(c *apiv1.Cluster, req ClusterRequest) error {
+	conflict := func(field, format string, args ...any) error {
+		return &ConflictError{Kind: "cluster", Name: c.Name, Field: field, Err: fmt.Errorf(format, args...)}
+	}
+	if len(req.PodCIDRs) > 0 && !validation.SameCIDRs(req.PodCIDRs, storedPrefixes(c.PodCidrs)) {
+		return conflict("pod_cidrs", "cluster %q already exists with pod CIDRs [%s], not [%s]: cluster names are unique in the mesh; to add a node to it, give the same --pod-cidr or none",
+			c.Name, strings.Join(c.PodCidrs, ","), strings.Join(validation.Strings(req.PodCIDRs), ","))
+	}
+	if len(req.ServiceCIDRs) > 0 && !validation.SameCIDRs(req.ServiceCIDRs, storedPrefixes(c.ServiceCidrs)) {
+		return conflict("service_cidrs", "cluster %q already exists with service CIDRs [%s], not [%s]: cluster names are unique in the mesh; to add a node to it, give the same --service-cidr or none",
+			c.Name, strings.Join(c.ServiceCidrs, ","), strings.Join(validation.Strings(req.ServiceCIDRs), ","))
+	}
+	for _, k := range slices.Sorted(maps.Keys(req.Labels)) {
+		old, ok := c.Labels[k]
+		if !ok {
+			return conflict("labels", "cluster %q already exists without label %q (asked for %q=%q): change labels with `cablectl cluster label`", c.Name, k, k, req.Labels[k])
+		}
+		if old != req.Labels[k] {
+			return conflict("labels", "cluster %q already exists and its label %q is %q, not %q: change labels with `cablectl cluster label`", c.Name, k, old, req.Labels[k])
+		}
+	}
+	return nil
+}
+
+// LabelChange is a validated label request: labels to set and keys to remove on cluster Name.
+type LabelChange struct {
+	Name   string
+	Set    map[string]string
+	Remove []string
+}
+
+// ParseLabelChange validates a label request.
+func ParseLabelChange(req *apiv1.LabelClusterRequest) (LabelChange, error) {
+	if err := CheckClusterName("name", req.Name); err != nil {
+		return LabelChange{}, err
+	}
+	if err := validation.ValidateLabels(req.Set); err != nil {
+		return LabelChange{}, invalid("set", labelString(req.Set), err)
+	}
+	for _, k := range req.Remove {
+		if err := validation.ValidateLabelKey(k); err != nil {
+			return LabelChange{}, invalid("remove", k, err)
+		}
+		if _, ok := req.Set[k]; ok {
+			return LabelChange{}, invalidf("remove", k, "label %q is both set and removed", k)
+		}
+	}
+	return LabelChange{Name: req.Name, Set: req.Set, Remove: req.Remove}, nil
+}
+
+// Relabel applies ch to c, the stored cluster (nil when there is none). changed is false when the
+// labels stay as they are: then out is c and nothing need be written.
+func Relabel(c *apiv1.Cluster, ch LabelChange) (out *apiv1.Cluster, changed bool, err error) {
+	if c == nil {
+		return nil, false, clusterNotFound(ch.Name)
+	}
+	labels := maps.Clone(c.Labels)
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	maps.Copy(labels, ch.Set)
+	for _, k := range ch.Remove {
+		delete(labels, k)
+	}
+	if maps.Equal(labels, c.Labels) || (len(labels) == 0 && len(c.Labels) == 0) {
+		return c, false, nil
+	}
+	out = proto.Clone(c).(*apiv1.Cluster)
+	out.Labels = labels
+	return out, true, nil
+}
+
+// RemoveCluster decides the removal of cluster name, stored as c (nil when there is none): the
+// endpoints of eps that go with it.
+func RemoveCluster(name string, c *apiv1.Cluster, eps []*apiv1.Endpoint) (withdraw []*apiv1.Endpoint, err error) {
+	if c == nil {
+		return nil, clusterNotFound(name)
+	}
+	for _, e := range eps {
+		if e.Cluster == name {
+			withdraw = append(withdraw, e)
+		}
+	}
+	return withdraw, nil
+}
+
+func clusterNotFound(name string) error {
+	return &NotFoundError{Kind: "cluster", Names: []string{name}, Err: fmt.Errorf("cluster %q not found", name)}
+}
+
+// storedPrefixes parses CIDRs the broker stored itself (validated on the way in).
+func storedPrefixes(ss []string) []netip.Prefix {
+	out := make([]netip.Prefix, 0, len(ss))
+	for _, s := range ss {
+		if p, err := netip.ParsePrefix(s); err == nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// labelString is labels as one value, k=v in key order, for InvalidError.Value.
+func labelString(labels map[string]string) string {
+	parts := make([]string, 0, len(labels))
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
+		parts = append(parts, k+"="+labels[k])
+	}
+	return strings.Join(parts, ",")
+}

@@ -1,0 +1,285 @@
+package admission
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+
+	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/policy"
+)
+
+// Outcomes of applying a policy, as kubectl apply prints them.
+const (
+	OutcomeCreated    = "created"
+	OutcomeConfigured = "configured"
+	OutcomeUnchanged  = "unchanged"
+)
+
+// DecodePolicyJSON reads one policy as policy.ClusterConnectionPolicy JSON, strictly: unknown
+// fields and trailing data are errors.
+func DecodePolicyJSON(b []byte) (policy.ClusterConnectionPolicy, error) {
+	var p policy.ClusterConnectionPolicy
+	if len(bytes.TrimSpace(b)) == 0 {
+		return p, errors.New("json is empty")
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&p); err != nil {
+		return p, fmt.Errorf("json: %v", strings.TrimPrefix(err.Error(), "json: "))
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return p, errors.New("json: data after the policy object")
+	}
+	return p, nil
+}
+
+// CanonicalPolicy puts a policy in the one form the broker stores: kind and apiVersion in their
+// output spelling, no status (the broker computes it), and the origin the broker decides.
+func CanonicalPolicy(p policy.ClusterConnectionPolicy, origin string) (policy.ClusterConnectionPolicy, []byte, error) {
+	p = p.DeepCopy()
+	p.Kind, p.APIVersion = policy.Kind, policy.APIVersion
+	p.Status = nil
+	p.Origin = origin
+	b, err := json.Marshal(&p)
+	return p, b, err
+}
+
+// StoredPolicy decodes a policy the broker stored itself.
+func StoredPolicy(sp *apiv1.Policy) (policy.ClusterConnectionPolicy, error) {
+	p, err := DecodePolicyJSON(sp.Json)
+	if err != nil {
+		return p, fmt.Errorf("stored policy %q: %w", sp.Name, err)
+	}
+	return p, nil
+}
+
+// MeshPolicies decodes the stored policies and splits off the mesh default, as the resolver
+// wants them.
+func MeshPolicies(stored []*apiv1.Policy) (others []policy.ClusterConnectionPolicy, def policy.ClusterConnectionPolicy, err error) {
+	for _, sp := range stored {
+		p, err := StoredPolicy(sp)
+		if err != nil {
+			return nil, def, err
+		}
+		if sp.IsDefault {
+			def = p
+			continue
+		}
+		others = append(others, p)
+	}
+	return others, def, nil
+}
+
+// ResolverClusters are clusters as the resolver sees them: names and labels.
+func ResolverClusters(cs []*apiv1.Cluster) []policy.Cluster {
+	out := make([]policy.Cluster, 0, len(cs))
+	for _, c := range cs {
+		out = append(out, policy.Cluster{Name: c.Name, Labels: c.Labels})
+	}
+	return out
+}
+
+// DefaultPolicy is the record of the mesh default policy the broker creates at first start: full
+// mesh over driver, and the policy it holds.
+func DefaultPolicy(driver string) (*apiv1.Policy, policy.ClusterConnectionPolicy, error) {
+	p, b, err := CanonicalPolicy(policy.DefaultPolicy(driver), policy.OriginMesh)
+	if err != nil {
+		return nil, p, err
+	}
+	if err := p.Validate(); err != nil {
+		return nil, p, fmt.Errorf("default policy: %w", err)
+	}
+	return &apiv1.Policy{Name: p.Metadata.Name, Json: b, IsDefault: true}, p, nil
+}
+
+// Canonical is a policy an apply request gives, validated and in its canonical form.
+type Canonical struct {
+	Policy policy.ClusterConnectionPolicy
+	JSON   []byte
+}
+
+// ParsePolicies validates every policy of an apply request, and refuses the whole request with
+// one *InvalidError that lists every problem, naming the policy and the field, when any is bad:
+// one bad policy fails the whole call.
+func ParsePolicies(in []*apiv1.Policy) ([]Canonical, error) {
+	if len(in) == 0 {
+		return nil, invalid("policies", "", errors.New("no policies to apply"))
+	}
+	var (
+		out   []Canonical
+		errs  []string
+		names = map[string]int{}
+	)
+	for i, sp := range in {
+		label := policyLabel(i, sp.GetName())
+		p, err := DecodePolicyJSON(sp.GetJson())
+		if err != nil {
+			errs = append(errs, label+": "+err.Error())
+			continue
+		}
+		if p.Metadata.Name != sp.GetName() {
+			errs = append(errs, fmt.Sprintf("%s: metadata.name %q differs from the name %q the request gives it", label, p.Metadata.Name, sp.GetName()))
+			continue
+		}
+		if err := p.Validate(); err != nil {
+			for _, e := range fieldErrors(err) {
+				errs = append(errs, label+": "+e)
+			}
+			continue
+		}
+		if first, dup := names[p.Metadata.Name]; dup {
+			errs = append(errs, fmt.Sprintf("%s: metadata.name %q is also the name of policy %d of the request", label, p.Metadata.Name, first))
+			continue
+		}
+		names[p.Metadata.Name] = i + 1
+		// Origin: these come from the mesh admin. A policy applied by a cluster (seed 003) would
+		// get that cluster's name here.
+		cp, b, err := CanonicalPolicy(p, policy.OriginMesh)
+		if err != nil {
+			errs = append(errs, fmt.Sprintf("%s: encode: %v", label, err))
+			continue
+		}
+		out = append(out, Canonical{Policy: cp, JSON: b})
+	}
+	if len(errs) > 0 {
+		return nil, invalidf("policies", "", "nothing applied: %s", strings.Join(errs, "; "))
+	}
+	return out, nil
+}
+
+// Applied is what applying one policy does.
+type Applied struct {
+	Outcome string
+	// Policy is the record to store (created, configured: a configured one carries the revision
+	// of the record it replaces) or the stored one (unchanged: nothing is written).
+	Policy *apiv1.Policy
+}
+
+// PlanApply decides, for each of ps in order, what applying it to the stored policies does. A
+// policy whose canonical form is what is stored is unchanged, even when the stored JSON was
+// spelled differently (by an older broker).
+func PlanApply(ps []Canonical, stored []*apiv1.Policy) ([]Applied, error) {
+	out := make([]Applied, 0, len(ps))
+	for _, c := range ps {
+		name := c.Policy.Metadata.Name
+		np := &apiv1.Policy{Name: name, Json: c.JSON, IsDefault: name == policy.DefaultPolicyName}
+		i := slices.IndexFunc(stored, func(sp *apiv1.Policy) bool { return sp.Name == name })
+		if i < 0 {
+			out = append(out, Applied{Outcome: OutcomeCreated, Policy: np})
+			continue
+		}
+		old := stored[i]
+		op, err := StoredPolicy(old)
+		if err != nil {
+			return nil, err
+		}
+		_, ob, err := CanonicalPolicy(op, op.Origin)
+		if err != nil {
+			return nil, err
+		}
+		if bytes.Equal(ob, c.JSON) && old.IsDefault == np.IsDefault {
+			out = append(out, Applied{Outcome: OutcomeUnchanged, Policy: old})
+			continue
+		}
+		np.Revision = old.Revision
+		out = append(out, Applied{Outcome: OutcomeConfigured, Policy: np})
+	}
+	return out, nil
+}
+
+// ParseDeleteNames validates the names of a delete request and drops repeats. The mesh default
+// policy cannot be deleted (*ProtectedError): it can only be changed.
+func ParseDeleteNames(names []string) ([]string, error) {
+	if len(names) == 0 {
+		return nil, invalid("names", "", errors.New("no policy names to delete"))
+	}
+	var out []string
+	for _, n := range names {
+		if n == "" {
+			return nil, invalid("names", "", errors.New("a policy name is empty"))
+		}
+		if n == policy.DefaultPolicyName {
+			return nil, &ProtectedError{Kind: "policy", Name: n,
+				Err: fmt.Errorf("policy %q is the mesh default policy and cannot be deleted (change it with apply); nothing deleted", n)}
+		}
+		if !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out, nil
+}
+
+// CheckPoliciesExist refuses a delete of names when any is not among the stored policies: a
+// delete removes all of them or none.
+func CheckPoliciesExist(names []string, stored []*apiv1.Policy) error {
+	var missing, quoted []string
+	for _, n := range names {
+		if !slices.ContainsFunc(stored, func(sp *apiv1.Policy) bool { return sp.Name == n }) {
+			missing = append(missing, n)
+			quoted = append(quoted, fmt.Sprintf("%q", n))
+		}
+	}
+	if len(missing) > 0 {
+		return &NotFoundError{Kind: "policy", Names: missing, Err: fmt.Errorf("policy %s not found; nothing deleted", strings.Join(quoted, ", "))}
+	}
+	return nil
+}
+
+// CheckExplainRequest validates the pair of an explain request.
+func CheckExplainRequest(req *apiv1.ExplainConnectionRequest) error {
+	if err := CheckClusterName("cluster_a", req.ClusterA); err != nil {
+		return err
+	}
+	if err := CheckClusterName("cluster_b", req.ClusterB); err != nil {
+		return err
+	}
+	if req.ClusterA == req.ClusterB {
+		return invalidf("cluster_b", req.ClusterB, "cluster_a and cluster_b are both %q: a cluster does not connect to itself", req.ClusterA)
+	}
+	return nil
+}
+
+// RequireClusters refuses when a cluster of names is missing: found[i] is names[i] as stored,
+// nil when there is none.
+func RequireClusters(names []string, found []*apiv1.Cluster) error {
+	var missing, quoted []string
+	for i, n := range names {
+		if found[i] == nil {
+			missing = append(missing, n)
+			quoted = append(quoted, fmt.Sprintf("%q", n))
+		}
+	}
+	if len(missing) > 0 {
+		return &NotFoundError{Kind: "cluster", Names: missing, Err: fmt.Errorf("cluster %s not found", strings.Join(quoted, " and "))}
+	}
+	return nil
+}
+
+// fieldErrors flattens errors.Join trees into one line per problem.
+func fieldErrors(err error) []string {
+	var out []string
+	var walk func(error)
+	walk = func(e error) {
+		if j, ok := e.(interface{ Unwrap() []error }); ok {
+			for _, x := range j.Unwrap() {
+				walk(x)
+			}
+			return
+		}
+		out = append(out, strings.ReplaceAll(e.Error(), "\n", "; "))
+	}
+	walk(err)
+	return out
+}
+
+func policyLabel(i int, name string) string {
+	if name == "" {
+		return fmt.Sprintf("policy %d (no name)", i+1)
+	}
+	return fmt.Sprintf("policy %q", name)
+}

@@ -1,0 +1,533 @@
+// Package storetest is the conformance suite of store.Store: every implementation (Bolt, Memory,
+// and an etcd one later) runs Run, so they cannot drift apart in what the broker relies on:
+// revisions, events, the resumable event log, watches and their slow-watcher disconnect, and
+// TouchEndpoint.
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/broker/store"
+)
+
+// Open returns a new, empty store with opts, closed when t ends. reopen, nil for a store that
+// does not persist (Memory), closes it and opens the same data again (also closed when t ends);
+// the suite's durability checks run only where it is given.
+type Open func(t *testing.T, opts store.Options) (s store.Store, reopen func() store.Store)
+
+// Run runs the suite against the stores open returns.
+func Run(t *testing.T, open Open) {
+	tests := []struct {
+		name string
+		fn   func(*testing.T, Open)
+	}{
+		{"EveryChangeBumpsTheRevisionAndStampsTheResource", everyChangeBumpsTheRevisionAndStampsTheResource},
+		{"TouchEndpointKeepsTheRevisionAndEmitsNothing", touchEndpointKeepsTheRevisionAndEmitsNothing},
+		{"TouchingAnAbsentEndpointFails", touchingAnAbsentEndpointFails},
+		{"StateSurvivesCloseAndReopen", stateSurvivesCloseAndReopen},
+		{"WatchResumesFromTheLogOrFallsBackToASnapshot", watchResumesFromTheLogOrFallsBackToASnapshot},
+		{"WatchDeliversLaterCommitsInOrder", watchDeliversLaterCommitsInOrder},
+		{"ASlowWatcherIsDroppedWithoutBlockingWriters", aSlowWatcherIsDroppedWithoutBlockingWriters},
+		{"AWatchEndsWithItsContextAndWithTheStore", aWatchEndsWithItsContextAndWithTheStore},
+		{"AClosedStoreRefusesWritesAndWatches", aClosedStoreRefusesWritesAndWatches},
+		{"PoliciesAreRevisionedWatchedAndSurviveReopen", policiesAreRevisionedWatchedAndSurviveReopen},
+		{"APairPSKIsNeverStored", aPairPSKIsNeverStored},
+		{"ReadsAreCopiesAndListsAreInKeyOrder", readsAreCopiesAndListsAreInKeyOrder},
+		{"ConcurrentWritersAndWatchersSeeEveryRevisionOnceInOrder", concurrentWritersAndWatchersSeeEveryRevisionOnceInOrder},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { tt.fn(t, open) })
+	}
+}
+
+func putCluster(t *testing.T, s store.Store, name string, id uint32) store.Commit {
+	t.Helper()
+	c, err := s.Update(context.Background(), func(tx store.Tx) error {
+		return tx.PutCluster(&apiv1.Cluster{Name: name, Id: id, PodCidrs: []string{fmt.Sprintf("10.%d.0.0/16", id)}})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func state(t *testing.T, s store.Store) (uint64, []*apiv1.Cluster, []*apiv1.Endpoint) {
+	t.Helper()
+	var (
+		rev uint64
+		cs  []*apiv1.Cluster
+		es  []*apiv1.Endpoint
+	)
+	err := s.View(context.Background(), func(tx store.ReadTx) error {
+		var err error
+		rev = tx.Revision()
+		if cs, err = tx.Clusters(); err != nil {
+			return err
+		}
+		es, err = tx.Endpoints()
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rev, cs, es
+}
+
+func everyChangeBumpsTheRevisionAndStampsTheResource(t *testing.T, open Open) {
+	s, _ := open(t, store.Options{})
+	c1 := putCluster(t, s, "east", 1)
+	c2, err := s.Update(context.Background(), func(tx store.Tx) error {
+		if err := tx.PutCluster(&apiv1.Cluster{Name: "west", Id: 2}); err != nil {
+			return err
+		}
+		return tx.PutEndpoint(&apiv1.Endpoint{Cluster: "west", Node: "gw1", PrivateIp: "10.0.0.1"})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c1.Revision != 1 || c2.Revision != 3 || len(c2.Events) != 2 || c2.Events[0].Revision != 2 || c2.Events[1].Revision != 3 {
+		t.Fatalf("revisions: first commit %d, second %d with events %v; want 1, then 3 with events at 2 and 3", c1.Revision, c2.Revision, c2.Events)
+	}
+	rev, cs, es := state(t, s)
+	if rev != 3 || cs[0].Revision != 1 || cs[1].Revision != 2 || es[0].Revision != 3 {
+		t.Fatalf("stored revisions: store %d, clusters %d %d, endpoint %d; want 3, 1 2, 3", rev, cs[0].Revision, cs[1].Revision, es[0].Revision)
+	}
+	// Deleting something absent changes nothing; a failing transaction changes nothing.
+	c3, err := s.Update(context.Background(), func(tx store.Tx) error { return tx.DeleteCluster("nope") })
+	if err != nil || c3.Revision != 3 || len(c3.Events) != 0 {
+		t.Fatalf("delete of an absent cluster: commit %+v err %v; want revision 3 and no events", c3, err)
+	}
+	boom := errors.New("boom")
+	_, err = s.Update(context.Background(), func(tx store.Tx) error {
+		if err := tx.PutCluster(&apiv1.Cluster{Name: "north", Id: 3}); err != nil {
+			return err
+		}
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("failing transaction returned %v, want boom", err)
+	}
+	if rev, cs, _ := state(t, s); rev != 3 || len(cs) != 2 {
+		t.Fatalf("after a failed transaction: revision %d with %d clusters, want 3 and 2", rev, len(cs))
+	}
+}
+
+func touchEndpointKeepsTheRevisionAndEmitsNothing(t *testing.T, open Open) {
+	s, _ := open(t, store.Options{})
+	_, err := s.Update(context.Background(), func(tx store.Tx) error {
+		return tx.PutEndpoint(&apiv1.Endpoint{Cluster: "east", Node: "gw1", PrivateIp: "10.0.0.1"})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := s.Watch(t.Context(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-w.C()
+	c, err := s.Update(context.Background(), func(tx store.Tx) error {
+		return tx.TouchEndpoint(&apiv1.Endpoint{Cluster: "east", Node: "gw1", LastHeartbeat: timestamppb.Now(), PrivateIp: "ignored"})
+	})
+	if err != nil || c.Revision != 1 || len(c.Events) != 0 {
+		t.Fatalf("touch: commit %+v, err %v; want revision 1, no events", c, err)
+	}
+	_, _, es := state(t, s)
+	if es[0].LastHeartbeat == nil || es[0].PrivateIp != "10.0.0.1" || es[0].Revision != 1 {
+		t.Fatalf("touched endpoint %v: want heartbeat set, private IP and revision unchanged", es[0])
+	}
+	select {
+	case b := <-w.C():
+		t.Fatalf("a touch reached a watcher: %v", b)
+	case <-time.After(50 * time.Millisecond):
+	}
+}
+
+func touchingAnAbsentEndpointFails(t *testing.T, open Open) {
+	s, _ := open(t, store.Options{})
+	_, err := s.Update(context.Background(), func(tx store.Tx) error {
+		return tx.TouchEndpoint(&apiv1.Endpoint{Cluster: "east", Node: "gw1", LastHeartbeat: timestamppb.Now()})
+	})
+	if err == nil {
+		t.Fatal("touching an endpoint that was never put succeeded")
+	}
+	if _, _, es := state(t, s); len(es) != 0 {
+		t.Fatalf("a failed touch stored %v", es)
+	}
+}
+
+func stateSurvivesCloseAndReopen(t *testing.T, open Open) {
+	s, reopen := open(t, store.Options{})
+	if reopen == nil {
+		t.Skip("this store does not persist")
+	}
+	putCluster(t, s, "east", 1)
+	putCluster(t, s, "west", 2)
+	_, err := s.Update(context.Background(), func(tx store.Tx) error {
+		if err := tx.PutEndpoint(&apiv1.Endpoint{Cluster: "east", Node: "gw1", PrivateIp: "10.0.0.1", CablePorts: map[string]uint32{"wireguard": 51820}}); err != nil {
+			return err
+		}
+		return tx.DeleteCluster("west")
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev1, cs1, es1 := state(t, s)
+	s2 := reopen()
+	rev2, cs2, es2 := state(t, s2)
+	if rev1 != rev2 || len(cs1) != len(cs2) || len(es1) != len(es2) {
+		t.Fatalf("after reopen: revision %d, %d clusters, %d endpoints; before: %d, %d, %d", rev2, len(cs2), len(es2), rev1, len(cs1), len(es1))
+	}
+	for i := range cs1 {
+		if !proto.Equal(cs1[i], cs2[i]) {
+			t.Fatalf("cluster %d changed across reopen: %v vs %v", i, cs1[i], cs2[i])
+		}
+	}
+	for i := range es1 {
+		if !proto.Equal(es1[i], es2[i]) {
+			t.Fatalf("endpoint %d changed across reopen: %v vs %v", i, es1[i], es2[i])
+		}
+	}
+	// The event log survives too: a watcher resumes across the restart.
+	w, err := s2.Watch(t.Context(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := <-w.C()
+	if b.Snapshot || len(b.Events) != 3 || b.Revision != 4 {
+		t.Fatalf("resume from 1 after reopen: snapshot=%v, %d events, revision %d; want 3 deltas to revision 4", b.Snapshot, len(b.Events), b.Revision)
+	}
+	// Revisions continue from where they were.
+	if c := putCluster(t, s2, "north", 3); c.Revision != rev1+1 {
+		t.Fatalf("first commit after reopen has revision %d, want %d", c.Revision, rev1+1)
+	}
+}
+
+func watchResumesFromTheLogOrFallsBackToASnapshot(t *testing.T, open Open) {
+	s, _ := open(t, store.Options{LogSize: 5})
+	for i := 1; i <= 8; i++ { // revisions 1..8; the log keeps 4..8
+		putCluster(t, s, fmt.Sprintf("c%d", i), uint32(i))
+	}
+	tests := []struct {
+		name         string
+		since        uint64
+		wantSnapshot bool
+		wantEvents   int
+	}{
+		{"since zero asks for a snapshot", 0, true, 8},
+		{"since a revision the log still holds gets the missed deltas", 5, false, 3},
+		{"since the oldest revision the log can resume gets every kept event", 3, false, 5},
+		{"since a compacted revision gets a snapshot", 2, true, 8},
+		{"since the current revision gets no events", 8, false, 0},
+		{"since a revision from the future gets a snapshot", 99, true, 8},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w, err := s.Watch(t.Context(), tt.since)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := <-w.C()
+			if b.Snapshot != tt.wantSnapshot || len(b.Events) != tt.wantEvents || b.Revision != 8 {
+				t.Fatalf("snapshot=%v events=%d revision=%d; want snapshot=%v events=%d revision=8", b.Snapshot, len(b.Events), b.Revision, tt.wantSnapshot, tt.wantEvents)
+			}
+			if !b.Snapshot && len(b.Events) > 0 && b.Events[0].Revision != tt.since+1 {
+				t.Fatalf("first delta has revision %d, want %d", b.Events[0].Revision, tt.since+1)
+			}
+		})
+	}
+}
+
+func watchDeliversLaterCommitsInOrder(t *testing.T, open Open) {
+	s, _ := open(t, store.Options{})
+	putCluster(t, s, "east", 1)
+	w, err := s.Watch(t.Context(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := <-w.C(); !b.Snapshot || len(b.Events) != 1 {
+		t.Fatalf("first batch %+v, want a snapshot of one cluster", b)
+	}
+	putCluster(t, s, "west", 2)
+	if _, err := s.Update(context.Background(), func(tx store.Tx) error { return tx.DeleteCluster("east") }); err != nil {
+		t.Fatal(err)
+	}
+	b1, b2 := <-w.C(), <-w.C()
+	if b1.Revision != 2 || b1.Events[0].Key != "west" || b2.Revision != 3 || b2.Events[0].Type != apiv1.Event_DELETE || b2.Events[0].GetResource().GetCluster().GetName() != "east" {
+		t.Fatalf("deltas %+v then %+v; want west upsert at 2, east delete (with its last value) at 3", b1, b2)
+	}
+}
+
+func aSlowWatcherIsDroppedWithoutBlockingWriters(t *testing.T, open Open) {
+	s, _ := open(t, store.Options{WatchBuffer: 2})
+	w, err := s.Watch(t.Context(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 1; i <= 5; i++ {
+			putCluster(t, s, fmt.Sprintf("c%d", i), uint32(i))
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("writers blocked on a watcher that does not read")
+	}
+	n := 0
+	for range w.C() {
+		n++
+	}
+	if !errors.Is(w.Err(), store.ErrWatcherTooSlow) || n != 3 {
+		t.Fatalf("slow watcher got %d batches then err %v; want 3 (snapshot + 2 buffered) then ErrWatcherTooSlow", n, w.Err())
+	}
+}
+
+func aWatchEndsWithItsContextAndWithTheStore(t *testing.T, open Open) {
+	s, _ := open(t, store.Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	w1, err := s.Watch(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w2, err := s.Watch(t.Context(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	for range w1.C() {
+	}
+	if !errors.Is(w1.Err(), context.Canceled) {
+		t.Fatalf("cancelled watch ended with %v, want context.Canceled", w1.Err())
+	}
+	s.Close()
+	for range w2.C() {
+	}
+	if !errors.Is(w2.Err(), store.ErrClosed) {
+		t.Fatalf("watch of a closed store ended with %v, want ErrClosed", w2.Err())
+	}
+}
+
+func aClosedStoreRefusesWritesAndWatches(t *testing.T, open Open) {
+	s, _ := open(t, store.Options{})
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("a second Close: %v", err)
+	}
+	_, err := s.Update(context.Background(), func(tx store.Tx) error { return tx.PutCluster(&apiv1.Cluster{Name: "east", Id: 1}) })
+	if !errors.Is(err, store.ErrClosed) {
+		t.Fatalf("update of a closed store: %v, want ErrClosed", err)
+	}
+	if _, err := s.Watch(context.Background(), 0); !errors.Is(err, store.ErrClosed) {
+		t.Fatalf("watch of a closed store: %v, want ErrClosed", err)
+	}
+}
+
+func policiesAreRevisionedWatchedAndSurviveReopen(t *testing.T, open Open) {
+	s, reopen := open(t, store.Options{})
+	putCluster(t, s, "east", 1)
+	c, err := s.Update(context.Background(), func(tx store.Tx) error {
+		if err := tx.PutPolicy(&apiv1.Policy{Name: "default", Json: []byte(`{"a":1}`), IsDefault: true, StatusJson: []byte(`{"x":1}`)}); err != nil {
+			return err
+		}
+		return tx.PutPolicy(&apiv1.Policy{Name: "on-prem", Json: []byte(`{"b":2}`)})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Revision != 3 || len(c.Events) != 2 || c.Events[0].Kind != store.KindPolicy || c.Events[0].Key != "default" || c.Events[1].GetResource().GetPolicy().GetRevision() != 3 {
+		t.Fatalf("commit %+v: want two policy events at 2 and 3, the second stamped 3", c)
+	}
+	var got []*apiv1.Policy
+	err = s.View(context.Background(), func(tx store.ReadTx) error {
+		var err error
+		got, err = tx.Policies()
+		return err
+	})
+	if err != nil || len(got) != 2 || got[0].Name != "default" || !got[0].IsDefault || got[0].Revision != 2 || got[0].StatusJson != nil {
+		t.Fatalf("policies %v, %v: want default (is_default, revision 2, no stored status) then on-prem", got, err)
+	}
+
+	w, err := s.Watch(t.Context(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := <-w.C(); keysOf(b.Events) != "cluster:east policy:default policy:on-prem" {
+		t.Fatalf("snapshot holds %s, want the cluster then both policies", keysOf(b.Events))
+	}
+	// Deleting an absent policy is no change; deleting a present one is an event with its last value.
+	c, err = s.Update(context.Background(), func(tx store.Tx) error {
+		if err := tx.DeletePolicy("nope"); err != nil {
+			return err
+		}
+		return tx.DeletePolicy("on-prem")
+	})
+	if err != nil || c.Revision != 4 || len(c.Events) != 1 || c.Events[0].Type != apiv1.Event_DELETE || string(c.Events[0].GetResource().GetPolicy().GetJson()) != `{"b":2}` {
+		t.Fatalf("delete: commit %+v err %v; want one DELETE of on-prem at 4 with its last value", c, err)
+	}
+	if b := <-w.C(); b.Revision != 4 || keysOf(b.Events) != "policy:on-prem" {
+		t.Fatalf("watcher got %s at %d, want the on-prem delete at 4", keysOf(b.Events), b.Revision)
+	}
+	if reopen == nil {
+		return // the rest is about durability
+	}
+
+	s2 := reopen()
+	err = s2.View(context.Background(), func(tx store.ReadTx) error {
+		p, err := tx.Policy("default")
+		if err != nil || p == nil || string(p.Json) != `{"a":1}` || tx.Revision() != 4 {
+			t.Errorf("after reopen: default %v err %v revision %d", p, err, tx.Revision())
+		}
+		if p, err := tx.Policy("on-prem"); p != nil || err != nil {
+			t.Errorf("deleted policy came back: %v %v", p, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func aPairPSKIsNeverStored(t *testing.T, open Open) {
+	s, _ := open(t, store.Options{})
+	_, err := s.Update(context.Background(), func(tx store.Tx) error {
+		return tx.PutCluster(&apiv1.Cluster{Name: "east", Id: 1, PairPsk: []byte("secret")})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, cs, _ := state(t, s)
+	if len(cs) != 1 || cs[0].PairPsk != nil {
+		t.Fatalf("stored cluster %v carries a PSK", cs)
+	}
+}
+
+func readsAreCopiesAndListsAreInKeyOrder(t *testing.T, open Open) {
+	s, _ := open(t, store.Options{})
+	in := &apiv1.Cluster{Name: "west", Id: 2, Labels: map[string]string{"env": "prod"}}
+	c, err := s.Update(context.Background(), func(tx store.Tx) error {
+		if err := tx.PutCluster(in); err != nil {
+			return err
+		}
+		for _, n := range []string{"west/gw2", "east/gw1", "west/gw1"} {
+			cl, node, _ := strings.Cut(n, "/")
+			if err := tx.PutEndpoint(&apiv1.Endpoint{Cluster: cl, Node: node, PrivateIp: "10.0.0.1"}); err != nil {
+				return err
+			}
+		}
+		return tx.PutCluster(&apiv1.Cluster{Name: "east", Id: 1})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What the caller gave, what it read and what the commit reported are its own.
+	in.Labels["env"] = "dev"
+	c.Events[0].GetResource().GetCluster().Labels["env"] = "test"
+	_, cs, es := state(t, s)
+	cs[1].Labels["env"] = "staging"
+	_, cs, _ = state(t, s)
+	if in.Revision != 0 || cs[1].Name != "west" || cs[1].Labels["env"] != "prod" {
+		t.Fatalf("stored west %v (given %v): want env=prod, and the caller's message not stamped", cs[1], in)
+	}
+	var names []string
+	for _, c := range cs {
+		names = append(names, c.Name)
+	}
+	for _, e := range es {
+		names = append(names, store.EndpointKey(e.Cluster, e.Node))
+	}
+	if want := []string{"east", "west", "east/gw1", "west/gw1", "west/gw2"}; !slices.Equal(names, want) {
+		t.Fatalf("listed %v, want %v", names, want)
+	}
+}
+
+func concurrentWritersAndWatchersSeeEveryRevisionOnceInOrder(t *testing.T, open Open) {
+	s, _ := open(t, store.Options{})
+	const writers, each = 4, 25
+	type result struct {
+		revs []uint64
+		err  error
+	}
+	watchers := make([]chan result, 2)
+	for i := range watchers {
+		w, err := s.Watch(t.Context(), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ch := make(chan result, 1)
+		watchers[i] = ch
+		go func() {
+			var r result
+			for b := range w.C() {
+				for _, ev := range b.Events {
+					if !b.Snapshot {
+						r.revs = append(r.revs, ev.Revision)
+					}
+				}
+				if len(r.revs) == writers*each {
+					break
+				}
+			}
+			r.err = w.Err()
+			ch <- r
+		}()
+	}
+	var wg sync.WaitGroup
+	for g := range writers {
+		wg.Go(func() {
+			for i := range each {
+				_, err := s.Update(context.Background(), func(tx store.Tx) error {
+					return tx.PutCluster(&apiv1.Cluster{Name: fmt.Sprintf("w%d-%d", g, i), Id: uint32(g*each + i + 1)})
+				})
+				if err != nil {
+					t.Error(err)
+				}
+				// Readers run alongside the writers.
+				if err := s.View(context.Background(), func(tx store.ReadTx) error { _, err := tx.Clusters(); return err }); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for i, ch := range watchers {
+		select {
+		case r := <-ch:
+			if len(r.revs) != writers*each {
+				t.Fatalf("watcher %d got %d events (then %v), want %d", i, len(r.revs), r.err, writers*each)
+			}
+			for j, rev := range r.revs {
+				if rev != uint64(j+1) {
+					t.Fatalf("watcher %d: event %d has revision %d, want %d", i, j, rev, j+1)
+				}
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("watcher %d did not get every event", i)
+		}
+	}
+}
+
+func keysOf(evs []*apiv1.Event) string {
+	out := ""
+	for i, e := range evs {
+		if i > 0 {
+			out += " "
+		}
+		out += e.Kind + ":" + e.Key
+	}
+	return out
+}

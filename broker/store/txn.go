@@ -1,0 +1,324 @@
+package store
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"google.golang.org/protobuf/proto"
+
+	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+)
+
+// The layout every key-value backend (Bolt, Memory) shares: one bucket per kind, keyed by name
+// (endpoints by cluster/node), resources as protobuf; the event log keyed by big-endian revision;
+// the revision and the compaction point in meta.
+var (
+	bucketMeta      = []byte("meta")
+	bucketClusters  = []byte("clusters")
+	bucketEndpoints = []byte("endpoints")
+	bucketEvents    = []byte("events")
+	bucketPolicies  = []byte("policies")
+
+	buckets = [][]byte{bucketMeta, bucketClusters, bucketEndpoints, bucketEvents, bucketPolicies}
+
+	keyRevision  = []byte("revision")
+	keyCompacted = []byte("compacted")
+)
+
+// kv is the ordered key-value space one transaction of a backend sees: the named buckets above,
+// with byte keys and values. A value given to put is not modified afterwards; values get and scan
+// return are only read, and only during the transaction.
+type kv interface {
+	get(bucket, key []byte) []byte
+	put(bucket, key, value []byte) error
+	delete(bucket, key []byte) error
+	// scan calls fn for every key >= from (nil: from the first) in byte order, until fn returns
+	// an error, which scan returns.
+	scan(bucket, from []byte, fn func(k, v []byte) error) error
+}
+
+// txn implements Tx over a kv: the revision bookkeeping, the events and the log, written once for
+// every key-value backend.
+type txn struct {
+	kv       kv
+	rev      uint64
+	writable bool
+	events   []*apiv1.Event
+}
+
+func newTxn(s kv, writable bool) *txn {
+	return &txn{kv: s, rev: getU64(s, keyRevision), writable: writable}
+}
+
+var errReadOnly = errors.New("write in a read-only transaction")
+
+func (t *txn) Revision() uint64 { return t.rev }
+
+// message is a protobuf message type used by value, as its pointer.
+type message[T any] interface {
+	*T
+	proto.Message
+}
+
+func load[T any, P message[T]](s kv, bucket []byte, what, key string) (P, error) {
+	v := s.get(bucket, []byte(key))
+	if v == nil {
+		return nil, nil
+	}
+	m := P(new(T))
+	if err := proto.Unmarshal(v, m); err != nil {
+		return nil, fmt.Errorf("decode %s %q: %w", what, key, err)
+	}
+	return m, nil
+}
+
+func loadAll[T any, P message[T]](s kv, bucket []byte, what string) ([]P, error) {
+	var out []P
+	err := s.scan(bucket, nil, func(k, v []byte) error {
+		m := P(new(T))
+		if err := proto.Unmarshal(v, m); err != nil {
+			return fmt.Errorf("decode %s %q: %w", what, k, err)
+		}
+		out = append(out, m)
+		return nil
+	})
+	return out, err
+}
+
+func (t *txn) Cluster(name string) (*apiv1.Cluster, error) {
+	return load[apiv1.Cluster](t.kv, bucketClusters, "cluster", name)
+}
+
+func (t *txn) Clusters() ([]*apiv1.Cluster, error) {
+	return loadAll[apiv1.Cluster](t.kv, bucketClusters, "cluster")
+}
+
+func (t *txn) Endpoint(cluster, node string) (*apiv1.Endpoint, error) {
+	return load[apiv1.Endpoint](t.kv, bucketEndpoints, "endpoint", EndpointKey(cluster, node))
+}
+
+func (t *txn) Endpoints() ([]*apiv1.Endpoint, error) {
+	return loadAll[apiv1.Endpoint](t.kv, bucketEndpoints, "endpoint")
+}
+
+func (t *txn) Policy(name string) (*apiv1.Policy, error) {
+	return load[apiv1.Policy](t.kv, bucketPolicies, "policy", name)
+}
+
+func (t *txn) Policies() ([]*apiv1.Policy, error) {
+	return loadAll[apiv1.Policy](t.kv, bucketPolicies, "policy")
+}
+
+// upsert stores m under key, stamped with the next revision (stamp sets it), and records the event.
+func (t *txn) upsert(bucket []byte, kind, key string, m proto.Message, stamp func(uint64), res *apiv1.Resource) error {
+	t.rev++
+	stamp(t.rev)
+	if err := putProto(t.kv, bucket, key, m); err != nil {
+		return fmt.Errorf("put %s %q: %w", kind, key, err)
+	}
+	t.events = append(t.events, &apiv1.Event{Type: apiv1.Event_UPSERT, Kind: kind, Key: key, Resource: res, Revision: t.rev})
+	return nil
+}
+
+// remove deletes key, whose last value is in res, and records the event.
+func (t *txn) remove(bucket []byte, kind, key string, res *apiv1.Resource) error {
+	if err := t.kv.delete(bucket, []byte(key)); err != nil {
+		return fmt.Errorf("delete %s %q: %w", kind, key, err)
+	}
+	t.rev++
+	t.events = append(t.events, &apiv1.Event{Type: apiv1.Event_DELETE, Kind: kind, Key: key, Resource: res, Revision: t.rev})
+	return nil
+}
+
+func (t *txn) PutCluster(c *apiv1.Cluster) error {
+	if !t.writable {
+		return errReadOnly
+	}
+	if c.GetName() == "" {
+		return errors.New("put cluster: name is empty")
+	}
+	c = proto.Clone(c).(*apiv1.Cluster)
+	// Pair PSKs are derived per watcher when the broker sends a cluster; they are never stored.
+	c.PairPsk = nil
+	return t.upsert(bucketClusters, KindCluster, c.Name, c, func(r uint64) { c.Revision = r },
+		&apiv1.Resource{Kind: &apiv1.Resource_Cluster{Cluster: c}})
+}
+
+func (t *txn) DeleteCluster(name string) error {
+	if !t.writable {
+		return errReadOnly
+	}
+	old, err := t.Cluster(name)
+	if err != nil || old == nil {
+		return err
+	}
+	return t.remove(bucketClusters, KindCluster, name, &apiv1.Resource{Kind: &apiv1.Resource_Cluster{Cluster: old}})
+}
+
+func (t *txn) PutEndpoint(e *apiv1.Endpoint) error {
+	if !t.writable {
+		return errReadOnly
+	}
+	if e.GetCluster() == "" || e.GetNode() == "" {
+		return errors.New("put endpoint: cluster or node is empty")
+	}
+	e = proto.Clone(e).(*apiv1.Endpoint)
+	return t.upsert(bucketEndpoints, KindEndpoint, EndpointKey(e.Cluster, e.Node), e, func(r uint64) { e.Revision = r },
+		&apiv1.Resource{Kind: &apiv1.Resource_Endpoint{Endpoint: e}})
+}
+
+func (t *txn) TouchEndpoint(e *apiv1.Endpoint) error {
+	if !t.writable {
+		return errReadOnly
+	}
+	old, err := t.Endpoint(e.GetCluster(), e.GetNode())
+	if err != nil {
+		return err
+	}
+	key := EndpointKey(e.GetCluster(), e.GetNode())
+	if old == nil {
+		return fmt.Errorf("touch endpoint %q: not found", key)
+	}
+	old.LastHeartbeat = e.LastHeartbeat
+	old.LeaseExpires = e.LeaseExpires
+	if err := putProto(t.kv, bucketEndpoints, key, old); err != nil {
+		return fmt.Errorf("touch endpoint %q: %w", key, err)
+	}
+	return nil
+}
+
+func (t *txn) DeleteEndpoint(cluster, node string) error {
+	if !t.writable {
+		return errReadOnly
+	}
+	old, err := t.Endpoint(cluster, node)
+	if err != nil || old == nil {
+		return err
+	}
+	return t.remove(bucketEndpoints, KindEndpoint, EndpointKey(cluster, node), &apiv1.Resource{Kind: &apiv1.Resource_Endpoint{Endpoint: old}})
+}
+
+func (t *txn) PutPolicy(p *apiv1.Policy) error {
+	if !t.writable {
+		return errReadOnly
+	}
+	if p.GetName() == "" {
+		return errors.New("put policy: name is empty")
+	}
+	p = proto.Clone(p).(*apiv1.Policy)
+	p.StatusJson = nil
+	return t.upsert(bucketPolicies, KindPolicy, p.Name, p, func(r uint64) { p.Revision = r },
+		&apiv1.Resource{Kind: &apiv1.Resource_Policy{Policy: p}})
+}
+
+func (t *txn) DeletePolicy(name string) error {
+	if !t.writable {
+		return errReadOnly
+	}
+	old, err := t.Policy(name)
+	if err != nil || old == nil {
+		return err
+	}
+	return t.remove(bucketPolicies, KindPolicy, name, &apiv1.Resource{Kind: &apiv1.Resource_Policy{Policy: old}})
+}
+
+// finish records the revision and the events of the transaction and trims the log to logSize.
+func (t *txn) finish(logSize int) error {
+	if len(t.events) == 0 {
+		return nil
+	}
+	if err := t.kv.put(bucketMeta, keyRevision, u64Key(t.rev)); err != nil {
+		return err
+	}
+	for _, ev := range t.events {
+		b, err := proto.Marshal(ev)
+		if err != nil {
+			return fmt.Errorf("encode event %d: %w", ev.Revision, err)
+		}
+		if err := t.kv.put(bucketEvents, u64Key(ev.Revision), b); err != nil {
+			return err
+		}
+	}
+	if t.rev <= uint64(logSize) {
+		return nil
+	}
+	// Revisions are contiguous, so the log holds exactly (compacted, rev]; keep the newest logSize.
+	keepFrom := t.rev - uint64(logSize) + 1
+	compacted := getU64(t.kv, keyCompacted)
+	if keepFrom-1 <= compacted {
+		return nil
+	}
+	for r := compacted + 1; r < keepFrom; r++ {
+		if err := t.kv.delete(bucketEvents, u64Key(r)); err != nil {
+			return err
+		}
+	}
+	return t.kv.put(bucketMeta, keyCompacted, u64Key(keepFrom-1))
+}
+
+// firstBatch is what a watch from since starts with: the logged events after since when the log
+// still holds every one of them, a snapshot of everything otherwise (and for since 0).
+func (t *txn) firstBatch(since uint64) (Batch, error) {
+	compacted := getU64(t.kv, keyCompacted)
+	first := Batch{Revision: t.rev}
+	if since > 0 && since >= compacted && since <= t.rev {
+		err := t.kv.scan(bucketEvents, u64Key(since+1), func(k, v []byte) error {
+			ev := &apiv1.Event{}
+			if err := proto.Unmarshal(v, ev); err != nil {
+				return fmt.Errorf("decode event %d: %w", binary.BigEndian.Uint64(k), err)
+			}
+			first.Events = append(first.Events, ev)
+			return nil
+		})
+		return first, err
+	}
+	first.Snapshot = true
+	cs, err := t.Clusters()
+	if err != nil {
+		return first, err
+	}
+	es, err := t.Endpoints()
+	if err != nil {
+		return first, err
+	}
+	ps, err := t.Policies()
+	if err != nil {
+		return first, err
+	}
+	for _, c := range cs {
+		first.Events = append(first.Events, &apiv1.Event{Type: apiv1.Event_UPSERT, Kind: KindCluster, Key: c.Name,
+			Resource: &apiv1.Resource{Kind: &apiv1.Resource_Cluster{Cluster: c}}, Revision: t.rev})
+	}
+	for _, e := range es {
+		first.Events = append(first.Events, &apiv1.Event{Type: apiv1.Event_UPSERT, Kind: KindEndpoint, Key: EndpointKey(e.Cluster, e.Node),
+			Resource: &apiv1.Resource{Kind: &apiv1.Resource_Endpoint{Endpoint: e}}, Revision: t.rev})
+	}
+	for _, p := range ps {
+		first.Events = append(first.Events, &apiv1.Event{Type: apiv1.Event_UPSERT, Kind: KindPolicy, Key: p.Name,
+			Resource: &apiv1.Resource{Kind: &apiv1.Resource_Policy{Policy: p}}, Revision: t.rev})
+	}
+	return first, nil
+}
+
+func putProto(s kv, bucket []byte, key string, m proto.Message) error {
+	v, err := proto.Marshal(m)
+	if err != nil {
+		return err
+	}
+	return s.put(bucket, []byte(key), v)
+}
+
+func u64Key(v uint64) []byte {
+	b := make([]byte, 8)
+	binary.BigEndian.PutUint64(b, v)
+	return b
+}
+
+func getU64(s kv, key []byte) uint64 {
+	v := s.get(bucketMeta, key)
+	if len(v) != 8 {
+		return 0
+	}
+	return binary.BigEndian.Uint64(v)
+}
