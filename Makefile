@@ -8,7 +8,7 @@ BINARIES := cable-broker cable-agent cablectl
 # The netns tests build a mesh of several clusters; 40m is a ceiling, they take a few minutes.
 NETNS_TIMEOUT ?= 40m
 
-.PHONY: all build deps test unit-test netns-test demo demo-down bench generate fmt vet clean
+.PHONY: all build deps test lint unit-test netns-test demo demo-down bench generate fmt vet clean
 
 all: build
 
@@ -19,7 +19,7 @@ build:
 deps:
 	./scripts/install-deps.sh
 
-test: deps build unit-test netns-test
+test: deps build lint unit-test netns-test
 
 # Unit tests: everything except the end-to-end tests under tests/netns.
 unit-test:
@@ -50,6 +50,10 @@ fmt:
 
 vet:
 	$(GO) vet ./...
+
+# go vet and staticcheck (pinned in go.mod as a tool) must both be clean.
+lint: vet
+	$(GO) tool staticcheck ./...
 
 clean:
 	rm -rf $(BIN)

@@ -392,6 +392,8 @@ type Resource struct {
 	//	*Resource_Cluster
 	//	*Resource_Endpoint
 	//	*Resource_Policy
+	//	*Resource_ServiceExport
+	//	*Resource_ServiceVip
 	Kind          isResource_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -461,6 +463,24 @@ func (x *Resource) GetPolicy() *Policy {
 	return nil
 }
 
+func (x *Resource) GetServiceExport() *ServiceExport {
+	if x != nil {
+		if x, ok := x.Kind.(*Resource_ServiceExport); ok {
+			return x.ServiceExport
+		}
+	}
+	return nil
+}
+
+func (x *Resource) GetServiceVip() *ServiceVIP {
+	if x != nil {
+		if x, ok := x.Kind.(*Resource_ServiceVip); ok {
+			return x.ServiceVip
+		}
+	}
+	return nil
+}
+
 type isResource_Kind interface {
 	isResource_Kind()
 }
@@ -477,11 +497,23 @@ type Resource_Policy struct {
 	Policy *Policy `protobuf:"bytes,3,opt,name=policy,proto3,oneof"`
 }
 
+type Resource_ServiceExport struct {
+	ServiceExport *ServiceExport `protobuf:"bytes,4,opt,name=service_export,json=serviceExport,proto3,oneof"`
+}
+
+type Resource_ServiceVip struct {
+	ServiceVip *ServiceVIP `protobuf:"bytes,5,opt,name=service_vip,json=serviceVip,proto3,oneof"`
+}
+
 func (*Resource_Cluster) isResource_Kind() {}
 
 func (*Resource_Endpoint) isResource_Kind() {}
 
 func (*Resource_Policy) isResource_Kind() {}
+
+func (*Resource_ServiceExport) isResource_Kind() {}
+
+func (*Resource_ServiceVip) isResource_Kind() {}
 
 // Policy is one ClusterConnectionPolicy. Its content is the JSON form of
 // policy.ClusterConnectionPolicy (the seed-004 field names), so that the policy package alone owns
@@ -647,6 +679,637 @@ func (x *Event) GetRevision() uint64 {
 	return 0
 }
 
+// ServicePort is one named port of an exported service.
+type ServicePort struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Port  uint32                 `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
+	// protocol: TCP, UDP or SCTP.
+	Protocol string `protobuf:"bytes,3,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	// ingress_port: the port the exporting gateway's ingress serves this service port on (gateway
+	// mode); 0 when none.
+	IngressPort   uint32 `protobuf:"varint,4,opt,name=ingress_port,json=ingressPort,proto3" json:"ingress_port,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServicePort) Reset() {
+	*x = ServicePort{}
+	mi := &file_cablemesh_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServicePort) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServicePort) ProtoMessage() {}
+
+func (x *ServicePort) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServicePort.ProtoReflect.Descriptor instead.
+func (*ServicePort) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ServicePort) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ServicePort) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *ServicePort) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
+func (x *ServicePort) GetIngressPort() uint32 {
+	if x != nil {
+		return x.IngressPort
+	}
+	return 0
+}
+
+// ServiceEndpoint is one backend of an exported service in its cluster.
+type ServiceEndpoint struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Ip    string                 `protobuf:"bytes,1,opt,name=ip,proto3" json:"ip,omitempty"`
+	// hostname: the endpoint's DNS label for headless records; may be empty.
+	Hostname      string `protobuf:"bytes,2,opt,name=hostname,proto3" json:"hostname,omitempty"`
+	Ready         bool   `protobuf:"varint,3,opt,name=ready,proto3" json:"ready,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServiceEndpoint) Reset() {
+	*x = ServiceEndpoint{}
+	mi := &file_cablemesh_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServiceEndpoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServiceEndpoint) ProtoMessage() {}
+
+func (x *ServiceEndpoint) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServiceEndpoint.ProtoReflect.Descriptor instead.
+func (*ServiceEndpoint) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ServiceEndpoint) GetIp() string {
+	if x != nil {
+		return x.Ip
+	}
+	return ""
+}
+
+func (x *ServiceEndpoint) GetHostname() string {
+	if x != nil {
+		return x.Hostname
+	}
+	return ""
+}
+
+func (x *ServiceEndpoint) GetReady() bool {
+	if x != nil {
+		return x.Ready
+	}
+	return false
+}
+
+// ServiceExport is what one node of a cluster exports of one service: written by that node's
+// agent (SetExports), keyed cluster/node/namespace/name.
+type ServiceExport struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Cluster   string                 `protobuf:"bytes,1,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	Node      string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	Namespace string                 `protobuf:"bytes,3,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Name      string                 `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
+	// type: ClusterSetIP (the default) or Headless.
+	Type  string         `protobuf:"bytes,5,opt,name=type,proto3" json:"type,omitempty"`
+	Ports []*ServicePort `protobuf:"bytes,6,rep,name=ports,proto3" json:"ports,omitempty"`
+	// labels: the importing clusters' import selectors match these; cablemesh.io/exported=true is
+	// added when the export does not set that label itself.
+	Labels    map[string]string  `protobuf:"bytes,7,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Endpoints []*ServiceEndpoint `protobuf:"bytes,8,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
+	// affinity: local (the default: ready backends of the caller's own cluster first) or none.
+	Affinity string `protobuf:"bytes,9,opt,name=affinity,proto3" json:"affinity,omitempty"`
+	// created: when the broker first stored this export; the oldest export wins conflicts.
+	Created       *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=created,proto3" json:"created,omitempty"`
+	Revision      uint64                 `protobuf:"varint,11,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServiceExport) Reset() {
+	*x = ServiceExport{}
+	mi := &file_cablemesh_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServiceExport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServiceExport) ProtoMessage() {}
+
+func (x *ServiceExport) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServiceExport.ProtoReflect.Descriptor instead.
+func (*ServiceExport) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ServiceExport) GetCluster() string {
+	if x != nil {
+		return x.Cluster
+	}
+	return ""
+}
+
+func (x *ServiceExport) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *ServiceExport) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *ServiceExport) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ServiceExport) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *ServiceExport) GetPorts() []*ServicePort {
+	if x != nil {
+		return x.Ports
+	}
+	return nil
+}
+
+func (x *ServiceExport) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *ServiceExport) GetEndpoints() []*ServiceEndpoint {
+	if x != nil {
+		return x.Endpoints
+	}
+	return nil
+}
+
+func (x *ServiceExport) GetAffinity() string {
+	if x != nil {
+		return x.Affinity
+	}
+	return ""
+}
+
+func (x *ServiceExport) GetCreated() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Created
+	}
+	return nil
+}
+
+func (x *ServiceExport) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+// ServiceVIP is the clusterset VIP the broker allocated to namespace/name: kept while at least
+// one export of that service exists, so the VIP is stable across restarts and reconnects.
+type ServiceVIP struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Vips          []string               `protobuf:"bytes,3,rep,name=vips,proto3" json:"vips,omitempty"`
+	Allocated     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=allocated,proto3" json:"allocated,omitempty"`
+	Revision      uint64                 `protobuf:"varint,5,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServiceVIP) Reset() {
+	*x = ServiceVIP{}
+	mi := &file_cablemesh_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServiceVIP) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServiceVIP) ProtoMessage() {}
+
+func (x *ServiceVIP) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServiceVIP.ProtoReflect.Descriptor instead.
+func (*ServiceVIP) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ServiceVIP) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *ServiceVIP) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ServiceVIP) GetVips() []string {
+	if x != nil {
+		return x.Vips
+	}
+	return nil
+}
+
+func (x *ServiceVIP) GetAllocated() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Allocated
+	}
+	return nil
+}
+
+func (x *ServiceVIP) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+// ServiceConflict says why one cluster's export of a service is not part of its import.
+type ServiceConflict struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Cluster string                 `protobuf:"bytes,1,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	// field: "type" or "ports".
+	Field         string `protobuf:"bytes,2,opt,name=field,proto3" json:"field,omitempty"`
+	Message       string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServiceConflict) Reset() {
+	*x = ServiceConflict{}
+	mi := &file_cablemesh_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServiceConflict) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServiceConflict) ProtoMessage() {}
+
+func (x *ServiceConflict) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServiceConflict.ProtoReflect.Descriptor instead.
+func (*ServiceConflict) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ServiceConflict) GetCluster() string {
+	if x != nil {
+		return x.Cluster
+	}
+	return ""
+}
+
+func (x *ServiceConflict) GetField() string {
+	if x != nil {
+		return x.Field
+	}
+	return ""
+}
+
+func (x *ServiceConflict) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+// ImportedCluster is one exporting cluster's part of a service import.
+type ImportedCluster struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Cluster       string                 `protobuf:"bytes,1,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	ClusterId     uint32                 `protobuf:"varint,2,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	Endpoints     []*ServiceEndpoint     `protobuf:"bytes,3,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
+	Ports         []*ServicePort         `protobuf:"bytes,4,rep,name=ports,proto3" json:"ports,omitempty"`
+	Labels        map[string]string      `protobuf:"bytes,5,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Affinity      string                 `protobuf:"bytes,6,opt,name=affinity,proto3" json:"affinity,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImportedCluster) Reset() {
+	*x = ImportedCluster{}
+	mi := &file_cablemesh_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImportedCluster) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImportedCluster) ProtoMessage() {}
+
+func (x *ImportedCluster) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImportedCluster.ProtoReflect.Descriptor instead.
+func (*ImportedCluster) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ImportedCluster) GetCluster() string {
+	if x != nil {
+		return x.Cluster
+	}
+	return ""
+}
+
+func (x *ImportedCluster) GetClusterId() uint32 {
+	if x != nil {
+		return x.ClusterId
+	}
+	return 0
+}
+
+func (x *ImportedCluster) GetEndpoints() []*ServiceEndpoint {
+	if x != nil {
+		return x.Endpoints
+	}
+	return nil
+}
+
+func (x *ImportedCluster) GetPorts() []*ServicePort {
+	if x != nil {
+		return x.Ports
+	}
+	return nil
+}
+
+func (x *ImportedCluster) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *ImportedCluster) GetAffinity() string {
+	if x != nil {
+		return x.Affinity
+	}
+	return ""
+}
+
+// ServiceImport is the merge of every cluster's export of namespace/name (MCS ServiceImport).
+type ServiceImport struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Name      string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Type      string                 `protobuf:"bytes,3,opt,name=type,proto3" json:"type,omitempty"`
+	// vips: the clusterset VIPs (ClusterSetIP only).
+	Vips []string `protobuf:"bytes,4,rep,name=vips,proto3" json:"vips,omitempty"`
+	// ports: the union of the exports' ports.
+	Ports    []*ServicePort     `protobuf:"bytes,5,rep,name=ports,proto3" json:"ports,omitempty"`
+	Clusters []*ImportedCluster `protobuf:"bytes,6,rep,name=clusters,proto3" json:"clusters,omitempty"`
+	// conflicts: the exports left out, and why (the oldest export wins).
+	Conflicts     []*ServiceConflict `protobuf:"bytes,7,rep,name=conflicts,proto3" json:"conflicts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServiceImport) Reset() {
+	*x = ServiceImport{}
+	mi := &file_cablemesh_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServiceImport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServiceImport) ProtoMessage() {}
+
+func (x *ServiceImport) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServiceImport.ProtoReflect.Descriptor instead.
+func (*ServiceImport) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ServiceImport) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *ServiceImport) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ServiceImport) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *ServiceImport) GetVips() []string {
+	if x != nil {
+		return x.Vips
+	}
+	return nil
+}
+
+func (x *ServiceImport) GetPorts() []*ServicePort {
+	if x != nil {
+		return x.Ports
+	}
+	return nil
+}
+
+func (x *ServiceImport) GetClusters() []*ImportedCluster {
+	if x != nil {
+		return x.Clusters
+	}
+	return nil
+}
+
+func (x *ServiceImport) GetConflicts() []*ServiceConflict {
+	if x != nil {
+		return x.Conflicts
+	}
+	return nil
+}
+
+// ServiceImports is the complete set of imports an agent may use.
+type ServiceImports struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Imports       []*ServiceImport       `protobuf:"bytes,1,rep,name=imports,proto3" json:"imports,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServiceImports) Reset() {
+	*x = ServiceImports{}
+	mi := &file_cablemesh_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServiceImports) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServiceImports) ProtoMessage() {}
+
+func (x *ServiceImports) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServiceImports.ProtoReflect.Descriptor instead.
+func (*ServiceImports) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ServiceImports) GetImports() []*ServiceImport {
+	if x != nil {
+		return x.Imports
+	}
+	return nil
+}
+
 type ListClustersRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -655,7 +1318,7 @@ type ListClustersRequest struct {
 
 func (x *ListClustersRequest) Reset() {
 	*x = ListClustersRequest{}
-	mi := &file_cablemesh_proto_msgTypes[6]
+	mi := &file_cablemesh_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -667,7 +1330,7 @@ func (x *ListClustersRequest) String() string {
 func (*ListClustersRequest) ProtoMessage() {}
 
 func (x *ListClustersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[6]
+	mi := &file_cablemesh_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -680,7 +1343,7 @@ func (x *ListClustersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListClustersRequest.ProtoReflect.Descriptor instead.
 func (*ListClustersRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{6}
+	return file_cablemesh_proto_rawDescGZIP(), []int{14}
 }
 
 type ListClustersResponse struct {
@@ -694,7 +1357,7 @@ type ListClustersResponse struct {
 
 func (x *ListClustersResponse) Reset() {
 	*x = ListClustersResponse{}
-	mi := &file_cablemesh_proto_msgTypes[7]
+	mi := &file_cablemesh_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -706,7 +1369,7 @@ func (x *ListClustersResponse) String() string {
 func (*ListClustersResponse) ProtoMessage() {}
 
 func (x *ListClustersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[7]
+	mi := &file_cablemesh_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -719,7 +1382,7 @@ func (x *ListClustersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListClustersResponse.ProtoReflect.Descriptor instead.
 func (*ListClustersResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{7}
+	return file_cablemesh_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListClustersResponse) GetClusters() []*Cluster {
@@ -755,7 +1418,7 @@ type LabelClusterRequest struct {
 
 func (x *LabelClusterRequest) Reset() {
 	*x = LabelClusterRequest{}
-	mi := &file_cablemesh_proto_msgTypes[8]
+	mi := &file_cablemesh_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -767,7 +1430,7 @@ func (x *LabelClusterRequest) String() string {
 func (*LabelClusterRequest) ProtoMessage() {}
 
 func (x *LabelClusterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[8]
+	mi := &file_cablemesh_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -780,7 +1443,7 @@ func (x *LabelClusterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LabelClusterRequest.ProtoReflect.Descriptor instead.
 func (*LabelClusterRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{8}
+	return file_cablemesh_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *LabelClusterRequest) GetName() string {
@@ -813,7 +1476,7 @@ type RemoveClusterRequest struct {
 
 func (x *RemoveClusterRequest) Reset() {
 	*x = RemoveClusterRequest{}
-	mi := &file_cablemesh_proto_msgTypes[9]
+	mi := &file_cablemesh_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -825,7 +1488,7 @@ func (x *RemoveClusterRequest) String() string {
 func (*RemoveClusterRequest) ProtoMessage() {}
 
 func (x *RemoveClusterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[9]
+	mi := &file_cablemesh_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -838,7 +1501,7 @@ func (x *RemoveClusterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveClusterRequest.ProtoReflect.Descriptor instead.
 func (*RemoveClusterRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{9}
+	return file_cablemesh_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RemoveClusterRequest) GetName() string {
@@ -857,7 +1520,7 @@ type RemoveClusterResponse struct {
 
 func (x *RemoveClusterResponse) Reset() {
 	*x = RemoveClusterResponse{}
-	mi := &file_cablemesh_proto_msgTypes[10]
+	mi := &file_cablemesh_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -869,7 +1532,7 @@ func (x *RemoveClusterResponse) String() string {
 func (*RemoveClusterResponse) ProtoMessage() {}
 
 func (x *RemoveClusterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[10]
+	mi := &file_cablemesh_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -882,7 +1545,7 @@ func (x *RemoveClusterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveClusterResponse.ProtoReflect.Descriptor instead.
 func (*RemoveClusterResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{10}
+	return file_cablemesh_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RemoveClusterResponse) GetCluster() *Cluster {
@@ -906,7 +1569,7 @@ type CreateJoinTokenRequest struct {
 
 func (x *CreateJoinTokenRequest) Reset() {
 	*x = CreateJoinTokenRequest{}
-	mi := &file_cablemesh_proto_msgTypes[11]
+	mi := &file_cablemesh_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -918,7 +1581,7 @@ func (x *CreateJoinTokenRequest) String() string {
 func (*CreateJoinTokenRequest) ProtoMessage() {}
 
 func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[11]
+	mi := &file_cablemesh_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -931,7 +1594,7 @@ func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{11}
+	return file_cablemesh_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CreateJoinTokenRequest) GetCluster() string {
@@ -980,7 +1643,7 @@ type CreateJoinTokenResponse struct {
 
 func (x *CreateJoinTokenResponse) Reset() {
 	*x = CreateJoinTokenResponse{}
-	mi := &file_cablemesh_proto_msgTypes[12]
+	mi := &file_cablemesh_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -992,7 +1655,7 @@ func (x *CreateJoinTokenResponse) String() string {
 func (*CreateJoinTokenResponse) ProtoMessage() {}
 
 func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[12]
+	mi := &file_cablemesh_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1005,7 +1668,7 @@ func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{12}
+	return file_cablemesh_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CreateJoinTokenResponse) GetToken() string {
@@ -1041,7 +1704,7 @@ type ApplyPoliciesRequest struct {
 
 func (x *ApplyPoliciesRequest) Reset() {
 	*x = ApplyPoliciesRequest{}
-	mi := &file_cablemesh_proto_msgTypes[13]
+	mi := &file_cablemesh_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1053,7 +1716,7 @@ func (x *ApplyPoliciesRequest) String() string {
 func (*ApplyPoliciesRequest) ProtoMessage() {}
 
 func (x *ApplyPoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[13]
+	mi := &file_cablemesh_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1066,7 +1729,7 @@ func (x *ApplyPoliciesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyPoliciesRequest.ProtoReflect.Descriptor instead.
 func (*ApplyPoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{13}
+	return file_cablemesh_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ApplyPoliciesRequest) GetPolicies() []*Policy {
@@ -1094,7 +1757,7 @@ type ApplyPoliciesResponse struct {
 
 func (x *ApplyPoliciesResponse) Reset() {
 	*x = ApplyPoliciesResponse{}
-	mi := &file_cablemesh_proto_msgTypes[14]
+	mi := &file_cablemesh_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1106,7 +1769,7 @@ func (x *ApplyPoliciesResponse) String() string {
 func (*ApplyPoliciesResponse) ProtoMessage() {}
 
 func (x *ApplyPoliciesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[14]
+	mi := &file_cablemesh_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1119,7 +1782,7 @@ func (x *ApplyPoliciesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyPoliciesResponse.ProtoReflect.Descriptor instead.
 func (*ApplyPoliciesResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{14}
+	return file_cablemesh_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ApplyPoliciesResponse) GetPolicies() []*Policy {
@@ -1145,7 +1808,7 @@ type DeletePoliciesRequest struct {
 
 func (x *DeletePoliciesRequest) Reset() {
 	*x = DeletePoliciesRequest{}
-	mi := &file_cablemesh_proto_msgTypes[15]
+	mi := &file_cablemesh_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1157,7 +1820,7 @@ func (x *DeletePoliciesRequest) String() string {
 func (*DeletePoliciesRequest) ProtoMessage() {}
 
 func (x *DeletePoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[15]
+	mi := &file_cablemesh_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1170,7 +1833,7 @@ func (x *DeletePoliciesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePoliciesRequest.ProtoReflect.Descriptor instead.
 func (*DeletePoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{15}
+	return file_cablemesh_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *DeletePoliciesRequest) GetNames() []string {
@@ -1189,7 +1852,7 @@ type DeletePoliciesResponse struct {
 
 func (x *DeletePoliciesResponse) Reset() {
 	*x = DeletePoliciesResponse{}
-	mi := &file_cablemesh_proto_msgTypes[16]
+	mi := &file_cablemesh_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1201,7 +1864,7 @@ func (x *DeletePoliciesResponse) String() string {
 func (*DeletePoliciesResponse) ProtoMessage() {}
 
 func (x *DeletePoliciesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[16]
+	mi := &file_cablemesh_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1214,7 +1877,7 @@ func (x *DeletePoliciesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePoliciesResponse.ProtoReflect.Descriptor instead.
 func (*DeletePoliciesResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{16}
+	return file_cablemesh_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DeletePoliciesResponse) GetDeleted() []string {
@@ -1232,7 +1895,7 @@ type ListPoliciesRequest struct {
 
 func (x *ListPoliciesRequest) Reset() {
 	*x = ListPoliciesRequest{}
-	mi := &file_cablemesh_proto_msgTypes[17]
+	mi := &file_cablemesh_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1244,7 +1907,7 @@ func (x *ListPoliciesRequest) String() string {
 func (*ListPoliciesRequest) ProtoMessage() {}
 
 func (x *ListPoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[17]
+	mi := &file_cablemesh_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1257,7 +1920,7 @@ func (x *ListPoliciesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoliciesRequest.ProtoReflect.Descriptor instead.
 func (*ListPoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{17}
+	return file_cablemesh_proto_rawDescGZIP(), []int{25}
 }
 
 type ListPoliciesResponse struct {
@@ -1270,7 +1933,7 @@ type ListPoliciesResponse struct {
 
 func (x *ListPoliciesResponse) Reset() {
 	*x = ListPoliciesResponse{}
-	mi := &file_cablemesh_proto_msgTypes[18]
+	mi := &file_cablemesh_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1282,7 +1945,7 @@ func (x *ListPoliciesResponse) String() string {
 func (*ListPoliciesResponse) ProtoMessage() {}
 
 func (x *ListPoliciesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[18]
+	mi := &file_cablemesh_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1295,7 +1958,7 @@ func (x *ListPoliciesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoliciesResponse.ProtoReflect.Descriptor instead.
 func (*ListPoliciesResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{18}
+	return file_cablemesh_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListPoliciesResponse) GetPolicies() []*Policy {
@@ -1322,7 +1985,7 @@ type ExplainConnectionRequest struct {
 
 func (x *ExplainConnectionRequest) Reset() {
 	*x = ExplainConnectionRequest{}
-	mi := &file_cablemesh_proto_msgTypes[19]
+	mi := &file_cablemesh_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1334,7 +1997,7 @@ func (x *ExplainConnectionRequest) String() string {
 func (*ExplainConnectionRequest) ProtoMessage() {}
 
 func (x *ExplainConnectionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[19]
+	mi := &file_cablemesh_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1347,7 +2010,7 @@ func (x *ExplainConnectionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainConnectionRequest.ProtoReflect.Descriptor instead.
 func (*ExplainConnectionRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{19}
+	return file_cablemesh_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ExplainConnectionRequest) GetClusterA() string {
@@ -1374,7 +2037,7 @@ type ExplainConnectionResponse struct {
 
 func (x *ExplainConnectionResponse) Reset() {
 	*x = ExplainConnectionResponse{}
-	mi := &file_cablemesh_proto_msgTypes[20]
+	mi := &file_cablemesh_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1386,7 +2049,7 @@ func (x *ExplainConnectionResponse) String() string {
 func (*ExplainConnectionResponse) ProtoMessage() {}
 
 func (x *ExplainConnectionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[20]
+	mi := &file_cablemesh_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1399,7 +2062,7 @@ func (x *ExplainConnectionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainConnectionResponse.ProtoReflect.Descriptor instead.
 func (*ExplainConnectionResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{20}
+	return file_cablemesh_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ExplainConnectionResponse) GetJson() []byte {
@@ -1407,6 +2070,102 @@ func (x *ExplainConnectionResponse) GetJson() []byte {
 		return x.Json
 	}
 	return nil
+}
+
+type ListServicesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListServicesRequest) Reset() {
+	*x = ListServicesRequest{}
+	mi := &file_cablemesh_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListServicesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListServicesRequest) ProtoMessage() {}
+
+func (x *ListServicesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListServicesRequest.ProtoReflect.Descriptor instead.
+func (*ListServicesRequest) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{29}
+}
+
+type ListServicesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Imports       []*ServiceImport       `protobuf:"bytes,1,rep,name=imports,proto3" json:"imports,omitempty"`
+	Exports       []*ServiceExport       `protobuf:"bytes,2,rep,name=exports,proto3" json:"exports,omitempty"`
+	Revision      uint64                 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListServicesResponse) Reset() {
+	*x = ListServicesResponse{}
+	mi := &file_cablemesh_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListServicesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListServicesResponse) ProtoMessage() {}
+
+func (x *ListServicesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListServicesResponse.ProtoReflect.Descriptor instead.
+func (*ListServicesResponse) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *ListServicesResponse) GetImports() []*ServiceImport {
+	if x != nil {
+		return x.Imports
+	}
+	return nil
+}
+
+func (x *ListServicesResponse) GetExports() []*ServiceExport {
+	if x != nil {
+		return x.Exports
+	}
+	return nil
+}
+
+func (x *ListServicesResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
 }
 
 type JoinRequest struct {
@@ -1422,7 +2181,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_cablemesh_proto_msgTypes[21]
+	mi := &file_cablemesh_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1434,7 +2193,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[21]
+	mi := &file_cablemesh_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1447,7 +2206,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{21}
+	return file_cablemesh_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *JoinRequest) GetToken() string {
@@ -1490,7 +2249,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_cablemesh_proto_msgTypes[22]
+	mi := &file_cablemesh_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1502,7 +2261,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[22]
+	mi := &file_cablemesh_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1515,7 +2274,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{22}
+	return file_cablemesh_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *JoinResponse) GetCertificatePem() []byte {
@@ -1550,7 +2309,7 @@ type RegisterEndpointRequest struct {
 
 func (x *RegisterEndpointRequest) Reset() {
 	*x = RegisterEndpointRequest{}
-	mi := &file_cablemesh_proto_msgTypes[23]
+	mi := &file_cablemesh_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1562,7 +2321,7 @@ func (x *RegisterEndpointRequest) String() string {
 func (*RegisterEndpointRequest) ProtoMessage() {}
 
 func (x *RegisterEndpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[23]
+	mi := &file_cablemesh_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1575,7 +2334,7 @@ func (x *RegisterEndpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterEndpointRequest.ProtoReflect.Descriptor instead.
 func (*RegisterEndpointRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{23}
+	return file_cablemesh_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RegisterEndpointRequest) GetEndpoint() *Endpoint {
@@ -1602,7 +2361,7 @@ type RegisterEndpointResponse struct {
 
 func (x *RegisterEndpointResponse) Reset() {
 	*x = RegisterEndpointResponse{}
-	mi := &file_cablemesh_proto_msgTypes[24]
+	mi := &file_cablemesh_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1614,7 +2373,7 @@ func (x *RegisterEndpointResponse) String() string {
 func (*RegisterEndpointResponse) ProtoMessage() {}
 
 func (x *RegisterEndpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[24]
+	mi := &file_cablemesh_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1627,7 +2386,7 @@ func (x *RegisterEndpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterEndpointResponse.ProtoReflect.Descriptor instead.
 func (*RegisterEndpointResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{24}
+	return file_cablemesh_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RegisterEndpointResponse) GetEndpoint() *Endpoint {
@@ -1653,7 +2412,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_cablemesh_proto_msgTypes[25]
+	mi := &file_cablemesh_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1665,7 +2424,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[25]
+	mi := &file_cablemesh_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1678,7 +2437,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{25}
+	return file_cablemesh_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *HeartbeatRequest) GetNode() string {
@@ -1698,7 +2457,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_cablemesh_proto_msgTypes[26]
+	mi := &file_cablemesh_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1710,7 +2469,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[26]
+	mi := &file_cablemesh_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1723,7 +2482,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{26}
+	return file_cablemesh_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *HeartbeatResponse) GetLeaseExpires() *timestamppb.Timestamp {
@@ -1745,13 +2504,18 @@ type WatchRequest struct {
 	// since_revision: 0 asks for a full snapshot; otherwise the broker sends the deltas after that
 	// revision, or a snapshot if it no longer holds them.
 	SinceRevision uint64 `protobuf:"varint,1,opt,name=since_revision,json=sinceRevision,proto3" json:"since_revision,omitempty"`
+	// import_selector: the label selector (Kubernetes syntax) that picks which exports this agent's
+	// cluster imports; empty imports nothing. Only read when want_imports is set.
+	ImportSelector string `protobuf:"bytes,2,opt,name=import_selector,json=importSelector,proto3" json:"import_selector,omitempty"`
+	// want_imports: the agent understands service imports; the broker then sends them.
+	WantImports   bool `protobuf:"varint,3,opt,name=want_imports,json=wantImports,proto3" json:"want_imports,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_cablemesh_proto_msgTypes[27]
+	mi := &file_cablemesh_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1763,7 +2527,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[27]
+	mi := &file_cablemesh_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1776,7 +2540,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{27}
+	return file_cablemesh_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *WatchRequest) GetSinceRevision() uint64 {
@@ -1786,20 +2550,38 @@ func (x *WatchRequest) GetSinceRevision() uint64 {
 	return 0
 }
 
+func (x *WatchRequest) GetImportSelector() string {
+	if x != nil {
+		return x.ImportSelector
+	}
+	return ""
+}
+
+func (x *WatchRequest) GetWantImports() bool {
+	if x != nil {
+		return x.WantImports
+	}
+	return false
+}
+
 type WatchResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// snapshot: events hold the complete state (all UPSERTs); the watcher replaces what it had.
 	Snapshot bool     `protobuf:"varint,1,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
 	Events   []*Event `protobuf:"bytes,2,rep,name=events,proto3" json:"events,omitempty"`
 	// revision the watcher is at after applying this message.
-	Revision      uint64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	Revision uint64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	// imports, when set, replaces every service import the agent holds: the imports of services
+	// exported by its own cluster and by clusters its connection policies connect it to, admitted
+	// by its import selector. Sent on the first message of a stream and whenever it changes.
+	Imports       *ServiceImports `protobuf:"bytes,4,opt,name=imports,proto3" json:"imports,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_cablemesh_proto_msgTypes[28]
+	mi := &file_cablemesh_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1811,7 +2593,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[28]
+	mi := &file_cablemesh_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1824,7 +2606,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{28}
+	return file_cablemesh_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *WatchResponse) GetSnapshot() bool {
@@ -1842,6 +2624,121 @@ func (x *WatchResponse) GetEvents() []*Event {
 }
 
 func (x *WatchResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *WatchResponse) GetImports() *ServiceImports {
+	if x != nil {
+		return x.Imports
+	}
+	return nil
+}
+
+// SetExportsRequest replaces every export of the calling node (the certificate's cluster and
+// node) with exports.
+type SetExportsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Exports       []*ServiceExport       `protobuf:"bytes,1,rep,name=exports,proto3" json:"exports,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetExportsRequest) Reset() {
+	*x = SetExportsRequest{}
+	mi := &file_cablemesh_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetExportsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetExportsRequest) ProtoMessage() {}
+
+func (x *SetExportsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetExportsRequest.ProtoReflect.Descriptor instead.
+func (*SetExportsRequest) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *SetExportsRequest) GetExports() []*ServiceExport {
+	if x != nil {
+		return x.Exports
+	}
+	return nil
+}
+
+type SetExportsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// exports as stored (labels defaulted, created stamped).
+	Exports []*ServiceExport `protobuf:"bytes,1,rep,name=exports,proto3" json:"exports,omitempty"`
+	// conflicts of this cluster's exports in their imports.
+	Conflicts     []*ServiceConflict `protobuf:"bytes,2,rep,name=conflicts,proto3" json:"conflicts,omitempty"`
+	Revision      uint64             `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetExportsResponse) Reset() {
+	*x = SetExportsResponse{}
+	mi := &file_cablemesh_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetExportsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetExportsResponse) ProtoMessage() {}
+
+func (x *SetExportsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetExportsResponse.ProtoReflect.Descriptor instead.
+func (*SetExportsResponse) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *SetExportsResponse) GetExports() []*ServiceExport {
+	if x != nil {
+		return x.Exports
+	}
+	return nil
+}
+
+func (x *SetExportsResponse) GetConflicts() []*ServiceConflict {
+	if x != nil {
+		return x.Conflicts
+	}
+	return nil
+}
+
+func (x *SetExportsResponse) GetRevision() uint64 {
 	if x != nil {
 		return x.Revision
 	}
@@ -1893,11 +2790,14 @@ const file_cablemesh_proto_rawDesc = "" +
 	"\x06values\x18\x01 \x03(\v2).cablemesh.v1.CableAttributes.ValuesEntryR\x06values\x1a9\n" +
 	"\vValuesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xab\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xae\x02\n" +
 	"\bResource\x121\n" +
 	"\acluster\x18\x01 \x01(\v2\x15.cablemesh.v1.ClusterH\x00R\acluster\x124\n" +
 	"\bendpoint\x18\x02 \x01(\v2\x16.cablemesh.v1.EndpointH\x00R\bendpoint\x12.\n" +
-	"\x06policy\x18\x03 \x01(\v2\x14.cablemesh.v1.PolicyH\x00R\x06policyB\x06\n" +
+	"\x06policy\x18\x03 \x01(\v2\x14.cablemesh.v1.PolicyH\x00R\x06policy\x12D\n" +
+	"\x0eservice_export\x18\x04 \x01(\v2\x1b.cablemesh.v1.ServiceExportH\x00R\rserviceExport\x12;\n" +
+	"\vservice_vip\x18\x05 \x01(\v2\x18.cablemesh.v1.ServiceVIPH\x00R\n" +
+	"serviceVipB\x06\n" +
 	"\x04kind\"\x8c\x01\n" +
 	"\x06Policy\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
@@ -1917,7 +2817,64 @@ const file_cablemesh_proto_rawDesc = "" +
 	"\n" +
 	"\x06UPSERT\x10\x00\x12\n" +
 	"\n" +
-	"\x06DELETE\x10\x01\"\x15\n" +
+	"\x06DELETE\x10\x01\"t\n" +
+	"\vServicePort\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04port\x18\x02 \x01(\rR\x04port\x12\x1a\n" +
+	"\bprotocol\x18\x03 \x01(\tR\bprotocol\x12!\n" +
+	"\fingress_port\x18\x04 \x01(\rR\vingressPort\"S\n" +
+	"\x0fServiceEndpoint\x12\x0e\n" +
+	"\x02ip\x18\x01 \x01(\tR\x02ip\x12\x1a\n" +
+	"\bhostname\x18\x02 \x01(\tR\bhostname\x12\x14\n" +
+	"\x05ready\x18\x03 \x01(\bR\x05ready\"\xdb\x03\n" +
+	"\rServiceExport\x12\x18\n" +
+	"\acluster\x18\x01 \x01(\tR\acluster\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1c\n" +
+	"\tnamespace\x18\x03 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04name\x18\x04 \x01(\tR\x04name\x12\x12\n" +
+	"\x04type\x18\x05 \x01(\tR\x04type\x12/\n" +
+	"\x05ports\x18\x06 \x03(\v2\x19.cablemesh.v1.ServicePortR\x05ports\x12?\n" +
+	"\x06labels\x18\a \x03(\v2'.cablemesh.v1.ServiceExport.LabelsEntryR\x06labels\x12;\n" +
+	"\tendpoints\x18\b \x03(\v2\x1d.cablemesh.v1.ServiceEndpointR\tendpoints\x12\x1a\n" +
+	"\baffinity\x18\t \x01(\tR\baffinity\x124\n" +
+	"\acreated\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\acreated\x12\x1a\n" +
+	"\brevision\x18\v \x01(\x04R\brevision\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa8\x01\n" +
+	"\n" +
+	"ServiceVIP\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
+	"\x04vips\x18\x03 \x03(\tR\x04vips\x128\n" +
+	"\tallocated\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tallocated\x12\x1a\n" +
+	"\brevision\x18\x05 \x01(\x04R\brevision\"[\n" +
+	"\x0fServiceConflict\x12\x18\n" +
+	"\acluster\x18\x01 \x01(\tR\acluster\x12\x14\n" +
+	"\x05field\x18\x02 \x01(\tR\x05field\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"\xd2\x02\n" +
+	"\x0fImportedCluster\x12\x18\n" +
+	"\acluster\x18\x01 \x01(\tR\acluster\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x02 \x01(\rR\tclusterId\x12;\n" +
+	"\tendpoints\x18\x03 \x03(\v2\x1d.cablemesh.v1.ServiceEndpointR\tendpoints\x12/\n" +
+	"\x05ports\x18\x04 \x03(\v2\x19.cablemesh.v1.ServicePortR\x05ports\x12A\n" +
+	"\x06labels\x18\x05 \x03(\v2).cablemesh.v1.ImportedCluster.LabelsEntryR\x06labels\x12\x1a\n" +
+	"\baffinity\x18\x06 \x01(\tR\baffinity\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x92\x02\n" +
+	"\rServiceImport\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
+	"\x04type\x18\x03 \x01(\tR\x04type\x12\x12\n" +
+	"\x04vips\x18\x04 \x03(\tR\x04vips\x12/\n" +
+	"\x05ports\x18\x05 \x03(\v2\x19.cablemesh.v1.ServicePortR\x05ports\x129\n" +
+	"\bclusters\x18\x06 \x03(\v2\x1d.cablemesh.v1.ImportedClusterR\bclusters\x12;\n" +
+	"\tconflicts\x18\a \x03(\v2\x1d.cablemesh.v1.ServiceConflictR\tconflicts\"G\n" +
+	"\x0eServiceImports\x125\n" +
+	"\aimports\x18\x01 \x03(\v2\x1b.cablemesh.v1.ServiceImportR\aimports\"\x15\n" +
 	"\x13ListClustersRequest\"\x9b\x01\n" +
 	"\x14ListClustersResponse\x121\n" +
 	"\bclusters\x18\x01 \x03(\v2\x15.cablemesh.v1.ClusterR\bclusters\x124\n" +
@@ -1965,7 +2922,12 @@ const file_cablemesh_proto_rawDesc = "" +
 	"\tcluster_a\x18\x01 \x01(\tR\bclusterA\x12\x1b\n" +
 	"\tcluster_b\x18\x02 \x01(\tR\bclusterB\"/\n" +
 	"\x19ExplainConnectionResponse\x12\x12\n" +
-	"\x04json\x18\x01 \x01(\fR\x04json\"j\n" +
+	"\x04json\x18\x01 \x01(\fR\x04json\"\x15\n" +
+	"\x13ListServicesRequest\"\xa0\x01\n" +
+	"\x14ListServicesResponse\x125\n" +
+	"\aimports\x18\x01 \x03(\v2\x1b.cablemesh.v1.ServiceImportR\aimports\x125\n" +
+	"\aexports\x18\x02 \x03(\v2\x1b.cablemesh.v1.ServiceExportR\aexports\x12\x1a\n" +
+	"\brevision\x18\x03 \x01(\x04R\brevision\"j\n" +
 	"\vJoinRequest\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x18\n" +
 	"\acluster\x18\x02 \x01(\tR\acluster\x12\x12\n" +
@@ -1985,13 +2947,22 @@ const file_cablemesh_proto_rawDesc = "" +
 	"\x04node\x18\x01 \x01(\tR\x04node\"p\n" +
 	"\x11HeartbeatResponse\x12?\n" +
 	"\rlease_expires\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\fleaseExpires\x12\x1a\n" +
-	"\brevision\x18\x02 \x01(\x04R\brevision\"5\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\"\x81\x01\n" +
 	"\fWatchRequest\x12%\n" +
-	"\x0esince_revision\x18\x01 \x01(\x04R\rsinceRevision\"t\n" +
+	"\x0esince_revision\x18\x01 \x01(\x04R\rsinceRevision\x12'\n" +
+	"\x0fimport_selector\x18\x02 \x01(\tR\x0eimportSelector\x12!\n" +
+	"\fwant_imports\x18\x03 \x01(\bR\vwantImports\"\xac\x01\n" +
 	"\rWatchResponse\x12\x1a\n" +
 	"\bsnapshot\x18\x01 \x01(\bR\bsnapshot\x12+\n" +
 	"\x06events\x18\x02 \x03(\v2\x13.cablemesh.v1.EventR\x06events\x12\x1a\n" +
-	"\brevision\x18\x03 \x01(\x04R\brevision2\xd6\x05\n" +
+	"\brevision\x18\x03 \x01(\x04R\brevision\x126\n" +
+	"\aimports\x18\x04 \x01(\v2\x1c.cablemesh.v1.ServiceImportsR\aimports\"J\n" +
+	"\x11SetExportsRequest\x125\n" +
+	"\aexports\x18\x01 \x03(\v2\x1b.cablemesh.v1.ServiceExportR\aexports\"\xa4\x01\n" +
+	"\x12SetExportsResponse\x125\n" +
+	"\aexports\x18\x01 \x03(\v2\x1b.cablemesh.v1.ServiceExportR\aexports\x12;\n" +
+	"\tconflicts\x18\x02 \x03(\v2\x1d.cablemesh.v1.ServiceConflictR\tconflicts\x12\x1a\n" +
+	"\brevision\x18\x03 \x01(\x04R\brevision2\xad\x06\n" +
 	"\x05Admin\x12U\n" +
 	"\fListClusters\x12!.cablemesh.v1.ListClustersRequest\x1a\".cablemesh.v1.ListClustersResponse\x12H\n" +
 	"\fLabelCluster\x12!.cablemesh.v1.LabelClusterRequest\x1a\x15.cablemesh.v1.Cluster\x12X\n" +
@@ -2000,12 +2971,15 @@ const file_cablemesh_proto_rawDesc = "" +
 	"\rApplyPolicies\x12\".cablemesh.v1.ApplyPoliciesRequest\x1a#.cablemesh.v1.ApplyPoliciesResponse\x12[\n" +
 	"\x0eDeletePolicies\x12#.cablemesh.v1.DeletePoliciesRequest\x1a$.cablemesh.v1.DeletePoliciesResponse\x12U\n" +
 	"\fListPolicies\x12!.cablemesh.v1.ListPoliciesRequest\x1a\".cablemesh.v1.ListPoliciesResponse\x12d\n" +
-	"\x11ExplainConnection\x12&.cablemesh.v1.ExplainConnectionRequest\x1a'.cablemesh.v1.ExplainConnectionResponse2\xbb\x02\n" +
+	"\x11ExplainConnection\x12&.cablemesh.v1.ExplainConnectionRequest\x1a'.cablemesh.v1.ExplainConnectionResponse\x12U\n" +
+	"\fListServices\x12!.cablemesh.v1.ListServicesRequest\x1a\".cablemesh.v1.ListServicesResponse2\x8c\x03\n" +
 	"\x05Agent\x12=\n" +
 	"\x04Join\x12\x19.cablemesh.v1.JoinRequest\x1a\x1a.cablemesh.v1.JoinResponse\x12a\n" +
 	"\x10RegisterEndpoint\x12%.cablemesh.v1.RegisterEndpointRequest\x1a&.cablemesh.v1.RegisterEndpointResponse\x12L\n" +
 	"\tHeartbeat\x12\x1e.cablemesh.v1.HeartbeatRequest\x1a\x1f.cablemesh.v1.HeartbeatResponse\x12B\n" +
-	"\x05Watch\x12\x1a.cablemesh.v1.WatchRequest\x1a\x1b.cablemesh.v1.WatchResponse0\x01B-Z+github.com/cablemesh/cablemesh/api/v1;apiv1b\x06proto3"
+	"\x05Watch\x12\x1a.cablemesh.v1.WatchRequest\x1a\x1b.cablemesh.v1.WatchResponse0\x01\x12O\n" +
+	"\n" +
+	"SetExports\x12\x1f.cablemesh.v1.SetExportsRequest\x1a .cablemesh.v1.SetExportsResponseB-Z+github.com/cablemesh/cablemesh/api/v1;apiv1b\x06proto3"
 
 var (
 	file_cablemesh_proto_rawDescOnce sync.Once
@@ -2020,7 +2994,7 @@ func file_cablemesh_proto_rawDescGZIP() []byte {
 }
 
 var file_cablemesh_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_cablemesh_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_cablemesh_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
 var file_cablemesh_proto_goTypes = []any{
 	(Event_Type)(0),                   // 0: cablemesh.v1.Event.Type
 	(*Cluster)(nil),                   // 1: cablemesh.v1.Cluster
@@ -2029,95 +3003,133 @@ var file_cablemesh_proto_goTypes = []any{
 	(*Resource)(nil),                  // 4: cablemesh.v1.Resource
 	(*Policy)(nil),                    // 5: cablemesh.v1.Policy
 	(*Event)(nil),                     // 6: cablemesh.v1.Event
-	(*ListClustersRequest)(nil),       // 7: cablemesh.v1.ListClustersRequest
-	(*ListClustersResponse)(nil),      // 8: cablemesh.v1.ListClustersResponse
-	(*LabelClusterRequest)(nil),       // 9: cablemesh.v1.LabelClusterRequest
-	(*RemoveClusterRequest)(nil),      // 10: cablemesh.v1.RemoveClusterRequest
-	(*RemoveClusterResponse)(nil),     // 11: cablemesh.v1.RemoveClusterResponse
-	(*CreateJoinTokenRequest)(nil),    // 12: cablemesh.v1.CreateJoinTokenRequest
-	(*CreateJoinTokenResponse)(nil),   // 13: cablemesh.v1.CreateJoinTokenResponse
-	(*ApplyPoliciesRequest)(nil),      // 14: cablemesh.v1.ApplyPoliciesRequest
-	(*ApplyPoliciesResponse)(nil),     // 15: cablemesh.v1.ApplyPoliciesResponse
-	(*DeletePoliciesRequest)(nil),     // 16: cablemesh.v1.DeletePoliciesRequest
-	(*DeletePoliciesResponse)(nil),    // 17: cablemesh.v1.DeletePoliciesResponse
-	(*ListPoliciesRequest)(nil),       // 18: cablemesh.v1.ListPoliciesRequest
-	(*ListPoliciesResponse)(nil),      // 19: cablemesh.v1.ListPoliciesResponse
-	(*ExplainConnectionRequest)(nil),  // 20: cablemesh.v1.ExplainConnectionRequest
-	(*ExplainConnectionResponse)(nil), // 21: cablemesh.v1.ExplainConnectionResponse
-	(*JoinRequest)(nil),               // 22: cablemesh.v1.JoinRequest
-	(*JoinResponse)(nil),              // 23: cablemesh.v1.JoinResponse
-	(*RegisterEndpointRequest)(nil),   // 24: cablemesh.v1.RegisterEndpointRequest
-	(*RegisterEndpointResponse)(nil),  // 25: cablemesh.v1.RegisterEndpointResponse
-	(*HeartbeatRequest)(nil),          // 26: cablemesh.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),         // 27: cablemesh.v1.HeartbeatResponse
-	(*WatchRequest)(nil),              // 28: cablemesh.v1.WatchRequest
-	(*WatchResponse)(nil),             // 29: cablemesh.v1.WatchResponse
-	nil,                               // 30: cablemesh.v1.Cluster.LabelsEntry
-	nil,                               // 31: cablemesh.v1.Endpoint.CablePortsEntry
-	nil,                               // 32: cablemesh.v1.Endpoint.CableAttributesEntry
-	nil,                               // 33: cablemesh.v1.CableAttributes.ValuesEntry
-	nil,                               // 34: cablemesh.v1.LabelClusterRequest.SetEntry
-	nil,                               // 35: cablemesh.v1.CreateJoinTokenRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),     // 36: google.protobuf.Timestamp
+	(*ServicePort)(nil),               // 7: cablemesh.v1.ServicePort
+	(*ServiceEndpoint)(nil),           // 8: cablemesh.v1.ServiceEndpoint
+	(*ServiceExport)(nil),             // 9: cablemesh.v1.ServiceExport
+	(*ServiceVIP)(nil),                // 10: cablemesh.v1.ServiceVIP
+	(*ServiceConflict)(nil),           // 11: cablemesh.v1.ServiceConflict
+	(*ImportedCluster)(nil),           // 12: cablemesh.v1.ImportedCluster
+	(*ServiceImport)(nil),             // 13: cablemesh.v1.ServiceImport
+	(*ServiceImports)(nil),            // 14: cablemesh.v1.ServiceImports
+	(*ListClustersRequest)(nil),       // 15: cablemesh.v1.ListClustersRequest
+	(*ListClustersResponse)(nil),      // 16: cablemesh.v1.ListClustersResponse
+	(*LabelClusterRequest)(nil),       // 17: cablemesh.v1.LabelClusterRequest
+	(*RemoveClusterRequest)(nil),      // 18: cablemesh.v1.RemoveClusterRequest
+	(*RemoveClusterResponse)(nil),     // 19: cablemesh.v1.RemoveClusterResponse
+	(*CreateJoinTokenRequest)(nil),    // 20: cablemesh.v1.CreateJoinTokenRequest
+	(*CreateJoinTokenResponse)(nil),   // 21: cablemesh.v1.CreateJoinTokenResponse
+	(*ApplyPoliciesRequest)(nil),      // 22: cablemesh.v1.ApplyPoliciesRequest
+	(*ApplyPoliciesResponse)(nil),     // 23: cablemesh.v1.ApplyPoliciesResponse
+	(*DeletePoliciesRequest)(nil),     // 24: cablemesh.v1.DeletePoliciesRequest
+	(*DeletePoliciesResponse)(nil),    // 25: cablemesh.v1.DeletePoliciesResponse
+	(*ListPoliciesRequest)(nil),       // 26: cablemesh.v1.ListPoliciesRequest
+	(*ListPoliciesResponse)(nil),      // 27: cablemesh.v1.ListPoliciesResponse
+	(*ExplainConnectionRequest)(nil),  // 28: cablemesh.v1.ExplainConnectionRequest
+	(*ExplainConnectionResponse)(nil), // 29: cablemesh.v1.ExplainConnectionResponse
+	(*ListServicesRequest)(nil),       // 30: cablemesh.v1.ListServicesRequest
+	(*ListServicesResponse)(nil),      // 31: cablemesh.v1.ListServicesResponse
+	(*JoinRequest)(nil),               // 32: cablemesh.v1.JoinRequest
+	(*JoinResponse)(nil),              // 33: cablemesh.v1.JoinResponse
+	(*RegisterEndpointRequest)(nil),   // 34: cablemesh.v1.RegisterEndpointRequest
+	(*RegisterEndpointResponse)(nil),  // 35: cablemesh.v1.RegisterEndpointResponse
+	(*HeartbeatRequest)(nil),          // 36: cablemesh.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),         // 37: cablemesh.v1.HeartbeatResponse
+	(*WatchRequest)(nil),              // 38: cablemesh.v1.WatchRequest
+	(*WatchResponse)(nil),             // 39: cablemesh.v1.WatchResponse
+	(*SetExportsRequest)(nil),         // 40: cablemesh.v1.SetExportsRequest
+	(*SetExportsResponse)(nil),        // 41: cablemesh.v1.SetExportsResponse
+	nil,                               // 42: cablemesh.v1.Cluster.LabelsEntry
+	nil,                               // 43: cablemesh.v1.Endpoint.CablePortsEntry
+	nil,                               // 44: cablemesh.v1.Endpoint.CableAttributesEntry
+	nil,                               // 45: cablemesh.v1.CableAttributes.ValuesEntry
+	nil,                               // 46: cablemesh.v1.ServiceExport.LabelsEntry
+	nil,                               // 47: cablemesh.v1.ImportedCluster.LabelsEntry
+	nil,                               // 48: cablemesh.v1.LabelClusterRequest.SetEntry
+	nil,                               // 49: cablemesh.v1.CreateJoinTokenRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),     // 50: google.protobuf.Timestamp
 }
 var file_cablemesh_proto_depIdxs = []int32{
-	30, // 0: cablemesh.v1.Cluster.labels:type_name -> cablemesh.v1.Cluster.LabelsEntry
-	36, // 1: cablemesh.v1.Cluster.joined_at:type_name -> google.protobuf.Timestamp
-	31, // 2: cablemesh.v1.Endpoint.cable_ports:type_name -> cablemesh.v1.Endpoint.CablePortsEntry
-	36, // 3: cablemesh.v1.Endpoint.last_heartbeat:type_name -> google.protobuf.Timestamp
-	36, // 4: cablemesh.v1.Endpoint.lease_expires:type_name -> google.protobuf.Timestamp
-	32, // 5: cablemesh.v1.Endpoint.cable_attributes:type_name -> cablemesh.v1.Endpoint.CableAttributesEntry
-	33, // 6: cablemesh.v1.CableAttributes.values:type_name -> cablemesh.v1.CableAttributes.ValuesEntry
+	42, // 0: cablemesh.v1.Cluster.labels:type_name -> cablemesh.v1.Cluster.LabelsEntry
+	50, // 1: cablemesh.v1.Cluster.joined_at:type_name -> google.protobuf.Timestamp
+	43, // 2: cablemesh.v1.Endpoint.cable_ports:type_name -> cablemesh.v1.Endpoint.CablePortsEntry
+	50, // 3: cablemesh.v1.Endpoint.last_heartbeat:type_name -> google.protobuf.Timestamp
+	50, // 4: cablemesh.v1.Endpoint.lease_expires:type_name -> google.protobuf.Timestamp
+	44, // 5: cablemesh.v1.Endpoint.cable_attributes:type_name -> cablemesh.v1.Endpoint.CableAttributesEntry
+	45, // 6: cablemesh.v1.CableAttributes.values:type_name -> cablemesh.v1.CableAttributes.ValuesEntry
 	1,  // 7: cablemesh.v1.Resource.cluster:type_name -> cablemesh.v1.Cluster
 	2,  // 8: cablemesh.v1.Resource.endpoint:type_name -> cablemesh.v1.Endpoint
 	5,  // 9: cablemesh.v1.Resource.policy:type_name -> cablemesh.v1.Policy
-	0,  // 10: cablemesh.v1.Event.type:type_name -> cablemesh.v1.Event.Type
-	4,  // 11: cablemesh.v1.Event.resource:type_name -> cablemesh.v1.Resource
-	1,  // 12: cablemesh.v1.ListClustersResponse.clusters:type_name -> cablemesh.v1.Cluster
-	2,  // 13: cablemesh.v1.ListClustersResponse.endpoints:type_name -> cablemesh.v1.Endpoint
-	34, // 14: cablemesh.v1.LabelClusterRequest.set:type_name -> cablemesh.v1.LabelClusterRequest.SetEntry
-	1,  // 15: cablemesh.v1.RemoveClusterResponse.cluster:type_name -> cablemesh.v1.Cluster
-	35, // 16: cablemesh.v1.CreateJoinTokenRequest.labels:type_name -> cablemesh.v1.CreateJoinTokenRequest.LabelsEntry
-	1,  // 17: cablemesh.v1.CreateJoinTokenResponse.cluster:type_name -> cablemesh.v1.Cluster
-	36, // 18: cablemesh.v1.CreateJoinTokenResponse.expires:type_name -> google.protobuf.Timestamp
-	5,  // 19: cablemesh.v1.ApplyPoliciesRequest.policies:type_name -> cablemesh.v1.Policy
-	5,  // 20: cablemesh.v1.ApplyPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
-	5,  // 21: cablemesh.v1.ListPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
-	1,  // 22: cablemesh.v1.JoinResponse.cluster:type_name -> cablemesh.v1.Cluster
-	2,  // 23: cablemesh.v1.RegisterEndpointRequest.endpoint:type_name -> cablemesh.v1.Endpoint
-	2,  // 24: cablemesh.v1.RegisterEndpointResponse.endpoint:type_name -> cablemesh.v1.Endpoint
-	36, // 25: cablemesh.v1.HeartbeatResponse.lease_expires:type_name -> google.protobuf.Timestamp
-	6,  // 26: cablemesh.v1.WatchResponse.events:type_name -> cablemesh.v1.Event
-	3,  // 27: cablemesh.v1.Endpoint.CableAttributesEntry.value:type_name -> cablemesh.v1.CableAttributes
-	7,  // 28: cablemesh.v1.Admin.ListClusters:input_type -> cablemesh.v1.ListClustersRequest
-	9,  // 29: cablemesh.v1.Admin.LabelCluster:input_type -> cablemesh.v1.LabelClusterRequest
-	10, // 30: cablemesh.v1.Admin.RemoveCluster:input_type -> cablemesh.v1.RemoveClusterRequest
-	12, // 31: cablemesh.v1.Admin.CreateJoinToken:input_type -> cablemesh.v1.CreateJoinTokenRequest
-	14, // 32: cablemesh.v1.Admin.ApplyPolicies:input_type -> cablemesh.v1.ApplyPoliciesRequest
-	16, // 33: cablemesh.v1.Admin.DeletePolicies:input_type -> cablemesh.v1.DeletePoliciesRequest
-	18, // 34: cablemesh.v1.Admin.ListPolicies:input_type -> cablemesh.v1.ListPoliciesRequest
-	20, // 35: cablemesh.v1.Admin.ExplainConnection:input_type -> cablemesh.v1.ExplainConnectionRequest
-	22, // 36: cablemesh.v1.Agent.Join:input_type -> cablemesh.v1.JoinRequest
-	24, // 37: cablemesh.v1.Agent.RegisterEndpoint:input_type -> cablemesh.v1.RegisterEndpointRequest
-	26, // 38: cablemesh.v1.Agent.Heartbeat:input_type -> cablemesh.v1.HeartbeatRequest
-	28, // 39: cablemesh.v1.Agent.Watch:input_type -> cablemesh.v1.WatchRequest
-	8,  // 40: cablemesh.v1.Admin.ListClusters:output_type -> cablemesh.v1.ListClustersResponse
-	1,  // 41: cablemesh.v1.Admin.LabelCluster:output_type -> cablemesh.v1.Cluster
-	11, // 42: cablemesh.v1.Admin.RemoveCluster:output_type -> cablemesh.v1.RemoveClusterResponse
-	13, // 43: cablemesh.v1.Admin.CreateJoinToken:output_type -> cablemesh.v1.CreateJoinTokenResponse
-	15, // 44: cablemesh.v1.Admin.ApplyPolicies:output_type -> cablemesh.v1.ApplyPoliciesResponse
-	17, // 45: cablemesh.v1.Admin.DeletePolicies:output_type -> cablemesh.v1.DeletePoliciesResponse
-	19, // 46: cablemesh.v1.Admin.ListPolicies:output_type -> cablemesh.v1.ListPoliciesResponse
-	21, // 47: cablemesh.v1.Admin.ExplainConnection:output_type -> cablemesh.v1.ExplainConnectionResponse
-	23, // 48: cablemesh.v1.Agent.Join:output_type -> cablemesh.v1.JoinResponse
-	25, // 49: cablemesh.v1.Agent.RegisterEndpoint:output_type -> cablemesh.v1.RegisterEndpointResponse
-	27, // 50: cablemesh.v1.Agent.Heartbeat:output_type -> cablemesh.v1.HeartbeatResponse
-	29, // 51: cablemesh.v1.Agent.Watch:output_type -> cablemesh.v1.WatchResponse
-	40, // [40:52] is the sub-list for method output_type
-	28, // [28:40] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	9,  // 10: cablemesh.v1.Resource.service_export:type_name -> cablemesh.v1.ServiceExport
+	10, // 11: cablemesh.v1.Resource.service_vip:type_name -> cablemesh.v1.ServiceVIP
+	0,  // 12: cablemesh.v1.Event.type:type_name -> cablemesh.v1.Event.Type
+	4,  // 13: cablemesh.v1.Event.resource:type_name -> cablemesh.v1.Resource
+	7,  // 14: cablemesh.v1.ServiceExport.ports:type_name -> cablemesh.v1.ServicePort
+	46, // 15: cablemesh.v1.ServiceExport.labels:type_name -> cablemesh.v1.ServiceExport.LabelsEntry
+	8,  // 16: cablemesh.v1.ServiceExport.endpoints:type_name -> cablemesh.v1.ServiceEndpoint
+	50, // 17: cablemesh.v1.ServiceExport.created:type_name -> google.protobuf.Timestamp
+	50, // 18: cablemesh.v1.ServiceVIP.allocated:type_name -> google.protobuf.Timestamp
+	8,  // 19: cablemesh.v1.ImportedCluster.endpoints:type_name -> cablemesh.v1.ServiceEndpoint
+	7,  // 20: cablemesh.v1.ImportedCluster.ports:type_name -> cablemesh.v1.ServicePort
+	47, // 21: cablemesh.v1.ImportedCluster.labels:type_name -> cablemesh.v1.ImportedCluster.LabelsEntry
+	7,  // 22: cablemesh.v1.ServiceImport.ports:type_name -> cablemesh.v1.ServicePort
+	12, // 23: cablemesh.v1.ServiceImport.clusters:type_name -> cablemesh.v1.ImportedCluster
+	11, // 24: cablemesh.v1.ServiceImport.conflicts:type_name -> cablemesh.v1.ServiceConflict
+	13, // 25: cablemesh.v1.ServiceImports.imports:type_name -> cablemesh.v1.ServiceImport
+	1,  // 26: cablemesh.v1.ListClustersResponse.clusters:type_name -> cablemesh.v1.Cluster
+	2,  // 27: cablemesh.v1.ListClustersResponse.endpoints:type_name -> cablemesh.v1.Endpoint
+	48, // 28: cablemesh.v1.LabelClusterRequest.set:type_name -> cablemesh.v1.LabelClusterRequest.SetEntry
+	1,  // 29: cablemesh.v1.RemoveClusterResponse.cluster:type_name -> cablemesh.v1.Cluster
+	49, // 30: cablemesh.v1.CreateJoinTokenRequest.labels:type_name -> cablemesh.v1.CreateJoinTokenRequest.LabelsEntry
+	1,  // 31: cablemesh.v1.CreateJoinTokenResponse.cluster:type_name -> cablemesh.v1.Cluster
+	50, // 32: cablemesh.v1.CreateJoinTokenResponse.expires:type_name -> google.protobuf.Timestamp
+	5,  // 33: cablemesh.v1.ApplyPoliciesRequest.policies:type_name -> cablemesh.v1.Policy
+	5,  // 34: cablemesh.v1.ApplyPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
+	5,  // 35: cablemesh.v1.ListPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
+	13, // 36: cablemesh.v1.ListServicesResponse.imports:type_name -> cablemesh.v1.ServiceImport
+	9,  // 37: cablemesh.v1.ListServicesResponse.exports:type_name -> cablemesh.v1.ServiceExport
+	1,  // 38: cablemesh.v1.JoinResponse.cluster:type_name -> cablemesh.v1.Cluster
+	2,  // 39: cablemesh.v1.RegisterEndpointRequest.endpoint:type_name -> cablemesh.v1.Endpoint
+	2,  // 40: cablemesh.v1.RegisterEndpointResponse.endpoint:type_name -> cablemesh.v1.Endpoint
+	50, // 41: cablemesh.v1.HeartbeatResponse.lease_expires:type_name -> google.protobuf.Timestamp
+	6,  // 42: cablemesh.v1.WatchResponse.events:type_name -> cablemesh.v1.Event
+	14, // 43: cablemesh.v1.WatchResponse.imports:type_name -> cablemesh.v1.ServiceImports
+	9,  // 44: cablemesh.v1.SetExportsRequest.exports:type_name -> cablemesh.v1.ServiceExport
+	9,  // 45: cablemesh.v1.SetExportsResponse.exports:type_name -> cablemesh.v1.ServiceExport
+	11, // 46: cablemesh.v1.SetExportsResponse.conflicts:type_name -> cablemesh.v1.ServiceConflict
+	3,  // 47: cablemesh.v1.Endpoint.CableAttributesEntry.value:type_name -> cablemesh.v1.CableAttributes
+	15, // 48: cablemesh.v1.Admin.ListClusters:input_type -> cablemesh.v1.ListClustersRequest
+	17, // 49: cablemesh.v1.Admin.LabelCluster:input_type -> cablemesh.v1.LabelClusterRequest
+	18, // 50: cablemesh.v1.Admin.RemoveCluster:input_type -> cablemesh.v1.RemoveClusterRequest
+	20, // 51: cablemesh.v1.Admin.CreateJoinToken:input_type -> cablemesh.v1.CreateJoinTokenRequest
+	22, // 52: cablemesh.v1.Admin.ApplyPolicies:input_type -> cablemesh.v1.ApplyPoliciesRequest
+	24, // 53: cablemesh.v1.Admin.DeletePolicies:input_type -> cablemesh.v1.DeletePoliciesRequest
+	26, // 54: cablemesh.v1.Admin.ListPolicies:input_type -> cablemesh.v1.ListPoliciesRequest
+	28, // 55: cablemesh.v1.Admin.ExplainConnection:input_type -> cablemesh.v1.ExplainConnectionRequest
+	30, // 56: cablemesh.v1.Admin.ListServices:input_type -> cablemesh.v1.ListServicesRequest
+	32, // 57: cablemesh.v1.Agent.Join:input_type -> cablemesh.v1.JoinRequest
+	34, // 58: cablemesh.v1.Agent.RegisterEndpoint:input_type -> cablemesh.v1.RegisterEndpointRequest
+	36, // 59: cablemesh.v1.Agent.Heartbeat:input_type -> cablemesh.v1.HeartbeatRequest
+	38, // 60: cablemesh.v1.Agent.Watch:input_type -> cablemesh.v1.WatchRequest
+	40, // 61: cablemesh.v1.Agent.SetExports:input_type -> cablemesh.v1.SetExportsRequest
+	16, // 62: cablemesh.v1.Admin.ListClusters:output_type -> cablemesh.v1.ListClustersResponse
+	1,  // 63: cablemesh.v1.Admin.LabelCluster:output_type -> cablemesh.v1.Cluster
+	19, // 64: cablemesh.v1.Admin.RemoveCluster:output_type -> cablemesh.v1.RemoveClusterResponse
+	21, // 65: cablemesh.v1.Admin.CreateJoinToken:output_type -> cablemesh.v1.CreateJoinTokenResponse
+	23, // 66: cablemesh.v1.Admin.ApplyPolicies:output_type -> cablemesh.v1.ApplyPoliciesResponse
+	25, // 67: cablemesh.v1.Admin.DeletePolicies:output_type -> cablemesh.v1.DeletePoliciesResponse
+	27, // 68: cablemesh.v1.Admin.ListPolicies:output_type -> cablemesh.v1.ListPoliciesResponse
+	29, // 69: cablemesh.v1.Admin.ExplainConnection:output_type -> cablemesh.v1.ExplainConnectionResponse
+	31, // 70: cablemesh.v1.Admin.ListServices:output_type -> cablemesh.v1.ListServicesResponse
+	33, // 71: cablemesh.v1.Agent.Join:output_type -> cablemesh.v1.JoinResponse
+	35, // 72: cablemesh.v1.Agent.RegisterEndpoint:output_type -> cablemesh.v1.RegisterEndpointResponse
+	37, // 73: cablemesh.v1.Agent.Heartbeat:output_type -> cablemesh.v1.HeartbeatResponse
+	39, // 74: cablemesh.v1.Agent.Watch:output_type -> cablemesh.v1.WatchResponse
+	41, // 75: cablemesh.v1.Agent.SetExports:output_type -> cablemesh.v1.SetExportsResponse
+	62, // [62:76] is the sub-list for method output_type
+	48, // [48:62] is the sub-list for method input_type
+	48, // [48:48] is the sub-list for extension type_name
+	48, // [48:48] is the sub-list for extension extendee
+	0,  // [0:48] is the sub-list for field type_name
 }
 
 func init() { file_cablemesh_proto_init() }
@@ -2129,6 +3141,8 @@ func file_cablemesh_proto_init() {
 		(*Resource_Cluster)(nil),
 		(*Resource_Endpoint)(nil),
 		(*Resource_Policy)(nil),
+		(*Resource_ServiceExport)(nil),
+		(*Resource_ServiceVip)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2136,7 +3150,7 @@ func file_cablemesh_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cablemesh_proto_rawDesc), len(file_cablemesh_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   35,
+			NumMessages:   49,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

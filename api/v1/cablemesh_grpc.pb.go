@@ -32,6 +32,7 @@ const (
 	Admin_DeletePolicies_FullMethodName    = "/cablemesh.v1.Admin/DeletePolicies"
 	Admin_ListPolicies_FullMethodName      = "/cablemesh.v1.Admin/ListPolicies"
 	Admin_ExplainConnection_FullMethodName = "/cablemesh.v1.Admin/ExplainConnection"
+	Admin_ListServices_FullMethodName      = "/cablemesh.v1.Admin/ListServices"
 )
 
 // AdminClient is the client API for Admin service.
@@ -48,6 +49,8 @@ type AdminClient interface {
 	DeletePolicies(ctx context.Context, in *DeletePoliciesRequest, opts ...grpc.CallOption) (*DeletePoliciesResponse, error)
 	ListPolicies(ctx context.Context, in *ListPoliciesRequest, opts ...grpc.CallOption) (*ListPoliciesResponse, error)
 	ExplainConnection(ctx context.Context, in *ExplainConnectionRequest, opts ...grpc.CallOption) (*ExplainConnectionResponse, error)
+	// ListServices returns every service import (unfiltered) and every export.
+	ListServices(ctx context.Context, in *ListServicesRequest, opts ...grpc.CallOption) (*ListServicesResponse, error)
 }
 
 type adminClient struct {
@@ -138,6 +141,16 @@ func (c *adminClient) ExplainConnection(ctx context.Context, in *ExplainConnecti
 	return out, nil
 }
 
+func (c *adminClient) ListServices(ctx context.Context, in *ListServicesRequest, opts ...grpc.CallOption) (*ListServicesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListServicesResponse)
+	err := c.cc.Invoke(ctx, Admin_ListServices_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -152,6 +165,8 @@ type AdminServer interface {
 	DeletePolicies(context.Context, *DeletePoliciesRequest) (*DeletePoliciesResponse, error)
 	ListPolicies(context.Context, *ListPoliciesRequest) (*ListPoliciesResponse, error)
 	ExplainConnection(context.Context, *ExplainConnectionRequest) (*ExplainConnectionResponse, error)
+	// ListServices returns every service import (unfiltered) and every export.
+	ListServices(context.Context, *ListServicesRequest) (*ListServicesResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -185,6 +200,9 @@ func (UnimplementedAdminServer) ListPolicies(context.Context, *ListPoliciesReque
 }
 func (UnimplementedAdminServer) ExplainConnection(context.Context, *ExplainConnectionRequest) (*ExplainConnectionResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ExplainConnection not implemented")
+}
+func (UnimplementedAdminServer) ListServices(context.Context, *ListServicesRequest) (*ListServicesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListServices not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -351,6 +369,24 @@ func _Admin_ExplainConnection_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_ListServices_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListServicesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ListServices(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ListServices_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ListServices(ctx, req.(*ListServicesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -390,6 +426,10 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "ExplainConnection",
 			Handler:    _Admin_ExplainConnection_Handler,
 		},
+		{
+			MethodName: "ListServices",
+			Handler:    _Admin_ListServices_Handler,
+		},
 	},
 	Streams:  []grpc.StreamDesc{},
 	Metadata: "cablemesh.proto",
@@ -400,6 +440,7 @@ const (
 	Agent_RegisterEndpoint_FullMethodName = "/cablemesh.v1.Agent/RegisterEndpoint"
 	Agent_Heartbeat_FullMethodName        = "/cablemesh.v1.Agent/Heartbeat"
 	Agent_Watch_FullMethodName            = "/cablemesh.v1.Agent/Watch"
+	Agent_SetExports_FullMethodName       = "/cablemesh.v1.Agent/SetExports"
 )
 
 // AgentClient is the client API for Agent service.
@@ -410,6 +451,7 @@ type AgentClient interface {
 	RegisterEndpoint(ctx context.Context, in *RegisterEndpointRequest, opts ...grpc.CallOption) (*RegisterEndpointResponse, error)
 	Heartbeat(ctx context.Context, in *HeartbeatRequest, opts ...grpc.CallOption) (*HeartbeatResponse, error)
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error)
+	SetExports(ctx context.Context, in *SetExportsRequest, opts ...grpc.CallOption) (*SetExportsResponse, error)
 }
 
 type agentClient struct {
@@ -469,6 +511,16 @@ func (c *agentClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc.
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Agent_WatchClient = grpc.ServerStreamingClient[WatchResponse]
 
+func (c *agentClient) SetExports(ctx context.Context, in *SetExportsRequest, opts ...grpc.CallOption) (*SetExportsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetExportsResponse)
+	err := c.cc.Invoke(ctx, Agent_SetExports_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServer is the server API for Agent service.
 // All implementations must embed UnimplementedAgentServer
 // for forward compatibility.
@@ -477,6 +529,7 @@ type AgentServer interface {
 	RegisterEndpoint(context.Context, *RegisterEndpointRequest) (*RegisterEndpointResponse, error)
 	Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatResponse, error)
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error
+	SetExports(context.Context, *SetExportsRequest) (*SetExportsResponse, error)
 	mustEmbedUnimplementedAgentServer()
 }
 
@@ -498,6 +551,9 @@ func (UnimplementedAgentServer) Heartbeat(context.Context, *HeartbeatRequest) (*
 }
 func (UnimplementedAgentServer) Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error {
 	return status.Error(codes.Unimplemented, "method Watch not implemented")
+}
+func (UnimplementedAgentServer) SetExports(context.Context, *SetExportsRequest) (*SetExportsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetExports not implemented")
 }
 func (UnimplementedAgentServer) mustEmbedUnimplementedAgentServer() {}
 func (UnimplementedAgentServer) testEmbeddedByValue()               {}
@@ -585,6 +641,24 @@ func _Agent_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Agent_WatchServer = grpc.ServerStreamingServer[WatchResponse]
 
+func _Agent_SetExports_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetExportsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).SetExports(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_SetExports_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).SetExports(ctx, req.(*SetExportsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Agent_ServiceDesc is the grpc.ServiceDesc for Agent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -603,6 +677,10 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Heartbeat",
 			Handler:    _Agent_Heartbeat_Handler,
+		},
+		{
+			MethodName: "SetExports",
+			Handler:    _Agent_SetExports_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -18,7 +18,7 @@ var (
 // ValidateClusterName checks that name is a DNS label (RFC 1123, at most 63 characters), as
 // cluster names become parts of DNS names and interface names.
 func ValidateClusterName(name string) error {
-	return validateDNSLabel("cluster name", name)
+	return ValidateDNSLabel("cluster name", name)
 }
 
 // ValidateNodeName checks a node name: a DNS subdomain (as Kubernetes node names) of at most 253
@@ -36,7 +36,9 @@ func ValidateNodeName(name string) error {
 	return nil
 }
 
-func validateDNSLabel(field, v string) error {
+// ValidateDNSLabel checks that v is an RFC 1123 DNS label of at most 63 characters; field names
+// the value in the error (e.g. "namespace").
+func ValidateDNSLabel(field, v string) error {
 	if v == "" {
 		return fmt.Errorf("%s is empty", field)
 	}
