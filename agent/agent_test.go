@@ -119,7 +119,7 @@ func startAgentWith(t *testing.T, cfg *config.Config, d *fakedriver.Driver, mod 
 	var once sync.Once
 	opts := Options{
 		Config: cfg,
-		NewDriver: func(name string, _ []netip.Prefix) (cable.Driver, error) {
+		NewDriver: func(name string, _ cable.LocalNode, _ cable.Settings) (cable.Driver, error) {
 			if name != d.Name() {
 				return nil, errors.New("test agent has no driver " + name)
 			}
@@ -129,6 +129,7 @@ func startAgentWith(t *testing.T, cfg *config.Config, d *fakedriver.Driver, mod 
 		MinBackoff: 50 * time.Millisecond,
 		MaxBackoff: 200 * time.Millisecond,
 		Ready:      func() { once.Do(func() { close(r.ready) }) },
+		MSS:        &fakeMSS{}, // never the host's nftables
 	}
 	if mod != nil {
 		mod(&opts)

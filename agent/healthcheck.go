@@ -5,8 +5,6 @@ import (
 	"net/netip"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
 	"github.com/cablemesh/cablemesh/agent/health"
 	"github.com/cablemesh/cablemesh/agent/reconcile"
@@ -151,60 +149,4 @@ func utcPtr(t time.Time) *time.Time {
 	}
 	u := t.UTC()
 	return &u
-}
-
-// healthMetrics are the probe metrics. They are observed as probes happen (a histogram cannot be
-// rebuilt at scrape time) and served by the agent's collector next to the status-derived ones.
-type healthMetrics struct {
-	rtt      *prometheus.HistogramVec
-	probes   *prometheus.CounterVec
-	failures *prometheus.CounterVec
-}
-
-func newHealthMetrics() *healthMetrics {
-	return &healthMetrics{
-		rtt: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "cablemesh_agent_connection_rtt_seconds",
-			Help: "Round-trip time of the health probes (ICMP echo) to a remote cluster's gateway through its tunnel.",
-			// From a tenth of a millisecond (namespaces on one host) to the probe timeout's range.
-			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
-		}, []string{"cluster"}),
-		probes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "cablemesh_agent_probes_total",
-			Help: "Health probes sent to a remote cluster's gateway.",
-		}, []string{"cluster"}),
-		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "cablemesh_agent_probe_failures_total",
-			Help: "Health probes to a remote cluster's gateway that got no answer in time or could not be sent.",
-		}, []string{"cluster"}),
-	}
-}
-
-// Observe implements health.Observer.
-func (m *healthMetrics) Observe(cluster string, rtt time.Duration, err error) {
-	m.probes.WithLabelValues(cluster).Inc()
-	if err != nil {
-		m.failures.WithLabelValues(cluster).Inc()
-		return
-	}
-	m.rtt.WithLabelValues(cluster).Observe(rtt.Seconds())
-}
-
-// Forget implements health.Observer: a cluster no longer probed leaves no stale series.
-func (m *healthMetrics) Forget(cluster string) {
-	m.rtt.DeleteLabelValues(cluster)
-	m.probes.DeleteLabelValues(cluster)
-	m.failures.DeleteLabelValues(cluster)
-}
-
-func (m *healthMetrics) describe(ch chan<- *prometheus.Desc) {
-	m.rtt.Describe(ch)
-	m.probes.Describe(ch)
-	m.failures.Describe(ch)
-}
-
-func (m *healthMetrics) collect(ch chan<- prometheus.Metric) {
-	m.rtt.Collect(ch)
-	m.probes.Collect(ch)
-	m.failures.Collect(ch)
 }

@@ -104,7 +104,7 @@ func multiBroker(t *testing.T) *fakebroker.Broker {
 
 type fleet map[string]*fakedriver.Driver
 
-func (f fleet) factory(name string, _ []netip.Prefix) (cable.Driver, error) {
+func (f fleet) factory(name string, _ cable.LocalNode, _ cable.Settings) (cable.Driver, error) {
 	d, ok := f[name]
 	if !ok {
 		return nil, errors.New("no test driver " + name)

@@ -158,6 +158,11 @@ type Registration struct {
 	// (cable_attributes[driver]); an endpoint that fails it cannot carry the driver. nil accepts
 	// anything.
 	CheckPublished func(attrs map[string]string) error
+	// PrepareProcess, when set, runs first thing in the agent's main, before anything else, for
+	// drivers that need the process set up in a way only a re-execution can give (wireguard's
+	// private mount namespace for its UAPI sockets). It reports parentDone with the exit code
+	// when the process only waited for its re-executed child, which then did the work.
+	PrepareProcess func() (parentDone bool, exitCode int, err error)
 }
 
 var (
@@ -258,4 +263,23 @@ func Names() []string {
 	}
 	sort.Strings(names)
 	return names
+}
+
+// PrepareProcess runs every registered driver's PrepareProcess hook, in name order, and stops at
+// the first that reports parentDone (main must then exit with exitCode) or fails.
+func PrepareProcess() (parentDone bool, exitCode int, err error) {
+	for _, name := range Names() {
+		r, _ := Lookup(name)
+		if r.PrepareProcess == nil {
+			continue
+		}
+		done, code, err := r.PrepareProcess()
+		if err != nil {
+			return false, 0, fmt.Errorf("prepare the process for cable driver %s: %w", name, err)
+		}
+		if done {
+			return true, code, nil
+		}
+	}
+	return false, 0, nil
 }

@@ -16,6 +16,8 @@ import (
 	"strings"
 	"testing"
 
+	_ "github.com/cablemesh/cablemesh/cable/drivers" // the agent config names driver blocks
+
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"

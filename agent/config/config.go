@@ -2,14 +2,15 @@
 // defaults applied after decoding, and validation whose errors name the field and the value.
 //
 // Every field below is documented with its default; docs/agent-config.md repeats them for
-// operators and must be kept in step with this file.
+// operators and must be kept in step with this file. The blocks of the cable drivers
+// (`wireguard:`, `vxlan:`, ...) are not this package's: it hands each to its driver through the
+// cable registry, which validates it and fills its defaults (see Config.Drivers).
 package config
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -19,24 +20,18 @@ import (
 	"strings"
 	"time"
 
-	"gopkg.in/yaml.v3"
+	"github.com/cablemesh/cablemesh/api/validation"
+	"github.com/cablemesh/cablemesh/cable"
 )
 
 // Defaults. They are exported so the agent, its docs and its tests agree on one value.
 const (
 	DefaultStateDir          = "/var/lib/cablemesh"
 	DefaultStatusSocket      = "/run/cablemesh/agent.sock"
-	DefaultWireGuardIface    = "cbl-wg0"
-	DefaultWireGuardPort     = 51820
 	DefaultLeaseSeconds      = 30
 	DefaultHeartbeatInterval = 10 * time.Second
 	DefaultResyncInterval    = 30 * time.Second
 	DefaultLogLevel          = "info"
-	DefaultVXLANPort         = 4789
-	DefaultVXLANVNI          = 100
-	DefaultIPsecPort         = 500
-	DefaultIPsecNATTPort     = 4500
-	DefaultIPsecCharon       = "/usr/lib/ipsec/charon"
 
 	// Health probes, in the manner of Linkerd's gateway probes (3s x 3). They are the values of
 	// agent/health's defaults, repeated here so the config package stays free of I/O imports.
@@ -46,8 +41,9 @@ const (
 	DefaultHealthCheckWindow           = 128
 )
 
-// DefaultCableDrivers are the drivers a gateway runs when cableDrivers is not set: all three.
-func DefaultCableDrivers() []string { return []string{"wireguard", "vxlan", "ipsec"} }
+// DefaultCableDrivers are the drivers a gateway runs when cableDrivers is not set: every driver
+// registered in the binary, sorted.
+func DefaultCableDrivers() []string { return cable.Names() }
 
 // Config is the whole agent configuration file.
 type Config struct {
@@ -55,8 +51,10 @@ type Config struct {
 	// digits and '-', at most 63 characters). It must match the cluster the join token was
 	// issued for. Required.
 	Cluster string `yaml:"cluster" json:"cluster"`
-	// Node is this node's name, unique inside its cluster (at most 253 characters of letters,
-	// digits, '-', '.' and '_'). Default: the host name.
+	// Node is this node's name, unique inside its cluster: a DNS subdomain (lower-case letters,
+	// digits, '-' and '.', at most 253 characters), as the broker requires. Default: the host
+	// name, lower-cased (as the kubelet does); a host name that is still no valid node name (one
+	// with '_', say) is an error that asks for node to be set.
 	Node string `yaml:"node" json:"node"`
 	// Broker is the broker's gRPC address, host:port. Required.
 	Broker string `yaml:"broker" json:"broker"`
@@ -86,14 +84,14 @@ type Config struct {
 	StatusSocket string `yaml:"statusSocket" json:"statusSocket"`
 	// CableDrivers are the cable drivers this gateway runs and publishes in its endpoint; the
 	// connection policies pick one per pair among them. Each must be a registered driver, at
-	// most once. Default: [wireguard, vxlan, ipsec].
+	// most once. Default: all registered drivers, sorted by name.
 	CableDrivers []string `yaml:"cableDrivers" json:"cableDrivers"`
-	// WireGuard configures the wireguard cable driver on gateway nodes.
-	WireGuard WireGuard `yaml:"wireguard" json:"wireguard"`
-	// VXLAN configures the vxlan cable driver on gateway nodes.
-	VXLAN VXLAN `yaml:"vxlan" json:"vxlan"`
-	// IPsec configures the ipsec cable driver (strongSwan charon) on gateway nodes.
-	IPsec IPsec `yaml:"ipsec" json:"ipsec"`
+	// Drivers are the cable drivers' own blocks of the file: every top-level key that names a
+	// registered driver (`wireguard: {interface: cbl-wg0}`), holding exactly the keys the
+	// operator wrote, each value in its scalar text form. The driver validates its block and
+	// fills its defaults (cable.ParseSettings); a block may be given for a driver cableDrivers
+	// leaves out, and is validated all the same. Default: none (every driver's defaults).
+	Drivers map[string]cable.Settings `yaml:"-" json:"drivers,omitempty"`
 	// LeaseSeconds is the endpoint lease the agent asks the broker for; the broker withdraws
 	// the endpoint when no heartbeat arrived for that long. Default: 30.
 	LeaseSeconds int `yaml:"leaseSeconds" json:"leaseSeconds"`
@@ -111,6 +109,13 @@ type Config struct {
 	// HealthCheck configures the probes a gateway sends to every remote gateway through its
 	// tunnel.
 	HealthCheck HealthCheck `yaml:"healthCheck" json:"healthCheck"`
+
+	// nodeFromHost is the host name Node was defaulted from ("" when the file set it), so that
+	// an invalid node name says where it came from.
+	nodeFromHost string
+	// driverLines are where the driver blocks were in the file, for errors (nil when the config
+	// was not decoded from a file).
+	driverLines map[string]blockLines
 }
 
 // HealthCheck configures the gateway-to-gateway probes: an ICMP echo every period from this
@@ -136,49 +141,6 @@ type HealthCheck struct {
 
 // IsEnabled reports whether probing is on (the default when Enabled is unset).
 func (h HealthCheck) IsEnabled() bool { return h.Enabled == nil || *h.Enabled }
-
-// WireGuard is the wireguard driver's node settings.
-type WireGuard struct {
-	// Interface is the WireGuard link name (at most 15 characters). Two agents on one host need
-	// different names. Default: cbl-wg0.
-	Interface string `yaml:"interface" json:"interface"`
-	// Port is the UDP port WireGuard listens on and the endpoint publishes. Default: 51820.
-	Port int `yaml:"port" json:"port"`
-	// MTU of the WireGuard link; 0 means automatic (the underlay MTU minus WireGuard's
-	// overhead of 80 bytes, at least 1280). Otherwise 1280..65535. Default: 0.
-	MTU int `yaml:"mtu" json:"mtu"`
-}
-
-// VXLAN is the vxlan driver's node settings.
-type VXLAN struct {
-	// Port is the UDP port VXLAN listens on and the endpoint publishes. Default: 4789.
-	Port int `yaml:"port" json:"port"`
-	// VNI is the VXLAN network identifier, 1..16777215; both ends of a pair must agree (keep it
-	// equal mesh-wide, or set it per pair with the policy option vni). Default: 100.
-	VNI int `yaml:"vni" json:"vni"`
-	// MTU of the VXLAN links; 0 means automatic (underlay MTU minus 50). Otherwise 576..65535.
-	// Default: 0.
-	MTU int `yaml:"mtu" json:"mtu"`
-}
-
-// IPsec is the ipsec driver's node settings.
-type IPsec struct {
-	// Port is charon's IKE UDP port. Default: 500.
-	Port int `yaml:"port" json:"port"`
-	// NATTPort is charon's NAT-T UDP port (IKE after the switch, UDP-encapsulated ESP); it must
-	// differ from port. Default: 4500.
-	NATTPort int `yaml:"nattPort" json:"nattPort"`
-	// MTU of the tunnel routes; 0 means automatic (from the underlay and the datapath).
-	// Otherwise 1280..65535. Default: 0.
-	MTU int `yaml:"mtu" json:"mtu"`
-	// Charon is the absolute path of the charon binary the driver starts and supervises.
-	// Default: /usr/lib/ipsec/charon.
-	Charon string `yaml:"charon" json:"charon"`
-	// UseSystemCharon is the absolute path of the VICI socket of a charon the host already runs
-	// (e.g. /var/run/charon.vici); the driver then starts none, and port, nattPort and charon
-	// must be left unset. Default: "" (the driver runs its own charon).
-	UseSystemCharon string `yaml:"useSystemCharon" json:"useSystemCharon"`
-}
 
 // maxSize bounds the config file: anything larger is not a config file.
 const maxSize = 1 << 20
@@ -212,45 +174,7 @@ func Parse(data []byte) (*Config, error) {
 	return c, nil
 }
 
-var unknownFieldRE = regexp.MustCompile(`line (\d+): field (\S+) not found in type \S+`)
-
-// Decode parses one YAML document strictly: unknown fields, a second document and an empty
-// file are errors. It applies no defaults.
-func Decode(data []byte) (*Config, error) {
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	var c Config
-	if err := dec.Decode(&c); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil, errors.New("config is empty")
-		}
-		return nil, rewriteYAMLError(err)
-	}
-	var extra yaml.Node
-	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
-		return nil, errors.New("config holds more than one YAML document")
-	}
-	return &c, nil
-}
-
-// rewriteYAMLError turns yaml.v3's "line 3: field foo not found in type config.Config" into
-// "line 3: unknown field \"foo\"", which is what an operator needs to read.
-func rewriteYAMLError(err error) error {
-	var te *yaml.TypeError
-	if !errors.As(err, &te) {
-		return fmt.Errorf("decode YAML: %w", err)
-	}
-	msgs := make([]string, 0, len(te.Errors))
-	for _, m := range te.Errors {
-		if sm := unknownFieldRE.FindStringSubmatch(m); sm != nil {
-			m = fmt.Sprintf("line %s: unknown field %q", sm[1], sm[2])
-		}
-		msgs = append(msgs, m)
-	}
-	return errors.New(strings.Join(msgs, "; "))
-}
-
-// hostname is the default node name; a variable so tests can pin it.
+// hostname is the default node name's source; a variable so tests can pin it.
 var hostname = func() string {
 	h, err := os.Hostname()
 	if err != nil {
@@ -259,11 +183,14 @@ var hostname = func() string {
 	return h
 }
 
-// ApplyDefaults fills every unset field with its documented default. host supplies the node
-// name default.
+// ApplyDefaults fills every unset field with its documented default. host supplies the host
+// name the node name defaults to (validation.NodeNameFromHost of it). The drivers' blocks are
+// left as written: their defaults are the drivers'.
 func (c *Config) ApplyDefaults(host func() string) {
 	if c.Node == "" && host != nil {
-		c.Node = host()
+		if h := host(); h != "" {
+			c.Node, c.nodeFromHost = validation.NodeNameFromHost(h), h
+		}
 	}
 	if c.StateDir == "" {
 		c.StateDir = DefaultStateDir
@@ -271,33 +198,8 @@ func (c *Config) ApplyDefaults(host func() string) {
 	if c.StatusSocket == "" {
 		c.StatusSocket = DefaultStatusSocket
 	}
-	if c.WireGuard.Interface == "" {
-		c.WireGuard.Interface = DefaultWireGuardIface
-	}
-	if c.WireGuard.Port == 0 {
-		c.WireGuard.Port = DefaultWireGuardPort
-	}
 	if c.CableDrivers == nil {
 		c.CableDrivers = DefaultCableDrivers()
-	}
-	if c.VXLAN.Port == 0 {
-		c.VXLAN.Port = DefaultVXLANPort
-	}
-	if c.VXLAN.VNI == 0 {
-		c.VXLAN.VNI = DefaultVXLANVNI
-	}
-	// With a system charon the driver owns no ports and no binary: leave them unset, as the
-	// driver requires.
-	if c.IPsec.UseSystemCharon == "" {
-		if c.IPsec.Port == 0 {
-			c.IPsec.Port = DefaultIPsecPort
-		}
-		if c.IPsec.NATTPort == 0 {
-			c.IPsec.NATTPort = DefaultIPsecNATTPort
-		}
-		if c.IPsec.Charon == "" {
-			c.IPsec.Charon = DefaultIPsecCharon
-		}
 	}
 	if c.LeaseSeconds == 0 {
 		c.LeaseSeconds = DefaultLeaseSeconds
@@ -331,25 +233,16 @@ func (c *Config) ApplyDefaults(host func() string) {
 	}
 }
 
-var (
-	dnsLabelRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
-	nodeRE     = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$`)
-	ifaceRE    = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,15}$`)
-)
-
 // Validate checks every field; the error names the first bad field and its value.
 func (c *Config) Validate() error {
 	if c.Cluster == "" {
 		return errors.New("cluster: is required")
 	}
-	if !dnsLabelRE.MatchString(c.Cluster) {
-		return fmt.Errorf("cluster: %q is not a DNS label (lower-case letters, digits and '-', at most 63 characters)", c.Cluster)
+	if err := validation.ValidateClusterName(c.Cluster); err != nil {
+		return fmt.Errorf("cluster: %q: %w", c.Cluster, err)
 	}
-	if c.Node == "" {
-		return errors.New("node: is required (no host name to default to)")
-	}
-	if !nodeRE.MatchString(c.Node) {
-		return fmt.Errorf("node: %q is not a valid node name (letters, digits, '-', '.', '_', at most 253 characters)", c.Node)
+	if err := c.validateNode(); err != nil {
+		return err
 	}
 	if c.Broker == "" {
 		return errors.New("broker: is required (host:port of the broker)")
@@ -387,15 +280,6 @@ func (c *Config) Validate() error {
 	if len(c.StatusSocket) > 107 {
 		return fmt.Errorf("statusSocket: %q is longer than the 107 bytes a unix socket path may have", c.StatusSocket)
 	}
-	if !ifaceRE.MatchString(c.WireGuard.Interface) || c.WireGuard.Interface == "." || c.WireGuard.Interface == ".." {
-		return fmt.Errorf("wireguard.interface: %q is not a link name (at most 15 of letters, digits, '_', '.', '-')", c.WireGuard.Interface)
-	}
-	if c.WireGuard.Port < 1 || c.WireGuard.Port > 65535 {
-		return fmt.Errorf("wireguard.port: %d is not a UDP port (1..65535)", c.WireGuard.Port)
-	}
-	if c.WireGuard.MTU != 0 && (c.WireGuard.MTU < 1280 || c.WireGuard.MTU > 65535) {
-		return fmt.Errorf("wireguard.mtu: %d is out of range (0 for automatic, or 1280..65535)", c.WireGuard.MTU)
-	}
 	if err := c.validateDrivers(); err != nil {
 		return err
 	}
@@ -424,106 +308,54 @@ func (c *Config) Validate() error {
 	return c.HealthCheck.validate()
 }
 
+// validateNode checks the node name with the broker's rule, saying where an invalid one came
+// from: a name the broker would refuse at join must stop the agent before it starts.
+func (c *Config) validateNode() error {
+	if c.Node == "" {
+		return errors.New("node: is required (no host name to default to)")
+	}
+	err := validation.ValidateNodeName(c.Node)
+	if err == nil {
+		return nil
+	}
+	if c.nodeFromHost != "" {
+		return fmt.Errorf("node: %q, defaulted from the host name %q, is not a valid node name: %w; set node: in the agent config", c.Node, c.nodeFromHost, err)
+	}
+	return fmt.Errorf("node: %q, set in the agent config, is not a valid node name: %w", c.Node, err)
+}
+
 var driverNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,31}$`)
 
+// validateDrivers checks cableDrivers against the registry and has every driver named there or
+// given a block validate its settings.
 func (c *Config) validateDrivers() error {
 	if len(c.CableDrivers) == 0 {
-		return errors.New("cableDrivers: is empty (list at least one driver, or leave it unset for [wireguard, vxlan, ipsec])")
+		return errors.New("cableDrivers: is empty (list at least one driver, or leave it unset for all registered drivers)")
 	}
-	seen := map[string]bool{}
+	registered := cable.Names()
 	for i, d := range c.CableDrivers {
 		if !driverNameRE.MatchString(d) {
 			return fmt.Errorf("cableDrivers[%d]: %q is not a driver name", i, d)
 		}
-		if seen[d] {
+		if slices.Index(c.CableDrivers, d) != i {
 			return fmt.Errorf("cableDrivers[%d]: %q is listed twice", i, d)
 		}
-		seen[d] = true
-	}
-	v := c.VXLAN
-	if v.Port < 1 || v.Port > 65535 {
-		return fmt.Errorf("vxlan.port: %d is not a UDP port (1..65535)", v.Port)
-	}
-	if v.VNI < 1 || v.VNI > 1<<24-1 {
-		return fmt.Errorf("vxlan.vni: %d is out of range (1..16777215)", v.VNI)
-	}
-	if v.MTU != 0 && (v.MTU < 576 || v.MTU > 65535) {
-		return fmt.Errorf("vxlan.mtu: %d is out of range (0 for automatic, or 576..65535)", v.MTU)
-	}
-	p := c.IPsec
-	if p.UseSystemCharon != "" {
-		if !strings.HasPrefix(p.UseSystemCharon, "/") {
-			return fmt.Errorf("ipsec.useSystemCharon: %q is not an absolute path (the system charon's VICI socket)", p.UseSystemCharon)
-		}
-		for _, f := range []struct {
-			name string
-			set  bool
-		}{{"port", p.Port != 0}, {"nattPort", p.NATTPort != 0}, {"charon", p.Charon != ""}} {
-			if f.set {
-				return fmt.Errorf("ipsec.%s: must be unset with ipsec.useSystemCharon %q (the system charon has its own)", f.name, p.UseSystemCharon)
-			}
-		}
-	} else {
-		if p.Port < 1 || p.Port > 65535 {
-			return fmt.Errorf("ipsec.port: %d is not a UDP port (1..65535)", p.Port)
-		}
-		if p.NATTPort < 1 || p.NATTPort > 65535 {
-			return fmt.Errorf("ipsec.nattPort: %d is not a UDP port (1..65535)", p.NATTPort)
-		}
-		if p.Port == p.NATTPort {
-			return fmt.Errorf("ipsec.nattPort: %d equals ipsec.port; charon needs two different ports", p.NATTPort)
-		}
-		if !strings.HasPrefix(p.Charon, "/") {
-			return fmt.Errorf("ipsec.charon: %q is not an absolute path", p.Charon)
-		}
-	}
-	if p.MTU != 0 && (p.MTU < 1280 || p.MTU > 65535) {
-		return fmt.Errorf("ipsec.mtu: %d is out of range (0 for automatic, or 1280..65535)", p.MTU)
-	}
-	return nil
-}
-
-// CheckRegistered checks that every driver in cableDrivers is one of registered (the drivers
-// compiled into the binary); the error names the entry and lists the registered ones.
-func (c *Config) CheckRegistered(registered []string) error {
-	for i, d := range c.CableDrivers {
 		if !slices.Contains(registered, d) {
 			return fmt.Errorf("cableDrivers[%d]: %q is not a registered cable driver (have %s)", i, d, strings.Join(registered, ", "))
 		}
 	}
-	return nil
-}
-
-// DriverSettings returns the cable.Settings map (as plain strings, so this package needs no
-// driver) of driver name from the config; the drivers validate their keys again.
-func (c *Config) DriverSettings(name string) map[string]string {
-	itoa := strconv.Itoa
-	switch name {
-	case "wireguard":
-		s := map[string]string{"interface": c.WireGuard.Interface, "port": itoa(c.WireGuard.Port)}
-		if c.WireGuard.MTU != 0 {
-			s["mtu"] = itoa(c.WireGuard.MTU)
+	names := slices.Sorted(maps.Keys(c.Drivers))
+	for _, d := range c.CableDrivers {
+		if _, ok := c.Drivers[d]; !ok {
+			names = append(names, d)
 		}
-		return s
-	case "vxlan":
-		s := map[string]string{"port": itoa(c.VXLAN.Port), "vni": itoa(c.VXLAN.VNI)}
-		if c.VXLAN.MTU != 0 {
-			s["mtu"] = itoa(c.VXLAN.MTU)
-		}
-		return s
-	case "ipsec":
-		s := map[string]string{}
-		if c.IPsec.UseSystemCharon != "" {
-			s["useSystemCharon"] = c.IPsec.UseSystemCharon
-		} else {
-			s["port"], s["nattPort"], s["charon"] = itoa(c.IPsec.Port), itoa(c.IPsec.NATTPort), c.IPsec.Charon
-		}
-		if c.IPsec.MTU != 0 {
-			s["mtu"] = itoa(c.IPsec.MTU)
-		}
-		return s
 	}
-	return map[string]string{}
+	for _, d := range names {
+		if err := cable.ParseSettings(d, c.Drivers[d]); err != nil {
+			return c.driverLines[d].locate(d, err)
+		}
+	}
+	return nil
 }
 
 func (h HealthCheck) validate() error {
@@ -557,14 +389,11 @@ func checkHostPort(s string) error {
 	return nil
 }
 
+// checkCIDRs applies the broker's CIDR rule (validation.ParseCIDR) to every entry.
 func checkCIDRs(field string, cidrs []string) error {
 	for i, s := range cidrs {
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			return fmt.Errorf("%s[%d]: %q is not a CIDR", field, i, s)
-		}
-		if p != p.Masked() {
-			return fmt.Errorf("%s[%d]: %q has host bits set (did you mean %s?)", field, i, s, p.Masked())
+		if _, err := validation.ParseCIDR(fmt.Sprintf("%s[%d]:", field, i), s); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -1,11 +1,15 @@
 package config
 
 import (
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cablemesh/cablemesh/cable"
+	_ "github.com/cablemesh/cablemesh/cable/drivers" // the real drivers validate their blocks
 )
 
 // issueExample is the file from issue 2's contract, verbatim.
@@ -35,8 +39,8 @@ func TestTheIssueExampleDecodesWithDefaults(t *testing.T) {
 	if c.AdvertiseAddress != "10.0.0.11" || len(c.PodCIDRs) != 1 || c.PodCIDRs[0] != "10.1.0.0/16" {
 		t.Errorf("addresses wrong: %+v", c)
 	}
-	if c.WireGuard != (WireGuard{Interface: "cbl-wg0", Port: 51820, MTU: 0}) {
-		t.Errorf("wireguard = %+v", c.WireGuard)
+	if wg := c.Drivers["wireguard"]; !maps.Equal(wg, cable.Settings{"interface": "cbl-wg0", "port": "51820"}) {
+		t.Errorf("wireguard = %v", wg)
 	}
 	if c.LeaseSeconds != 30 || c.HeartbeatInterval != 10*time.Second || c.ResyncInterval != 30*time.Second {
 		t.Errorf("timing defaults wrong: lease %d heartbeat %s resync %s", c.LeaseSeconds, c.HeartbeatInterval, c.ResyncInterval)
@@ -71,7 +75,7 @@ logLevel: debug
 	if err != nil {
 		t.Fatalf("Parse: %v", err)
 	}
-	if c.WireGuard != (WireGuard{Interface: "cbl-west", Port: 51821, MTU: 1380}) || c.LeaseSeconds != 20 ||
+	if !maps.Equal(c.Drivers["wireguard"], cable.Settings{"interface": "cbl-west", "port": "51821", "mtu": "1380"}) || c.LeaseSeconds != 20 ||
 		c.HeartbeatInterval != 5*time.Second || c.ResyncInterval != time.Minute ||
 		c.MetricsAddress != "127.0.0.1:9400" || c.LogLevel != "debug" || len(c.ServiceCIDRs) != 1 {
 		t.Errorf("decoded %+v", c)
@@ -91,6 +95,49 @@ func TestNodeDefaultsToTheHostName(t *testing.T) {
 	}
 }
 
+func TestNodeNamesFollowTheBrokersRule(t *testing.T) {
+	tests := []struct {
+		name     string
+		host     string
+		yaml     string
+		wantNode string
+		wantErr  []string
+	}{
+		{name: "a host name in capitals becomes a lower-case node name, as the kubelet's", host: "Host-A", wantNode: "host-a"},
+		{name: "a fully qualified host name with a trailing dot loses the dot", host: "gw1.example.org.", wantNode: "gw1.example.org"},
+		{name: "a host name with an underscore is refused, naming it and asking for node", host: "GW_1",
+			wantErr: []string{`node: "gw_1"`, `host name "GW_1"`, "not a valid node name", "set node:"}},
+		{name: "an explicit node name in capitals is refused, not rewritten", host: "h", yaml: "node: GW_1\n",
+			wantErr: []string{`node: "GW_1"`, "set in the agent config", "DNS subdomain"}},
+		{name: "an explicit node name with an underscore is refused", host: "h", yaml: "node: gw_1\n",
+			wantErr: []string{`node: "gw_1"`}},
+		{name: "an explicit node name wins over the host name", host: "GW_1", yaml: "node: gw-1\n", wantNode: "gw-1"},
+		{name: "no node name and no host name is refused", host: "", wantErr: []string{"node: is required"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			old := hostname
+			hostname = func() string { return tt.host }
+			t.Cleanup(func() { hostname = old })
+			c, err := Parse([]byte("cluster: east\nbroker: b:1\n" + tt.yaml))
+			if len(tt.wantErr) == 0 {
+				if err != nil || c.Node != tt.wantNode {
+					t.Fatalf("node = %v, err = %v; want node %q", c, err, tt.wantNode)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("Parse accepted node %q", c.Node)
+			}
+			for _, w := range tt.wantErr {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
+}
+
 func TestBadConfigsFailNamingTheField(t *testing.T) {
 	base := "cluster: east\nnode: n1\nbroker: 10.0.0.1:7443\n"
 	tests := []struct {
@@ -104,6 +151,8 @@ func TestBadConfigsFailNamingTheField(t *testing.T) {
 		{"a CIDR with host bits names the value", base + "serviceCIDRs: [10.96.0.1/12]\n", []string{`serviceCIDRs[0]: "10.96.0.1/12"`, "10.96.0.0/12"}},
 		{"a missing cluster is refused", "node: n1\nbroker: b:1\n", []string{"cluster: is required"}},
 		{"a cluster that is not a DNS label is refused", "cluster: East_1\nbroker: b:1\n", []string{`cluster: "East_1"`}},
+		{"a cluster name longer than 63 characters is refused", "cluster: " + strings.Repeat("a", 64) + "\nbroker: b:1\n", []string{"cluster:", "at most 63"}},
+		{"an IPv4-mapped CIDR is refused as the broker refuses it", base + "podCIDRs: [\"::ffff:10.0.0.0/104\"]\n", []string{`podCIDRs[0]: "::ffff:10.0.0.0/104"`, "write it as IPv4"}},
 		{"a missing broker is refused", "cluster: east\nnode: n\n", []string{"broker: is required"}},
 		{"a broker without a port is refused", "cluster: east\nnode: n\nbroker: 10.0.0.1\n", []string{`broker: "10.0.0.1"`}},
 		{"a gateway without advertiseAddress is refused", base + "gateway: true\n", []string{"advertiseAddress: is required"}},
@@ -157,6 +206,8 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("- a\n- b\n"))
 	f.Add([]byte("&a [*a]"))
 	f.Add([]byte("cluster: east\nbroker: b:1\nhealthCheck: {enabled: false, period: 1s, timeout: 1s, failureThreshold: 2, window: 8}\n"))
+	f.Add([]byte("cluster: east\nbroker: b:1\nvxlan: &v {vni: 0x10, mtu: ~}\nipsec: *v\nwireguard: {interface: [a]}\n"))
+	f.Add([]byte("cluster: east\nnode: Host-A\nbroker: b:1\ncableDrivers: [vxlan]\ngre: {}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c, err := Parse(data)
 		if err != nil {
@@ -169,7 +220,7 @@ func FuzzParse(f *testing.F) {
 		if err := c.Validate(); err != nil {
 			t.Fatalf("accepted config fails Validate: %v", err)
 		}
-		if c.StateDir == "" || c.StatusSocket == "" || c.WireGuard.Port == 0 || c.LeaseSeconds == 0 ||
+		if c.StateDir == "" || c.StatusSocket == "" || len(c.CableDrivers) == 0 || c.LeaseSeconds == 0 ||
 			c.HealthCheck.Enabled == nil || c.HealthCheck.Timeout > c.HealthCheck.Period {
 			t.Fatalf("accepted config lacks defaults: %+v", c)
 		}

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/protobuf/proto"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
@@ -252,8 +253,14 @@ func TestResolverSkipsUndecodablePolicies(t *testing.T) {
 	if PolicyKey(st) == PolicyKey(mesh(t)) {
 		t.Error("PolicyKey does not change with the policies")
 	}
-	if PolicyKey(mesh(t)) != PolicyKey(mesh(t)) {
+	// Equal policies in separately built states, inserted in another order, have one key.
+	one := &apiv1.Policy{Name: "one", Json: []byte(`{"a":1}`)}
+	two := &apiv1.Policy{Name: "two", Json: []byte(`{"b":2}`), IsDefault: true}
+	if PolicyKey(mesh(t, one, two)) != PolicyKey(mesh(t, proto.Clone(two).(*apiv1.Policy), proto.Clone(one).(*apiv1.Policy))) {
 		t.Error("PolicyKey differs for equal policies")
+	}
+	if PolicyKey(mesh(t, one, two)) == PolicyKey(mesh(t, one)) {
+		t.Error("PolicyKey does not change when a policy goes")
 	}
 }
 

@@ -11,6 +11,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/cablemesh/cablemesh/cable/route"
 )
 
 // inScratchNetns runs f on a locked thread inside a new, unnamed network namespace that
@@ -65,7 +67,7 @@ func TestApplySetsKeepsAndRemovesOnlyItsRoutes(t *testing.T) {
 			t.Fatalf("Apply: %v", err)
 		}
 		owned := func() []netlink.Route {
-			rs, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Protocol: Protocol}, netlink.RT_FILTER_PROTOCOL)
+			rs, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Protocol: route.Protocol}, netlink.RT_FILTER_PROTOCOL)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -79,17 +81,23 @@ func TestApplySetsKeepsAndRemovesOnlyItsRoutes(t *testing.T) {
 		if err := netlink.RouteAdd(&netlink.Route{Dst: foreign, Gw: gw.AsSlice()}); err != nil {
 			t.Fatal(err)
 		}
+		// A driver's route (ours by protocol, but over its own link without a gateway) is not the
+		// agent's to judge: it must survive too.
+		_, driverDst, _ := netlinkParseCIDR("10.8.0.0/16")
+		if err := netlink.RouteAdd(&netlink.Route{Dst: driverDst, LinkIndex: link.Attrs().Index, Scope: netlink.SCOPE_LINK, Protocol: route.Protocol}); err != nil {
+			t.Fatal(err)
+		}
 		if err := Apply(want[:1], log); err != nil {
 			t.Fatalf("second Apply: %v", err)
 		}
-		if got := owned(); len(got) != 1 || got[0].Dst.String() != "10.2.0.0/16" {
-			t.Fatalf("owned routes after shrinking = %v", got)
+		if got := owned(); len(got) != 2 || got[0].Dst.String() != "10.2.0.0/16" || got[1].Dst.String() != "10.8.0.0/16" {
+			t.Fatalf("owned routes after shrinking = %v, want 10.2.0.0/16 and the driver's 10.8.0.0/16", got)
 		}
 		if err := Apply(nil, log); err != nil {
 			t.Fatal(err)
 		}
-		if got := owned(); len(got) != 0 {
-			t.Fatalf("owned routes after cleanup = %v", got)
+		if got := owned(); len(got) != 1 || got[0].Dst.String() != "10.8.0.0/16" {
+			t.Fatalf("owned routes after cleanup = %v, want only the driver's", got)
 		}
 		all, _ := netlink.RouteList(nil, netlink.FAMILY_V4)
 		kept := false

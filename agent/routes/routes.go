@@ -1,25 +1,20 @@
 // Package routes is what a non-gateway node does: it routes every remote cluster's CIDRs via its
-// own cluster's gateway (the gateway then carries them over the cable). The planner is pure; the
-// applier uses netlink and marks every route it owns with Protocol so cleanup finds exactly ours.
+// own cluster's gateway (the gateway then carries them over the cable). Desired is the pure
+// decision from the broker's state; Apply hands it to cable/route, which plans and applies the
+// kernel routes for the drivers too and marks every route with route.Protocol, so cleanup finds
+// exactly ours.
 package routes
 
 import (
-	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
 	"sort"
 
-	"github.com/vishvananda/netlink"
-
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
 	"github.com/cablemesh/cablemesh/agent/reconcile"
+	"github.com/cablemesh/cablemesh/cable/route"
 	"github.com/cablemesh/cablemesh/policy"
 )
-
-// Protocol marks the agent's routes (rtnetlink protocol number; 157 is unassigned in
-// /etc/iproute2/rt_protos).
-const Protocol netlink.RouteProtocol = 157
 
 // Route is one wanted route: Dst via Gw.
 type Route struct {
@@ -66,74 +61,28 @@ func Desired(st *brokerstate.State, local string, res *policy.Resolver) []Route 
 	return out
 }
 
-// Plan returns the routes to replace (missing or different gateway) and the owned routes to
-// delete (not wanted any more). Unchanged routes are left alone.
-func Plan(desired, observed []Route) (replace, remove []Route) {
-	have := map[netip.Prefix]netip.Addr{}
-	for _, o := range observed {
-		have[o.Dst] = o.Gw
-	}
-	want := map[netip.Prefix]bool{}
-	for _, d := range desired {
-		want[d.Dst] = true
-		if gw, ok := have[d.Dst]; !ok || gw != d.Gw {
-			replace = append(replace, d)
-		}
-	}
-	for _, o := range observed {
-		if !want[o.Dst] {
-			remove = append(remove, o)
-		}
-	}
-	return replace, remove
-}
-
-// Apply reconciles the main routing table's routes with Protocol against desired.
+// Apply makes the main routing table hold exactly desired among the agent's routes: the routes
+// with route.Protocol that go via a gateway (the drivers' routes over their own links are not
+// the agent's to judge). Apply(nil, log) removes them all.
 func Apply(desired []Route, log *slog.Logger) error {
-	list, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Protocol: Protocol}, netlink.RT_FILTER_PROTOCOL)
+	ours, err := route.List(route.Link{})
 	if err != nil {
-		return fmt.Errorf("list routes with protocol %d: %w", Protocol, err)
+		return err
 	}
-	var observed []Route
-	for _, r := range list {
-		if r.Dst == nil {
-			continue
-		}
-		dst, ok := prefixOf(r.Dst)
-		gw, ok2 := netip.AddrFromSlice(r.Gw)
-		if ok && ok2 {
-			observed = append(observed, Route{Dst: dst, Gw: gw.Unmap()})
+	var existing []route.Spec
+	for _, r := range ours {
+		if r.Gw.IsValid() {
+			existing = append(existing, r)
 		}
 	}
-	replace, remove := Plan(desired, observed)
-	for _, r := range remove {
-		if err := netlink.RouteDel(toNetlink(r)); err != nil {
-			return fmt.Errorf("delete route %s via %s: %w", r.Dst, r.Gw, err)
-		}
-		log.Info("route removed", "dst", r.Dst.String(), "via", r.Gw.String())
-	}
-	for _, r := range replace {
-		if err := netlink.RouteReplace(toNetlink(r)); err != nil {
-			return fmt.Errorf("replace route %s via %s: %w", r.Dst, r.Gw, err)
-		}
-		log.Info("route set", "dst", r.Dst.String(), "via", r.Gw.String())
-	}
-	return nil
+	return route.Apply(log, route.Link{}, route.PlanRoutes(existing, specs(desired), route.All), nil)
 }
 
-func toNetlink(r Route) *netlink.Route {
-	return &netlink.Route{
-		Dst:      &net.IPNet{IP: r.Dst.Addr().AsSlice(), Mask: net.CIDRMask(r.Dst.Bits(), r.Dst.Addr().BitLen())},
-		Gw:       r.Gw.AsSlice(),
-		Protocol: Protocol,
+// specs is the kernel form of routes: each via its gateway, on whatever link reaches it.
+func specs(routes []Route) []route.Spec {
+	out := make([]route.Spec, 0, len(routes))
+	for _, r := range routes {
+		out = append(out, route.Spec{Dst: r.Dst, Gw: r.Gw})
 	}
-}
-
-func prefixOf(n *net.IPNet) (netip.Prefix, bool) {
-	a, ok := netip.AddrFromSlice(n.IP)
-	if !ok {
-		return netip.Prefix{}, false
-	}
-	ones, _ := n.Mask.Size()
-	return netip.PrefixFrom(a.Unmap(), ones).Masked(), true
+	return out
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/cable/route"
 )
 
 func TestDesiredRoutesGoViaTheLocalGateway(t *testing.T) {
@@ -32,7 +33,7 @@ func TestDesiredRoutesGoViaTheLocalGateway(t *testing.T) {
 	}
 }
 
-func TestRoutePlan(t *testing.T) {
+func TestApplyPlansOnlyTheGatewayRoutes(t *testing.T) {
 	gw1, gw2 := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2")
 	a, b := netip.MustParsePrefix("10.2.0.0/16"), netip.MustParsePrefix("10.3.0.0/16")
 	tests := []struct {
@@ -47,10 +48,17 @@ func TestRoutePlan(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			rep, rem := Plan(tt.desired, tt.observed)
-			if !reflect.DeepEqual(rep, tt.replace) || !reflect.DeepEqual(rem, tt.remove) {
-				t.Errorf("Plan = %v, %v; want %v, %v", rep, rem, tt.replace, tt.remove)
+			plan := route.PlanRoutes(specs(tt.observed), specs(tt.desired), route.All)
+			if !reflect.DeepEqual(plan.Replace, nilIfEmpty(specs(tt.replace))) || !reflect.DeepEqual(plan.Delete, nilIfEmpty(specs(tt.remove))) {
+				t.Errorf("plan = %+v; want replace %v, remove %v", plan, tt.replace, tt.remove)
 			}
 		})
 	}
+}
+
+func nilIfEmpty(s []route.Spec) []route.Spec {
+	if len(s) == 0 {
+		return nil
+	}
+	return s
 }

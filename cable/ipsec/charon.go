@@ -25,9 +25,9 @@ type charonProcess struct {
 	conf   string // strongswan.conf path
 	socket string // vici socket path
 	log    *slog.Logger
-	// onStart runs after every (re)start once the vici socket answers; restart is false for the
-	// first start.
-	onStart func(ctx context.Context, restart bool)
+	// onStart runs on the supervisor's goroutine after every restart, once the vici socket
+	// answers (not after the first start: start's caller carries on itself).
+	onStart func(ctx context.Context)
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -48,10 +48,11 @@ const (
 	stopTimeout  = 10 * time.Second
 )
 
-// start launches charon and waits until its vici socket answers; the supervisor goroutine keeps
-// it running until stop. onStart is not called for this first start.
-func (p *charonProcess) start(ctx context.Context) error {
-	sctx, cancel := context.WithCancel(context.Background())
+// start launches charon and waits (up to ctx) until its vici socket answers; the supervisor
+// goroutine keeps it running until life is cancelled or stop is called, and stop waits for it.
+// onStart is not called for this first start.
+func (p *charonProcess) start(ctx, life context.Context) error {
+	sctx, cancel := context.WithCancel(life)
 	p.cancel = cancel
 	p.done = make(chan struct{})
 	first := make(chan error, 1)
@@ -178,7 +179,7 @@ func (p *charonProcess) supervise(ctx context.Context, first chan<- error) {
 			if time.Since(startedAt) > stableRun {
 				backoff = minBackoff
 			}
-			p.log.Warn("charon exited, restarting", "error", err, "backoff", backoff)
+			p.log.Warn("charon exited, restarting", "err", err, "backoff", backoff)
 		}
 		for {
 			select {
@@ -190,10 +191,10 @@ func (p *charonProcess) supervise(ctx context.Context, first chan<- error) {
 			if cmd, exited, err = p.launch(ctx); err == nil {
 				break
 			}
-			p.log.Error("restart charon", "error", err, "next_backoff", backoff)
+			p.log.Error("restart charon", "err", err, "nextBackoff", backoff)
 		}
 		if p.onStart != nil {
-			p.onStart(ctx, true)
+			p.onStart(ctx)
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"unicode"
 
@@ -59,12 +60,12 @@ func desiredFromRemote(local cable.LocalNode, remote cable.RemoteEndpoint, opts 
 	if err := validClusterName(remote.Cluster); err != nil {
 		return desiredConn{}, fmt.Errorf("ipsec connect: remote cluster %q: %w", remote.Cluster, err)
 	}
+	if err := cable.CheckRemote(Name, remote); err != nil {
+		return desiredConn{}, err
+	}
 	where := "ipsec connect to cluster " + remote.Cluster
 	if !local.AdvertiseAddress.IsValid() || local.AdvertiseAddress.IsUnspecified() {
 		return desiredConn{}, fmt.Errorf("%s: local advertise address %q is not a usable IP", where, local.AdvertiseAddress)
-	}
-	if !remote.Address.IsValid() || remote.Address.IsUnspecified() {
-		return desiredConn{}, fmt.Errorf("%s: address %q is not a usable IP", where, remote.Address)
 	}
 	la, ra := local.AdvertiseAddress.Unmap(), remote.Address.Unmap()
 	if la == ra {
@@ -77,26 +78,22 @@ func desiredFromRemote(local cable.LocalNode, remote cable.RemoteEndpoint, opts 
 		// The length is safe to say; the key is not.
 		return desiredConn{}, fmt.Errorf("%s: pre-shared key has %d bytes, want at least %d", where, len(remote.PreSharedKey), minPSKLen)
 	}
-	remoteTS, err := normalizeSubnets(remote.Subnets)
+	remoteTS, err := cable.NormalizeSubnets(remote.Subnets)
 	if err != nil {
 		return desiredConn{}, fmt.Errorf("%s: subnets: %w", where, err)
 	}
 	if len(remoteTS) == 0 {
 		return desiredConn{}, fmt.Errorf("%s: subnets: empty, nothing to carry", where)
 	}
-	localTS, err := normalizeSubnets(local.LocalSubnets)
+	localTS, err := cable.NormalizeSubnets(local.LocalSubnets)
 	if err != nil {
 		return desiredConn{}, fmt.Errorf("%s: local subnets: %w", where, err)
 	}
 	if len(localTS) == 0 {
 		return desiredConn{}, fmt.Errorf("%s: local subnets: empty, nothing to carry", where)
 	}
-	for _, r := range remoteTS {
-		for _, l := range localTS {
-			if r.Overlaps(l) {
-				return desiredConn{}, fmt.Errorf("%s: subnet %s overlaps local subnet %s", where, r, l)
-			}
-		}
+	if r, l, found := cable.Overlap(remoteTS, localTS); found {
+		return desiredConn{}, fmt.Errorf("%s: subnet %s overlaps local subnet %s", where, r, l)
 	}
 	port := remote.Port
 	if port == 0 {
@@ -114,6 +111,19 @@ func desiredFromRemote(local cable.LocalNode, remote cable.RemoteEndpoint, opts 
 		Initiator:  isInitiator(la, ra),
 		Opts:       opts,
 	}, nil
+}
+
+// checkConflicts refuses want when it cannot live beside the loaded connections, or on this
+// datapath.
+func checkConflicts(want desiredConn, libipsec bool, loaded map[string]*loadedConn) error {
+	if libipsec && !want.Opts.Encap {
+		return fmt.Errorf("option %s=false: kernel-libipsec sends ESP only in UDP (encap must be true here)", optEncap)
+	}
+	others := make(map[string][]netip.Prefix, len(loaded))
+	for _, c := range loaded {
+		others[c.want.Cluster] = c.want.RemoteTS
+	}
+	return cable.CheckOverlap(want.Cluster, want.RemoteTS, others)
 }
 
 // validClusterName keeps connection names printable and unambiguous in charon's logs and in
@@ -138,24 +148,6 @@ func validClusterName(name string) error {
 // never builds duplicate SAs; the other end only responds (start_action none).
 func isInitiator(local, remote netip.Addr) bool {
 	return local.Unmap().Less(remote.Unmap())
-}
-
-// normalizeSubnets masks, sorts and de-duplicates prefixes, rejecting invalid ones.
-func normalizeSubnets(in []netip.Prefix) ([]netip.Prefix, error) {
-	out := make([]netip.Prefix, 0, len(in))
-	for _, p := range in {
-		if !p.IsValid() {
-			return nil, fmt.Errorf("%q is not a valid CIDR", p)
-		}
-		out = append(out, netip.PrefixFrom(p.Addr().Unmap(), p.Bits()).Masked())
-	}
-	slices.SortFunc(out, func(a, b netip.Prefix) int {
-		if c := a.Addr().Compare(b.Addr()); c != 0 {
-			return c
-		}
-		return a.Bits() - b.Bits()
-	})
-	return slices.Compact(out), nil
 }
 
 func prefixStrings(ps []netip.Prefix) []string {
@@ -262,6 +254,32 @@ func fingerprint(msg map[string]any) string {
 	return hex.EncodeToString(sum[:])
 }
 
+// connPlan is what Connect does to charon for one connection.
+type connPlan struct {
+	// loadKey loads the pre-shared key (load-shared).
+	loadKey bool
+	// loadConn loads the connection (load-conn); takeDown first unloads it and terminates its
+	// SAs, which keep the old selectors (or the old key's authentication) otherwise.
+	loadConn, takeDown bool
+}
+
+func (p connPlan) empty() bool { return !p.loadKey && !p.loadConn }
+
+// planConn decides what makes charon hold want (whose load-conn fingerprint is fp) and its key
+// (digest): loaded is charon's list-conns section for it (nil when none), ids the shared key ids
+// charon holds, old what this driver loaded before (nil when nothing). A connection charon holds
+// as wanted but that this process did not load (an agent restart with a system charon) is loaded
+// again on top without taking it down, which charon treats as no change: its SAs stay up.
+func planConn(loaded map[string]any, ids []string, old *loadedConn, want desiredConn, fp string, digest [sha256.Size]byte) connPlan {
+	connOK := loaded != nil && old != nil && old.fingerprint == fp && loadedMatches(loaded, want)
+	keyOK := old != nil && old.digest == digest && slices.Contains(ids, want.Name)
+	keyChanged := old != nil && old.digest != digest
+	p := connPlan{loadKey: !keyOK, loadConn: !connOK || keyChanged}
+	p.takeDown = p.loadConn && loaded != nil &&
+		(keyChanged || !loadedMatches(loaded, want) || old != nil && old.fingerprint != fp)
+	return p
+}
+
 // pskDigest lets Connect tell whether the key in charon is still the one it was given, without
 // keeping a second copy of the key around in a comparable form. It lives in memory only.
 func pskDigest(psk []byte) [sha256.Size]byte { return sha256.Sum256(psk) }
@@ -318,7 +336,7 @@ const (
 func tunnelMTU(setting, underlay int, libipsec, v6, aead bool) (int, error) {
 	if setting != 0 {
 		if libipsec && setting > LibipsecMTU {
-			return 0, fmt.Errorf("ipsec setting %s=%d: kernel-libipsec carries at most %d-byte packets", keyMTU, setting, LibipsecMTU)
+			return 0, cable.BadSetting(Name, keyMTU, strconv.Itoa(setting), "is more than kernel-libipsec carries (at most %d-byte packets)", LibipsecMTU)
 		}
 		return setting, nil
 	}
@@ -369,67 +387,4 @@ func allAEAD(proposals []string) bool {
 		}
 	}
 	return len(proposals) > 0
-}
-
-// confParams shape the strongswan.conf of a charon the driver owns.
-type confParams struct {
-	Port       int
-	NATTPort   int
-	ViciSocket string // absolute path
-	Libipsec   bool
-	MTU        int
-	MSS        int
-}
-
-// renderConf is the strongswan.conf of our own charon. It loads an explicit, minimal plugin list
-// (so nothing from /etc/strongswan.d applies): random and nonce for nonces, openssl for every
-// cipher, hash, PRF and DH group, kdf for IKEv2's prf+, kernel-netlink for addresses, routes and
-// (without libipsec) the xfrm SAs, socket-default for IKE, vici for us. kernel-libipsec is listed
-// before kernel-netlink when enabled: the first loaded IPsec backend wins, and otherwise the SAs
-// would go to the kernel, which has no ESP here.
-func renderConf(p confParams) string {
-	plugins := "random nonce openssl kdf kernel-netlink socket-default vici"
-	if p.Libipsec {
-		plugins = "random nonce openssl kdf kernel-libipsec kernel-netlink socket-default vici"
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, `# Written by the cablemesh ipsec cable driver; rewritten at every start.
-charon {
-  load = %s
-  port = %d
-  port_nat_t = %d
-  # Routes for every CHILD_SA go into table 220 (rule priority 220), via ipsec0 with libipsec,
-  # with a source address inside the local traffic selector when the node has one.
-  install_routes = yes
-  install_virtual_ip = no
-  # Give up on a silent peer within about 35s (2 + 3 + 4.5 + 6.75 + 10.1 + ...), not 165s.
-  retransmit_tries = 4
-  retransmit_timeout = 2.0
-  retransmit_base = 1.5
-  filelog {
-    stderr {
-      # Level 1 never prints key material (strongSwan keeps that for level 4).
-      default = 1
-      net = 0
-      enc = 0
-      asn = 0
-      job = 0
-      time = no
-    }
-  }
-  syslog {
-    # An empty section: nothing goes to the host's syslog.
-  }
-  plugins {
-    vici {
-      socket = unix://%s
-    }
-    kernel-netlink {
-      mtu = %d
-      mss = %d
-    }
-  }
-}
-`, plugins, p.Port, p.NATTPort, p.ViciSocket, p.MTU, p.MSS)
-	return b.String()
 }

@@ -275,7 +275,7 @@ func TestTunnelMTU(t *testing.T) {
 		{name: "libipsec on a jumbo underlay is still capped", underlay: 9000, libipsec: true, aead: true, want: LibipsecMTU},
 		{name: "a small underlay is clamped to the IPv6 minimum", underlay: 1300, aead: true, want: MinMTU},
 		{name: "an explicit setting wins", setting: 1350, underlay: 1500, libipsec: true, want: 1350},
-		{name: "an explicit setting above libipsec's limit is refused", setting: 1450, underlay: 1500, libipsec: true, wantErr: "ipsec setting mtu=1450: kernel-libipsec carries at most 1400-byte packets"},
+		{name: "an explicit setting above libipsec's limit is refused", setting: 1450, underlay: 1500, libipsec: true, wantErr: "ipsec.mtu: 1450 is more than kernel-libipsec carries (at most 1400-byte packets)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -3,7 +3,6 @@ package ipsec
 import (
 	"fmt"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"unicode"
@@ -28,8 +27,6 @@ const (
 	// a larger packet routed into ipsec0 is dropped without an error, so the route MTU must not
 	// exceed it (measured here: a 1401-byte DF packet is lost even with ipsec0 set to 1436).
 	LibipsecMTU = 1400
-	// fallbackUnderlayMTU is assumed when the link holding the advertise address cannot be found.
-	fallbackUnderlayMTU = 1500
 )
 
 // Default proposals. AES-GCM keeps the ESP overhead small (8-byte IV, 4-byte alignment), so a
@@ -52,7 +49,15 @@ const (
 	DatapathLibipsec Datapath = "libipsec"
 )
 
-// Setting keys.
+// Setting keys:
+//
+//	port             charon's IKE port, published to remote ends (500)
+//	nattPort         charon's NAT-T port, for IKE after the switch and ESP in UDP (4500)
+//	useSystemCharon  the VICI socket of a charon the driver uses instead of starting its own;
+//	                 empty or unset: its own. Excludes port, nattPort, charon and datapath.
+//	mtu              MTU of the tunnel routes; 0 or unset: derived from the underlay and datapath
+//	charon           the charon binary to start (/usr/lib/ipsec/charon)
+//	datapath         where ESP runs: auto, kernel or libipsec (auto)
 const (
 	keyPort            = "port"
 	keyNATTPort        = "nattPort"
@@ -71,6 +76,7 @@ const (
 
 // config is the validated form of cable.Settings.
 type config struct {
+	// Port, NATTPort, Charon and Datapath are those of our own charon: zero with a system one.
 	Port     int
 	NATTPort int
 	// SystemVICI is the vici socket path of a charon the driver does not own; "" means the
@@ -89,46 +95,33 @@ type options struct {
 	Encap        bool
 }
 
-func sortedKeys(m map[string]string) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
-}
-
-// parseSettings validates settings and fills defaults. It does no I/O; every error names the key
-// and the value.
+// parseSettings validates settings and fills defaults. It does no I/O; every error is a
+// *cable.SettingError naming the key and the value. With useSystemCharon the keys that shape
+// only a charon of our own (port, nattPort, charon, datapath) are refused, and they get no
+// defaults: the system charon has its own configuration.
 func parseSettings(s cable.Settings) (config, error) {
-	c := config{Port: DefaultPort, NATTPort: DefaultNATTPort, Charon: DefaultCharon, Datapath: DatapathAuto}
-	for _, k := range sortedKeys(s) {
+	var c config
+	var err error
+	for _, k := range cable.SortedKeys(s) { // sorted: with several bad keys the error is deterministic
 		v := s[k]
 		switch k {
-		case keyPort, keyNATTPort:
-			p, err := strconv.Atoi(v)
-			if err != nil || p < 1 || p > 65535 {
-				return config{}, fmt.Errorf("ipsec setting %s=%q: want a UDP port 1..65535", k, v)
-			}
-			if k == keyPort {
-				c.Port = p
-			} else {
-				c.NATTPort = p
-			}
+		case keyPort:
+			c.Port, err = cable.PortSetting(Name, k, v)
+		case keyNATTPort:
+			c.NATTPort, err = cable.PortSetting(Name, k, v)
 		case keyUseSystemCharon:
-			if v == "" || !filepath.IsAbs(v) {
-				return config{}, fmt.Errorf("ipsec setting %s=%q: want the absolute path of the system charon's vici socket, e.g. /var/run/charon.vici", k, v)
+			// Empty is unset: the driver runs its own charon.
+			if v != "" {
+				if !filepath.IsAbs(v) {
+					err = cable.BadSetting(Name, k, v, "is not an absolute path (the system charon's VICI socket, e.g. /var/run/charon.vici)")
+				}
+				c.SystemVICI = filepath.Clean(v)
 			}
-			c.SystemVICI = filepath.Clean(v)
 		case keyMTU:
-			m, err := strconv.Atoi(v)
-			if err != nil || m < MinMTU || m > MaxMTU {
-				return config{}, fmt.Errorf("ipsec setting %s=%q: want an integer %d..%d", k, v, MinMTU, MaxMTU)
-			}
-			c.MTU = m
+			c.MTU, err = cable.MTUSetting(Name, k, v, MinMTU, MaxMTU)
 		case keyCharon:
-			if v == "" || !filepath.IsAbs(v) {
-				return config{}, fmt.Errorf("ipsec setting %s=%q: want the absolute path of the charon binary", k, v)
+			if !filepath.IsAbs(v) {
+				err = cable.BadSetting(Name, k, v, "is not an absolute path")
 			}
 			c.Charon = filepath.Clean(v)
 		case keyDatapath:
@@ -136,24 +129,38 @@ func parseSettings(s cable.Settings) (config, error) {
 			case DatapathAuto, DatapathKernel, DatapathLibipsec:
 				c.Datapath = d
 			default:
-				return config{}, fmt.Errorf("ipsec setting %s=%q: want %s, %s or %s", k, v, DatapathAuto, DatapathKernel, DatapathLibipsec)
+				err = cable.BadSetting(Name, k, v, "is not %s, %s or %s", DatapathAuto, DatapathKernel, DatapathLibipsec)
 			}
 		default:
-			return config{}, fmt.Errorf("ipsec setting %s=%q: unknown key (known: %s, %s, %s, %s, %s, %s)",
-				k, v, keyPort, keyNATTPort, keyUseSystemCharon, keyMTU, keyCharon, keyDatapath)
+			err = cable.UnknownSetting(Name, k, v, keyPort, keyNATTPort, keyUseSystemCharon, keyMTU, keyCharon, keyDatapath)
 		}
-	}
-	if c.Port == c.NATTPort {
-		return config{}, fmt.Errorf("ipsec setting %s=%d equals %s=%d: charon needs two different ports", keyPort, c.Port, keyNATTPort, c.NATTPort)
+		if err != nil {
+			return config{}, err
+		}
 	}
 	if c.SystemVICI != "" {
-		// The system charon has its own ports, plugins and binary; settings that only shape our
-		// own charon would be silently ignored.
 		for _, k := range []string{keyPort, keyNATTPort, keyCharon, keyDatapath} {
-			if v, ok := s[k]; ok {
-				return config{}, fmt.Errorf("ipsec setting %s=%q: not applicable with %s=%q (the system charon has its own configuration)", k, v, keyUseSystemCharon, c.SystemVICI)
+			if _, ok := s[k]; ok {
+				return config{}, &cable.SettingError{Driver: Name, Key: k, NoValue: true,
+					Reason: fmt.Sprintf("must be unset with %s.%s (the system charon has its own configuration)", Name, keyUseSystemCharon)}
 			}
 		}
+		return c, nil
+	}
+	if c.Port == 0 {
+		c.Port = DefaultPort
+	}
+	if c.NATTPort == 0 {
+		c.NATTPort = DefaultNATTPort
+	}
+	if c.Charon == "" {
+		c.Charon = DefaultCharon
+	}
+	if c.Datapath == "" {
+		c.Datapath = DatapathAuto
+	}
+	if c.Port == c.NATTPort {
+		return config{}, cable.BadSetting(Name, keyNATTPort, strconv.Itoa(c.NATTPort), "equals %s.%s; charon needs two different ports", Name, keyPort)
 	}
 	return c, nil
 }
@@ -165,7 +172,7 @@ func parseOptions(o cable.Options) (options, error) {
 		ESPProposals: []string{DefaultESPProposals},
 		Encap:        true,
 	}
-	for _, k := range sortedKeys(o) {
+	for _, k := range cable.SortedKeys(o) {
 		v := o[k]
 		switch k {
 		case optIKEProposals, optESPProposals:

@@ -50,45 +50,52 @@ func (c socketClient) session(ctx context.Context) (*vici.Session, error) {
 	return s, nil
 }
 
-func (c socketClient) call(ctx context.Context, cmd string, msg map[string]any) (map[string]any, error) {
+// request sends cmd with msg on a fresh session and lets do read the answer.
+func (c socketClient) request(ctx context.Context, cmd string, msg map[string]any, do func(*vici.Session, *vici.Message) error) error {
 	req, err := toMessage(msg)
 	if err != nil {
-		return nil, fmt.Errorf("vici %s: %w", cmd, err)
+		return fmt.Errorf("vici %s: %w", cmd, err)
 	}
 	s, err := c.session(ctx)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer s.Close()
-	resp, err := s.CommandRequest(cmd, req)
-	if err != nil {
-		return nil, fmt.Errorf("vici %s: %w", cmd, err)
+	if err := do(s, req); err != nil {
+		return fmt.Errorf("vici %s: %w", cmd, err)
 	}
-	return fromMessage(resp), nil
+	return nil
+}
+
+func (c socketClient) call(ctx context.Context, cmd string, msg map[string]any) (map[string]any, error) {
+	var out map[string]any
+	err := c.request(ctx, cmd, msg, func(s *vici.Session, req *vici.Message) error {
+		resp, err := s.CommandRequest(cmd, req)
+		if err != nil {
+			return err
+		}
+		out = fromMessage(resp)
+		return nil
+	})
+	return out, err
 }
 
 func (c socketClient) stream(ctx context.Context, cmd, event string, msg map[string]any) ([]map[string]any, error) {
-	req, err := toMessage(msg)
-	if err != nil {
-		return nil, fmt.Errorf("vici %s: %w", cmd, err)
-	}
-	s, err := c.session(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer s.Close()
-	msgs, err := s.StreamedCommandRequest(cmd, event, req)
-	if err != nil {
-		return nil, fmt.Errorf("vici %s: %w", cmd, err)
-	}
-	out := make([]map[string]any, 0, len(msgs))
-	for _, m := range msgs {
-		if err := m.Err(); err != nil {
-			return nil, fmt.Errorf("vici %s: %w", cmd, err)
+	var out []map[string]any
+	err := c.request(ctx, cmd, msg, func(s *vici.Session, req *vici.Message) error {
+		msgs, err := s.StreamedCommandRequest(cmd, event, req)
+		if err != nil {
+			return err
 		}
-		out = append(out, fromMessage(m))
-	}
-	return out, nil
+		for _, m := range msgs {
+			if err := m.Err(); err != nil {
+				return err
+			}
+			out = append(out, fromMessage(m))
+		}
+		return nil
+	})
+	return out, err
 }
 
 // toMessage converts nested maps (string, []string, map[string]any values) into a vici.Message

@@ -3,9 +3,12 @@
 // ICMP "fragmentation needed" is filtered somewhere (PMTU black holes).
 //
 // It owns one nftables table, inet "cablemesh", with a forward and an output chain (type filter,
-// priority mangle) holding one rule per tunnel interface prefix, the equivalent of
+// priority mangle) holding one rule per tunnel link, the equivalent of
 //
 //	oifname "cbl-*" tcp flags & (syn|rst) == syn tcp option maxseg size set rt mtu
+//
+// Links are given as the cable drivers' Links() name them: an exact name ("wg-east") or a prefix
+// ending in '*' ("cbl-vx*"), matched as nft matches oifname "wg-east" and oifname "cbl-vx*".
 //
 // The kernel only ever lowers the MSS option with this expression (nft_exthdr's TCP option write
 // keeps a smaller value), so a SYN that already carries a small MSS keeps it. The package talks
@@ -21,6 +24,8 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
+
+	"github.com/cablemesh/cablemesh/cable"
 )
 
 // TableName is the nftables table this package owns (family inet).
@@ -32,13 +37,13 @@ const (
 	ChainOutput  = "output"
 )
 
-// userDataPrefix tags each rule with the interface prefix it clamps, so a read-back can tell our
-// rules apart and compare them with the wanted ones (the library cannot decode every expression
-// of a rule it reads back).
+// userDataPrefix tags each rule with the link it clamps, so a read-back can tell our rules apart
+// and compare them with the wanted ones (the library cannot decode every expression of a rule it
+// reads back).
 const userDataPrefix = "cablemesh mss oifname="
 
-// maxIfacePrefix is IFNAMSIZ-1: the longest interface name.
-const maxIfacePrefix = unix.IFNAMSIZ - 1
+// wildcard ends a link that is a prefix of names rather than a name.
+const wildcard = "*"
 
 // TCP header facts the rule uses.
 const (
@@ -50,34 +55,48 @@ const (
 	mssValueLen    = 2
 )
 
-// ValidatePrefixes checks interface prefixes: non-empty, at most 15 bytes, no NUL, '/' or
-// whitespace, no duplicates.
-func ValidatePrefixes(prefixes []string) error {
-	if len(prefixes) == 0 {
-		return errors.New("mss: no interface prefix given")
+// ValidateLinks checks links: each an interface name, or a prefix of one followed by '*'; the
+// name or prefix non-empty, at most 15 bytes, without NUL, '/', ':' or whitespace; no duplicates.
+func ValidateLinks(links []string) error {
+	if len(links) == 0 {
+		return errors.New("mss: no link given")
 	}
-	for i, p := range prefixes {
+	for i, l := range links {
+		name := strings.TrimSuffix(l, wildcard)
 		switch {
-		case p == "":
-			return fmt.Errorf("mss: interface prefix [%d] is empty (it would match every interface)", i)
-		case len(p) > maxIfacePrefix:
-			return fmt.Errorf("mss: interface prefix [%d] %q is longer than %d bytes", i, p, maxIfacePrefix)
-		case strings.ContainsAny(p, "\x00/ \t\n"):
-			return fmt.Errorf("mss: interface prefix [%d] %q holds a character no interface name has", i, p)
-		case slices.Index(prefixes, p) != i:
-			return fmt.Errorf("mss: interface prefix [%d] %q is listed twice", i, p)
+		case name == "":
+			return fmt.Errorf("mss: link [%d] %q is empty (it would match every interface)", i, l)
+		case strings.Contains(name, wildcard):
+			return fmt.Errorf("mss: link [%d] %q has a '*' before its end", i, l)
+		case slices.Index(links, l) != i:
+			return fmt.Errorf("mss: link [%d] %q is listed twice", i, l)
+		}
+		if err := cable.CheckLinkName(name, cable.MaxLinkName); err != nil {
+			return fmt.Errorf("mss: link [%d] %q: name %w", i, l, err)
 		}
 	}
 	return nil
 }
 
-// RuleExprs is the rule that clamps SYNs leaving through an interface whose name starts with
-// prefix. It is pure.
-func RuleExprs(prefix string) []expr.Any {
+// oifname is what the rule compares the outgoing interface's name with: for a prefix its bytes
+// alone, for an exact name the whole IFNAMSIZ buffer, NUL-padded as the kernel loads it (nft's own
+// form of oifname "wg-east").
+func oifname(link string) []byte {
+	if prefix, ok := strings.CutSuffix(link, wildcard); ok {
+		return []byte(prefix)
+	}
+	b := make([]byte, unix.IFNAMSIZ)
+	copy(b, link)
+	return b
+}
+
+// RuleExprs is the rule that clamps SYNs leaving through link (a name, or a prefix ending in
+// '*'). It is pure.
+func RuleExprs(link string) []expr.Any {
 	return []expr.Any{
-		// oifname "<prefix>*": compare only the prefix's bytes (no terminating NUL).
+		// oifname "<link>"
 		&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte(prefix)},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: oifname(link)},
 		// meta l4proto tcp
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
@@ -93,14 +112,14 @@ func RuleExprs(prefix string) []expr.Any {
 	}
 }
 
-// Spec is the wanted content of the table: per chain, the prefixes of its rules, in order.
+// Spec is the wanted content of the table: per chain, the links of its rules, in order.
 type Spec struct {
 	Chains map[string][]string
 }
 
-// Want is the Spec for prefixes: both chains hold one rule per prefix.
-func Want(prefixes []string) Spec {
-	return Spec{Chains: map[string][]string{ChainForward: slices.Clone(prefixes), ChainOutput: slices.Clone(prefixes)}}
+// Want is the Spec for links: both chains hold one rule per link.
+func Want(links []string) Spec {
+	return Spec{Chains: map[string][]string{ChainForward: slices.Clone(links), ChainOutput: slices.Clone(links)}}
 }
 
 func table() *nftables.Table {
@@ -121,18 +140,20 @@ func chain(t *nftables.Table, name string) *nftables.Chain {
 	}
 }
 
-// Ensure makes the table hold exactly the clamping rules for ifacePrefixes. It changes nothing
-// when the table already does (read back and compared); otherwise it replaces the table in one
-// netlink transaction, so there is no moment without clamping and no half-built table.
-func Ensure(ifacePrefixes []string) error {
-	if err := ValidatePrefixes(ifacePrefixes); err != nil {
+// Ensure makes the table hold exactly the clamping rules for links, in the drivers' Links() form
+// (see ValidateLinks); with no link at all there is nothing to clamp: call Remove. It changes
+// nothing when the table already holds them (read back and compared); otherwise it replaces the
+// table in one netlink transaction, so there is no moment without clamping and no half-built
+// table.
+func Ensure(links []string) error {
+	if err := ValidateLinks(links); err != nil {
 		return err
 	}
 	c, err := nftables.New()
 	if err != nil {
 		return fmt.Errorf("mss: open netlink: %w", err)
 	}
-	want := Want(ifacePrefixes)
+	want := Want(links)
 	if got, err := read(c); err == nil && got.Equal(want) {
 		return nil
 	}
@@ -175,8 +196,8 @@ func Remove() error {
 	return nil
 }
 
-// Installed reads the table back: per chain, the prefixes of the rules this package wrote (a rule
-// it did not write shows as "?"). ok is false when the table does not exist.
+// Installed reads the table back: per chain, the links of the rules this package wrote (a rule it
+// did not write shows as "?"). ok is false when the table does not exist.
 func Installed() (spec Spec, ok bool, err error) {
 	c, err := nftables.New()
 	if err != nil {
@@ -213,20 +234,20 @@ func read(c *nftables.Conn) (Spec, error) {
 		if err != nil {
 			return Spec{}, err
 		}
-		prefixes := []string{}
+		links := []string{}
 		for _, r := range rules {
-			p, ok := strings.CutPrefix(string(r.UserData), userDataPrefix)
+			l, ok := strings.CutPrefix(string(r.UserData), userDataPrefix)
 			if !ok || !writesMSS(r.Exprs) {
-				p = "?"
+				l = "?"
 			}
-			prefixes = append(prefixes, p)
+			links = append(links, l)
 		}
-		spec.Chains[ch.Name] = prefixes
+		spec.Chains[ch.Name] = links
 	}
 	return spec, nil
 }
 
-// writesMSS reports whether exprs (as read back) match an oifname prefix and write the MSS option.
+// writesMSS reports whether exprs (as read back) match an oifname and write the MSS option.
 func writesMSS(exprs []expr.Any) bool {
 	var oif, write bool
 	for _, e := range exprs {

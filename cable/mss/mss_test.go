@@ -10,7 +10,7 @@ import (
 )
 
 func TestRuleExprsClampSYNsLeavingThroughThePrefix(t *testing.T) {
-	ex := RuleExprs("cbl-")
+	ex := RuleExprs("cbl-*")
 	if len(ex) != 10 {
 		t.Fatalf("%d expressions, want 10", len(ex))
 	}
@@ -50,22 +50,35 @@ func TestRuleExprsClampSYNsLeavingThroughThePrefix(t *testing.T) {
 	}
 }
 
-func TestValidatePrefixes(t *testing.T) {
+func TestAnExactLinkIsComparedWithItsWholeName(t *testing.T) {
+	// oifname "wg-east" as nft writes it: the 16-byte buffer the kernel loads, NUL-padded, so
+	// "wg-east2" does not match.
+	c, ok := RuleExprs("wg-east")[1].(*expr.Cmp)
+	want := append([]byte("wg-east"), make([]byte, 16-len("wg-east"))...)
+	if !ok || !bytes.Equal(c.Data, want) {
+		t.Errorf("oifname compare for an exact name = %#v, want %q", c, want)
+	}
+}
+
+func TestValidateLinks(t *testing.T) {
 	tests := []struct {
-		name     string
-		prefixes []string
-		want     string
+		name  string
+		links []string
+		want  string
 	}{
-		{"the agent's prefixes are valid", []string{"cbl-", "ipsec"}, ""},
-		{"no prefix at all is an error", nil, "no interface prefix"},
-		{"an empty prefix would match every interface", []string{"cbl-", ""}, "[1] is empty"},
-		{"a prefix longer than an interface name is an error", []string{"0123456789abcdef"}, "longer than 15 bytes"},
-		{"a prefix with a slash is an error", []string{"a/b"}, "holds a character"},
-		{"a repeated prefix is an error", []string{"cbl-", "cbl-"}, `[1] "cbl-" is listed twice`},
+		{"the drivers' links are valid", []string{"cbl-wg0", "cbl-vx*", "ipsec0"}, ""},
+		{"no link at all is an error", nil, "no link"},
+		{"an empty link is an error", []string{"cbl-*", ""}, "[1] \"\" is empty"},
+		{"a lone wildcard would match every interface", []string{"*"}, "[0] \"*\" is empty"},
+		{"a wildcard inside is an error", []string{"cbl-*x"}, "has a '*' before its end"},
+		{"a name longer than an interface name is an error", []string{"0123456789abcdef"}, "is 16 bytes, at most 15 fit"},
+		{"a prefix of a full interface name is valid", []string{"0123456789abcde*"}, ""},
+		{"a link with a slash is an error", []string{"a/b"}, "invalid character '/'"},
+		{"a repeated link is an error", []string{"cbl-*", "cbl-*"}, `[1] "cbl-*" is listed twice`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := ValidatePrefixes(tt.prefixes)
+			err := ValidateLinks(tt.links)
 			if tt.want == "" {
 				if err != nil {
 					t.Fatal(err)
@@ -80,14 +93,14 @@ func TestValidatePrefixes(t *testing.T) {
 }
 
 func TestSpecEqual(t *testing.T) {
-	a := Want([]string{"cbl-", "ipsec"})
-	if !a.Equal(Want([]string{"cbl-", "ipsec"})) {
+	a := Want([]string{"cbl-*", "ipsec0"})
+	if !a.Equal(Want([]string{"cbl-*", "ipsec0"})) {
 		t.Error("equal specs differ")
 	}
-	if a.Equal(Want([]string{"ipsec", "cbl-"})) {
+	if a.Equal(Want([]string{"ipsec0", "cbl-*"})) {
 		t.Error("rule order is ignored")
 	}
-	b := Want([]string{"cbl-", "ipsec"})
+	b := Want([]string{"cbl-*", "ipsec0"})
 	delete(b.Chains, ChainOutput)
 	if a.Equal(b) || b.Equal(a) {
 		t.Error("a missing chain is ignored")

@@ -1,11 +1,11 @@
-// Package route holds what every cable driver does with the routes to remote clusters: deciding
-// which routes it wants (one per remote subnet, with a source address of this node inside its
-// own subnets, the tunnel MTU and the TCP MSS clamp), comparing them with the routes of ours the
-// kernel holds, and applying the difference. Every route carries Protocol, so a driver's cleanup
-// and pruning find exactly its routes and nothing else.
+// Package route holds what every cable driver, and the agent on a non-gateway node, does with the
+// routes to remote clusters: deciding which routes are wanted (one per remote subnet, with a
+// source address of this node inside its own subnets, the tunnel MTU and the TCP MSS clamp),
+// comparing them with the routes of ours the kernel holds, and applying the difference. Every
+// route carries Protocol, so cleanup and pruning find exactly ours and nothing else.
 //
-// The planning half (Spec, Plan, Wanted, PickSource, NormalizeSubnets) is pure and table-tested;
-// the rest (List, Apply, Sources, UnderlayMTU) talks to the kernel through netlink in the calling
+// The planning half (Spec, Plan, PlanRoutes, Wanted, PickSource) is pure and table-tested; the
+// rest (List, Apply, Sources, FindUnderlay) talks to the kernel through netlink in the calling
 // process's network namespace.
 package route
 
@@ -17,26 +17,41 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"strings"
 	"syscall"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/cablemesh/cablemesh/cable"
 )
 
-// Protocol marks every route a cable driver installs (rtnetlink protocol number), so cleanup and
-// pruning find exactly ours. `ip route show proto 157` lists them.
+// Protocol marks every route Cablemesh installs (rtnetlink protocol number; 157 is unassigned
+// in /etc/iproute2/rt_protos), so cleanup and pruning find exactly ours. `ip route show proto
+// 157` lists them.
 const Protocol netlink.RouteProtocol = 157
-
-// FallbackUnderlayMTU is assumed when the link holding the advertise address cannot be found
-// (e.g. the advertised address is a NAT's public address).
-const FallbackUnderlayMTU = 1500
 
 // TCPIPv4HeaderBytes is what an IPv4 + TCP header without options takes: the advertised MSS of a
 // route is its MTU minus this.
 const TCPIPv4HeaderBytes = 40
 
-// Spec is one route of ours as far as we care about it. Routes without a gateway are scope-link
-// routes over a point-to-point device (wireguard); routes with one are onlink routes via the
-// remote's tunnel address (vxlan), so the gateway needs no connected route of its own.
+// Link is the link routes go over. The zero Link is none: List then lists our routes on every
+// link, and Apply installs routes via a gateway and lets the kernel pick the link.
+type Link struct {
+	Index int
+	Name  string
+}
+
+func (l Link) String() string {
+	if l.Index == 0 {
+		return "any link"
+	}
+	return "dev " + l.Name
+}
+
+// Spec is one route of ours as far as we care about it. On a link, routes without a gateway are
+// scope-link routes over a point-to-point device (wireguard) and routes with one are onlink
+// routes via the remote's tunnel address (vxlan), so the gateway needs no connected route of its
+// own. Without a link (the agent's routes on a non-gateway node) a route goes via its gateway.
 type Spec struct {
 	Dst netip.Prefix
 	Gw  netip.Addr // invalid when none
@@ -45,6 +60,25 @@ type Spec struct {
 	// AdvMSS is the TCP MSS advertised for connections over the route (0: the kernel derives it
 	// from the MTU). Setting it clamps the MSS of connections this node terminates.
 	AdvMSS int
+}
+
+// String is the route as `ip route` would take it (without the link).
+func (r Spec) String() string {
+	var b strings.Builder
+	b.WriteString(r.Dst.String())
+	if r.Gw.IsValid() {
+		fmt.Fprintf(&b, " via %s", r.Gw)
+	}
+	if r.Src.IsValid() {
+		fmt.Fprintf(&b, " src %s", r.Src)
+	}
+	if r.MTU != 0 {
+		fmt.Fprintf(&b, " mtu %d", r.MTU)
+	}
+	if r.AdvMSS != 0 {
+		fmt.Fprintf(&b, " advmss %d", r.AdvMSS)
+	}
+	return b.String()
 }
 
 // Plan is the difference between the routes we have and those we want.
@@ -58,7 +92,7 @@ func (p Plan) Empty() bool { return len(p.Replace) == 0 && len(p.Delete) == 0 }
 
 // PlanRoutes compares existing (our routes on the link) with want. Only routes whose destination
 // is owned are deleted when unwanted: owned is the set of subnets the caller is responsible for
-// (one cluster's old and new subnets for Connect; every subnet for a full prune).
+// (one cluster's old and new subnets for Connect; every subnet for a full prune, see All).
 func PlanRoutes(existing, want []Spec, owned func(netip.Prefix) bool) Plan {
 	var plan Plan
 	have := map[netip.Prefix]Spec{}
@@ -77,10 +111,13 @@ func PlanRoutes(existing, want []Spec, owned func(netip.Prefix) bool) Plan {
 			plan.Delete = append(plan.Delete, r)
 		}
 	}
-	slices.SortFunc(plan.Replace, func(a, b Spec) int { return ComparePrefix(a.Dst, b.Dst) })
-	slices.SortFunc(plan.Delete, func(a, b Spec) int { return ComparePrefix(a.Dst, b.Dst) })
+	slices.SortFunc(plan.Replace, func(a, b Spec) int { return cable.ComparePrefix(a.Dst, b.Dst) })
+	slices.SortFunc(plan.Delete, func(a, b Spec) int { return cable.ComparePrefix(a.Dst, b.Dst) })
 	return plan
 }
+
+// All owns every destination: PlanRoutes with it prunes whatever is not wanted.
+func All(netip.Prefix) bool { return true }
 
 // Wanted gives one route per subnet with the source address of this node that suits the
 // subnet's family, the MTU, and no gateway nor MSS clamp; callers that need those set them.
@@ -114,27 +151,6 @@ func PickSource(addrs []netip.Addr, local []netip.Prefix, v4 bool) netip.Addr {
 	return netip.Addr{}
 }
 
-// NormalizeSubnets masks, sorts and de-duplicates prefixes, rejecting invalid ones.
-func NormalizeSubnets(in []netip.Prefix) ([]netip.Prefix, error) {
-	out := make([]netip.Prefix, 0, len(in))
-	for _, p := range in {
-		if !p.IsValid() {
-			return nil, fmt.Errorf("subnet %q is not a valid CIDR", p)
-		}
-		out = append(out, netip.PrefixFrom(p.Addr().Unmap(), p.Bits()).Masked())
-	}
-	slices.SortFunc(out, ComparePrefix)
-	return slices.Compact(out), nil
-}
-
-// ComparePrefix orders prefixes by address, then length.
-func ComparePrefix(a, b netip.Prefix) int {
-	if c := a.Addr().Compare(b.Addr()); c != 0 {
-		return c
-	}
-	return a.Bits() - b.Bits()
-}
-
 // PrefixFromIPNet converts what netlink reports, unmapping IPv4 and masking.
 func PrefixFromIPNet(n net.IPNet) (netip.Prefix, error) {
 	a, ok := netip.AddrFromSlice(n.IP)
@@ -154,13 +170,16 @@ func IPNetFromPrefix(p netip.Prefix) net.IPNet {
 	return net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
 
-// List returns the routes with Protocol on the link, in the main table.
-func List(linkIndex int, linkName string) ([]Spec, error) {
-	rs, err := netlink.RouteListFiltered(netlink.FAMILY_ALL,
-		&netlink.Route{LinkIndex: linkIndex, Protocol: Protocol},
-		netlink.RT_FILTER_OIF|netlink.RT_FILTER_PROTOCOL)
+// List returns the routes with Protocol in the main table on link (on every link for the zero
+// Link).
+func List(link Link) ([]Spec, error) {
+	filter, mask := &netlink.Route{Protocol: Protocol}, uint64(netlink.RT_FILTER_PROTOCOL)
+	if link.Index != 0 {
+		filter.LinkIndex, mask = link.Index, mask|netlink.RT_FILTER_OIF
+	}
+	rs, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, filter, mask)
 	if err != nil {
-		return nil, fmt.Errorf("list routes on %s: %w", linkName, err)
+		return nil, fmt.Errorf("list routes with protocol %d on %s: %w", Protocol, link, err)
 	}
 	out := make([]Spec, 0, len(rs))
 	for _, r := range rs {
@@ -183,38 +202,34 @@ func List(linkIndex int, linkName string) ([]Spec, error) {
 	return out, nil
 }
 
-// Apply deletes then replaces the routes of plan on the link, logging each change and calling
-// changed once per route touched (the drivers count them to prove idempotence). A route already
-// gone is no error.
-func Apply(log *slog.Logger, linkIndex int, linkName string, plan Plan, changed func()) error {
+// Apply deletes then replaces the routes of plan on link, logging each change and calling
+// changed (when not nil) once per route touched: the drivers count them to prove idempotence.
+// A route already gone is no error.
+func Apply(log *slog.Logger, link Link, plan Plan, changed func()) error {
+	if changed == nil {
+		changed = func() {}
+	}
 	for _, r := range plan.Delete {
-		if err := netlink.RouteDel(netlinkRoute(linkIndex, r)); err != nil && !IsNotFound(err) {
-			return fmt.Errorf("delete route %s dev %s: %w", r.Dst, linkName, err)
+		if err := netlink.RouteDel(netlinkRoute(link, r)); err != nil && !IsNotFound(err) {
+			return fmt.Errorf("delete route %s %s: %w", r, link, err)
 		}
 		changed()
-		log.Info("route deleted", "dst", r.Dst)
+		log.Info("route deleted", "route", r.String())
 	}
 	for _, r := range plan.Replace {
-		if err := netlink.RouteReplace(netlinkRoute(linkIndex, r)); err != nil {
-			if r.Gw.IsValid() {
-				return fmt.Errorf("replace route %s via %s dev %s src %v mtu %d advmss %d: %w", r.Dst, r.Gw, linkName, r.Src, r.MTU, r.AdvMSS, err)
-			}
-			return fmt.Errorf("replace route %s dev %s src %v mtu %d: %w", r.Dst, linkName, r.Src, r.MTU, err)
+		if err := netlink.RouteReplace(netlinkRoute(link, r)); err != nil {
+			return fmt.Errorf("replace route %s %s: %w", r, link, err)
 		}
 		changed()
-		if r.Gw.IsValid() || r.AdvMSS != 0 {
-			log.Info("route replaced", "dst", r.Dst, "via", r.Gw, "src", r.Src, "mtu", r.MTU, "advmss", r.AdvMSS)
-		} else {
-			log.Info("route replaced", "dst", r.Dst, "src", r.Src, "mtu", r.MTU)
-		}
+		log.Info("route replaced", "route", r.String())
 	}
 	return nil
 }
 
-func netlinkRoute(linkIndex int, r Spec) *netlink.Route {
+func netlinkRoute(link Link, r Spec) *netlink.Route {
 	dst := IPNetFromPrefix(r.Dst)
 	nr := &netlink.Route{
-		LinkIndex: linkIndex,
+		LinkIndex: link.Index,
 		Dst:       &dst,
 		Protocol:  Protocol,
 		Scope:     netlink.SCOPE_LINK,
@@ -222,11 +237,13 @@ func netlinkRoute(linkIndex int, r Spec) *netlink.Route {
 		AdvMSS:    r.AdvMSS,
 	}
 	if r.Gw.IsValid() {
-		// onlink: the gateway is the remote's tunnel address, reachable on the link without a
-		// connected route (several tunnel links may hold the same tunnel prefix).
 		nr.Gw = r.Gw.AsSlice()
 		nr.Scope = netlink.SCOPE_UNIVERSE
-		nr.Flags = int(netlink.FLAG_ONLINK)
+		if link.Index != 0 {
+			// onlink: the gateway is the remote's tunnel address, reachable on the link without
+			// a connected route (several tunnel links may hold the same tunnel prefix).
+			nr.Flags = int(netlink.FLAG_ONLINK)
+		}
 	}
 	if r.Src.IsValid() {
 		nr.Src = r.Src.AsSlice()
@@ -256,28 +273,4 @@ func Sources(local []netip.Prefix) (v4, v6 netip.Addr, err error) {
 		}
 	}
 	return PickSource(addrs, local, true), PickSource(addrs, local, false), nil
-}
-
-// UnderlayLink finds the local link holding addr: its index and MTU. found is false when no local
-// link holds it (a public address behind NAT); callers then assume FallbackUnderlayMTU.
-func UnderlayLink(addr netip.Addr) (index, mtu int, found bool, err error) {
-	if !addr.IsValid() {
-		return 0, 0, false, nil
-	}
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
-	if err != nil {
-		return 0, 0, false, fmt.Errorf("list addresses to find the link of %s: %w", addr, err)
-	}
-	for _, a := range addrs {
-		ip, ok := netip.AddrFromSlice(a.IP)
-		if !ok || ip.Unmap() != addr.Unmap() {
-			continue
-		}
-		l, err := netlink.LinkByIndex(a.LinkIndex)
-		if err != nil {
-			return 0, 0, false, fmt.Errorf("find the link of %s (index %d): %w", addr, a.LinkIndex, err)
-		}
-		return a.LinkIndex, l.Attrs().MTU, true, nil
-	}
-	return 0, 0, false, nil
 }

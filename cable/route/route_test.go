@@ -96,19 +96,6 @@ func TestPickSource(t *testing.T) {
 	}
 }
 
-func TestNormalizeSubnets(t *testing.T) {
-	got, err := NormalizeSubnets(pfx("10.2.0.0/16", "10.1.0.5/16", "10.2.0.0/16"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := pfx("10.1.0.0/16", "10.2.0.0/16"); !slices.Equal(got, want) {
-		t.Errorf("NormalizeSubnets = %v, want masked, sorted, deduplicated %v", got, want)
-	}
-	if _, err := NormalizeSubnets([]netip.Prefix{{}}); err == nil {
-		t.Error("an invalid prefix was accepted")
-	}
-}
-
 func TestPrefixFromIPNetUnmapsIPv4(t *testing.T) {
 	n := net.IPNet{IP: net.ParseIP("10.2.3.4"), Mask: net.CIDRMask(112, 128)} // 16-byte form of a /16
 	got, err := PrefixFromIPNet(n)

@@ -2,6 +2,7 @@ package vxlan
 
 import (
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -12,8 +13,7 @@ import (
 )
 
 // This file holds the pure half of the driver: validating input, computing the kernel state a
-// connection needs, diffing it against what the kernel holds, and computing a connection's state
-// from observations. No I/O.
+// connection needs, and diffing it against what the kernel holds. No I/O.
 
 // zeroMAC is the FDB "default" MAC: frames for unknown or broadcast destinations go to every
 // remote appended under it (head-end replication), as in Submariner.
@@ -46,16 +46,13 @@ func (c conn) remoteVTEP() netip.Addr {
 
 // validateRemote checks remote and returns its normalized subnets. Errors name the field.
 func validateRemote(remote cable.RemoteEndpoint) ([]netip.Prefix, error) {
-	if remote.Cluster == "" {
-		return nil, fmt.Errorf("vxlan connect: remote cluster name is empty")
-	}
-	if !remote.Address.IsValid() || remote.Address.IsUnspecified() {
-		return nil, fmt.Errorf("vxlan connect to cluster %s: address %q is not a usable IP", remote.Cluster, remote.Address)
+	if err := cable.CheckRemote(Name, remote); err != nil {
+		return nil, err
 	}
 	if _, err := VTEPAddr(remote.Address); err != nil {
 		return nil, fmt.Errorf("vxlan connect to cluster %s: %w", remote.Cluster, err)
 	}
-	subnets, err := route.NormalizeSubnets(remote.Subnets)
+	subnets, err := cable.NormalizeSubnets(remote.Subnets)
 	if err != nil {
 		return nil, fmt.Errorf("vxlan connect to cluster %s: %w", remote.Cluster, err)
 	}
@@ -67,40 +64,31 @@ func validateRemote(remote cable.RemoteEndpoint) ([]netip.Prefix, error) {
 	return subnets, nil
 }
 
-// conflict returns why want cannot live beside the other stored connections, or "". A VTEP
-// address two remotes share on one device would send one's traffic to the other; a subnet two
-// clusters share would have its route stolen by whichever connected last.
-func conflict(cluster string, want conn, local netip.Addr, stored map[string]conn) string {
+// checkConflicts refuses want when it cannot live beside the other stored connections: a VTEP
+// address two remotes share on one device would send one's traffic to the other; a device name
+// two (VNI, port) pairs share cannot carry both; a subnet two clusters share would have its route
+// stolen by whichever connected last.
+func checkConflicts(cluster string, want conn, local netip.Addr, stored map[string]conn) error {
 	vtep := want.remoteVTEP()
 	if vtep == local {
-		return fmt.Sprintf("remote address %s maps to VTEP address %s, the same as this node's (only the first octet differs)", want.Address, vtep)
+		return fmt.Errorf("remote address %s maps to VTEP address %s, the same as this node's (only the first octet differs)", want.Address, vtep)
 	}
-	names := make([]string, 0, len(stored))
-	for n := range stored {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	for _, other := range names {
+	others := make(map[string][]netip.Prefix, len(stored))
+	for _, other := range slices.Sorted(maps.Keys(stored)) {
 		if other == cluster {
 			continue
 		}
 		o := stored[other]
+		others[other] = o.Subnets
 		if o.Device == want.Device && (o.VNI != want.VNI || o.Port != want.Port) {
-			return fmt.Sprintf("device %s already carries VNI %d port %d for cluster %s (names of long VNI/port pairs are hashed and collided): set another vni or port",
+			return fmt.Errorf("device %s already carries VNI %d port %d for cluster %s (names of long VNI/port pairs are hashed and collided): set another vni or port",
 				want.Device, o.VNI, o.Port, other)
 		}
 		if o.Device == want.Device && o.remoteVTEP() == vtep {
-			return fmt.Sprintf("remote address %s maps to VTEP address %s, already used by cluster %s at %s", want.Address, vtep, other, o.Address)
-		}
-		for _, theirs := range o.Subnets {
-			for _, ours := range want.Subnets {
-				if theirs.Overlaps(ours) {
-					return fmt.Sprintf("subnet %s overlaps %s of cluster %s", ours, theirs, other)
-				}
-			}
+			return fmt.Errorf("remote address %s maps to VTEP address %s, already used by cluster %s at %s", want.Address, vtep, other, o.Address)
 		}
 	}
-	return ""
+	return cable.CheckOverlap(cluster, want.Subnets, others)
 }
 
 // fdbEntry is one FDB entry of a VXLAN device: frames for MAC go to Dst:Port.
@@ -232,45 +220,6 @@ func planDevice(have *deviceSpec, want deviceSpec) devicePlan {
 		}
 	}
 	return p
-}
-
-// observation is what Connections found on the host for one connection.
-type observation struct {
-	DeviceFound, DeviceUp bool
-	MissingFDB            []fdbEntry
-	MissingNeigh          []neighEntry
-	MissingRoutes         []netip.Prefix
-	// SharedWith is how many other connections use the same device (and so its counters).
-	SharedWith int
-}
-
-// connState turns an observation into a state. VXLAN has no handshake: "connected" means the
-// kernel holds everything traffic needs (device up, FDB, neighbor, routes). Whether the remote
-// answers is for the health probes to tell.
-func connState(device string, o observation) (cable.State, string) {
-	var missing []string
-	switch {
-	case !o.DeviceFound:
-		return cable.StateError, fmt.Sprintf("device %s is missing", device)
-	case !o.DeviceUp:
-		missing = append(missing, fmt.Sprintf("device %s is down", device))
-	}
-	for _, e := range o.MissingFDB {
-		missing = append(missing, "no FDB entry "+e.String())
-	}
-	for _, n := range o.MissingNeigh {
-		missing = append(missing, "no neighbor "+n.String())
-	}
-	for _, r := range o.MissingRoutes {
-		missing = append(missing, "no route to "+r.String())
-	}
-	if len(missing) > 0 {
-		return cable.StateError, strings.Join(missing, "; ")
-	}
-	if o.SharedWith > 0 {
-		return cable.StateConnected, fmt.Sprintf("rx/tx are the counters of device %s, shared with %d other connection(s)", device, o.SharedWith)
-	}
-	return cable.StateConnected, ""
 }
 
 // canonicalMAC lower-cases a MAC the way net.HardwareAddr prints it.

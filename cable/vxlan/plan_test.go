@@ -108,7 +108,7 @@ func TestValidateRemote(t *testing.T) {
 	}
 }
 
-func TestConflict(t *testing.T) {
+func TestCheckConflicts(t *testing.T) {
 	local := addr("240.252.0.1")
 	other := testConn()
 	stored := map[string]conn{"b": other}
@@ -141,9 +141,9 @@ func TestConflict(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			c := testConn()
 			tt.mutate(&c)
-			got := conflict(tt.cluster, c, local, stored)
-			if (tt.want == "") != (got == "") || !strings.Contains(got, tt.want) {
-				t.Errorf("conflict = %q, want %q", got, tt.want)
+			err := checkConflicts(tt.cluster, c, local, stored)
+			if (tt.want == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("checkConflicts = %v, want %q", err, tt.want)
 			}
 		})
 	}

@@ -3,9 +3,7 @@ package vxlan
 import (
 	"fmt"
 	"hash/fnv"
-	"sort"
 	"strconv"
-	"unicode"
 
 	"github.com/cablemesh/cablemesh/cable"
 )
@@ -60,15 +58,6 @@ type pairOptions struct {
 	MTU  int
 }
 
-func sortedKeys(m map[string]string) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
-}
-
 func parsePort(v string) (int, bool) {
 	p, err := strconv.Atoi(v)
 	return p, err == nil && p >= 1 && p <= 65535 && strconv.Itoa(p) == v
@@ -84,39 +73,27 @@ func parseMTU(v string) (int, bool) {
 	return m, err == nil && m >= MinMTU && m <= MaxMTU && strconv.Itoa(m) == v
 }
 
-// parseSettings validates settings and fills defaults. It does no I/O; every error names the key
-// and the value.
+// parseSettings validates settings and fills defaults. It does no I/O; every error is a
+// *cable.SettingError naming the key and the value.
 func parseSettings(s cable.Settings) (config, error) {
 	c := config{Port: DefaultPort, VNI: DefaultVNI, Prefix: DefaultInterfacePrefix}
-	for _, k := range sortedKeys(s) { // sorted: with several bad keys the error is deterministic
+	var err error
+	for _, k := range cable.SortedKeys(s) { // sorted: with several bad keys the error is deterministic
 		v := s[k]
 		switch k {
 		case keyPort:
-			p, ok := parsePort(v)
-			if !ok {
-				return config{}, fmt.Errorf("vxlan setting %s=%q: want a UDP port 1..65535", k, v)
-			}
-			c.Port = p
+			c.Port, err = cable.PortSetting(Name, k, v)
 		case keyVNI:
-			n, ok := parseVNI(v)
-			if !ok {
-				return config{}, fmt.Errorf("vxlan setting %s=%q: want a VNI 1..%d", k, v, MaxVNI)
-			}
-			c.VNI = n
+			c.VNI, err = cable.IntSetting(Name, k, v, 1, MaxVNI)
 		case keyMTU:
-			m, ok := parseMTU(v)
-			if !ok {
-				return config{}, fmt.Errorf("vxlan setting %s=%q: want an integer %d..%d", k, v, MinMTU, MaxMTU)
-			}
-			c.MTU = m
+			c.MTU, err = cable.MTUSetting(Name, k, v, MinMTU, MaxMTU)
 		case keyInterfacePrefix:
-			if err := validPrefix(v); err != nil {
-				return config{}, fmt.Errorf("vxlan setting %s=%q: %w", k, v, err)
-			}
-			c.Prefix = v
+			c.Prefix, err = v, validPrefix(v)
 		default:
-			return config{}, fmt.Errorf("vxlan setting %s=%q: unknown key (known: %s, %s, %s, %s)",
-				k, v, keyInterfacePrefix, keyMTU, keyPort, keyVNI)
+			err = cable.UnknownSetting(Name, k, v, keyPort, keyVNI, keyMTU, keyInterfacePrefix)
+		}
+		if err != nil {
+			return config{}, err
 		}
 	}
 	return c, nil
@@ -126,7 +103,7 @@ func parseSettings(s cable.Settings) (config, error) {
 // keys are errors, never silently ignored; every error names the key and the value.
 func parseOptions(o cable.Options) (pairOptions, error) {
 	var p pairOptions
-	for _, k := range sortedKeys(o) {
+	for _, k := range cable.SortedKeys(o) {
 		v := o[k]
 		switch k {
 		case keyVNI:
@@ -154,25 +131,14 @@ func parseOptions(o cable.Options) (pairOptions, error) {
 	return p, nil
 }
 
-// validPrefix applies the kernel's dev_valid_name rules to the prefix and keeps room for the VNI.
+// validPrefix applies the kernel's link name rules to the interface prefix, keeping room for the
+// VNI.
 func validPrefix(p string) error {
-	switch {
-	case p == "":
-		return fmt.Errorf("interface prefix is empty")
-	case len(p) > maxPrefix:
-		return fmt.Errorf("interface prefix is %d bytes, at most %d leave room for the VNI in the kernel's 15", len(p), maxPrefix)
-	case p == "." || p == "..":
-		return fmt.Errorf("interface prefix may not be . or ..")
+	if len(p) > maxPrefix {
+		return cable.BadSetting(Name, keyInterfacePrefix, p, "is %d bytes: at most %d leave room for the VNI in the kernel's 15", len(p), maxPrefix)
 	}
-	return checkNameChars(p)
-}
-
-// checkNameChars rejects the characters the kernel refuses in a link name.
-func checkNameChars(name string) error {
-	for _, r := range name {
-		if r == '/' || r == ':' || unicode.IsSpace(r) || r > unicode.MaxASCII || !unicode.IsPrint(r) {
-			return fmt.Errorf("interface prefix has the invalid character %q", r)
-		}
+	if err := cable.CheckLinkName(p, maxPrefix); err != nil {
+		return cable.BadSetting(Name, keyInterfacePrefix, p, "%v", err)
 	}
 	return nil
 }

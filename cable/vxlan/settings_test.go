@@ -20,19 +20,23 @@ func TestParseSettings(t *testing.T) {
 		{name: "every key is taken", in: cable.Settings{"port": "4790", "vni": "7", "mtu": "1400", "interfacePrefix": "vx"},
 			want: config{Port: 4790, VNI: 7, MTU: 1400, Prefix: "vx"}},
 		{name: "the largest VNI is accepted", in: cable.Settings{"vni": "16777215"}, want: config{Port: 4789, VNI: 16777215, Prefix: "cbl-vx"}},
-		{name: "an unknown key is an error naming it", in: cable.Settings{"interface": "x"}, wantErr: `interface="x": unknown key`},
-		{name: "port 0 is an error", in: cable.Settings{"port": "0"}, wantErr: `port="0"`},
-		{name: "a port above 65535 is an error", in: cable.Settings{"port": "65536"}, wantErr: `port="65536"`},
-		{name: "a port with a plus sign is an error", in: cable.Settings{"port": "+4789"}, wantErr: `port="+4789"`},
-		{name: "VNI 0 is an error", in: cable.Settings{"vni": "0"}, wantErr: `vni="0"`},
-		{name: "a VNI above 24 bits is an error", in: cable.Settings{"vni": "16777216"}, wantErr: `vni="16777216"`},
-		{name: "a VNI with leading zeros is an error", in: cable.Settings{"vni": "0100"}, wantErr: `vni="0100"`},
-		{name: "an MTU below 576 is an error", in: cable.Settings{"mtu": "575"}, wantErr: `mtu="575"`},
-		{name: "a non-numeric MTU is an error", in: cable.Settings{"mtu": "big"}, wantErr: `mtu="big"`},
-		{name: "a prefix longer than 6 bytes is an error", in: cable.Settings{"interfacePrefix": "cbl-vxl"}, wantErr: `interfacePrefix="cbl-vxl"`},
-		{name: "an empty prefix is an error", in: cable.Settings{"interfacePrefix": ""}, wantErr: "empty"},
-		{name: "a prefix with a slash is an error", in: cable.Settings{"interfacePrefix": "a/b"}, wantErr: "invalid character"},
-		{name: "with several bad keys the first in order is reported", in: cable.Settings{"vni": "x", "mtu": "y"}, wantErr: `mtu="y"`},
+		{name: "MTU 0 is automatic", in: cable.Settings{"mtu": "0"}, want: config{Port: 4789, VNI: 100, Prefix: "cbl-vx"}},
+		{name: "an unknown key is an error naming it and the known keys", in: cable.Settings{"interface": "x"},
+			wantErr: `vxlan.interface: "x" is refused: unknown field "interface" (known: interfacePrefix, mtu, port, vni)`},
+		{name: "port 0 is an error, not the default", in: cable.Settings{"port": "0"}, wantErr: "vxlan.port: 0 is not a UDP port"},
+		{name: "a port above 65535 is an error", in: cable.Settings{"port": "65536"}, wantErr: "vxlan.port: 65536 is not a UDP port"},
+		{name: "port 70000 is an error", in: cable.Settings{"port": "70000"}, wantErr: "vxlan.port: 70000 is not a UDP port"},
+		{name: "a port with a plus sign is an error", in: cable.Settings{"port": "+4789"}, wantErr: `vxlan.port: "+4789" is not a UDP port`},
+		{name: "VNI 0 is an error", in: cable.Settings{"vni": "0"}, wantErr: "vxlan.vni: 0 is out of range"},
+		{name: "a VNI above 24 bits is an error", in: cable.Settings{"vni": "16777216"}, wantErr: "vxlan.vni: 16777216 is out of range"},
+		{name: "a VNI with leading zeros is an error", in: cable.Settings{"vni": "0100"}, wantErr: `vxlan.vni: "0100"`},
+		{name: "an MTU below 576 is an error", in: cable.Settings{"mtu": "575"}, wantErr: "vxlan.mtu: 575 is out of range"},
+		{name: "an MTU of 500 is an error", in: cable.Settings{"mtu": "500"}, wantErr: "vxlan.mtu: 500 is out of range"},
+		{name: "a non-numeric MTU is an error", in: cable.Settings{"mtu": "big"}, wantErr: `vxlan.mtu: "big"`},
+		{name: "a prefix longer than 6 bytes is an error", in: cable.Settings{"interfacePrefix": "cbl-vxl"}, wantErr: `vxlan.interfacePrefix: "cbl-vxl" is 7 bytes`},
+		{name: "an empty prefix is an error", in: cable.Settings{"interfacePrefix": ""}, wantErr: `vxlan.interfacePrefix: "" is empty`},
+		{name: "a prefix with a slash is an error", in: cable.Settings{"interfacePrefix": "a/b"}, wantErr: `vxlan.interfacePrefix: "a/b" has the invalid character`},
+		{name: "with several bad keys the first in order is reported", in: cable.Settings{"vni": "x", "mtu": "y"}, wantErr: `vxlan.mtu: "y"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -148,7 +152,7 @@ func TestDeviceName(t *testing.T) {
 			if len(got) > 15 {
 				t.Errorf("deviceName = %q is longer than 15 bytes", got)
 			}
-			if err := checkNameChars(got); err != nil {
+			if err := cable.CheckLinkName(got, cable.MaxLinkName); err != nil {
 				t.Errorf("deviceName = %q: %v", got, err)
 			}
 		})
@@ -217,7 +221,7 @@ func TestNewDriverValidatesTheNode(t *testing.T) {
 		{"an IPv6 advertise address is an error naming it", func(n *cable.LocalNode) { n.AdvertiseAddress = netip.MustParseAddr("fd00::1") }, nil, `"fd00::1" is not IPv4`},
 		{"no advertise address is an error", func(n *cable.LocalNode) { n.AdvertiseAddress = netip.Addr{} }, nil, "not IPv4"},
 		{"an empty state dir is an error", func(n *cable.LocalNode) { n.StateDir = "" }, nil, "empty StateDir"},
-		{"a bad setting is an error naming it", func(*cable.LocalNode) {}, cable.Settings{"vni": "0"}, `vni="0"`},
+		{"a bad setting is an error naming it", func(*cable.LocalNode) {}, cable.Settings{"vni": "0"}, "vxlan.vni: 0"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

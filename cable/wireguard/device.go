@@ -1,7 +1,6 @@
 package wireguard
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -44,23 +43,11 @@ type kernelDevice struct{ name string }
 
 func (k *kernelDevice) Kind() string { return KindKernel }
 
-func (k *kernelDevice) Close() error {
-	l, err := netlink.LinkByName(k.name)
-	if err != nil {
-		var nf netlink.LinkNotFoundError
-		if errors.As(err, &nf) {
-			return nil
-		}
-		return fmt.Errorf("find link %s: %w", k.name, err)
-	}
-	if err := netlink.LinkDel(l); err != nil {
-		return fmt.Errorf("delete link %s: %w", k.name, err)
-	}
-	return nil
-}
+func (k *kernelDevice) Close() error { return deleteLink(k.name) }
 
 // userDevice is wireguard-go running in this process on a TUN device, configured over its UAPI
-// socket. It dies with the process.
+// socket. It dies with the process. It owns the UAPI accept loop and one goroutine per UAPI
+// connection: Close ends them all and waits for them.
 type userDevice struct {
 	name    string
 	dev     *device.Device
@@ -69,6 +56,9 @@ type userDevice struct {
 	closing chan struct{}
 	closed  sync.Once
 	err     error
+
+	mu    sync.Mutex
+	conns map[net.Conn]bool // UAPI connections being served
 }
 
 func (u *userDevice) Kind() string { return KindUserspace }
@@ -76,9 +66,15 @@ func (u *userDevice) Kind() string { return KindUserspace }
 func (u *userDevice) Close() error {
 	u.closed.Do(func() {
 		// Closing the listener unlinks the socket file and ends the accept loop; closing the
-		// device closes the TUN, which removes the link and with it its routes.
+		// connections ends their handlers even when a client keeps one open; closing the device
+		// closes the TUN, which removes the link and with it its routes.
 		close(u.closing)
 		lerr := u.uapi.Close()
+		u.mu.Lock()
+		for c := range u.conns {
+			c.Close()
+		}
+		u.mu.Unlock()
 		u.dev.Close()
 		u.wg.Wait()
 		if err := os.Remove(UAPISocketPath(u.name)); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -94,9 +90,45 @@ func (u *userDevice) Close() error {
 	return u.err
 }
 
+// serve runs the UAPI accept loop until Close.
+func (u *userDevice) serve(log *slog.Logger) {
+	defer u.wg.Done()
+	for {
+		c, err := u.uapi.Accept()
+		if err != nil {
+			select {
+			case <-u.closing:
+			default:
+				// The listener also fails when someone deletes the socket file: the device
+				// keeps forwarding but can no longer be configured or read.
+				log.Error("UAPI listener stopped; device can no longer be configured", "socket", UAPISocketPath(u.name), "err", err)
+			}
+			return
+		}
+		u.mu.Lock()
+		select {
+		case <-u.closing:
+			u.mu.Unlock()
+			c.Close()
+			return
+		default:
+		}
+		u.conns[c] = true
+		u.wg.Add(1)
+		u.mu.Unlock()
+		go func() {
+			defer u.wg.Done()
+			u.dev.IpcHandle(c) // closes c
+			u.mu.Lock()
+			delete(u.conns, c)
+			u.mu.Unlock()
+		}()
+	}
+}
+
 // openDevice creates (or, for a kernel device left by an earlier agent run, adopts) the link.
 // It tries the kernel first; when the kernel has no WireGuard it runs wireguard-go in-process.
-func openDevice(ctx context.Context, log *slog.Logger, name string, mtu int) (wgDevice, error) {
+func openDevice(log *slog.Logger, name string, mtu int) (wgDevice, error) {
 	la := netlink.NewLinkAttrs()
 	la.Name = name
 	la.MTU = mtu
@@ -117,11 +149,11 @@ func openDevice(ctx context.Context, log *slog.Logger, name string, mtu int) (wg
 		}
 		return nil, fmt.Errorf("link %s exists with type %q, not wireguard (another process or an earlier device holds the name)", name, l.Type())
 	}
-	log.Info("kernel has no wireguard, using wireguard-go in-process", "probe_error", err)
-	return openUserDevice(ctx, log, name, mtu)
+	log.Info("kernel has no wireguard, using wireguard-go in-process", "err", err)
+	return openUserDevice(log, name, mtu)
 }
 
-func openUserDevice(_ context.Context, log *slog.Logger, name string, mtu int) (_ wgDevice, err error) {
+func openUserDevice(log *slog.Logger, name string, mtu int) (_ wgDevice, err error) {
 	sock := UAPISocketPath(name)
 	// A socket file left by a process that died is stale; one that answers belongs to a live
 	// device (possibly in another network namespace sharing this mount namespace).
@@ -158,29 +190,8 @@ func openUserDevice(_ context.Context, log *slog.Logger, name string, mtu int) (
 		os.Remove(sock)
 		return nil, fmt.Errorf("listen on UAPI socket %s: %w", sock, err)
 	}
-	u := &userDevice{name: name, dev: dev, uapi: l, closing: make(chan struct{})}
+	u := &userDevice{name: name, dev: dev, uapi: l, closing: make(chan struct{}), conns: map[net.Conn]bool{}}
 	u.wg.Add(1)
-	go func() {
-		// Owned by u: ends when Close closes the listener.
-		defer u.wg.Done()
-		for {
-			c, aerr := l.Accept()
-			if aerr != nil {
-				select {
-				case <-u.closing:
-				default:
-					// The listener also fails when someone deletes the socket file: the device
-					// keeps forwarding but can no longer be configured or read.
-					log.Error("UAPI listener stopped; device can no longer be configured", "socket", sock, "error", aerr)
-				}
-				return
-			}
-			u.wg.Add(1)
-			go func() {
-				defer u.wg.Done()
-				dev.IpcHandle(c) // closes c
-			}()
-		}
-	}()
+	go u.serve(log)
 	return u, nil
 }

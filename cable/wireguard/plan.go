@@ -2,6 +2,7 @@ package wireguard
 
 import (
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -28,21 +29,18 @@ type desiredPeer struct {
 
 // desiredFromRemote validates remote and builds the peer it asks for. Errors name the field.
 func desiredFromRemote(remote cable.RemoteEndpoint, keepalive time.Duration) (desiredPeer, error) {
-	if remote.Cluster == "" {
-		return desiredPeer{}, fmt.Errorf("wireguard connect: remote cluster name is empty")
+	if err := cable.CheckRemote(Name, remote); err != nil {
+		return desiredPeer{}, err
 	}
 	pub := remote.Attributes[AttrPublicKey]
 	key, err := wgtypes.ParseKey(pub)
 	if err != nil {
 		return desiredPeer{}, fmt.Errorf("wireguard connect to cluster %s: public key %q: %w", remote.Cluster, pub, err)
 	}
-	if !remote.Address.IsValid() || remote.Address.IsUnspecified() {
-		return desiredPeer{}, fmt.Errorf("wireguard connect to cluster %s: address %q is not a usable IP", remote.Cluster, remote.Address)
-	}
 	if remote.Port == 0 {
 		return desiredPeer{}, fmt.Errorf("wireguard connect to cluster %s: port 0", remote.Cluster)
 	}
-	subnets, err := normalizeSubnets(remote.Subnets)
+	subnets, err := cable.NormalizeSubnets(remote.Subnets)
 	if err != nil {
 		return desiredPeer{}, fmt.Errorf("wireguard connect to cluster %s: %w", remote.Cluster, err)
 	}
@@ -56,47 +54,75 @@ func desiredFromRemote(remote cable.RemoteEndpoint, keepalive time.Duration) (de
 	}, nil
 }
 
-// normalizeSubnets masks, sorts and de-duplicates prefixes, rejecting invalid ones.
-func normalizeSubnets(in []netip.Prefix) ([]netip.Prefix, error) { return route.NormalizeSubnets(in) }
+// checkConflicts refuses want when it cannot live beside the stored clusters: this node's own
+// key; a subnet another cluster has (WireGuard gives an allowed IP to exactly one peer, so an
+// overlap would silently move traffic from one cluster's tunnel to another's); a key another
+// cluster's peer has.
+func checkConflicts(want desiredPeer, own wgtypes.Key, stored map[string]storedConn) error {
+	if want.PublicKey == own {
+		return fmt.Errorf("public key %s is this node's own", want.PublicKey)
+	}
+	others := make(map[string][]netip.Prefix, len(stored))
+	for cluster, c := range stored {
+		others[cluster] = c.Subnets
+	}
+	if err := cable.CheckOverlap(want.Cluster, want.Subnets, others); err != nil {
+		return err
+	}
+	for _, cluster := range slices.Sorted(maps.Keys(stored)) {
+		if cluster != want.Cluster && stored[cluster].PublicKey == want.PublicKey.String() {
+			return fmt.Errorf("public key %s is already the peer of cluster %s", want.PublicKey, cluster)
+		}
+	}
+	return nil
+}
 
-// overlappingCluster returns the first subnet of another stored cluster that overlaps one of
-// subnets. WireGuard gives an allowed IP to exactly one peer, so an overlap would silently move
-// traffic from one cluster's tunnel to another's.
-func overlappingCluster(cluster string, subnets []netip.Prefix, stored map[string]storedConn) (string, netip.Prefix, netip.Prefix, bool) {
-	names := make([]string, 0, len(stored))
-	for n := range stored {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	for _, other := range names {
-		if other == cluster {
-			continue
-		}
-		for _, theirs := range stored[other].Subnets {
-			for _, ours := range subnets {
-				if theirs.Overlaps(ours) {
-					return other, theirs, ours, true
-				}
-			}
+// peerChanges is the wgctrl change that makes dev hold want for its cluster: the peer of the
+// cluster's old key removed when the remote's key changed (old is the stored connection, if
+// any), and want's peer configured unless the device already has it exactly. Empty: nothing to
+// do.
+func peerChanges(dev *wgtypes.Device, old *storedConn, want desiredPeer) []wgtypes.PeerConfig {
+	var peers []wgtypes.PeerConfig
+	if old != nil && old.PublicKey != want.PublicKey.String() {
+		if k, err := wgtypes.ParseKey(old.PublicKey); err == nil && hasPeer(dev, k) {
+			peers = append(peers, wgtypes.PeerConfig{PublicKey: k, Remove: true})
 		}
 	}
-	return "", netip.Prefix{}, netip.Prefix{}, false
+	if !deviceHolds(dev, want) {
+		peers = append(peers, peerConfig(want))
+	}
+	return peers
+}
+
+// deviceHolds reports whether dev has exactly want's peer.
+func deviceHolds(dev *wgtypes.Device, want desiredPeer) bool {
+	p, ok := findPeer(dev, want.PublicKey)
+	return ok && peerMatches(p, want)
+}
+
+func findPeer(dev *wgtypes.Device, k wgtypes.Key) (wgtypes.Peer, bool) {
+	for _, p := range dev.Peers {
+		if p.PublicKey == k {
+			return p, true
+		}
+	}
+	return wgtypes.Peer{}, false
+}
+
+func hasPeer(dev *wgtypes.Device, k wgtypes.Key) bool {
+	_, ok := findPeer(dev, k)
+	return ok
 }
 
 // peerMatches reports whether the peer on the device already is exactly the desired one.
 func peerMatches(p wgtypes.Peer, want desiredPeer) bool {
-	if p.PublicKey != want.PublicKey || p.PersistentKeepaliveInterval != want.Keepalive {
+	if p.PublicKey != want.PublicKey || p.PersistentKeepaliveInterval != want.Keepalive || p.Endpoint == nil {
 		return false
 	}
-	if p.Endpoint == nil || p.Endpoint.AddrPort() != want.Endpoint {
-		// UDPAddr.AddrPort keeps a v4-mapped form for some inputs; compare unmapped.
-		if p.Endpoint == nil {
-			return false
-		}
-		ap := p.Endpoint.AddrPort()
-		if netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()) != want.Endpoint {
-			return false
-		}
+	// UDPAddr.AddrPort keeps a v4-mapped form for some inputs; compare unmapped.
+	ap := p.Endpoint.AddrPort()
+	if netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()) != want.Endpoint {
+		return false
 	}
 	have, err := prefixesFromIPNets(p.AllowedIPs)
 	if err != nil {
@@ -115,7 +141,7 @@ func prefixesFromIPNets(nets []net.IPNet) ([]netip.Prefix, error) {
 		}
 		out = append(out, p)
 	}
-	return normalizeSubnets(out)
+	return cable.NormalizeSubnets(out)
 }
 
 // peerConfig is the wgctrl change that makes the device hold want.
@@ -132,6 +158,26 @@ func peerConfig(want desiredPeer) wgtypes.PeerConfig {
 		ReplaceAllowedIPs:           true,
 		AllowedIPs:                  allowed,
 	}
+}
+
+// deviceChanges is what Init changes on the device: its key and port when they differ, and the
+// removal of the peers no stored cluster claims (see staleState). nil: nothing.
+func deviceChanges(dev *wgtypes.Device, key wgtypes.Key, port int, stale []wgtypes.Key) *wgtypes.Config {
+	var cfg wgtypes.Config
+	changed := false
+	if dev.PrivateKey != key {
+		cfg.PrivateKey, changed = &key, true
+	}
+	if dev.ListenPort != port {
+		cfg.ListenPort, changed = &port, true
+	}
+	for _, k := range stale {
+		cfg.Peers, changed = append(cfg.Peers, wgtypes.PeerConfig{PublicKey: k, Remove: true}), true
+	}
+	if !changed {
+		return nil
+	}
+	return &cfg
 }
 
 // staleState compares the peers on the device with the stored clusters after a restart. Peers no
@@ -159,4 +205,30 @@ func staleState(onDevice []wgtypes.Key, conns map[string]storedConn) (remove []w
 	}
 	slices.Sort(forget)
 	return remove, forget
+}
+
+// staleRoutes are the routes of ours over the link for subnets no stored cluster has.
+func staleRoutes(existing []route.Spec, conns map[string]storedConn) []route.Spec {
+	owned := map[netip.Prefix]bool{}
+	for _, c := range conns {
+		for _, s := range c.Subnets {
+			owned[s] = true
+		}
+	}
+	var stale []route.Spec
+	for _, r := range existing {
+		if !owned[r.Dst] {
+			stale = append(stale, r)
+		}
+	}
+	return stale
+}
+
+// routePlan is the route change over the link for one cluster: want are its routes now (nil for
+// Disconnect); its old subnets (old, the stored connection, if any) that want has not any more
+// are removed. Routes of other clusters are left alone.
+func routePlan(existing []route.Spec, old *storedConn, want []route.Spec) route.Plan {
+	return route.PlanRoutes(existing, want, func(p netip.Prefix) bool {
+		return old != nil && slices.Contains(old.Subnets, p)
+	})
 }

@@ -107,16 +107,28 @@ func TestPeerMatches(t *testing.T) {
 
 // Route planning and source choice are tested in cable/route, which this driver uses.
 
-func TestOverlappingClusterIsFound(t *testing.T) {
-	stored := map[string]storedConn{"b": {Subnets: pfx("10.2.0.0/16")}, "c": {Subnets: pfx("10.3.0.0/16")}}
-	if other, _, _, bad := overlappingCluster("d", pfx("10.3.1.0/24"), stored); !bad || other != "c" {
-		t.Errorf("overlap of 10.3.1.0/24: got %q %v, want cluster c", other, bad)
+func TestCheckConflicts(t *testing.T) {
+	own, kb, kc := testKey(t), testKey(t), testKey(t)
+	stored := map[string]storedConn{"b": {PublicKey: kb.String(), Subnets: pfx("10.2.0.0/16")}, "c": {PublicKey: kc.String(), Subnets: pfx("10.3.0.0/16")}}
+	tests := []struct {
+		name string
+		want desiredPeer
+		err  string
+	}{
+		{"a new cluster with its own key and subnets is accepted", desiredPeer{Cluster: "d", PublicKey: testKey(t), Subnets: pfx("10.4.0.0/16")}, ""},
+		{"a cluster overlapping its own old subnets is accepted", desiredPeer{Cluster: "b", PublicKey: kb, Subnets: pfx("10.2.0.0/16")}, ""},
+		{"a subnet overlapping another cluster's is refused", desiredPeer{Cluster: "d", PublicKey: testKey(t), Subnets: pfx("10.3.1.0/24")},
+			"subnet 10.3.1.0/24 overlaps 10.3.0.0/16 of cluster c"},
+		{"this node's own key is refused", desiredPeer{Cluster: "d", PublicKey: own, Subnets: pfx("10.4.0.0/16")}, "is this node's own"},
+		{"another cluster's key is refused", desiredPeer{Cluster: "d", PublicKey: kc, Subnets: pfx("10.4.0.0/16")}, "is already the peer of cluster c"},
 	}
-	if _, _, _, bad := overlappingCluster("b", pfx("10.2.0.0/16"), stored); bad {
-		t.Errorf("a cluster overlapping its own old subnets was reported")
-	}
-	if _, _, _, bad := overlappingCluster("d", pfx("10.4.0.0/16"), stored); bad {
-		t.Errorf("disjoint subnets were reported as overlapping")
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := checkConflicts(tt.want, own, stored)
+			if (err == nil) != (tt.err == "") || err != nil && !strings.Contains(err.Error(), tt.err) {
+				t.Errorf("checkConflicts = %v, want %q", err, tt.err)
+			}
+		})
 	}
 }
 

@@ -2,11 +2,8 @@ package wireguard
 
 import (
 	"fmt"
-	"sort"
-	"strconv"
 	"strings"
 	"time"
-	"unicode"
 
 	"github.com/cablemesh/cablemesh/cable"
 )
@@ -27,12 +24,16 @@ const (
 	MinMTU = 1280
 	// MaxMTU is the largest MTU we accept.
 	MaxMTU = 65535
-	// fallbackUnderlayMTU is assumed when the link holding the advertise address cannot be found
-	// (e.g. the advertised address is a NAT's public address).
-	fallbackUnderlayMTU = 1500
+	// maxKeepalive is the largest persistent keepalive WireGuard takes (whole seconds, 16 bits).
+	maxKeepalive = 65535 * time.Second
 )
 
-// Setting keys.
+// Setting keys:
+//
+//	interface  name of the WireGuard link (cbl-wg0)
+//	port       UDP port WireGuard listens on and this node publishes (51820)
+//	mtu        MTU of the link and its routes; 0 or unset: the underlay link's MTU - Overhead
+//	keepalive  persistent keepalive of every peer, whole seconds, 0s disables (25s)
 const (
 	keyInterface = "interface"
 	keyPort      = "port"
@@ -49,79 +50,47 @@ type config struct {
 	Keepalive time.Duration
 }
 
-// parseSettings validates settings and fills defaults. It does no I/O; every error names the key
-// and the value.
+// parseSettings validates settings and fills defaults. It does no I/O; every error is a
+// *cable.SettingError naming the key and the value.
 func parseSettings(s cable.Settings) (config, error) {
 	c := config{Interface: DefaultInterface, Port: DefaultPort, Keepalive: DefaultKeepalive}
-	// Sorted so that with several bad keys the error is deterministic.
-	keys := make([]string, 0, len(s))
-	for k := range s {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
+	var err error
+	for _, k := range cable.SortedKeys(s) { // sorted: with several bad keys the error is deterministic
 		v := s[k]
 		switch k {
 		case keyInterface:
-			if err := validInterfaceName(v); err != nil {
-				return config{}, fmt.Errorf("wireguard setting %s=%q: %w", k, v, err)
+			if err := cable.CheckLinkName(v, cable.MaxLinkName); err != nil {
+				return config{}, cable.BadSetting(Name, k, v, "%v", err)
 			}
 			c.Interface = v
 		case keyPort:
-			p, err := strconv.Atoi(v)
-			if err != nil || p < 1 || p > 65535 {
-				return config{}, fmt.Errorf("wireguard setting %s=%q: want a UDP port 1..65535", k, v)
+			if c.Port, err = cable.PortSetting(Name, k, v); err != nil {
+				return config{}, err
 			}
-			c.Port = p
 		case keyMTU:
-			m, err := strconv.Atoi(v)
-			if err != nil || m < MinMTU || m > MaxMTU {
-				return config{}, fmt.Errorf("wireguard setting %s=%q: want an integer %d..%d", k, v, MinMTU, MaxMTU)
+			if c.MTU, err = cable.MTUSetting(Name, k, v, MinMTU, MaxMTU); err != nil {
+				return config{}, err
 			}
-			c.MTU = m
 		case keyKeepalive:
-			d, err := time.ParseDuration(v)
-			if err != nil {
-				return config{}, fmt.Errorf("wireguard setting %s=%q: want a duration such as 25s (0 disables): %v", k, v, err)
-			}
 			// WireGuard counts keepalive in whole seconds, 0..65535.
-			if d < 0 || d%time.Second != 0 || d > 65535*time.Second {
-				return config{}, fmt.Errorf("wireguard setting %s=%q: want whole seconds between 0s and 65535s", k, v)
+			d, perr := time.ParseDuration(v)
+			if perr != nil {
+				return config{}, cable.BadSetting(Name, k, v, "is not a duration such as 25s (0s disables)")
+			}
+			if d < 0 || d%time.Second != 0 || d > maxKeepalive {
+				return config{}, cable.BadSetting(Name, k, v, "is not whole seconds between 0s and 65535s")
 			}
 			c.Keepalive = d
 		default:
-			return config{}, fmt.Errorf("wireguard setting %s=%q: unknown key (known: %s, %s, %s, %s)",
-				k, v, keyInterface, keyPort, keyMTU, keyKeepalive)
+			return config{}, cable.UnknownSetting(Name, k, v, keyInterface, keyPort, keyMTU, keyKeepalive)
 		}
 	}
 	return c, nil
 }
 
-// validInterfaceName applies the kernel's dev_valid_name rules.
-func validInterfaceName(name string) error {
-	switch {
-	case name == "":
-		return fmt.Errorf("interface name is empty")
-	case len(name) > 15:
-		return fmt.Errorf("interface name is %d bytes, the kernel allows at most 15", len(name))
-	case name == "." || name == "..":
-		return fmt.Errorf("interface name may not be . or ..")
-	}
-	for _, r := range name {
-		if r == '/' || r == ':' || unicode.IsSpace(r) || r > unicode.MaxASCII || !unicode.IsPrint(r) {
-			return fmt.Errorf("interface name has the invalid character %q", r)
-		}
-	}
-	return nil
-}
-
 // defaultMTU derives the tunnel MTU from the underlay link's MTU.
 func defaultMTU(underlayMTU int) int {
-	m := underlayMTU - Overhead
-	if m < MinMTU {
-		return MinMTU
-	}
-	return m
+	return max(underlayMTU-Overhead, MinMTU)
 }
 
 // parseOptions validates the per-connection options of a policy. The wireguard driver has none
@@ -130,13 +99,8 @@ func parseOptions(o cable.Options) error {
 	if len(o) == 0 {
 		return nil
 	}
-	keys := make([]string, 0, len(o))
-	for k := range o {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	parts := make([]string, 0, len(keys))
-	for _, k := range keys {
+	parts := make([]string, 0, len(o))
+	for _, k := range cable.SortedKeys(o) {
 		parts = append(parts, fmt.Sprintf("%s=%q", k, o[k]))
 	}
 	return fmt.Errorf("wireguard option %s: unknown key (the wireguard driver takes no per-connection options)", strings.Join(parts, ", "))

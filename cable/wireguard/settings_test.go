@@ -19,21 +19,28 @@ func TestParseSettings(t *testing.T) {
 			want: config{Interface: "cbl-wg0", Port: 51820, Keepalive: 25 * time.Second}},
 		{name: "every key can be set", in: cable.Settings{"interface": "wg-x", "port": "4500", "mtu": "1380", "keepalive": "0s"},
 			want: config{Interface: "wg-x", Port: 4500, MTU: 1380, Keepalive: 0}},
-		{name: "an unknown key is an error naming key and value", in: cable.Settings{"listen": "1.2.3.4"},
-			wantErr: []string{"listen", "1.2.3.4", "unknown key"}},
+		{name: "MTU 0 is automatic", in: cable.Settings{"mtu": "0"},
+			want: config{Interface: "cbl-wg0", Port: 51820, Keepalive: 25 * time.Second}},
+		{name: "an unknown key is an error naming key and value and listing the known keys", in: cable.Settings{"listen": "1.2.3.4"},
+			wantErr: []string{`wireguard.listen: "1.2.3.4" is refused: unknown field "listen"`, "known: interface, keepalive, mtu, port"}},
 		{name: "a port that is not a number is an error", in: cable.Settings{"port": "http"},
-			wantErr: []string{"port", `"http"`}},
-		{name: "port 0 is an error", in: cable.Settings{"port": "0"}, wantErr: []string{"port", `"0"`}},
-		{name: "port above 65535 is an error", in: cable.Settings{"port": "65536"}, wantErr: []string{"port", "65536"}},
-		{name: "an MTU below the IPv6 minimum is an error", in: cable.Settings{"mtu": "1279"}, wantErr: []string{"mtu", "1279"}},
+			wantErr: []string{`wireguard.port: "http" is not a UDP port`}},
+		{name: "port 0 is an error, not the default", in: cable.Settings{"port": "0"}, wantErr: []string{"wireguard.port: 0 is not a UDP port"}},
+		{name: "port above 65535 is an error", in: cable.Settings{"port": "65536"}, wantErr: []string{"wireguard.port: 65536"}},
+		{name: "port 70000 is an error", in: cable.Settings{"port": "70000"}, wantErr: []string{"wireguard.port: 70000"}},
+		{name: "an MTU below the IPv6 minimum is an error", in: cable.Settings{"mtu": "1279"}, wantErr: []string{"wireguard.mtu: 1279 is out of range"}},
+		{name: "an MTU of 100 is an error", in: cable.Settings{"mtu": "100"}, wantErr: []string{"wireguard.mtu: 100"}},
 		{name: "an interface name longer than 15 bytes is an error", in: cable.Settings{"interface": "cbl-wireguard-000"},
-			wantErr: []string{"interface", "cbl-wireguard-000", "15"}},
-		{name: "an interface name with a slash is an error", in: cable.Settings{"interface": "a/b"}, wantErr: []string{"interface", "a/b"}},
-		{name: "an interface name with a space is an error", in: cable.Settings{"interface": "a b"}, wantErr: []string{"interface"}},
-		{name: "an empty interface name is an error", in: cable.Settings{"interface": ""}, wantErr: []string{"interface", "empty"}},
-		{name: "a keepalive that is no duration is an error", in: cable.Settings{"keepalive": "25"}, wantErr: []string{"keepalive", `"25"`}},
-		{name: "a keepalive with fractions of a second is an error", in: cable.Settings{"keepalive": "1500ms"}, wantErr: []string{"keepalive", "1500ms", "whole seconds"}},
-		{name: "a negative keepalive is an error", in: cable.Settings{"keepalive": "-5s"}, wantErr: []string{"keepalive", "-5s"}},
+			wantErr: []string{`wireguard.interface: "cbl-wireguard-000"`, "15"}},
+		{name: "a much too long interface name is an error", in: cable.Settings{"interface": "cbl-this-is-too-long"},
+			wantErr: []string{`wireguard.interface: "cbl-this-is-too-long"`}},
+		{name: "an interface named .. is an error", in: cable.Settings{"interface": ".."}, wantErr: []string{`wireguard.interface: ".."`}},
+		{name: "an interface name with a slash is an error", in: cable.Settings{"interface": "a/b"}, wantErr: []string{`wireguard.interface: "a/b"`}},
+		{name: "an interface name with a space is an error", in: cable.Settings{"interface": "a b"}, wantErr: []string{`wireguard.interface: "a b"`}},
+		{name: "an empty interface name is an error", in: cable.Settings{"interface": ""}, wantErr: []string{`wireguard.interface: ""`, "empty"}},
+		{name: "a keepalive that is no duration is an error", in: cable.Settings{"keepalive": "25"}, wantErr: []string{"wireguard.keepalive: 25 "}},
+		{name: "a keepalive with fractions of a second is an error", in: cable.Settings{"keepalive": "1500ms"}, wantErr: []string{`wireguard.keepalive: "1500ms"`, "whole seconds"}},
+		{name: "a negative keepalive is an error", in: cable.Settings{"keepalive": "-5s"}, wantErr: []string{`wireguard.keepalive: "-5s"`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -103,7 +110,7 @@ func FuzzParseSettings(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if validInterfaceName(c.Interface) != nil || c.Port < 1 || c.Port > 65535 || c.MTU < MinMTU || c.Keepalive < 0 {
+		if cable.CheckLinkName(c.Interface, cable.MaxLinkName) != nil || c.Port < 1 || c.Port > 65535 || c.MTU != 0 && c.MTU < MinMTU || c.Keepalive < 0 {
 			t.Fatalf("parseSettings accepted an invalid config %+v", c)
 		}
 	})

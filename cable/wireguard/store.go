@@ -3,6 +3,7 @@ package wireguard
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/cablemesh/cablemesh/internal/statefile"
 )
@@ -21,6 +22,15 @@ type storedConn struct {
 	PublicKey string         `json:"publicKey"`
 	Endpoint  string         `json:"endpoint"`
 	Subnets   []netip.Prefix `json:"subnets"`
+}
+
+// stored is the record of want.
+func stored(want desiredPeer) storedConn {
+	return storedConn{Node: want.Node, PublicKey: want.PublicKey.String(), Endpoint: want.Endpoint.String(), Subnets: want.Subnets}
+}
+
+func storedEqual(a, b storedConn) bool {
+	return a.Node == b.Node && a.PublicKey == b.PublicKey && a.Endpoint == b.Endpoint && slices.Equal(a.Subnets, b.Subnets)
 }
 
 // checkStored validates one record of connections.json.

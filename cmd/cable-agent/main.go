@@ -11,29 +11,21 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/netip"
 	"os"
 	"os/signal"
 	"syscall"
-	"time"
 
 	"github.com/cablemesh/cablemesh/agent"
 	"github.com/cablemesh/cablemesh/agent/config"
-	"github.com/cablemesh/cablemesh/agent/routes"
 	"github.com/cablemesh/cablemesh/cable"
 	_ "github.com/cablemesh/cablemesh/cable/drivers" // registers every cable driver
-	"github.com/cablemesh/cablemesh/cable/mss"
-	"github.com/cablemesh/cablemesh/cable/wireguard"
 )
 
-// mssPrefixes are the names of the links tunnelled traffic leaves through: every cablemesh link
-// (cbl-wg0, cbl-vx*) and kernel-libipsec's ipsec0.
-var mssPrefixes = []string{"cbl-", "ipsec"}
-
 func main() {
-	// First thing: without kernel WireGuard the driver re-executes the agent in its own mount
-	// namespace (private UAPI socket dir); the parent only waits and relays the exit code.
-	parentDone, code, err := wireguard.RunIsolated()
+	// First thing: a driver may re-execute the agent (without kernel WireGuard, the wireguard
+	// driver runs it in its own mount namespace for a private UAPI socket dir); the parent then
+	// only waits and relays the exit code.
+	parentDone, code, err := cable.PrepareProcess()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "cable-agent:", err)
 		os.Exit(1)
@@ -57,6 +49,7 @@ func run(args []string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "cable-agent: usage: cable-agent --config FILE [--log-level LEVEL] [--cleanup-on-exit]")
 		return 2
 	}
+	// The config is checked whole before anything is created, the drivers' blocks by the drivers.
 	cfg, err := config.Load(*configPath)
 	if err != nil {
 		fmt.Fprintln(stderr, "cable-agent:", err)
@@ -72,66 +65,16 @@ func run(args []string, stderr io.Writer) int {
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level(cfg.LogLevel)}))
 	slog.SetDefault(log)
 
-	newDriver := func(name string, subnets []netip.Prefix) (cable.Driver, error) {
-		return cable.New(name, cable.LocalNode{
-			Cluster:          cfg.Cluster,
-			Node:             cfg.Node,
-			StateDir:         cfg.StateDir,
-			AdvertiseAddress: cfg.AdvertiseAddr(),
-			LocalSubnets:     subnets,
-		}, cable.Settings(cfg.DriverSettings(name)))
-	}
-	// Every configured driver must exist (on any node: the config is strict) and, on a gateway,
-	// accept its settings before anything is created: building a driver only validates, Init is
-	// what touches the host.
-	if err := cfg.CheckRegistered(cable.Names()); err != nil {
-		fmt.Fprintln(stderr, "cable-agent:", err)
-		return 2
-	}
-	if cfg.Gateway {
-		for _, name := range cfg.CableDrivers {
-			if _, err := newDriver(name, nil); err != nil {
-				fmt.Fprintf(stderr, "cable-agent: %s: %v\n", name, err)
-				return 2
-			}
-		}
-	}
-	opts := agent.Options{Config: cfg, NewDriver: newDriver, Log: log}
-	if cfg.Gateway {
-		opts.MSS = func() error { return mss.Ensure(mssPrefixes) }
-	}
-	a, err := agent.New(opts)
+	a, err := agent.New(agent.Options{Config: cfg, Log: log, CleanupOnExit: *cleanup})
 	if err != nil {
 		fmt.Fprintln(stderr, "cable-agent:", err)
 		return 2
 	}
-
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	runErr := a.Run(ctx)
-	if *cleanup {
-		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		for _, d := range a.Drivers() {
-			if err := d.Cleanup(cctx); err != nil {
-				log.Error("cleanup failed", "driver", d.Name(), "err", err)
-			}
-		}
-		if cfg.Gateway {
-			if err := mss.Remove(); err != nil {
-				log.Error("MSS clamp cleanup failed", "err", err)
-			}
-		}
-		if !cfg.Gateway {
-			if err := routes.Apply(nil, log); err != nil {
-				log.Error("route cleanup failed", "err", err)
-			}
-		}
-		log.Info("cleaned up")
-	}
-	if runErr != nil && !errors.Is(runErr, context.Canceled) {
-		log.Error("agent stopped", "err", runErr)
-		fmt.Fprintln(stderr, "cable-agent:", runErr)
+	if err := a.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		log.Error("agent stopped", "err", err)
+		fmt.Fprintln(stderr, "cable-agent:", err)
 		return 1
 	}
 	log.Info("agent stopped")

@@ -37,6 +37,10 @@ func TestBadInvocationsExitTwoBeforeCreatingAnything(t *testing.T) {
 		{"a VNI out of range is reported with the field", []string{"--config", write("e.yaml", good+gw+"vxlan: {vni: 0x1000000}\n")}, "vxlan.vni: 16777216 is out of range"},
 		{"an ipsec port with a system charon is reported", []string{"--config", write("f.yaml", good+gw+"ipsec: {useSystemCharon: /run/charon.vici, nattPort: 4500}\n")},
 			"ipsec.nattPort: must be unset with ipsec.useSystemCharon"},
+		{"a node name the broker would refuse is reported with the field", []string{"--config", write("g.yaml", strings.Replace(good, "node: e1", "node: GW_1", 1))},
+			`node: "GW_1", set in the agent config, is not a valid node name`},
+		{"a driver block that is not a mapping is reported with its line", []string{"--config", write("h.yaml", good+gw+"wireguard: [wg0]\n")},
+			"line 8: wireguard: want a mapping"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

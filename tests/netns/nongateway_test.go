@@ -10,7 +10,7 @@ import (
 	"github.com/cablemesh/cablemesh/tests/netns/harness"
 )
 
-// routeProto is the rtnetlink protocol the agent marks its routes with (agent/routes.Protocol).
+// routeProto is the rtnetlink protocol the agent marks its routes with (cable/route.Protocol).
 const routeProto = 157
 
 // TestNonGatewayNodeReachesRemotePods adds a worker node (gateway: false) to east, next to east's

@@ -17,7 +17,7 @@ import (
 
 // Call is one recorded mutating call.
 type Call struct {
-	Op      string // connect | disconnect | init | cleanup
+	Op      string // connect | disconnect | init | cleanup | close
 	Cluster string
 	Remote  cable.RemoteEndpoint
 	Options cable.Options
@@ -38,6 +38,7 @@ type Driver struct {
 	Handshake   time.Time
 	Port        uint16
 	Key         string
+	LinkNames   []string // Links(); default fake-<name>
 	initialized bool
 }
 
@@ -79,8 +80,15 @@ func (d *Driver) LocalEndpoint() cable.LocalEndpoint {
 	return le
 }
 
-// Links are the fake's link names.
-func (d *Driver) Links() []string { return []string{"fake-" + d.DriverName} }
+// Links are LinkNames, or fake-<name>.
+func (d *Driver) Links() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.LinkNames != nil {
+		return slices.Clone(d.LinkNames)
+	}
+	return []string{"fake-" + d.DriverName}
+}
 
 // Close records the call.
 func (d *Driver) Close() error {
@@ -146,7 +154,8 @@ func (d *Driver) Cleanup(context.Context) error {
 	return nil
 }
 
-// Calls returns the recorded calls (Connect, Disconnect, Init, Cleanup) and clears the record.
+// Calls returns the recorded calls (Connect, Disconnect, Init, Cleanup, Close) and clears the
+// record.
 func (d *Driver) Calls() []Call {
 	d.mu.Lock()
 	defer d.mu.Unlock()

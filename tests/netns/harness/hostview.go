@@ -20,6 +20,8 @@ import (
 // ip, bridge, swanctl and the WireGuard UAPI, never from the agent's own account of it.
 type HostView struct {
 	NS string
+	// WGInterface is the gateway's WireGuard link name.
+	WGInterface string
 	// Links by name: kind ("wireguard", "tun", "vxlan", ...) and, for vxlan, the VNI.
 	Links map[string]LinkInfo
 	// Routes of every table with protocol 157 (wireguard, vxlan) and of table 220 (ipsec).
@@ -134,7 +136,7 @@ func (h HostView) For(remote *Cluster) Evidence {
 		switch {
 		case r.Table == strconv.Itoa(IPsecTable):
 			e.IPsecRoute = true
-		case r.Dev == WGInterface:
+		case r.Dev == h.WGInterface:
 			e.WGRoute = true
 		case strings.HasPrefix(r.Dev, VXLANLinkPrefix):
 			e.VXLANRoute = true
@@ -162,7 +164,7 @@ func (h HostView) For(remote *Cluster) Evidence {
 // Host reads the gateway namespace's cables from the host.
 func (c *Cluster) Host() HostView {
 	m := c.m
-	h := HostView{NS: c.GwNS, Links: map[string]LinkInfo{}, FDB: map[string][]string{}}
+	h := HostView{NS: c.GwNS, WGInterface: c.WGInterface, Links: map[string]LinkInfo{}, FDB: map[string][]string{}}
 
 	var links []struct {
 		Name     string `json:"ifname"`
@@ -251,7 +253,7 @@ func str(v any) string {
 func (c *Cluster) wgPeers() ([]WGPeer, string) {
 	m := c.m
 	if _, err := os.Stat("/sys/module/wireguard"); err == nil {
-		r := NSRun(m.Ctx, c.GwNS, "wg", "show", WGInterface, "dump")
+		r := NSRun(m.Ctx, c.GwNS, "wg", "show", c.WGInterface, "dump")
 		if r.Err != nil {
 			return nil, r.String()
 		}
@@ -261,7 +263,7 @@ func (c *Cluster) wgPeers() ([]WGPeer, string) {
 	var tried []string
 	for _, s := range strings.Fields(out) {
 		for _, dir := range []string{"run/wireguard", "var/run/wireguard"} {
-			p := filepath.Join("/proc", s, "root", dir, WGInterface+".sock")
+			p := filepath.Join("/proc", s, "root", dir, c.WGInterface+".sock")
 			if _, err := os.Stat(p); err != nil {
 				continue
 			}
@@ -273,7 +275,7 @@ func (c *Cluster) wgPeers() ([]WGPeer, string) {
 		}
 	}
 	if len(tried) == 0 {
-		return nil, fmt.Sprintf("no process in %s has a UAPI socket for %s", c.GwNS, WGInterface)
+		return nil, fmt.Sprintf("no process in %s has a UAPI socket for %s", c.GwNS, c.WGInterface)
 	}
 	return nil, strings.Join(tried, "; ")
 }
@@ -373,13 +375,13 @@ func CheckPair(h HostView, remote *Cluster, want Want) (Evidence, []string) {
 		if !e.Complete(want.Driver, h.WGRead) {
 			problems = append(problems, fmt.Sprintf("%s -> %s: want a complete %s cable on the host, have %s", h.NS, remote.Name, want.Driver, e))
 		}
-		// The link the pair's routes use is of the driver's kind: WireGuard's cbl-wg0 a
+		// The link the pair's routes use is of the driver's kind: WireGuard's link a
 		// wireguard device (kernel) or a TUN (wireguard-go); the VXLAN link a vxlan device
 		// with the mesh's VNI.
 		switch want.Driver {
 		case DriverWireGuard:
-			if k := h.Links[WGInterface].Kind; k != "wireguard" && k != "tun" {
-				problems = append(problems, fmt.Sprintf("%s: link %s is of kind %q, want wireguard or tun", h.NS, WGInterface, k))
+			if k := h.Links[h.WGInterface].Kind; k != "wireguard" && k != "tun" {
+				problems = append(problems, fmt.Sprintf("%s: link %s is of kind %q, want wireguard or tun", h.NS, h.WGInterface, k))
 			}
 		case DriverVXLAN:
 			if l := h.Links[e.VXLANLink]; l.Kind != "vxlan" || l.VNI != VXLANVNI {

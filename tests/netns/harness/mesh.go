@@ -34,7 +34,8 @@ const (
 	UnderlayCIDR = "172.31.0.0/24"
 	// BrokerPort is the port cable-broker listens on in the broker namespace.
 	BrokerPort = 7443
-	// WGInterface is the WireGuard interface every agent uses (each in its own namespace).
+	// WGInterface is the WireGuard interface an agent uses unless its cluster sets another
+	// (Cluster.WGInterface); each agent runs in its own namespace.
 	WGInterface = "cbl-wg0"
 	// WGPort is the WireGuard UDP port of every gateway.
 	WGPort = 51820
@@ -67,10 +68,18 @@ type Mesh struct {
 
 // Cluster is one cluster of the mesh: a gateway node and a pod behind it.
 type Cluster struct {
-	m       *Mesh
-	Name    string
+	m    *Mesh
+	Name string
+	// Node is the gateway's node name in its config; "" leaves `node:` out, so the agent takes
+	// its host name.
 	Node    string
 	PodCIDR netip.Prefix
+	// WGInterface is the gateway's WireGuard link name (`wireguard: {interface: ...}`); default
+	// the package's WGInterface. Change it before WriteConfig.
+	WGInterface string
+	// Hostname, when set, is the gateway's host name: its agent runs in a UTS namespace of its
+	// own (`unshare --uts`) named so. Default: the host's.
+	Hostname string
 
 	GwNS, PodNS   string
 	GwUnderlay    netip.Addr // the gateway's underlay address (its advertiseAddress)
@@ -267,6 +276,7 @@ func (m *Mesh) NewCluster(name, podCIDR string) *Cluster {
 		Name:          name,
 		Node:          name + "-gw1",
 		PodCIDR:       pfx,
+		WGInterface:   WGInterface,
 		GwNS:          m.Prefix + name + "-gw",
 		PodNS:         m.Prefix + name + "-pod",
 		GwUnderlay:    netip.MustParseAddr(fmt.Sprintf("172.31.0.%d", idx)),
@@ -343,9 +353,12 @@ func (c *Cluster) WriteToken(token string) {
 
 // ConfigYAML is the agent config of the cluster's gateway; extra is appended verbatim.
 func (c *Cluster) ConfigYAML(extra string) string {
+	node := ""
+	if c.Node != "" {
+		node = "node: " + c.Node + "\n"
+	}
 	return fmt.Sprintf(`cluster: %s
-node: %s
-broker: %s
+%sbroker: %s
 joinTokenFile: %s
 stateDir: %s
 gateway: true
@@ -353,8 +366,8 @@ advertiseAddress: %s
 podCIDRs: [%s]
 statusSocket: %s
 wireguard: {interface: %s, port: %d}
-%s`, c.Name, c.Node, c.m.BrokerAddress(), c.TokenPath, c.StateDir, c.GwUnderlay, c.PodCIDR,
-		c.StatusSocket, WGInterface, WGPort, extra)
+%s`, c.Name, node, c.m.BrokerAddress(), c.TokenPath, c.StateDir, c.GwUnderlay, c.PodCIDR,
+		c.StatusSocket, c.WGInterface, WGPort, extra)
 }
 
 // WriteConfig writes the agent config (extra appended verbatim, for malformed-config tests).
@@ -363,15 +376,22 @@ func (c *Cluster) WriteConfig(extra string) {
 	c.m.must(os.WriteFile(c.ConfigPath, []byte(c.ConfigYAML(extra)), 0o600))
 }
 
-// StartAgent starts cable-agent inside the gateway namespace. It returns at once.
-func (c *Cluster) StartAgent() {
+// StartAgent starts cable-agent inside the gateway namespace (and, with Hostname set, in a UTS
+// namespace of that host name), with extra flags (e.g. "--cleanup-on-exit"). It returns at once.
+func (c *Cluster) StartAgent(extra ...string) {
 	c.m.T.Helper()
-	p, err := StartProcess("cable-agent "+c.Name, c.GwNS, c.LogPath, c.m.Bin.Agent, "--config", c.ConfigPath)
+	argv := append([]string{c.m.Bin.Agent, "--config", c.ConfigPath}, extra...)
+	if c.Hostname != "" {
+		// Through /proc, not hostname(1), which refuses names such as GW_1 that the kernel takes.
+		// unshare and sh exec into the agent: it stays the process the harness stops.
+		argv = append([]string{"unshare", "--uts", "sh", "-c", `printf %s "$0" > /proc/sys/kernel/hostname && exec "$@"`, c.Hostname}, argv...)
+	}
+	p, err := StartProcess("cable-agent "+c.Name, c.GwNS, c.LogPath, argv...)
 	c.m.must(err)
 	c.m.track(p)
 	c.Agent = p
 	c.AgentStarted = p.Started()
-	c.m.Logf("agent %s started (pid %d)", c.Name, p.Pid())
+	c.m.Logf("agent %s started (pid %d, flags %v)", c.Name, p.Pid(), extra)
 }
 
 // StopAgent stops the cluster's agent with SIGTERM and returns its exit code.
@@ -438,7 +458,7 @@ func (m *Mesh) teardown() {
 			if c.Agent != nil {
 				t.Logf("---- cable-agent %s status:\n%s", c.Name, c.StatusTable())
 			}
-			for _, args := range [][]string{{"-br", "addr"}, {"route"}, {"-s", "link", "show", WGInterface}} {
+			for _, args := range [][]string{{"-br", "addr"}, {"route"}, {"-s", "link", "show", c.WGInterface}} {
 				r := Run(ctx, "ip", append([]string{"-n", c.GwNS}, args...)...)
 				t.Logf("---- %s: ip %s\n%s%s", c.GwNS, strings.Join(args, " "), r.Stdout, r.Stderr)
 			}

@@ -126,7 +126,7 @@ type LinkStats struct {
 
 // WGStats reads the WireGuard interface's counters in the gateway namespace (`ip -s -j link`).
 func (c *Cluster) WGStats() (LinkStats, error) {
-	return LinkCounters(c.m, c.GwNS, WGInterface)
+	return LinkCounters(c.m, c.GwNS, c.WGInterface)
 }
 
 // LinkCounters reads link's counters in namespace ns.

@@ -210,6 +210,9 @@ func TestIPsecDriverBetweenTwoNamespaces(t *testing.T) {
 	// one brings the tunnel back.
 	pid := readStatus(t, a).CharonPID
 	a.Stop(t, syscall.SIGTERM)
+	if p := readStatus(t, a).CloseProblem(); p != "" {
+		t.Errorf("%s: %s", a.NS, p)
+	}
 	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
 		t.Errorf("charon %d still runs after its testpeer closed the driver (kill 0: %v)", pid, err)
 	}

@@ -1,6 +1,7 @@
 // Package mss_test shows, as root in network namespaces (prefix "cbtm-"), that cable/mss clamps
-// the MSS of TCP SYNs forwarded out of a tunnel-named interface to the route's MTU, and that
-// Remove leaves nothing behind.
+// the MSS of TCP SYNs forwarded out of a tunnel link to the route's MTU, with the link given as
+// the drivers' Links() name them (an exact name, or a prefix ending in '*'), and that Remove
+// leaves nothing behind.
 //
 // Topology: client ns A -- router ns R -- server ns C. R's interface towards C is called
 // "cbl-tmc" (a tunnel name) and R's route to C's subnet has mtu 1300, so a clamped SYN carries
@@ -165,17 +166,31 @@ func TestForwardedSYNsAreClampedToTheRouteMTU(t *testing.T) {
 		t.Fatalf("without clamping the server already sees MSS %d: the topology does not test anything", mss)
 	}
 
-	prefixes := []string{"cbl-", "ipsec"}
-	if err := inNS(t, tp.r, func() error { return mss.Ensure(prefixes) }); err != nil {
+	// An exact name matches that link alone: "cbl-tm" is not "cbl-tmc".
+	if err := inNS(t, tp.r, func() error { return mss.Ensure([]string{"cbl-tm"}) }); err != nil {
+		t.Fatalf("Ensure: %v", err)
+	}
+	if mss := serverMSS(t, tp); mss <= 1260 {
+		t.Fatalf("clamping the exact link cbl-tm clamped cbl-tmc too: the server sees MSS %d", mss)
+	}
+	if err := inNS(t, tp.r, func() error { return mss.Ensure([]string{"cbl-tmc", "ipsec0"}) }); err != nil {
+		t.Fatalf("Ensure: %v", err)
+	}
+	if mss := serverMSS(t, tp); mss > 1260 {
+		t.Fatalf("with the exact link cbl-tmc clamped the server sees MSS %d, want at most 1260 (route mtu 1300 - 40)", mss)
+	}
+
+	links := []string{"cbl-*", "ipsec0"}
+	if err := inNS(t, tp.r, func() error { return mss.Ensure(links) }); err != nil {
 		t.Fatalf("Ensure: %v", err)
 	}
 	// Idempotent: a second Ensure leaves the same table.
-	if err := inNS(t, tp.r, func() error { return mss.Ensure(prefixes) }); err != nil {
+	if err := inNS(t, tp.r, func() error { return mss.Ensure(links) }); err != nil {
 		t.Fatalf("second Ensure: %v", err)
 	}
 	if err := inNS(t, tp.r, func() error {
 		spec, ok, err := mss.Installed()
-		if err != nil || !ok || !spec.Equal(mss.Want(prefixes)) {
+		if err != nil || !ok || !spec.Equal(mss.Want(links)) {
 			return fmt.Errorf("installed = %v, %v, %v", spec, ok, err)
 		}
 		return nil

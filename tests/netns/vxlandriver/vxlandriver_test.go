@@ -165,6 +165,9 @@ func TestVXLANDriverBetweenTwoNamespaces(t *testing.T) {
 	// what is not ours to keep (a stray link with our prefix, a stray FDB entry on our link),
 	// Connect changes nothing, and traffic flows throughout.
 	a.Stop(t, syscall.SIGTERM)
+	if p := readStatus(t, a).CloseProblem(); p != "" {
+		t.Errorf("%s: %s", a.NS, p)
+	}
 	nstest.PingOK(t, b.NS, a.pod)
 	nstest.MustRun(t, "ip", "-n", a.NS, "link", "add", "cbl-vx999", "type", "vxlan", "id", "999", "dstport", "4789", "local", a.underlay)
 	nstest.MustRun(t, "bridge", "-n", a.NS, "fdb", "append", "00:00:00:00:00:00", "dev", altLink, "dst", stray, "self", "permanent")

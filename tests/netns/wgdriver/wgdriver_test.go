@@ -125,6 +125,9 @@ func TestWireGuardDriverBetweenTwoNamespaces(t *testing.T) {
 
 	// Restart a without cleanup: same key, traffic recovers.
 	a.Stop(t, syscall.SIGTERM)
+	if p := readStatus(t, a).CloseProblem(); p != "" {
+		t.Errorf("%s: %s", a.NS, p)
+	}
 	if _, err := nstest.Run("ip", "-n", a.NS, "link", "show", iface); err == nil {
 		t.Logf("%s still has %s after the process ended (kernel device)", a.NS, iface)
 	}

@@ -11,6 +11,14 @@
 //	tcpcheck transfer -addr ADDR -bytes N        sends N pseudo-random bytes through the echo
 //	                                             server in full-size segments, reads them back and
 //	                                             compares; prints {"bytes","ms","sha256"}
+//	tcpcheck accept -listen ADDR [-timeout 5s]   echo server for one connection: prints
+//	                                             "listening ADDR" once bound, then, for the first
+//	                                             connection within -timeout of its start,
+//	                                             {"mss":N,"peer":ADDR}: TCP_MAXSEG of the
+//	                                             accepted socket, the MSS this end may send,
+//	                                             bounded by the MSS option of the SYN as it
+//	                                             arrived (after any clamping on the way); echoes
+//	                                             until the peer closes
 //
 // Exit codes: 0 ok, 1 the check failed, 2 bad usage.
 package main
@@ -28,11 +36,13 @@ import (
 	"net"
 	"os"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: tcpcheck serve|dial|stream|transfer [flags]")
+		fmt.Fprintln(os.Stderr, "usage: tcpcheck serve|dial|stream|transfer|accept [flags]")
 		os.Exit(2)
 	}
 	fs := flag.NewFlagSet(os.Args[1], flag.ExitOnError)
@@ -54,8 +64,10 @@ func main() {
 		err = stream(*addr, *timeout, *duration, *gapReport)
 	case "transfer":
 		err = transfer(*addr, *timeout, *size)
+	case "accept":
+		err = acceptOne(*listen, *timeout)
 	default:
-		fmt.Fprintf(os.Stderr, "tcpcheck: unknown mode %q (want serve, dial, stream or transfer)\n", os.Args[1])
+		fmt.Fprintf(os.Stderr, "tcpcheck: unknown mode %q (want serve, dial, stream, transfer or accept)\n", os.Args[1])
 		os.Exit(2)
 	}
 	if err != nil {
@@ -81,6 +93,44 @@ func serve(listen string) error {
 			_, _ = io.Copy(c, c)
 		}()
 	}
+}
+
+// acceptOne serves one connection and reports the MSS its SYN left it with.
+func acceptOne(listen string, timeout time.Duration) error {
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", listen, err)
+	}
+	defer ln.Close()
+	fmt.Printf("listening %s\n", ln.Addr())
+	if err := ln.(*net.TCPListener).SetDeadline(time.Now().Add(timeout)); err != nil {
+		return err
+	}
+	c, err := ln.Accept()
+	if err != nil {
+		return fmt.Errorf("accept on %s: %w", listen, err)
+	}
+	defer c.Close()
+	raw, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		return err
+	}
+	var mss int
+	var serr error
+	if err := raw.Control(func(fd uintptr) { mss, serr = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_MAXSEG) }); err != nil {
+		return err
+	}
+	if serr != nil {
+		return fmt.Errorf("getsockopt TCP_MAXSEG: %w", serr)
+	}
+	out, _ := json.Marshal(struct {
+		MSS  int    `json:"mss"`
+		Peer string `json:"peer"`
+	}{mss, c.RemoteAddr().String()})
+	fmt.Println(string(out))
+	_ = c.SetDeadline(time.Now().Add(timeout))
+	_, _ = io.Copy(c, c)
+	return nil
 }
 
 func echo(c net.Conn, payload []byte, timeout time.Duration) error {

@@ -67,7 +67,7 @@ func run() error {
 	var st ipsecdriver.Status
 	st.PID = os.Getpid()
 	write := func() {
-		if !st.CleanedUp {
+		if st.Live() {
 			// While charon restarts, Connections fails for a moment: keep the last good list.
 			conns, err := d.Connections(ctx)
 			st.ConnectionsError = ""
@@ -112,5 +112,5 @@ func run() error {
 		}
 		write()
 	}
-	return peer.Serve(ctx, d, remote, nil, &st.Status, write, d.Close, nil)
+	return peer.Serve(ctx, d, remote, nil, &st.Status, write, st.CloseChecked(d, write), nil)
 }

@@ -19,6 +19,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -139,8 +140,82 @@ type Status[S any] struct {
 	Connections        []cable.ConnectionStatus `json:"connections"`
 	Disconnected       bool                     `json:"disconnected"`
 	CleanedUp          bool                     `json:"cleanedUp"`
+	// Closed is set once the driver's Close returned (on SIGTERM or SIGINT, see CloseChecked);
+	// LeftAfterClose are the stacks of the driver's goroutines still running after it.
+	Closed         bool     `json:"closed,omitempty"`
+	LeftAfterClose []string `json:"leftAfterClose,omitempty"`
 	// Error is the error of the last action that failed.
 	Error string `json:"error,omitempty"`
+}
+
+// Live reports whether the driver may still be asked for its connections: neither cleaned up
+// nor closed.
+func (st *Status[S]) Live() bool { return !st.CleanedUp && !st.Closed }
+
+// DriverPackages are the packages whose goroutines count as a driver's: the cable drivers and
+// the libraries they run in this process (wireguard-go and wgctrl, govici).
+var DriverPackages = []string{"github.com/cablemesh/cablemesh/cable/", "golang.zx2c4.com/wireguard", "github.com/strongswan/govici"}
+
+// closeGrace is how long goroutines may take to end after Close returned (wireguard-go's end
+// when their sockets and TUN report closed).
+const closeGrace = 5 * time.Second
+
+// CloseChecked is the stop action for Serve: it closes d, records in st which of the driver's
+// goroutines are still running closeGrace later (none, when Close owns them all), and writes the
+// status.
+func (st *Status[S]) CloseChecked(d cable.Driver, write func()) func() error {
+	return func() error {
+		err := d.Close()
+		st.Closed = true
+		st.LeftAfterClose = goroutinesOf(DriverPackages, closeGrace)
+		write()
+		return err
+	}
+}
+
+// CloseProblem says what is wrong with how the driver's Close went ("" when nothing): not
+// called, or goroutines of the driver's left running after it.
+func (st Status[S]) CloseProblem() string {
+	switch {
+	case !st.Closed:
+		return "the driver was not closed"
+	case len(st.LeftAfterClose) > 0:
+		return fmt.Sprintf("%d goroutines of the driver still run %s after Close:\n%s", len(st.LeftAfterClose), closeGrace, strings.Join(st.LeftAfterClose, "\n\n"))
+	}
+	return ""
+}
+
+// goroutinesOf returns the stacks of the goroutines (but the calling one) with a frame in one of
+// pkgs, waiting up to wait for them to end.
+func goroutinesOf(pkgs []string, wait time.Duration) []string {
+	deadline := time.Now().Add(wait)
+	for {
+		buf := make([]byte, 1<<20)
+		for {
+			n := runtime.Stack(buf, true)
+			if n < len(buf) {
+				buf = buf[:n]
+				break
+			}
+			buf = make([]byte, 2*len(buf))
+		}
+		var left []string
+		for i, g := range strings.Split(string(buf), "\n\n") {
+			if i == 0 {
+				continue // this goroutine
+			}
+			for _, p := range pkgs {
+				if strings.Contains(g, p) {
+					left = append(left, g)
+					break
+				}
+			}
+		}
+		if len(left) == 0 || time.Now().After(deadline) {
+			return left
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // Driver is a cable driver that counts its changes to the host.

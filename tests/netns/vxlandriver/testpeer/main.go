@@ -57,7 +57,7 @@ func main() {
 
 // refresh reads the driver's connections (none after Cleanup) and counters into st.
 func refresh(ctx context.Context, d *vxlan.Driver, st *peer.Status[vxlan.Stats]) {
-	if !st.CleanedUp {
+	if st.Live() {
 		conns, err := d.Connections(ctx)
 		if err != nil {
 			st.Error = err.Error()
@@ -119,8 +119,8 @@ func peerMode(args []string) error {
 		return err
 	}
 	write()
-	// The VXLAN link outlives the process (the kernel keeps it): stopping changes nothing.
-	return peer.Serve(ctx, d, remote, opts, &st.Status, write, func() error { return nil }, map[os.Signal]func(){
+	// The VXLAN link outlives the process (the kernel keeps it): Close changes nothing on the host.
+	return peer.Serve(ctx, d, remote, opts, &st.Status, write, st.CloseChecked(d, write), map[os.Signal]func(){
 		syscall.SIGUSR1: func() {
 			st.Connect(ctx, d, remote, opts)
 			st.Options = *optionsFlag

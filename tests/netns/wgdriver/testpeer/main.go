@@ -1,7 +1,8 @@
 // Command testpeer runs the wireguard cable driver alone, for the netns test of the driver: run
 // it inside a node's network namespace with `ip netns exec`. It calls RunIsolated, then New, Init
 // and Connect (twice, to record that the second changes nothing), and serves until a signal as
-// package tests/netns/nstest/peer describes (SIGTERM and SIGINT Close the driver).
+// package tests/netns/nstest/peer describes (SIGTERM and SIGINT Close the driver and report the
+// driver's goroutines left after it).
 //
 // It writes a JSON Status to -status every 200ms and after every action.
 package main
@@ -59,11 +60,13 @@ func run() error {
 	var st wgdriver.Status
 	st.PID = os.Getpid()
 	write := func() {
-		conns, err := d.Connections(ctx)
-		if err != nil && !st.CleanedUp {
-			st.Error = err.Error()
+		if st.Live() {
+			conns, err := d.Connections(ctx)
+			if err != nil {
+				st.Error = err.Error()
+			}
+			st.Connections = conns
 		}
-		st.Connections = conns
 		st.Stats = d.Stats()
 		_, serr := os.Stat(wireguard.UAPISocketPath(d.Interface()))
 		st.SocketExists = serr == nil
@@ -80,5 +83,5 @@ func run() error {
 		return err
 	}
 	write()
-	return peer.Serve(ctx, d, remote, nil, &st.Status, write, d.Close, nil)
+	return peer.Serve(ctx, d, remote, nil, &st.Status, write, st.CloseChecked(d, write), nil)
 }

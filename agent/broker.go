@@ -1,0 +1,166 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/cablemesh/cablemesh/agent/brokerclient"
+	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+)
+
+// identity loads the agent's certificate or joins to get one. Transient failures (broker not
+// up yet) are retried with backoff; a refusal or a wrong broker ends the agent.
+func (a *Agent) identity(ctx context.Context) (*brokerclient.Identity, error) {
+	id, err := brokerclient.LoadIdentity(a.cfg.StateDir)
+	if err == nil {
+		return id, nil
+	}
+	if !errors.Is(err, brokerclient.ErrNoIdentity) {
+		return nil, fmt.Errorf("load agent identity from %s: %w", a.cfg.StateDir, err)
+	}
+	a.log.Info("no agent certificate in the state dir; joining the broker", "broker", a.cfg.Broker, "stateDir", a.cfg.StateDir)
+	bo := a.newBackoff()
+	for {
+		id, cl, err := brokerclient.Join(ctx, brokerclient.JoinParams{
+			Broker: a.cfg.Broker, Cluster: a.cfg.Cluster, Node: a.cfg.Node,
+			TokenFile: a.cfg.JoinTokenFile, StateDir: a.cfg.StateDir,
+		})
+		if err == nil {
+			a.mu.Lock()
+			a.joinCluster = cl
+			a.mu.Unlock()
+			a.log.Info("joined the broker; certificate stored", "stateDir", a.cfg.StateDir, "clusterID", cl.GetId())
+			return id, nil
+		}
+		if brokerclient.Permanent(err) {
+			return nil, fmt.Errorf("cannot join the mesh: %w", err)
+		}
+		a.setBrokerError(err)
+		a.log.Warn("join failed; retrying", "broker", a.cfg.Broker, "err", err)
+		if !sleep(ctx, bo.next()) {
+			return nil, ctx.Err() // stopped while waiting for the broker: not a failure
+		}
+	}
+}
+
+// watchLoop keeps one watch stream open, resuming from the last applied revision.
+func (a *Agent) watchLoop(ctx context.Context, client apiv1.AgentClient) {
+	bo := a.newBackoff()
+	var quiet repeatFilter
+	for {
+		got, err := a.watchOnce(ctx, client)
+		if ctx.Err() != nil {
+			return
+		}
+		if got {
+			bo.reset()
+			quiet.reset()
+		}
+		a.mu.Lock()
+		a.watchUp = false
+		a.mu.Unlock()
+		a.setBrokerError(err)
+		d := bo.next()
+		level := slog.LevelWarn
+		if quiet.repeated(err) {
+			level = slog.LevelDebug
+		}
+		a.log.Log(ctx, level, "broker watch ended; keeping current state and retrying", "err", err, "retryIn", d.Round(time.Millisecond).String())
+		// Drop a stale wake-up: only a register that succeeds from now on should cut the wait.
+		select {
+		case <-a.wakeWatch:
+		default:
+		}
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		case <-a.wakeWatch:
+			t.Stop()
+		}
+		a.redial()
+	}
+}
+
+// watchOnce runs one stream until it fails. got says whether any message arrived.
+func (a *Agent) watchOnce(ctx context.Context, client apiv1.AgentClient) (got bool, err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	since := a.revision()
+	stream, err := client.Watch(ctx, &apiv1.WatchRequest{SinceRevision: since})
+	if err != nil {
+		return false, fmt.Errorf("open watch: %w", err)
+	}
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			return got, fmt.Errorf("watch: %w", err)
+		}
+		got = true
+		if err := a.apply(resp); err != nil {
+			return got, err
+		}
+	}
+}
+
+// apply applies one watch message, persists the state and triggers a reconcile.
+func (a *Agent) apply(resp *apiv1.WatchResponse) error {
+	a.mu.Lock()
+	next := a.state.Clone()
+	if err := next.Apply(resp); err != nil {
+		// Ask for a full snapshot on the next stream rather than resuming past a message we
+		// could not apply.
+		a.state.Revision = 0
+		a.mu.Unlock()
+		return fmt.Errorf("apply broker message at revision %d: %w", resp.GetRevision(), err)
+	}
+	a.state = next
+	a.cached = false
+	a.watchUp = true
+	a.lastContact = time.Now()
+	if !a.cfg.Gateway || a.beatOK {
+		a.lastErr = ""
+	}
+	a.mu.Unlock()
+	if err := next.Save(a.cfg.StateDir, time.Now()); err != nil {
+		a.log.Error("cannot persist broker state; running on memory", "err", err)
+	}
+	a.log.Debug("applied broker message", "revision", next.Revision, "snapshot", resp.GetSnapshot(), "events", len(resp.GetEvents()))
+	a.Trigger()
+	return nil
+}
+
+func (a *Agent) revision() uint64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.state.Revision
+}
+
+func (a *Agent) setBrokerError(err error) {
+	if err == nil {
+		return
+	}
+	msg := err.Error()
+	if s, ok := status.FromError(errors.Unwrap(err)); ok && s.Code() != codes.OK {
+		msg = s.Message()
+	}
+	a.mu.Lock()
+	a.lastErr = msg
+	a.mu.Unlock()
+}
+
+// brokerStatus returns the broker part of the status document.
+func (a *Agent) brokerStatus() (connected bool, rev uint64, last time.Time, errMsg string, cached bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	connected = a.watchUp && (!a.cfg.Gateway || a.beatOK)
+	return connected, a.state.Revision, a.lastContact, a.lastErr, a.cached
+}

@@ -1,0 +1,151 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+)
+
+// registerLoop registers this gateway's endpoint and renews its lease every heartbeatInterval,
+// registering again whenever a heartbeat fails (lease lost, broker restarted without it, ...).
+func (a *Agent) registerLoop(ctx context.Context, client apiv1.AgentClient) {
+	registered := false
+	var quiet repeatFilter
+	for {
+		var err error
+		if !registered {
+			err = a.register(ctx, client)
+			registered = err == nil
+		} else if err = a.heartbeat(ctx, client); err != nil {
+			registered = false
+			if status.Code(err) == codes.NotFound {
+				a.log.Info("broker lost this endpoint; registering again")
+				if err = a.register(ctx, client); err == nil {
+					registered = true
+				}
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		a.mu.Lock()
+		a.beatOK = err == nil
+		watchUp := a.watchUp
+		if err == nil {
+			a.lastContact = time.Now()
+			if a.watchUp {
+				a.lastErr = ""
+			}
+		}
+		a.mu.Unlock()
+		if err != nil {
+			a.setBrokerError(err)
+			level := slog.LevelWarn
+			if quiet.repeated(err) {
+				level = slog.LevelDebug
+			}
+			a.log.Log(ctx, level, "endpoint registration or heartbeat failed", "err", err)
+		} else {
+			quiet.reset()
+			if !watchUp {
+				// The broker answers: do not leave the watch waiting out a long backoff.
+				select {
+				case a.wakeWatch <- struct{}{}:
+				default:
+				}
+			}
+		}
+		if !sleep(ctx, a.cfg.HeartbeatInterval) {
+			return
+		}
+		if err != nil {
+			a.redial()
+		}
+	}
+}
+
+func (a *Agent) register(ctx context.Context, client apiv1.AgentClient) error {
+	ep := a.endpoint()
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err := client.RegisterEndpoint(cctx, &apiv1.RegisterEndpointRequest{Endpoint: ep, LeaseSeconds: int64(a.cfg.LeaseSeconds)})
+	if err != nil {
+		return fmt.Errorf("register endpoint: %w", err)
+	}
+	a.log.Info("endpoint registered", "drivers", strings.Join(ep.GetDrivers(), ","), "address", ep.GetPrivateIp(), "subnets", strings.Join(ep.GetSubnets(), ","))
+	return nil
+}
+
+func (a *Agent) heartbeat(ctx context.Context, client apiv1.AgentClient) error {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err := client.Heartbeat(cctx, &apiv1.HeartbeatRequest{Node: a.cfg.Node})
+	if err != nil {
+		return fmt.Errorf("heartbeat: %w", err)
+	}
+	return nil
+}
+
+// endpoint is this gateway's record for the broker.
+func (a *Agent) endpoint() *apiv1.Endpoint {
+	subnets := a.localSubnets()
+	ep := &apiv1.Endpoint{
+		Cluster:   a.cfg.Cluster,
+		Node:      a.cfg.Node,
+		PrivateIp: a.cfg.AdvertiseAddress,
+	}
+	for _, p := range subnets {
+		ep.Subnets = append(ep.Subnets, p.String())
+	}
+	// Only the drivers that run are published: the node does not claim a cable it cannot carry.
+	for _, d := range a.runningDrivers() {
+		le := d.LocalEndpoint()
+		ep.Drivers = append(ep.Drivers, d.Name())
+		if ep.CablePorts == nil {
+			ep.CablePorts = map[string]uint32{}
+		}
+		ep.CablePorts[d.Name()] = uint32(le.Port)
+		ep.SetAttributes(d.Name(), le.Attributes)
+	}
+	if ip := healthCheckIP(a.localPodCIDRs(), a.opts.InterfaceAddrs()); ip.IsValid() {
+		ep.HealthCheckIp = ip.String()
+	}
+	return ep
+}
+
+// healthCheckIP is the first of this node's addresses inside its pod CIDRs.
+func healthCheckIP(pods []netip.Prefix, addrs []netip.Addr) netip.Addr {
+	for _, a := range addrs {
+		for _, p := range pods {
+			if p.Contains(a) {
+				return a
+			}
+		}
+	}
+	return netip.Addr{}
+}
+
+func interfaceAddrs() []netip.Addr {
+	ifas, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil
+	}
+	var out []netip.Addr
+	for _, ifa := range ifas {
+		if n, ok := ifa.(*net.IPNet); ok {
+			if a, ok := netip.AddrFromSlice(n.IP); ok {
+				out = append(out, a.Unmap())
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,183 @@
+package agent
+
+import (
+	"context"
+	"net/netip"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/cablemesh/cablemesh/agent/brokerstate"
+	"github.com/cablemesh/cablemesh/agent/config"
+	"github.com/cablemesh/cablemesh/agent/reconcile"
+	"github.com/cablemesh/cablemesh/agent/routes"
+	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/policy"
+)
+
+// Trigger asks for a reconcile pass soon; triggers coalesce.
+func (a *Agent) Trigger() {
+	select {
+	case a.trigger <- struct{}{}:
+	default:
+	}
+}
+
+// reconcileLoop runs a pass on every trigger (a broker message), every resyncInterval (drift),
+// and at a health tick when some unhealthy connection is due to be re-asserted.
+func (a *Agent) reconcileLoop(ctx context.Context) {
+	t := time.NewTicker(a.cfg.ResyncInterval)
+	defer t.Stop()
+	// Health checks: a connection whose probes fail is re-asserted soon, not at the next resync.
+	var healthTick <-chan time.Time
+	if a.healthManager() != nil {
+		ht := time.NewTicker(a.cfg.HealthCheck.Period)
+		defer ht.Stop()
+		healthTick = ht.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.trigger:
+		case <-t.C:
+		case <-healthTick:
+			if !a.repairDue(a.currentWants()) {
+				continue
+			}
+		}
+		a.reconcileOnce(ctx)
+	}
+}
+
+// reconcileOnce is one observe → desire → diff → apply pass.
+func (a *Agent) reconcileOnce(ctx context.Context) {
+	st := a.snapshot()
+	if !a.cfg.Gateway {
+		if err := a.opts.ApplyRoutes(routes.Desired(st, a.cfg.Cluster, a.resolver(st))); err != nil {
+			a.log.Warn("routes via the gateway not applied", "err", err)
+		}
+		return
+	}
+	desired, problems, _ := a.desired(st)
+	a.logProblems(problems)
+	a.mu.Lock()
+	r := a.reconciler
+	a.mu.Unlock()
+	if r == nil {
+		return
+	}
+	if _, err := r.Reconcile(ctx, desired, st.Revision, a.repairs(desired)); err != nil && ctx.Err() == nil {
+		a.log.Warn("reconcile incomplete; retrying at the next pass", "err", err)
+	}
+	a.syncHealth(st, desired)
+}
+
+// currentWants is what the reconciler last applied, by cluster, for the health repair check.
+func (a *Agent) currentWants() map[string]reconcile.Want {
+	a.mu.Lock()
+	r := a.reconciler
+	a.mu.Unlock()
+	if r == nil {
+		return nil
+	}
+	out := map[string]reconcile.Want{}
+	for k, v := range r.Applied() {
+		out[k] = v.Want
+	}
+	return out
+}
+
+// logProblems logs skipped clusters when the set changes, not at every resync.
+func (a *Agent) logProblems(problems []reconcile.Problem) {
+	var lines []string
+	for _, p := range problems {
+		lines = append(lines, p.Cluster+" "+p.Driver+": "+p.Message)
+	}
+	sort.Strings(lines)
+	joined := strings.Join(lines, "\n")
+	a.mu.Lock()
+	changed := joined != a.lastProblems
+	a.lastProblems = joined
+	a.mu.Unlock()
+	if !changed {
+		return
+	}
+	for _, p := range problems {
+		a.pairLog.Warn("remote cluster not connected", "cluster", p.Cluster, "driver", p.Driver, "policy", p.Policy, "reason", p.Message)
+	}
+}
+
+// snapshot returns a copy of the broker state for planning without holding the lock. Until the
+// watch brings our own cluster record, the one from Join stands in (its labels matter to the
+// policies).
+func (a *Agent) snapshot() *brokerstate.State {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	st := a.state.Clone()
+	if st.Clusters[a.cfg.Cluster] == nil && a.joinCluster != nil {
+		st.Clusters[a.cfg.Cluster] = proto.Clone(a.joinCluster).(*apiv1.Cluster)
+	}
+	return st
+}
+
+// resolver returns the policy resolver for st's policies, rebuilt only when they changed.
+func (a *Agent) resolver(st *brokerstate.State) *policy.Resolver {
+	key := reconcile.PolicyKey(st)
+	a.mu.Lock()
+	if a.res != nil && a.resKey == key {
+		r := a.res
+		a.mu.Unlock()
+		return r
+	}
+	a.mu.Unlock()
+	r, problems := reconcile.Resolver(st)
+	for _, p := range problems {
+		a.log.Warn("ignoring connection policy", "policy", p.Policy, "reason", p.Message)
+	}
+	a.log.Info("connection policies loaded", "policies", len(st.Policies), "revision", st.Revision)
+	a.mu.Lock()
+	a.res, a.resKey = r, key
+	a.mu.Unlock()
+	return r
+}
+
+// desired is the planner's view for this gateway: wanted connections, problems, decisions.
+func (a *Agent) desired(st *brokerstate.State) ([]reconcile.Want, []reconcile.Problem, []reconcile.PairDecision) {
+	return reconcile.Desired(st, a.cfg.Cluster, a.resolver(st), a.driverSet())
+}
+
+// localCluster is our own cluster record: from the broker state, else from the Join answer.
+func (a *Agent) localCluster() *apiv1.Cluster {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if c := a.state.Clusters[a.cfg.Cluster]; c != nil {
+		return c
+	}
+	return a.joinCluster
+}
+
+// localSubnets are the CIDRs behind this node: the config's, else the cluster's at the broker.
+func (a *Agent) localSubnets() []netip.Prefix {
+	cidrs := append(slices.Clone(a.cfg.PodCIDRs), a.cfg.ServiceCIDRs...)
+	if len(cidrs) == 0 {
+		if c := a.localCluster(); c != nil {
+			cidrs = append(slices.Clone(c.GetPodCidrs()), c.GetServiceCidrs()...)
+		}
+	}
+	return config.Prefixes(cidrs)
+}
+
+// localPodCIDRs are the pod CIDRs behind this node: the config's, else the cluster's.
+func (a *Agent) localPodCIDRs() []netip.Prefix {
+	if len(a.cfg.PodCIDRs) > 0 {
+		return config.Prefixes(a.cfg.PodCIDRs)
+	}
+	if c := a.localCluster(); c != nil {
+		return config.Prefixes(c.GetPodCidrs())
+	}
+	return nil
+}

@@ -1,0 +1,387 @@
+// Package ipsec is the "ipsec" cable driver: one IKEv2 connection per remote cluster, negotiated
+// by strongSwan's charon and driven over its VICI socket with govici.
+//
+// The driver starts and supervises its own charon (unless the useSystemCharon setting names the
+// vici socket of one it should use instead). Its strongswan.conf (StateDir/ipsec/, 0600 in a
+// 0700 directory) loads an explicit minimal plugin list and sets the vici socket to
+// StateDir/ipsec/charon.vici. Where the kernel has ESP (KernelHasESP), charon installs kernel
+// xfrm SAs (kernel-netlink); where it has not, charon runs ESP itself on the TUN device ipsec0
+// (kernel-libipsec), which needs UDP encapsulation. charon runs in a new mount namespace with a
+// private /run (its pid file path is compiled in) and inherits the agent's network namespace.
+//
+// Routes: the driver installs none itself. It relies on charon's install_routes: for every
+// installed CHILD_SA charon puts a route to each remote traffic selector into table 220 (looked
+// up by the rule "from all lookup 220", priority 220, which charon adds): via ipsec0 with
+// libipsec, via the underlay with kernel xfrm; with a source address inside the local traffic
+// selector when the node holds one (so traffic the gateway itself originates matches the
+// CHILD_SA, the same reasoning as the wireguard driver's route src); with the MTU and advmss of
+// kernel-netlink's mtu and mss settings, which the driver computes for the ESP overhead. When
+// the CHILD_SA goes, charon removes its routes; when charon stops, ipsec0, the rule and all
+// routes go with it.
+//
+// Pre-shared keys (RemoteEndpoint.PreSharedKey) reach charon only in the VICI load-shared
+// message. They are never written to a file, passed in an environment variable or logged; the
+// driver keeps a copy in memory to load them again into a restarted charon.
+//
+// Assumption, as for the wireguard driver: the agent process runs inside the node's network
+// namespace.
+//
+// Goroutines: the driver runs the keeper (keeper.go) and, with its own charon, the supervisor
+// (charon.go); both live under a context that Close and Cleanup cancel, and both wait for them.
+//
+// Files: settings.go validates settings and options; plan.go decides (pure); apply.go talks to
+// charon over VICI (vici.go) and to the host; status.go judges what charon reports; store.go is
+// the in-memory record of the loaded connections; conf.go renders strongswan.conf; charon.go
+// starts and supervises our charon; probe.go probes the kernel for ESP.
+package ipsec
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cablemesh/cablemesh/cable"
+)
+
+// Name is the registry key of this driver.
+const Name = "ipsec"
+
+// Files under StateDir/ipsec.
+const (
+	confFile   = "strongswan.conf"
+	socketFile = "charon.vici"
+)
+
+// libipsecDevice is the TUN device kernel-libipsec creates.
+const libipsecDevice = "ipsec0"
+
+// charonTable is the routing table (and rule priority) charon installs its routes in by default.
+const charonTable = 220
+
+func init() {
+	cable.Register(cable.Registration{
+		Name: Name,
+		New:  New,
+		ParseSettings: func(s cable.Settings) error {
+			_, err := parseSettings(s)
+			return err
+		},
+		ValidateOptions: func(o cable.Options) error {
+			_, err := parseOptions(o)
+			return err
+		},
+	})
+}
+
+// Driver is the ipsec cable driver. Its methods are safe for concurrent use.
+type Driver struct {
+	node cable.LocalNode
+	cfg  config
+	dir  string // StateDir/ipsec
+	log  *slog.Logger
+	now  func() time.Time
+	// dial is the VICI client of the socket at path (socketClient; tests use a fake).
+	dial func(path string) viciClient
+
+	mu          sync.Mutex
+	initialised bool
+	libipsec    bool
+	mtu         int
+	client      viciClient
+	charon      *charonProcess // nil with a system charon
+	conns       map[string]*loadedConn
+	// stop cancels the context the keeper and our charon's supervisor run under; wg waits for
+	// the keeper (charon.stop for the supervisor). kickKeeper makes the keeper look at once.
+	stop       context.CancelFunc
+	wg         sync.WaitGroup
+	kickKeeper chan struct{}
+
+	connLoads, sharedLoads, unloads, terminates, initiates atomic.Uint64
+}
+
+// Stats counts the changes the driver made to charon since New. A Connect that finds everything
+// in place leaves them unchanged; tests use this to prove idempotence.
+type Stats struct {
+	// ConnLoads counts load-conn requests.
+	ConnLoads uint64
+	// SharedLoads counts load-shared requests.
+	SharedLoads uint64
+	// Unloads counts unload-conn and unload-shared requests.
+	Unloads uint64
+	// Terminates counts terminate requests.
+	Terminates uint64
+	// CharonStarts counts launches of our own charon, restarts included.
+	CharonStarts uint64
+	// Initiates counts the keeper's initiate requests (not changes of configuration: the keeper
+	// runs on its own clock, so idempotence checks leave it out).
+	Initiates uint64
+}
+
+// New validates settings and builds the driver; it touches nothing until Init.
+func New(node cable.LocalNode, settings cable.Settings) (cable.Driver, error) {
+	return NewDriver(node, settings)
+}
+
+// NewDriver is New with the concrete type, for callers (tests, tools) that want Stats or Datapath.
+func NewDriver(node cable.LocalNode, settings cable.Settings) (*Driver, error) {
+	cfg, err := parseSettings(settings)
+	if err != nil {
+		return nil, err
+	}
+	if node.StateDir == "" {
+		return nil, fmt.Errorf("ipsec: local node %s/%s has an empty StateDir", node.Cluster, node.Node)
+	}
+	return &Driver{
+		node:  node,
+		cfg:   cfg,
+		dir:   filepath.Join(node.StateDir, Name),
+		log:   node.Logger(Name),
+		now:   time.Now,
+		dial:  func(path string) viciClient { return socketClient{path: path} },
+		conns: map[string]*loadedConn{},
+	}, nil
+}
+
+func (d *Driver) Name() string { return Name }
+
+// Stats returns the change counters.
+func (d *Driver) Stats() Stats {
+	s := Stats{
+		ConnLoads:   d.connLoads.Load(),
+		SharedLoads: d.sharedLoads.Load(),
+		Unloads:     d.unloads.Load(),
+		Terminates:  d.terminates.Load(),
+		Initiates:   d.initiates.Load(),
+	}
+	d.mu.Lock()
+	if d.charon != nil {
+		s.CharonStarts = uint64(d.charon.Starts())
+	}
+	d.mu.Unlock()
+	return s
+}
+
+// Datapath is DatapathLibipsec or DatapathKernel after Init ("" before).
+func (d *Driver) Datapath() Datapath {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.initialised {
+		return ""
+	}
+	return d.datapathLocked()
+}
+
+func (d *Driver) datapathLocked() Datapath {
+	if d.libipsec {
+		return DatapathLibipsec
+	}
+	return DatapathKernel
+}
+
+// ViciSocket is the path of the vici socket the driver talks to.
+func (d *Driver) ViciSocket() string {
+	if d.cfg.SystemVICI != "" {
+		return d.cfg.SystemVICI
+	}
+	return filepath.Join(d.dir, socketFile)
+}
+
+// CharonPID is the pid of our own charon, 0 when none runs (or with a system charon).
+func (d *Driver) CharonPID() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.charon == nil {
+		return 0
+	}
+	return d.charon.PID()
+}
+
+// MTU is the tunnel MTU (valid after Init).
+func (d *Driver) MTU() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.mtu
+}
+
+// Init decides the datapath, writes strongswan.conf and starts charon (or checks that the
+// system charon answers), then starts the keeper.
+func (d *Driver) Init(ctx context.Context) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.initialised {
+		return nil
+	}
+	life, stop := context.WithCancel(context.Background())
+	var err error
+	if d.cfg.SystemVICI != "" {
+		err = d.initSystem(ctx)
+	} else {
+		err = d.initOwn(ctx, life)
+	}
+	if err != nil {
+		stop()
+		return fmt.Errorf("ipsec init: %w", err)
+	}
+	d.initialised, d.stop = true, stop
+	d.startKeeper(life)
+	return nil
+}
+
+// LocalEndpoint is the IKE port to publish. A system charon's is not ours to know: remote ends
+// use the IKE standard port, DefaultPort.
+func (d *Driver) LocalEndpoint() cable.LocalEndpoint {
+	if d.cfg.SystemVICI != "" {
+		return cable.LocalEndpoint{Port: DefaultPort}
+	}
+	return cable.LocalEndpoint{Port: uint16(d.cfg.Port)}
+}
+
+// Links is kernel-libipsec's TUN device when ESP runs in charon; with kernel ESP the traffic
+// leaves through the underlay link and there is no link of the driver's own.
+func (d *Driver) Links() []string {
+	if d.Datapath() == DatapathLibipsec {
+		return []string{libipsecDevice}
+	}
+	return nil
+}
+
+// Connect makes charon hold the connection and the key for remote.Cluster. It reads first (the
+// loaded connection from list-conns, the key ids from get-shared) and changes nothing when
+// everything already matches.
+func (d *Driver) Connect(ctx context.Context, remote cable.RemoteEndpoint, opts cable.Options) error {
+	o, err := parseOptions(opts)
+	if err != nil {
+		return err
+	}
+	want, err := desiredFromRemote(d.node, remote, o)
+	if err != nil {
+		return err
+	}
+	where := "ipsec connect to cluster " + want.Cluster
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.initialised {
+		return cable.NotInitialised(where)
+	}
+	if err := checkConflicts(want, d.libipsec, d.conns); err != nil {
+		return fmt.Errorf("%s: %w", where, err)
+	}
+	if err := d.connect(ctx, want, remote.PreSharedKey); err != nil {
+		return fmt.Errorf("%s: %w", where, err)
+	}
+	return nil
+}
+
+// Disconnect removes the connection to cluster, its SAs (charon then removes its routes) and its
+// key. An unknown cluster is no error.
+func (d *Driver) Disconnect(ctx context.Context, cluster string) error {
+	if err := validClusterName(cluster); err != nil {
+		return fmt.Errorf("ipsec disconnect: cluster %q: %w", cluster, err)
+	}
+	where := "ipsec disconnect cluster " + cluster
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.initialised {
+		return cable.NotInitialised(where)
+	}
+	if err := d.remove(ctx, ConnName(cluster)); err != nil {
+		return fmt.Errorf("%s: %w", where, err)
+	}
+	return nil
+}
+
+// Connections reports one entry per connection of ours, with its state from list-sas.
+func (d *Driver) Connections(ctx context.Context) ([]cable.ConnectionStatus, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.initialised {
+		return nil, cable.NotInitialised("ipsec connections")
+	}
+	names, err := d.ourConns(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("ipsec connections: %w", err)
+	}
+	evs, err := d.client.stream(ctx, "list-sas", "list-sa", map[string]any{"noblock": "yes"})
+	if err != nil {
+		return nil, fmt.Errorf("ipsec connections: list SAs: %w", err)
+	}
+	known := make(map[string]connInfo, len(d.conns))
+	for name, c := range d.conns {
+		known[name] = connInfo{
+			Cluster:   c.want.Cluster,
+			Node:      c.want.Node,
+			Endpoint:  netip.AddrPortFrom(c.want.RemoteAddr, c.want.RemotePort).String(),
+			Subnets:   c.want.RemoteTS,
+			Initiator: c.want.Initiator,
+			LoadedAt:  c.loadedAt,
+		}
+	}
+	var foreign []string
+	for _, n := range names {
+		if _, ok := known[n]; !ok {
+			foreign = append(foreign, n)
+		}
+	}
+	return connectionStatuses(known, foreign, parseSAs(evs), d.now(), d.mtu), nil
+}
+
+// Cleanup removes every connection, SA and key of ours from charon; stops the keeper and our own
+// charon (which takes ipsec0, its routes and its rule with it) and removes StateDir/ipsec. With a
+// system charon only our connections and keys go.
+func (d *Driver) Cleanup(ctx context.Context) error {
+	d.mu.Lock()
+	var errs []error
+	if d.initialised {
+		errs = append(errs, d.removeAll(ctx))
+	}
+	stop, p := d.release()
+	d.mu.Unlock()
+
+	d.wait(stop, p)
+	if d.cfg.SystemVICI == "" {
+		errs = append(errs, removeHostLeftovers(), removeStateDir(d.dir))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("ipsec cleanup: %w", err)
+	}
+	d.log.Info("cleaned up")
+	return nil
+}
+
+// Close stops the keeper and our own charon without removing connections from the configuration,
+// as a process exit does: with our charon its SAs, ipsec0 and routes go with it, while a system
+// charon keeps them; the next Init starts afresh and the agent's reconcile connects again.
+func (d *Driver) Close() error {
+	d.mu.Lock()
+	stop, p := d.release()
+	d.forgetAll()
+	d.mu.Unlock()
+	d.wait(stop, p)
+	return nil
+}
+
+// release marks the driver not initialised and hands over what runs in this process for wait to
+// stop. Called with d.mu held.
+func (d *Driver) release() (context.CancelFunc, *charonProcess) {
+	stop, p := d.stop, d.charon
+	d.initialised, d.stop, d.charon, d.client, d.kickKeeper = false, nil, nil, nil, nil
+	return stop, p
+}
+
+// wait stops the keeper and the charon supervisor that release handed over and waits for them.
+// Called without d.mu: the supervisor may be waiting for it in replay, the keeper in keep.
+func (d *Driver) wait(stop context.CancelFunc, p *charonProcess) {
+	if stop != nil {
+		stop()
+	}
+	d.wg.Wait()
+	if p != nil {
+		p.stop()
+	}
+}

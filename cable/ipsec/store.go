@@ -1,0 +1,38 @@
+package ipsec
+
+import "time"
+
+// The driver persists no connection: the pre-shared keys must never reach a file, and charon
+// itself (list-conns, get-shared) is the record of what is loaded. What the driver keeps is in
+// memory, to load it again into a restarted charon and to judge what charon reports.
+
+// loadedConn is a connection this driver loaded into charon.
+type loadedConn struct {
+	want        desiredConn
+	fingerprint string
+	psk         []byte // kept to load it again into a restarted charon; never logged
+	digest      [32]byte
+	loadedAt    time.Time
+	// The keeper's schedule for this connection (see keep): next initiate not before
+	// nextInitiate; initBackoff is the wait after the last initiate (nextInitBackoff); up says
+	// the keeper last saw an established IKE_SA.
+	nextInitiate time.Time
+	initBackoff  time.Duration
+	up           bool
+}
+
+// forget drops the connection name and wipes its key. Called with d.mu held.
+func (d *Driver) forget(name string) {
+	if c, ok := d.conns[name]; ok {
+		clear(c.psk)
+		delete(d.conns, name)
+	}
+}
+
+// forgetAll drops every connection and wipes their keys. Called with d.mu held.
+func (d *Driver) forgetAll() {
+	for _, c := range d.conns {
+		clear(c.psk)
+	}
+	d.conns = map[string]*loadedConn{}
+}

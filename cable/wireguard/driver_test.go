@@ -1,0 +1,403 @@
+package wireguard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
+	"github.com/cablemesh/cablemesh/cable"
+	"github.com/cablemesh/cablemesh/cable/route"
+)
+
+// fakeHost is a WireGuard device, its link and the routes over it, in memory. It applies what
+// the driver asks as wgctrl and netlink would and counts every change.
+type fakeHost struct {
+	dev     wgtypes.Device
+	link    *linkState // nil: no link
+	routes  []route.Spec
+	src4    netip.Addr
+	changes []string // every change, in order
+	closes  int
+	// forget makes ConfigureDevice silently drop the allowed IPs (a device that disagrees).
+	forget bool
+}
+
+func newFakeHost(name string) *fakeHost {
+	return &fakeHost{
+		dev:  wgtypes.Device{Name: name},
+		link: &linkState{Link: route.Link{Index: 7, Name: name}, Type: "wireguard", MTU: 1500},
+		src4: netip.MustParseAddr("10.1.0.1"),
+	}
+}
+
+func (f *fakeHost) Device(name string) (*wgtypes.Device, error) {
+	if name != f.dev.Name {
+		return nil, fmt.Errorf("no device %s", name)
+	}
+	d := f.dev
+	d.Peers = slices.Clone(f.dev.Peers)
+	return &d, nil
+}
+
+func (f *fakeHost) ConfigureDevice(name string, cfg wgtypes.Config) error {
+	f.changes = append(f.changes, "configure")
+	if cfg.PrivateKey != nil {
+		f.dev.PrivateKey = *cfg.PrivateKey
+	}
+	if cfg.ListenPort != nil {
+		f.dev.ListenPort = *cfg.ListenPort
+	}
+	for _, pc := range cfg.Peers {
+		i := slices.IndexFunc(f.dev.Peers, func(p wgtypes.Peer) bool { return p.PublicKey == pc.PublicKey })
+		if pc.Remove {
+			if i >= 0 {
+				f.dev.Peers = slices.Delete(f.dev.Peers, i, i+1)
+			}
+			continue
+		}
+		if i < 0 {
+			f.dev.Peers = append(f.dev.Peers, wgtypes.Peer{PublicKey: pc.PublicKey})
+			i = len(f.dev.Peers) - 1
+		}
+		p := &f.dev.Peers[i]
+		if pc.Endpoint != nil {
+			p.Endpoint = pc.Endpoint
+		}
+		if pc.PersistentKeepaliveInterval != nil {
+			p.PersistentKeepaliveInterval = *pc.PersistentKeepaliveInterval
+		}
+		if pc.ReplaceAllowedIPs {
+			p.AllowedIPs = nil
+		}
+		if !f.forget {
+			p.AllowedIPs = append(p.AllowedIPs, pc.AllowedIPs...)
+		}
+	}
+	return nil
+}
+
+func (f *fakeHost) Link(name string) (linkState, error) {
+	if f.link == nil || f.link.Name != name {
+		return linkState{}, fmt.Errorf("find link %s: %w", name, errLinkNotFound)
+	}
+	return *f.link, nil
+}
+
+func (f *fakeHost) SetLinkMTU(l linkState, mtu int) error {
+	f.changes = append(f.changes, fmt.Sprintf("mtu %d", mtu))
+	f.link.MTU = mtu
+	return nil
+}
+
+func (f *fakeHost) SetLinkUp(l linkState) error {
+	f.changes = append(f.changes, "up")
+	f.link.Up = true
+	return nil
+}
+
+func (f *fakeHost) DeleteLink(name string) error {
+	f.changes = append(f.changes, "delete link")
+	f.link, f.routes = nil, nil
+	return nil
+}
+
+func (f *fakeHost) Routes(l route.Link) ([]route.Spec, error) { return slices.Clone(f.routes), nil }
+
+func (f *fakeHost) ApplyRoutes(_ *slog.Logger, _ route.Link, plan route.Plan, changed func()) error {
+	for _, r := range plan.Delete {
+		f.routes = slices.DeleteFunc(f.routes, func(h route.Spec) bool { return h.Dst == r.Dst })
+		f.changes = append(f.changes, "route del "+r.String())
+		changed()
+	}
+	for _, r := range plan.Replace {
+		f.routes = slices.DeleteFunc(f.routes, func(h route.Spec) bool { return h.Dst == r.Dst })
+		f.routes = append(f.routes, r)
+		f.changes = append(f.changes, "route replace "+r.String())
+		changed()
+	}
+	return nil
+}
+
+func (f *fakeHost) Sources([]netip.Prefix) (netip.Addr, netip.Addr, error) {
+	return f.src4, netip.Addr{}, nil
+}
+
+func (f *fakeHost) Close() error { f.closes++; return nil }
+
+// fakeDevice stands for the kernel or userspace device.
+type fakeDevice struct {
+	kind   string
+	closed int
+}
+
+func (d *fakeDevice) Kind() string { return d.kind }
+func (d *fakeDevice) Close() error { d.closed++; return nil }
+
+// newFakeDriver builds a driver on a fake host with a device of kind, in a fresh state directory.
+func newFakeDriver(t *testing.T, kind string) (*Driver, *fakeHost, *fakeDevice) {
+	t.Helper()
+	node := cable.LocalNode{Cluster: "a", Node: "gw", StateDir: t.TempDir(), LocalSubnets: pfx("10.1.0.0/16"),
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	d, err := NewDriver(node, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, dev := newFakeHost(DefaultInterface), &fakeDevice{kind: kind}
+	d.host = h
+	d.open = func(*slog.Logger, string, int) (wgDevice, error) { return dev, nil }
+	return d, h, dev
+}
+
+func remoteB(key wgtypes.Key, subnets ...string) cable.RemoteEndpoint {
+	return cable.RemoteEndpoint{Cluster: "b", Node: "gw", Address: netip.MustParseAddr("10.0.0.2"), Port: 51820,
+		Attributes: map[string]string{AttrPublicKey: key.String()}, Subnets: pfx(subnets...)}
+}
+
+func TestCallsBeforeInitOrAfterCloseAreNotInitialised(t *testing.T) {
+	d, h, _ := newFakeDriver(t, KindKernel)
+	ctx := context.Background()
+	check := func(when string) {
+		t.Helper()
+		if err := d.Connect(ctx, remoteB(testKey(t), "10.2.0.0/16"), nil); !errors.Is(err, cable.ErrNotInitialised) {
+			t.Errorf("Connect %s: %v, want ErrNotInitialised", when, err)
+		}
+		if err := d.Disconnect(ctx, "b"); !errors.Is(err, cable.ErrNotInitialised) {
+			t.Errorf("Disconnect %s: %v, want ErrNotInitialised", when, err)
+		}
+		if _, err := d.Connections(ctx); !errors.Is(err, cable.ErrNotInitialised) {
+			t.Errorf("Connections %s: %v, want ErrNotInitialised", when, err)
+		}
+	}
+	check("before Init")
+	if len(h.changes) != 0 {
+		t.Errorf("calls before Init changed the host: %v", h.changes)
+	}
+	if err := d.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	check("after Close")
+}
+
+func TestInitConfiguresTheDeviceAndPrunesWhatNoClusterOwns(t *testing.T) {
+	d, h, _ := newFakeDriver(t, KindKernel)
+	kb, kc, stranger := testKey(t), testKey(t), testKey(t)
+	// What an earlier run left: b's peer and route (kept), c stored but its peer gone (forgotten),
+	// a stranger's peer and a route no cluster owns (removed).
+	if err := connections(d.dir).Save(map[string]storedConn{
+		"b": {Node: "gw", PublicKey: kb.String(), Subnets: pfx("10.2.0.0/16")},
+		"c": {Node: "gw", PublicKey: kc.String(), Subnets: pfx("10.3.0.0/16")},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	h.dev.Peers = []wgtypes.Peer{{PublicKey: kb}, {PublicKey: stranger}}
+	h.routes = []route.Spec{{Dst: pfx("10.2.0.0/16")[0], MTU: 1420}, {Dst: pfx("10.9.0.0/16")[0], MTU: 1420}}
+	if err := d.Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"configure", "mtu 1420", "up", "route del 10.9.0.0/16 mtu 1420"}
+	if !slices.Equal(h.changes, want) {
+		t.Errorf("Init changed %q, want %q", h.changes, want)
+	}
+	if h.dev.ListenPort != DefaultPort || h.dev.PrivateKey == (wgtypes.Key{}) || d.LocalEndpoint().Attributes[AttrPublicKey] != h.dev.PrivateKey.PublicKey().String() {
+		t.Errorf("device port %d key %v; published %v", h.dev.ListenPort, h.dev.PrivateKey, d.LocalEndpoint())
+	}
+	if len(h.dev.Peers) != 1 || h.dev.Peers[0].PublicKey != kb {
+		t.Errorf("peers after Init %v, want only b's", h.dev.Peers)
+	}
+	stored, err := connections(d.dir).Load()
+	if err != nil || len(stored) != 1 || stored["b"].PublicKey != kb.String() {
+		t.Errorf("connections.json after Init: %v %v, want only b", stored, err)
+	}
+
+	// A restart that finds everything in place changes nothing.
+	again, _, _ := newFakeDriver(t, KindKernel)
+	again.dir, again.host, h.changes = d.dir, h, nil
+	if err := again.Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if len(h.changes) != 0 {
+		t.Errorf("a second Init changed %q", h.changes)
+	}
+}
+
+func TestConnectIsIdempotentAndReadsBeforeWriting(t *testing.T) {
+	d, h, _ := newFakeDriver(t, KindKernel)
+	ctx := context.Background()
+	if err := d.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	kb := testKey(t)
+	if err := d.Connect(ctx, remoteB(kb, "10.2.0.0/16"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if len(h.dev.Peers) != 1 || !peerMatches(h.dev.Peers[0], desiredPeer{PublicKey: kb, Endpoint: netip.MustParseAddrPort("10.0.0.2:51820"),
+		Subnets: pfx("10.2.0.0/16"), Keepalive: DefaultKeepalive}) {
+		t.Errorf("peers after Connect %+v", h.dev.Peers)
+	}
+	wantRoute := route.Spec{Dst: pfx("10.2.0.0/16")[0], Src: h.src4, MTU: 1420}
+	if !slices.Equal(h.routes, []route.Spec{wantRoute}) {
+		t.Errorf("routes after Connect %v, want %v", h.routes, wantRoute)
+	}
+	first, changes := d.Stats(), len(h.changes)
+	if first.Configures != 2 || first.RouteChanges != 1 { // Init's key and port, Connect's peer
+		t.Errorf("stats after the first Connect %+v", first)
+	}
+
+	if err := d.Connect(ctx, remoteB(kb, "10.2.0.0/16"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if d.Stats() != first || len(h.changes) != changes {
+		t.Errorf("a second Connect with equal inputs changed the host: %q", h.changes[changes:])
+	}
+
+	// The remote's key and subnets change: the old peer and the old route go.
+	kb2 := testKey(t)
+	if err := d.Connect(ctx, remoteB(kb2, "10.4.0.0/16"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if len(h.dev.Peers) != 1 || h.dev.Peers[0].PublicKey != kb2 {
+		t.Errorf("peers after a key change %v, want only the new key", h.dev.Peers)
+	}
+	if len(h.routes) != 1 || h.routes[0].Dst != pfx("10.4.0.0/16")[0] {
+		t.Errorf("routes after a subnet change %v", h.routes)
+	}
+	stored, _ := connections(d.dir).Load()
+	if stored["b"].PublicKey != kb2.String() || !slices.Equal(stored["b"].Subnets, pfx("10.4.0.0/16")) {
+		t.Errorf("connections.json after the change: %+v", stored)
+	}
+}
+
+func TestConnectReadsBackWhatTheDeviceKept(t *testing.T) {
+	d, h, _ := newFakeDriver(t, KindKernel)
+	ctx := context.Background()
+	if err := d.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h.forget = true
+	err := d.Connect(ctx, remoteB(testKey(t), "10.2.0.0/16"), nil)
+	if err == nil || !strings.Contains(err.Error(), "did not keep the peer configuration") {
+		t.Fatalf("Connect to a device that drops the allowed IPs: %v", err)
+	}
+	if len(h.routes) != 0 {
+		t.Errorf("routes installed for a peer the device did not keep: %v", h.routes)
+	}
+}
+
+func TestDisconnectRemovesOnlyTheClustersPeerAndRoutes(t *testing.T) {
+	d, h, _ := newFakeDriver(t, KindKernel)
+	ctx := context.Background()
+	if err := d.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	kb, kc := testKey(t), testKey(t)
+	c := remoteB(kc, "10.3.0.0/16")
+	c.Cluster = "c"
+	for _, r := range []cable.RemoteEndpoint{remoteB(kb, "10.2.0.0/16"), c} {
+		if err := d.Connect(ctx, r, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := d.Disconnect(ctx, "b"); err != nil {
+		t.Fatal(err)
+	}
+	if len(h.dev.Peers) != 1 || h.dev.Peers[0].PublicKey != kc || len(h.routes) != 1 || h.routes[0].Dst != pfx("10.3.0.0/16")[0] {
+		t.Errorf("after Disconnect b: peers %v routes %v, want c's alone", h.dev.Peers, h.routes)
+	}
+	changes := len(h.changes)
+	if err := d.Disconnect(ctx, "b"); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Disconnect(ctx, "nowhere"); err != nil {
+		t.Fatal(err)
+	}
+	if len(h.changes) != changes {
+		t.Errorf("Disconnect of nothing changed %q", h.changes[changes:])
+	}
+	statuses, err := d.Connections(ctx)
+	if err != nil || len(statuses) != 1 || statuses[0].Cluster != "c" || statuses[0].State != cable.StateConnecting {
+		t.Errorf("Connections = %+v, %v", statuses, err)
+	}
+	// A peer no cluster claims is reported as an error.
+	h.dev.Peers = append(h.dev.Peers, wgtypes.Peer{PublicKey: testKey(t), LastHandshakeTime: time.Now()})
+	statuses, _ = d.Connections(ctx)
+	if len(statuses) != 2 || statuses[0].Cluster != "" || statuses[0].State != cable.StateError || !strings.Contains(statuses[0].Message, "no known cluster") {
+		t.Errorf("a stranger peer: %+v", statuses)
+	}
+}
+
+func TestCleanupRemovesRoutesDeviceAndStateButKeepsTheKey(t *testing.T) {
+	d, h, dev := newFakeDriver(t, KindKernel)
+	ctx := context.Background()
+	if err := d.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Connect(ctx, remoteB(testKey(t), "10.2.0.0/16"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(h.routes) != 0 || dev.closed != 1 || h.closes == 0 {
+		t.Errorf("after Cleanup: routes %v, device closed %d times, host closed %d times", h.routes, dev.closed, h.closes)
+	}
+	if _, err := os.Stat(filepath.Join(d.dir, "connections.json")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("connections.json after Cleanup: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(d.dir, privateKeyFile)); err != nil {
+		t.Errorf("private key after Cleanup: %v", err)
+	}
+	if _, err := d.Connections(ctx); !errors.Is(err, cable.ErrNotInitialised) {
+		t.Errorf("Connections after Cleanup: %v", err)
+	}
+
+	// Cleanup without Init (an uninstall): the kernel link of that name is ours.
+	un, h2, _ := newFakeDriver(t, KindKernel)
+	if err := un.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if h2.link != nil {
+		t.Errorf("Cleanup without Init left the kernel link: %q", h2.changes)
+	}
+}
+
+func TestCloseEndsAUserspaceDeviceAndKeepsAKernelOne(t *testing.T) {
+	for _, kind := range []string{KindKernel, KindUserspace} {
+		t.Run(kind, func(t *testing.T) {
+			d, h, dev := newFakeDriver(t, kind)
+			ctx := context.Background()
+			if err := d.Init(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.Connect(ctx, remoteB(testKey(t), "10.2.0.0/16"), nil); err != nil {
+				t.Fatal(err)
+			}
+			changes := len(h.changes)
+			if err := d.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if wantClosed := map[string]int{KindKernel: 0, KindUserspace: 1}[kind]; dev.closed != wantClosed || h.closes != 1 {
+				t.Errorf("Close: device closed %d times (want %d), host %d times (want 1)", dev.closed, wantClosed, h.closes)
+			}
+			if len(h.changes) != changes || len(h.routes) != 1 {
+				t.Errorf("Close changed host state that outlives the process: %q", h.changes[changes:])
+			}
+			if _, err := os.Stat(filepath.Join(d.dir, "connections.json")); err != nil {
+				t.Errorf("Close removed connections.json: %v", err)
+			}
+		})
+	}
+}
