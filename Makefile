@@ -8,7 +8,7 @@ BINARIES := cable-broker cable-agent cablectl
 # The netns tests build a mesh of several clusters; 40m is a ceiling, they take a few minutes.
 NETNS_TIMEOUT ?= 40m
 
-.PHONY: all build deps test lint unit-test netns-test demo demo-down bench generate fmt vet clean
+.PHONY: all build deps test lint check-bpf unit-test netns-test demo demo-down bench generate fmt vet clean
 
 all: build
 
@@ -19,7 +19,15 @@ build:
 deps:
 	./scripts/install-deps.sh
 
-test: deps build lint unit-test netns-test
+test: deps build lint check-bpf unit-test netns-test
+
+# The committed eBPF objects must be what the C sources compile to: where clang is installed,
+# rebuild them and fail on any difference.
+check-bpf:
+	@if command -v clang >/dev/null 2>&1; then \
+		$(GO) generate ./bpf/ && git diff --exit-code --stat -- bpf/ || \
+		{ echo "bpf/: the committed objects are not what the C sources compile to; run make generate and commit" >&2; exit 1; }; \
+	else echo "check-bpf: clang not installed, committed eBPF objects not rebuilt"; fi
 
 # Unit tests: everything except the end-to-end tests under tests/netns.
 unit-test:
@@ -40,8 +48,11 @@ demo-down:
 bench: deps build
 	./bench/throughput.sh
 
-# Regenerates the protobuf Go code (needs protoc, protoc-gen-go and protoc-gen-go-grpc).
+# Regenerates the protobuf Go code (needs protoc, protoc-gen-go and protoc-gen-go-grpc) and the
+# eBPF objects with bpf2go (needs clang and llvm-strip; the objects are committed, so `go build`
+# needs neither).
 generate:
+	$(GO) generate ./bpf/
 	cd api/v1 && PATH="$$PATH:$$($(GO) env GOPATH)/bin" protoc --go_out=. --go_opt=paths=source_relative \
 		--go-grpc_out=. --go-grpc_opt=paths=source_relative cablemesh.proto
 

@@ -18,6 +18,14 @@ command -v swanctl >/dev/null 2>&1 || need+=(strongswan-swanctl)
 [ -e /usr/lib/ipsec/plugins/libstrongswan-kernel-libipsec.so ] || need+=(libcharon-extra-plugins)
 [ -e /usr/lib/ipsec/plugins/libstrongswan-openssl.so ] || need+=(libstrongswan-standard-plugins)
 
+# eBPF: clang and llvm-strip rebuild the committed objects (make generate; make test checks they
+# are current), libbpf-dev and linux-libc-dev hold the headers, bpftool is for inspecting them.
+command -v clang >/dev/null 2>&1 || need+=(clang)
+command -v llvm-strip >/dev/null 2>&1 || need+=(llvm)
+[ -e /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
+[ -e /usr/include/linux/bpf.h ] || need+=(linux-libc-dev)
+command -v bpftool >/dev/null 2>&1 || need+=(bpftool)
+
 if [ ${#need[@]} -eq 0 ]; then
 	exit 0
 fi

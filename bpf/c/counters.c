@@ -1,0 +1,106 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * Per-remote-cluster traffic counters on the cable interfaces, for `cablectl status`: a tcx
+ * program on ingress and one on egress look up the remote address (source on ingress,
+ * destination on egress) in an LPM map of remote subnets the agent fills, and add the packet
+ * to that cluster's per-CPU counters. They never change a verdict (TCX_NEXT).
+ */
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+char __license[] SEC("license") = "Dual BSD/GPL";
+
+#define TCX_NEXT (-1) /* linux/bpf.h of 6.6+; spelled out for older UAPI headers */
+#define MAX_CLUSTERS 256 /* cluster IDs are 1..255 */
+
+/* Where the IP header starts: 14 on Ethernet-like devices (veth, vxlan), 0 on L3 devices
+ * (TUN: wireguard-go, kernel-libipsec). Set by the loader per interface. */
+volatile const __u32 l3_offset = ETH_HLEN;
+
+struct subnet_key {
+	__u32 prefixlen; /* of the 128-bit address; IPv4 subnets are IPv4-mapped (+96) */
+	__u8 addr[16];
+};
+
+struct cluster_stats {
+	__u64 rx_packets;
+	__u64 rx_bytes;
+	__u64 tx_packets;
+	__u64 tx_bytes;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 4096);
+	__type(key, struct subnet_key);
+	__type(value, __u32); /* cluster ID */
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cm_ctr_subnet SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, MAX_CLUSTERS);
+	__type(key, __u32);
+	__type(value, struct cluster_stats);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cm_ctr_stats SEC(".maps");
+
+/* The cluster of the remote address of the packet, or 0. */
+static __always_inline __u32 remote_cluster(struct __sk_buff *skb, int ingress)
+{
+	struct subnet_key key = {.prefixlen = 128};
+	__u32 off = l3_offset;
+	__u32 *id;
+
+	if (skb->protocol == bpf_htons(ETH_P_IP)) {
+		__u32 w[3] = {0, 0, bpf_htonl(0x0000ffff)};
+
+		__builtin_memcpy(key.addr, w, sizeof(w));
+		if (bpf_skb_load_bytes(skb, off + (ingress ? 12 : 16), &key.addr[12], 4))
+			return 0;
+	} else if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		if (bpf_skb_load_bytes(skb, off + (ingress ? 8 : 24), key.addr, 16))
+			return 0;
+	} else {
+		return 0;
+	}
+	id = bpf_map_lookup_elem(&cm_ctr_subnet, &key);
+	return id ? *id : 0;
+}
+
+static __always_inline void count(struct __sk_buff *skb, int ingress)
+{
+	__u32 cluster = remote_cluster(skb, ingress);
+	struct cluster_stats *st;
+
+	if (cluster == 0 || cluster >= MAX_CLUSTERS)
+		return;
+	st = bpf_map_lookup_elem(&cm_ctr_stats, &cluster);
+	if (!st)
+		return;
+	/* Per-CPU values: plain adds, no atomics; the loader sums the CPUs. */
+	if (ingress) {
+		st->rx_packets++;
+		st->rx_bytes += skb->len;
+	} else {
+		st->tx_packets++;
+		st->tx_bytes += skb->len;
+	}
+}
+
+SEC("tcx/ingress")
+int cm_ctr_ingress(struct __sk_buff *skb)
+{
+	count(skb, 1);
+	return TCX_NEXT;
+}
+
+SEC("tcx/egress")
+int cm_ctr_egress(struct __sk_buff *skb)
+{
+	count(skb, 0);
+	return TCX_NEXT;
+}
