@@ -8,7 +8,7 @@ BINARIES := cable-broker cable-agent cablectl
 # The netns tests build a mesh of several clusters; 40m is a ceiling, they take a few minutes.
 NETNS_TIMEOUT ?= 40m
 
-.PHONY: all build deps test lint check-bpf unit-test netns-test demo demo-down bench generate fmt vet clean
+.PHONY: all build deps test lint check-bpf unit-test netns-test demo demo-down bench bench-dns fuzz generate fmt vet clean
 
 all: build
 
@@ -47,6 +47,19 @@ demo-down:
 # issue-2 WireGuard figure; results in bench/results/. BENCH_RUN='^TestDrivers$' runs one.
 bench: deps build
 	./bench/throughput.sh
+	$(MAKE) bench-dns
+
+# The agent's DNS server against dnsmasq serving the same names, dnsperf as the load (no root).
+bench-dns: deps
+	$(GO) test -tags bench -run '^TestDNS$$' -v -count=1 -timeout 30m ./bench/dns/
+
+# Fuzz the parsers of outside input for FUZZTIME each (not part of make test).
+FUZZTIME ?= 60s
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzServeDNS$$' -fuzztime $(FUZZTIME) ./agent/dns/
+	$(GO) test -run '^$$' -fuzz '^FuzzBuildZone$$' -fuzztime $(FUZZTIME) ./agent/dns/
+	$(GO) test -run '^$$' -fuzz '^FuzzNormalize$$' -fuzztime $(FUZZTIME) ./mcs/
+	$(GO) test -run '^$$' -fuzz '^FuzzPlanSync$$' -fuzztime $(FUZZTIME) ./bpf/
 
 # Regenerates the protobuf Go code (needs protoc, protoc-gen-go and protoc-gen-go-grpc) and the
 # eBPF objects with bpf2go (needs clang and llvm-strip; the objects are committed, so `go build`
@@ -64,7 +77,9 @@ vet:
 
 # go vet and staticcheck (pinned in go.mod as a tool) must both be clean.
 lint: vet
+	$(GO) vet -tags bench ./bench/...
 	$(GO) tool staticcheck ./...
+	$(GO) tool staticcheck -tags bench ./bench/...
 
 clean:
 	rm -rf $(BIN)

@@ -18,6 +18,11 @@ command -v swanctl >/dev/null 2>&1 || need+=(strongswan-swanctl)
 [ -e /usr/lib/ipsec/plugins/libstrongswan-kernel-libipsec.so ] || need+=(libcharon-extra-plugins)
 [ -e /usr/lib/ipsec/plugins/libstrongswan-openssl.so ] || need+=(libstrongswan-standard-plugins)
 
+# DNS: dig for the tests and the demo; dnsmasq (the -base package: no system service on port 53) and
+# dnsperf for the DNS benchmark's anchor and load.
+command -v dig >/dev/null 2>&1 || need+=(bind9-dnsutils)
+command -v dnsmasq >/dev/null 2>&1 || need+=(dnsmasq-base)
+command -v dnsperf >/dev/null 2>&1 || need+=(dnsperf)
 # eBPF: clang and llvm-strip rebuild the committed objects (make generate; make test checks they
 # are current), libbpf-dev and linux-libc-dev hold the headers, bpftool is for inspecting them.
 command -v clang >/dev/null 2>&1 || need+=(clang)

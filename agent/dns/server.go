@@ -1,0 +1,380 @@
+package dns
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	mdns "github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Defaults of Config.
+const (
+	DefaultUpstreamTimeout = 2 * time.Second
+	DefaultMaxForwards     = 1000
+	// forwardBudget bounds one forwarded query across all upstreams and both transports.
+	forwardBudget = 5 * time.Second
+)
+
+// Config configures a Server. Its fields are the agent's dns.* settings.
+type Config struct {
+	// Listen is the address (ip:port) the server answers on, over UDP and TCP. Port 0 picks
+	// a free port (tests); Addr tells which. Required.
+	Listen string
+	// Upstreams are the servers names outside clusterset.local are forwarded to, ip or
+	// ip:port (port 53 by default), tried in order; or the absolute path of a resolv.conf
+	// whose nameservers are used. Empty: such names are REFUSED.
+	Upstreams []string
+	// UpstreamTimeout bounds one exchange with one upstream. Default: 2s.
+	UpstreamTimeout time.Duration
+	// MaxForwards bounds the forwarded queries in flight; one more is REFUSED (as CoreDNS's
+	// forward max_concurrent does). Default: 1000.
+	MaxForwards int
+	// TTL of the zone's records. Default: 5s.
+	TTL time.Duration
+	// NSAddrs are the addresses of the zone's name server ns.dns.clusterset.local (the apex
+	// NS record's glue). Default: Listen's IP when it is not unspecified.
+	NSAddrs []netip.Addr
+	// Logger; default slog.Default().
+	Logger *slog.Logger
+	// Registerer, when set, gets the server's Prometheus metrics (cablemesh_dns_*).
+	Registerer prometheus.Registerer
+}
+
+// Server is the agent's clusterset.local DNS server: a thin shell over Answer. It answers
+// from the zone of the last Update, swapped atomically, so queries never wait for an update
+// nor see half of one; it forwards other names upstream.
+type Server struct {
+	cfg       Config
+	log       *slog.Logger
+	upstreams []string
+	fwdSlots  chan struct{}
+	metrics   *metrics
+
+	zone   atomic.Pointer[Zone]
+	update sync.Mutex // serialises Update so serials and swaps stay in order
+	serial uint32
+
+	udpClient, tcpClient *mdns.Client
+
+	// ctx is cancelled by Shutdown: it ends the forwarded queries in flight.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu      sync.Mutex
+	state   int // stateNew, stateStarted, stateStopped
+	addr    netip.AddrPort
+	servers []*mdns.Server
+	done    chan struct{} // closed when every serve goroutine has returned
+}
+
+const (
+	stateNew = iota
+	stateStarted
+	stateStopped
+)
+
+// NewServer validates cfg and returns a server that does not listen yet: Start or Run it.
+func NewServer(cfg Config) (*Server, error) {
+	if cfg.Listen == "" {
+		return nil, errors.New("dns.listen: no address")
+	}
+	ap, err := netip.ParseAddrPort(cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("dns.listen: %q is not ip:port: %w", cfg.Listen, err)
+	}
+	if cfg.UpstreamTimeout < 0 || cfg.TTL < 0 || cfg.MaxForwards < 0 {
+		return nil, fmt.Errorf("dns: negative upstreamTimeout %s, ttl %s or maxForwards %d", cfg.UpstreamTimeout, cfg.TTL, cfg.MaxForwards)
+	}
+	if cfg.UpstreamTimeout == 0 {
+		cfg.UpstreamTimeout = DefaultUpstreamTimeout
+	}
+	if cfg.MaxForwards == 0 {
+		cfg.MaxForwards = DefaultMaxForwards
+	}
+	if cfg.TTL == 0 {
+		cfg.TTL = DefaultTTL
+	}
+	if cfg.TTL < time.Second {
+		return nil, fmt.Errorf("dns.ttl: %s is shorter than 1s", cfg.TTL)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if len(cfg.NSAddrs) == 0 && !ap.Addr().IsUnspecified() {
+		cfg.NSAddrs = []netip.Addr{ap.Addr()}
+	}
+	ups, err := parseUpstreams(cfg.Upstreams)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{
+		cfg:       cfg,
+		log:       cfg.Logger,
+		upstreams: ups,
+		fwdSlots:  make(chan struct{}, cfg.MaxForwards),
+		udpClient: &mdns.Client{Net: "udp", Timeout: cfg.UpstreamTimeout, UDPSize: mdns.MaxMsgSize},
+		tcpClient: &mdns.Client{Net: "tcp", Timeout: cfg.UpstreamTimeout},
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	if cfg.Registerer != nil {
+		if s.metrics, err = newMetrics(cfg.Registerer); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// parseUpstreams turns dns.upstream entries into ip:port addresses.
+func parseUpstreams(in []string) ([]string, error) {
+	var out []string
+	for i, u := range in {
+		if len(u) > 0 && u[0] == '/' {
+			rc, err := mdns.ClientConfigFromFile(u)
+			if err != nil {
+				return nil, fmt.Errorf("dns.upstream[%d]: read %s: %w", i, u, err)
+			}
+			for _, s := range rc.Servers {
+				a, err := netip.ParseAddr(s)
+				if err != nil {
+					return nil, fmt.Errorf("dns.upstream[%d]: %s: nameserver %q is not an IP address", i, u, s)
+				}
+				out = append(out, netip.AddrPortFrom(a, 53).String())
+			}
+			continue
+		}
+		if a, err := netip.ParseAddr(u); err == nil {
+			out = append(out, netip.AddrPortFrom(a, 53).String())
+			continue
+		}
+		ap, err := netip.ParseAddrPort(u)
+		if err != nil || ap.Port() == 0 {
+			return nil, fmt.Errorf("dns.upstream[%d]: %q is not ip, ip:port or the path of a resolv.conf", i, u)
+		}
+		out = append(out, ap.String())
+	}
+	return out, nil
+}
+
+// Update replaces the zone with the one of services. Queries answer from the old zone until
+// the new one is complete, then from the new one. Services, ports, VIPs and endpoints that
+// cannot be put in DNS are left out; the error (wrapping ErrInvalidInput) names each. The
+// first Update ends the SERVFAIL answers of a server that has no state yet.
+func (s *Server) Update(services []Service) error {
+	s.update.Lock()
+	defer s.update.Unlock()
+	s.serial = max(s.serial+1, uint32(time.Now().Unix()))
+	z, err := BuildZone(services, ZoneOptions{TTL: s.cfg.TTL, Serial: s.serial, NSAddrs: s.cfg.NSAddrs})
+	s.zone.Store(z)
+	if s.metrics != nil {
+		s.metrics.observeUpdate(z, err)
+	}
+	return err
+}
+
+// Zone returns the zone the server answers from, nil before the first Update.
+func (s *Server) Zone() *Zone { return s.zone.Load() }
+
+// Start listens on cfg.Listen over UDP and TCP (the same port) and serves in the background
+// until Shutdown.
+func (s *Server) Start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state != stateNew {
+		return errors.New("dns server: already started (a server starts once)")
+	}
+	pc, err := net.ListenPacket("udp", s.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("dns server: listen udp %s: %w", s.cfg.Listen, err)
+	}
+	// With port 0, TCP takes the port UDP was given.
+	ln, err := net.Listen("tcp", pc.LocalAddr().String())
+	if err != nil {
+		pc.Close()
+		return fmt.Errorf("dns server: listen tcp %s: %w", pc.LocalAddr(), err)
+	}
+	s.addr = pc.LocalAddr().(*net.UDPAddr).AddrPort()
+	udp := &mdns.Server{PacketConn: pc, Handler: s, UDPSize: mdns.MaxMsgSize, ReadTimeout: 2 * time.Second}
+	tcp := &mdns.Server{Listener: ln, Handler: s, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second}
+	s.servers = []*mdns.Server{udp, tcp}
+	s.done = make(chan struct{})
+	var started, finished sync.WaitGroup
+	addr := s.addr.String()
+	for _, srv := range s.servers {
+		started.Add(1)
+		finished.Add(1)
+		var once sync.Once
+		srv.NotifyStartedFunc = func() { once.Do(started.Done) }
+		go func() {
+			defer finished.Done()
+			err := srv.ActivateAndServe()
+			once.Do(started.Done) // it failed before it started
+			if err != nil {
+				s.log.Error("dns server stopped", "addr", addr, "err", err)
+			}
+		}()
+	}
+	go func() { finished.Wait(); close(s.done) }()
+	started.Wait()
+	s.state = stateStarted
+	s.log.Info("dns server listening", "addr", s.addr.String(), "zone", Origin, "upstreams", s.upstreams)
+	return nil
+}
+
+// Addr is the address the server listens on (UDP and TCP), valid after Start.
+func (s *Server) Addr() netip.AddrPort {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.addr
+}
+
+// Shutdown stops listening, waits for the queries in flight (until ctx ends) and returns.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cancel()
+	if s.state != stateStarted {
+		s.state = stateStopped
+		return nil
+	}
+	s.state = stateStopped
+	var errs []error
+	for _, srv := range s.servers {
+		if err := srv.ShutdownContext(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	select {
+	case <-s.done:
+	case <-ctx.Done():
+		errs = append(errs, ctx.Err())
+	}
+	return errors.Join(errs...)
+}
+
+// Run starts the server and serves until ctx is done, then shuts it down.
+func (s *Server) Run(ctx context.Context) error {
+	if err := s.Start(); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return s.Shutdown(sctx)
+}
+
+// ServeDNS implements mdns.Handler: forward names outside the zone, answer the others, then
+// fit the response to the transport (truncated with TC over UDP beyond the client's size).
+func (s *Server) ServeDNS(w mdns.ResponseWriter, req *mdns.Msg) {
+	if req == nil {
+		return
+	}
+	start := time.Now()
+	_, tcp := w.RemoteAddr().(*net.TCPAddr)
+	var resp *mdns.Msg
+	source := "zone"
+	if s.forwardable(req) {
+		source = "upstream"
+		resp = s.forward(req, tcp)
+	} else {
+		resp = Answer(s.zone.Load(), req)
+	}
+	if resp == nil {
+		return
+	}
+	resp.RecursionAvailable = len(s.upstreams) > 0
+	if tcp {
+		resp.Truncate(mdns.MaxMsgSize)
+	} else {
+		resp.Truncate(udpSize(req))
+	}
+	if err := w.WriteMsg(resp); err != nil {
+		s.log.Debug("dns: write response", "remote", w.RemoteAddr().String(), "err", err)
+	}
+	if s.metrics != nil {
+		s.metrics.observe(source, resp.Rcode, time.Since(start))
+	}
+}
+
+// forwardable reports whether req is a well-formed query for a name outside the zone that
+// an upstream can answer.
+func (s *Server) forwardable(req *mdns.Msg) bool {
+	return len(s.upstreams) > 0 && !req.Response && req.Opcode == mdns.OpcodeQuery &&
+		len(req.Question) == 1 && !InZone(req.Question[0].Name)
+}
+
+// forward sends req to the upstreams in order until one answers: over UDP first, over TCP
+// when the UDP answer is truncated or the client asked over TCP. SERVFAIL when none answers;
+// REFUSED when MaxForwards queries are already in flight.
+func (s *Server) forward(req *mdns.Msg, viaTCP bool) *mdns.Msg {
+	select {
+	case s.fwdSlots <- struct{}{}:
+		defer func() { <-s.fwdSlots }()
+	default:
+		return errorReply(req, mdns.RcodeRefused)
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, forwardBudget)
+	defer cancel()
+	var lastErr error
+	for _, up := range s.upstreams {
+		resp, err := s.exchange(ctx, req, up, viaTCP)
+		if err == nil {
+			return resp
+		}
+		lastErr = err
+		if s.metrics != nil {
+			s.metrics.upstreamFailures.WithLabelValues(up).Inc()
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	s.log.Debug("dns: no upstream answered", "name", req.Question[0].Name, "err", lastErr)
+	return errorReply(req, mdns.RcodeServerFailure)
+}
+
+// errorReply is an empty response to req with rcode, with an OPT record when req has one.
+func errorReply(req *mdns.Msg, rcode int) *mdns.Msg {
+	resp := new(mdns.Msg).SetRcode(req, rcode)
+	if opt := req.IsEdns0(); opt != nil {
+		resp.Extra = []mdns.RR{replyOPT(opt)}
+	}
+	return resp
+}
+
+// exchange asks one upstream, falling back to TCP on a truncated UDP answer.
+func (s *Server) exchange(ctx context.Context, req *mdns.Msg, upstream string, viaTCP bool) (*mdns.Msg, error) {
+	if !viaTCP {
+		resp, _, err := s.udpClient.ExchangeContext(ctx, req, upstream)
+		if err != nil {
+			return nil, fmt.Errorf("upstream %s udp: %w", upstream, err)
+		}
+		if !resp.Truncated {
+			return resp, checkReply(req, resp, upstream)
+		}
+	}
+	resp, _, err := s.tcpClient.ExchangeContext(ctx, req, upstream)
+	if err != nil {
+		return nil, fmt.Errorf("upstream %s tcp: %w", upstream, err)
+	}
+	return resp, checkReply(req, resp, upstream)
+}
+
+// checkReply rejects an upstream answer to another question.
+func checkReply(req, resp *mdns.Msg, upstream string) error {
+	if len(resp.Question) == 0 && resp.Rcode != mdns.RcodeSuccess {
+		return nil // FORMERR, NOTIMP, REFUSED... may echo no question
+	}
+	if len(resp.Question) != 1 || resp.Question[0].Qtype != req.Question[0].Qtype ||
+		asciiLower(resp.Question[0].Name) != asciiLower(req.Question[0].Name) {
+		return fmt.Errorf("upstream %s answered another question", upstream)
+	}
+	return nil
+}
