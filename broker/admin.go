@@ -76,7 +76,11 @@ func (a *adminService) RemoveCluster(ctx context.Context, req *apiv1.RemoveClust
 	if err := admission.CheckClusterName("name", req.Name); err != nil {
 		return nil, rpcError("remove cluster", err)
 	}
-	var removed *apiv1.Cluster
+	var (
+		removed  *apiv1.Cluster
+		removal  admission.ClusterRemoval
+		released []*apiv1.ServiceVIP
+	)
 	_, err := a.s.store.Update(ctx, func(tx store.Tx) error {
 		c, err := tx.Cluster(req.Name)
 		if err != nil {
@@ -86,14 +90,30 @@ func (a *adminService) RemoveCluster(ctx context.Context, req *apiv1.RemoveClust
 		if err != nil {
 			return err
 		}
-		withdraw, err := admission.RemoveCluster(req.Name, c, eps)
+		exports, err := tx.ServiceExports()
 		if err != nil {
 			return err
 		}
-		for _, e := range withdraw {
+		vips, err := tx.ServiceVIPs()
+		if err != nil {
+			return err
+		}
+		if removal, err = admission.RemoveCluster(req.Name, c, eps, exports); err != nil {
+			return err
+		}
+		for _, e := range removal.Endpoints {
 			if err := tx.DeleteEndpoint(e.Cluster, e.Node); err != nil {
 				return err
 			}
+		}
+		for _, e := range removal.Exports {
+			if err := tx.DeleteServiceExport(e.Cluster, e.Node, e.Namespace, e.Name); err != nil {
+				return err
+			}
+		}
+		released = admission.ReleaseVIPs(admission.ExportsWithout(exports, req.Name), vips)
+		if err := a.s.applyVIPPlan(tx, admission.VIPPlan{Release: released}); err != nil {
+			return err
 		}
 		removed = c
 		return tx.DeleteCluster(req.Name)
@@ -101,7 +121,8 @@ func (a *adminService) RemoveCluster(ctx context.Context, req *apiv1.RemoveClust
 	if err != nil {
 		return nil, rpcError("remove cluster", err)
 	}
-	a.s.log.Info("cluster removed", "cluster", req.Name, "id", removed.Id)
+	a.s.log.Info("cluster removed", "cluster", req.Name, "id", removed.Id, "endpoints", len(removal.Endpoints), "exports", len(removal.Exports))
+	a.s.logVIPPlan(admission.VIPPlan{Release: released})
 	return &apiv1.RemoveClusterResponse{Cluster: removed}, nil
 }
 

@@ -2,12 +2,16 @@ package broker
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
+
+	"k8s.io/apimachinery/pkg/labels"
 
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/broker/admission"
 	"github.com/cablemesh/cablemesh/broker/store"
+	"github.com/cablemesh/cablemesh/mcs"
 )
 
 // agentService serves the Agent API: each handler reads the store, lets admission decide, and
@@ -110,15 +114,33 @@ func (a *agentService) Heartbeat(ctx context.Context, req *apiv1.HeartbeatReques
 // errStopping ends the watches of a broker that shuts down.
 var errStopping = errors.New("broker is shutting down; reconnect with since_revision")
 
+// Watch streams the agent's view of the mesh: a snapshot or the deltas since its revision, then
+// every later change. Service exports and VIPs are not sent as events: an agent that sets
+// want_imports gets, on the first message and whenever the set changes, the complete set of
+// imports it may use (those of its own cluster and of the clusters the policies connect it to,
+// admitted by its import selector); an agent that does not sees exactly what it saw before
+// services existed.
 func (a *agentService) Watch(req *apiv1.WatchRequest, stream apiv1.Agent_WatchServer) error {
 	ctx := stream.Context()
 	id := identityFrom(ctx)
-	w, err := a.s.store.Watch(ctx, req.SinceRevision)
+	var sel labels.Selector
+	if req.WantImports {
+		var err error
+		if sel, err = mcs.ParseImportSelector(req.ImportSelector); err != nil {
+			return rpcError("watch", &admission.InvalidError{Field: "import_selector", Value: req.ImportSelector, Err: fmt.Errorf("import_selector: %w", err)})
+		}
+	}
+	// Exports and VIPs reach the agent as imports: the watch says only when they changed.
+	w, err := a.s.store.Watch(ctx, req.SinceRevision, store.OmitResources(store.KindServiceExport, store.KindServiceVIP))
 	if err != nil {
 		return rpcError("watch", err)
 	}
 	log := a.s.log.With("cluster", id.Cluster, "node", id.Node)
-	log.Info("watch started", "sinceRevision", req.SinceRevision)
+	log.Info("watch started", "sinceRevision", req.SinceRevision, "wantImports", req.WantImports, "importSelector", req.ImportSelector)
+	var (
+		first = true
+		sent  [sha256.Size]byte // fingerprint of the imports last sent
+	)
 	for {
 		select {
 		case <-a.s.stopping:
@@ -135,9 +157,26 @@ func (a *agentService) Watch(req *apiv1.WatchRequest, stream apiv1.Agent_WatchSe
 				}
 				return rpcError("watch", err)
 			}
+			evs, touches := agentEvents(b.Events)
 			// The batch is this watcher's own copy, so the PSKs of its pairs can go straight in.
-			a.s.addPairPSKs(id.Cluster, b.Events)
-			if err := stream.Send(&apiv1.WatchResponse{Snapshot: b.Snapshot, Events: b.Events, Revision: b.Revision}); err != nil {
+			a.s.addPairPSKs(id.Cluster, evs)
+			resp := &apiv1.WatchResponse{Snapshot: b.Snapshot, Events: evs, Revision: b.Revision}
+			if req.WantImports && (first || b.Snapshot || touches) {
+				v, err := a.s.imports.at(ctx, b.Revision)
+				if err != nil {
+					return rpcError("watch", err)
+				}
+				t := v.importsFor(id.Cluster, req.ImportSelector, sel)
+				if first || t.fingerprint != sent {
+					resp.Imports, sent = t.imports, t.fingerprint
+				}
+			}
+			// A batch of exports and VIPs that changes nothing this agent sees is not sent.
+			if !first && len(evs) == 0 && resp.Imports == nil {
+				continue
+			}
+			first = false
+			if err := stream.Send(resp); err != nil {
 				return err
 			}
 			// Its certificate is no longer good once its cluster is gone: end the stream after

@@ -1,7 +1,8 @@
 // Package broker is the Cablemesh broker: it holds the mesh's shared state (clusters, gateway
-// endpoints, connection policies) in a Store, issues join tokens and agent certificates from the
-// mesh CA, derives each cluster pair's pre-shared key from the mesh secret, and serves the Admin
-// and Agent gRPC services over one mTLS listener.
+// endpoints, connection policies, service exports and their clusterset VIPs) in a Store, issues
+// join tokens and agent certificates from the mesh CA, derives each cluster pair's pre-shared key
+// from the mesh secret, merges exports into service imports once per revision for every watcher,
+// and serves the Admin and Agent gRPC services over one mTLS listener.
 package broker
 
 import (
@@ -11,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"sync"
@@ -55,6 +57,10 @@ type Config struct {
 	// all). Empty means wireguard. Later starts keep the stored default policy (an operator may
 	// have changed it with apply) and only log when this differs.
 	DefaultCableDriver string
+	// ServiceVIPRanges are the ranges clusterset VIPs come from: at most one IPv4 and one IPv6
+	// prefix (a service gets one VIP from each). Default mcs.DefaultVIPRange. A stored VIP
+	// outside them (the ranges changed since) is kept and logged, never renumbered.
+	ServiceVIPRanges []netip.Prefix
 	// StoreOptions tune the embedded store (event log size, watcher buffer).
 	StoreOptions store.Options
 	// Store, when set, is the store to use instead of the embedded one in DataDir/broker.db
@@ -76,6 +82,8 @@ type Server struct {
 	grpc  *grpc.Server
 	// meshSecret derives the pair PSKs (PairPSK); it never leaves the broker.
 	meshSecret []byte
+	// imports computes the service imports once per revision for every watcher.
+	imports *importTracker
 
 	// stopping ends long-lived streams (watches) so a graceful stop does not wait for them.
 	stopping     chan struct{}
@@ -123,6 +131,9 @@ func New(cfg Config) (_ *Server, err error) {
 			return nil, err
 		}
 	}
+	if cfg.ServiceVIPRanges, err = vipRanges(cfg.ServiceVIPRanges); err != nil {
+		return nil, err
+	}
 	host, _, err := net.SplitHostPort(cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("listen address %q is not host:port: %v", cfg.Listen, err)
@@ -156,7 +167,11 @@ func New(cfg Config) (_ *Server, err error) {
 		st = b
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, pki: p, store: st, meshSecret: secret, stopping: make(chan struct{}), ready: make(chan struct{})}
+	s.imports = newImportTracker(cfg.Logger, s.stopping)
 	if err := s.ensureDefaultPolicy(context.Background(), cfg.DefaultCableDriver); err != nil {
+		return nil, err
+	}
+	if err := s.reconcileServiceVIPs(context.Background()); err != nil {
 		return nil, err
 	}
 	if err := s.extendLeases(context.Background()); err != nil {
@@ -194,16 +209,21 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 		return err
 	}
 	var wg sync.WaitGroup
-	reapCtx, cancelReap := context.WithCancel(ctx)
+	loopCtx, stopLoops := context.WithCancel(ctx) // the reaper and the import tracker
 	defer func() {
-		cancelReap()
+		stopLoops()
 		wg.Wait()
 	}()
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		s.reapLoop(reapCtx)
+		s.reapLoop(loopCtx)
 	}()
+	// The tracker subscribes before the first watch can start, so every watch is at a revision
+	// it will apply.
+	if err := s.imports.start(loopCtx, s.store, &wg); err != nil {
+		return err
+	}
 
 	errc := make(chan error, 1)
 	go func() { errc <- s.grpc.Serve(lis) }()

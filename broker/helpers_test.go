@@ -15,6 +15,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
@@ -69,8 +70,9 @@ type brokerOpts struct {
 	clock         *clock
 	durable       bool // keep the state in dir/broker.db (restarts); default a memory store
 	storeOpt      store.Options
-	defaultDriver string    // Config.DefaultCableDriver
-	logTo         io.Writer // also write the broker's log here (tests read it)
+	defaultDriver string         // Config.DefaultCableDriver
+	logTo         io.Writer      // also write the broker's log here (tests read it)
+	vipRanges     []netip.Prefix // Config.ServiceVIPRanges
 }
 
 // startBroker runs a real broker on loopback with real TLS, and an admin client from the
@@ -92,7 +94,7 @@ func startBroker(t *testing.T, dir string, o brokerOpts) *testBroker {
 	}
 	log := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	cfg := Config{DataDir: dir, Listen: o.addr, Logger: log, Now: o.clock.Now, ReapInterval: 20 * time.Millisecond,
-		StoreOptions: o.storeOpt, DefaultCableDriver: o.defaultDriver}
+		StoreOptions: o.storeOpt, DefaultCableDriver: o.defaultDriver, ServiceVIPRanges: o.vipRanges}
 	if !o.durable {
 		cfg.Store = store.NewMemory(o.storeOpt)
 	}

@@ -32,6 +32,7 @@ func rpcError(op string, err error) error {
 		credential  *admission.CredentialError
 		protected   *admission.ProtectedError
 		overlap     *admission.OverlapError
+		exhausted   *admission.ExhaustedError
 		unavailable unavailableError
 	)
 	code := codes.Internal
@@ -48,7 +49,7 @@ func rpcError(op string, err error) error {
 		code = codes.Unauthenticated
 	case errors.As(err, &protected), errors.As(err, &overlap):
 		code = codes.FailedPrecondition
-	case errors.Is(err, admission.ErrMeshFull), errors.Is(err, store.ErrWatcherTooSlow):
+	case errors.Is(err, admission.ErrMeshFull), errors.Is(err, store.ErrWatcherTooSlow), errors.As(err, &exhausted):
 		code = codes.ResourceExhausted
 	case errors.As(err, &unavailable):
 		code = codes.Unavailable

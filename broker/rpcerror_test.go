@@ -32,6 +32,7 @@ func TestEveryRefusalHasOneCodeAndKeepsItsMessage(t *testing.T) {
 			`pod CIDR invalid Prefix of cluster "a" overlaps pod CIDR invalid Prefix of cluster "b"`},
 		{"a full mesh is ResourceExhausted, with the context around it", fmt.Errorf("cannot add cluster %q: %w", "x", admission.ErrMeshFull), codes.ResourceExhausted,
 			`cannot add cluster "x": mesh is full`},
+		{"a full VIP range is ResourceExhausted", &admission.ExhaustedError{Resource: "service VIP", Err: msg}, codes.ResourceExhausted, "the message"},
 		{"a slow watcher is ResourceExhausted", store.ErrWatcherTooSlow, codes.ResourceExhausted, store.ErrWatcherTooSlow.Error()},
 		{"a broker that cannot serve now is Unavailable", unavailableError{errStopping}, codes.Unavailable, errStopping.Error()},
 		{"a cancelled call is Canceled", context.Canceled, codes.Canceled, "context canceled"},

@@ -67,14 +67,24 @@ func TestNormalize(t *testing.T) {
 		{name: "a headless service may have no ports", mutate: func(e *apiv1.ServiceExport) { e.Type, e.Ports = TypeHeadless, nil }},
 		{name: "port 0 is refused", mutate: func(e *apiv1.ServiceExport) { e.Ports = []*apiv1.ServicePort{port("http", 0, "TCP")} }, wantErr: "exports[0].ports[0].port: 0 is not a port"},
 		{name: "ICMP is no protocol for a service", mutate: func(e *apiv1.ServiceExport) { e.Ports = []*apiv1.ServicePort{port("http", 80, "icmp")} }, wantErr: `exports[0].ports[0].protocol: "ICMP" is not TCP, UDP or SCTP`},
-		{name: "two ports need names", mutate: func(e *apiv1.ServiceExport) { e.Ports = []*apiv1.ServicePort{port("", 80, "TCP"), port("b", 81, "TCP")} }, wantErr: "exports[0].ports[0].name: is required"},
-		{name: "a port name twice is refused", mutate: func(e *apiv1.ServiceExport) { e.Ports = []*apiv1.ServicePort{port("a", 80, "TCP"), port("a", 81, "TCP")} }, wantErr: `exports[0].ports[1].name: "a" is used twice`},
+		{name: "two ports need names", mutate: func(e *apiv1.ServiceExport) {
+			e.Ports = []*apiv1.ServicePort{port("", 80, "TCP"), port("b", 81, "TCP")}
+		}, wantErr: "exports[0].ports[0].name: is required"},
+		{name: "a port name twice is refused", mutate: func(e *apiv1.ServiceExport) {
+			e.Ports = []*apiv1.ServicePort{port("a", 80, "TCP"), port("a", 81, "TCP")}
+		}, wantErr: `exports[0].ports[1].name: "a" is used twice`},
 		{name: "a port name without a letter is refused", mutate: func(e *apiv1.ServiceExport) { e.Ports = []*apiv1.ServicePort{port("8080", 80, "TCP")} }, wantErr: `"8080" is not a port name`},
 		{name: "a port name over 15 characters is refused", mutate: func(e *apiv1.ServiceExport) { e.Ports = []*apiv1.ServicePort{port("abcdefghijklmnop", 80, "TCP")} }, wantErr: "is not a port name"},
-		{name: "the same port and protocol twice is refused", mutate: func(e *apiv1.ServiceExport) { e.Ports = []*apiv1.ServicePort{port("a", 80, "TCP"), port("b", 80, "TCP")} }, wantErr: "80/TCP is listed twice"},
-		{name: "the same port over TCP and UDP is fine", mutate: func(e *apiv1.ServiceExport) { e.Ports = []*apiv1.ServicePort{port("a", 53, "TCP"), port("b", 53, "UDP")} }},
+		{name: "the same port and protocol twice is refused", mutate: func(e *apiv1.ServiceExport) {
+			e.Ports = []*apiv1.ServicePort{port("a", 80, "TCP"), port("b", 80, "TCP")}
+		}, wantErr: "80/TCP is listed twice"},
+		{name: "the same port over TCP and UDP is fine", mutate: func(e *apiv1.ServiceExport) {
+			e.Ports = []*apiv1.ServicePort{port("a", 53, "TCP"), port("b", 53, "UDP")}
+		}},
 		{name: "an endpoint that is no IP is refused", mutate: func(e *apiv1.ServiceExport) { e.Endpoints = []*apiv1.ServiceEndpoint{{Ip: "web-1"}} }, wantErr: `exports[0].endpoints[0].ip: "web-1" is not a unicast IP address`},
-		{name: "an endpoint address twice is refused", mutate: func(e *apiv1.ServiceExport) { e.Endpoints = []*apiv1.ServiceEndpoint{{Ip: "10.0.0.1"}, {Ip: "10.0.0.1"}} }, wantErr: "exports[0].endpoints[1].ip: 10.0.0.1 is listed twice"},
+		{name: "an endpoint address twice is refused", mutate: func(e *apiv1.ServiceExport) {
+			e.Endpoints = []*apiv1.ServiceEndpoint{{Ip: "10.0.0.1"}, {Ip: "10.0.0.1"}}
+		}, wantErr: "exports[0].endpoints[1].ip: 10.0.0.1 is listed twice"},
 		{name: "a hostname that is no DNS label is refused", mutate: func(e *apiv1.ServiceExport) { e.Endpoints[0].Hostname = "db.0" }, wantErr: `exports[0].endpoints[0].hostname: hostname "db.0" is not a DNS label`},
 		{name: "a bad label is refused", mutate: func(e *apiv1.ServiceExport) { e.Labels = map[string]string{"-x": "y"} }, wantErr: "exports[0].labels: label key"},
 	}

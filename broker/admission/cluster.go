@@ -190,18 +190,31 @@ func Relabel(c *apiv1.Cluster, ch LabelChange) (out *apiv1.Cluster, changed bool
 	return out, true, nil
 }
 
+// ClusterRemoval is what goes with a removed cluster, in the same transaction.
+type ClusterRemoval struct {
+	Endpoints []*apiv1.Endpoint      // its gateways
+	Exports   []*apiv1.ServiceExport // every export of its nodes
+}
+
 // RemoveCluster decides the removal of cluster name, stored as c (nil when there is none): the
-// endpoints of eps that go with it.
-func RemoveCluster(name string, c *apiv1.Cluster, eps []*apiv1.Endpoint) (withdraw []*apiv1.Endpoint, err error) {
+// endpoints of eps and the exports of exports that go with it. The VIPs its exports leave
+// without an export are released by ReleaseVIPs over what is left.
+func RemoveCluster(name string, c *apiv1.Cluster, eps []*apiv1.Endpoint, exports []*apiv1.ServiceExport) (ClusterRemoval, error) {
 	if c == nil {
-		return nil, clusterNotFound(name)
+		return ClusterRemoval{}, clusterNotFound(name)
 	}
+	var out ClusterRemoval
 	for _, e := range eps {
 		if e.Cluster == name {
-			withdraw = append(withdraw, e)
+			out.Endpoints = append(out.Endpoints, e)
 		}
 	}
-	return withdraw, nil
+	for _, e := range exports {
+		if e.GetCluster() == name {
+			out.Exports = append(out.Exports, e)
+		}
+	}
+	return out, nil
 }
 
 func clusterNotFound(name string) error {

@@ -272,12 +272,20 @@ func TestLabelChanges(t *testing.T) {
 	})
 }
 
-func TestRemovingAClusterWithdrawsItsEndpointsOnly(t *testing.T) {
+func TestRemovingAClusterWithdrawsItsEndpointsAndExportsOnly(t *testing.T) {
 	eps := []*apiv1.Endpoint{{Cluster: "east", Node: "gw1"}, {Cluster: "west", Node: "gw1"}, {Cluster: "east", Node: "gw2"}}
-	got, err := RemoveCluster("east", &apiv1.Cluster{Name: "east"}, eps)
-	if err != nil || len(got) != 2 || got[0].Node != "gw1" || got[1].Node != "gw2" || got[0].Cluster != "east" || got[1].Cluster != "east" {
-		t.Fatalf("withdraw %v, %v; want east/gw1 and east/gw2", got, err)
+	exports := []*apiv1.ServiceExport{
+		{Cluster: "east", Node: "gw1", Namespace: "shop", Name: "web"},
+		{Cluster: "west", Node: "gw1", Namespace: "shop", Name: "web"},
+		{Cluster: "east", Node: "n7", Namespace: "shop", Name: "db"},
 	}
-	_, err = RemoveCluster("nope", nil, eps)
+	got, err := RemoveCluster("east", &apiv1.Cluster{Name: "east"}, eps, exports)
+	if err != nil || len(got.Endpoints) != 2 || got.Endpoints[0].Node != "gw1" || got.Endpoints[1].Node != "gw2" || got.Endpoints[0].Cluster != "east" || got.Endpoints[1].Cluster != "east" {
+		t.Fatalf("withdraw %v, %v; want east/gw1 and east/gw2", got.Endpoints, err)
+	}
+	if len(got.Exports) != 2 || got.Exports[0].Name != "web" || got.Exports[1].Name != "db" || got.Exports[1].Cluster != "east" {
+		t.Fatalf("exports deleted %v; want east's web and db, not west's web", got.Exports)
+	}
+	_, err = RemoveCluster("nope", nil, eps, exports)
 	wantErr[*NotFoundError](t, err, `cluster "nope" not found`)
 }

@@ -84,6 +84,16 @@ type ProtectedError struct {
 func (e *ProtectedError) Error() string { return e.Err.Error() }
 func (e *ProtectedError) Unwrap() error { return e.Err }
 
+// ExhaustedError refuses a request that needs something of which none is left: a service VIP
+// when the configured range is full.
+type ExhaustedError struct {
+	Resource string // "service VIP"
+	Err      error
+}
+
+func (e *ExhaustedError) Error() string { return e.Err.Error() }
+func (e *ExhaustedError) Unwrap() error { return e.Err }
+
 // OverlapError refuses a cluster whose CIDRs overlap another cluster's (or each other): the
 // rule is registry's, which is where the type lives.
 type OverlapError = registry.OverlapError

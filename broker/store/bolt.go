@@ -92,7 +92,8 @@ func (s *Bolt) Update(ctx context.Context, fn func(Tx) error) (Commit, error) {
 }
 
 // Watch implements Store.
-func (s *Bolt) Watch(ctx context.Context, since uint64) (Watch, error) {
+func (s *Bolt) Watch(ctx context.Context, since uint64, opts ...WatchOption) (Watch, error) {
+	o := watchOpts(opts)
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -104,13 +105,13 @@ func (s *Bolt) Watch(ctx context.Context, since uint64) (Watch, error) {
 	var first Batch
 	err := s.db.View(func(btx *bolt.Tx) error {
 		var err error
-		first, err = newTxn(boltKV{btx}, false).firstBatch(since)
+		first, err = newTxn(boltKV{btx}, false).firstBatch(since, o)
 		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("start watch from revision %d: %w", since, err)
 	}
-	return s.hub.subscribeLocked(ctx, first), nil
+	return s.hub.subscribeLocked(ctx, first, o), nil
 }
 
 // boltKV is the kv of one bbolt transaction; every bucket exists (OpenBolt creates them).

@@ -24,8 +24,9 @@ func newHub(buffer int) hub {
 }
 
 type watch struct {
-	ch  chan Batch
-	err error // written under hub.mu before ch is closed; read after ch is closed
+	ch   chan Batch
+	opts watchOptions
+	err  error // written under hub.mu before ch is closed; read after ch is closed
 }
 
 func (w *watch) C() <-chan Batch { return w.ch }
@@ -37,7 +38,7 @@ func (h *hub) publishLocked(b Batch) {
 	for w := range h.subs {
 		// Each watcher gets its own copies: the hub must not share mutable messages between
 		// goroutines.
-		cp := Batch{Snapshot: b.Snapshot, Revision: b.Revision, Events: cloneEvents(b.Events)}
+		cp := Batch{Snapshot: b.Snapshot, Revision: b.Revision, Events: cloneEvents(b.Events, w.opts)}
 		select {
 		case w.ch <- cp:
 		default:
@@ -56,8 +57,8 @@ func (h *hub) dropLocked(w *watch, err error) {
 }
 
 // subscribeLocked registers a watcher that starts with first and ends with ctx.
-func (h *hub) subscribeLocked(ctx context.Context, first Batch) *watch {
-	w := &watch{ch: make(chan Batch, h.buffer+1)}
+func (h *hub) subscribeLocked(ctx context.Context, first Batch, opts watchOptions) *watch {
+	w := &watch{ch: make(chan Batch, h.buffer+1), opts: opts}
 	w.ch <- first
 	h.subs[w] = struct{}{}
 	// The watch's context owns this goroutine; it also ends when the watch is dropped for another
@@ -83,10 +84,19 @@ func (h *hub) closeLocked() bool {
 	return true
 }
 
-func cloneEvents(evs []*apiv1.Event) []*apiv1.Event {
+// cloneEvents copies evs for one watcher: the events of kinds it omits without their resources.
+func cloneEvents(evs []*apiv1.Event, opts watchOptions) []*apiv1.Event {
 	out := make([]*apiv1.Event, len(evs))
 	for i, e := range evs {
-		out[i] = proto.Clone(e).(*apiv1.Event)
+		if opts.omit[e.Kind] {
+			out[i] = withoutResource(e)
+		} else {
+			out[i] = proto.Clone(e).(*apiv1.Event)
+		}
 	}
 	return out
+}
+
+func withoutResource(e *apiv1.Event) *apiv1.Event {
+	return &apiv1.Event{Type: e.Type, Kind: e.Kind, Key: e.Key, Revision: e.Revision}
 }

@@ -89,7 +89,8 @@ func (m *Memory) Update(ctx context.Context, fn func(Tx) error) (Commit, error) 
 }
 
 // Watch implements Store.
-func (m *Memory) Watch(ctx context.Context, since uint64) (Watch, error) {
+func (m *Memory) Watch(ctx context.Context, since uint64, opts ...WatchOption) (Watch, error) {
+	o := watchOpts(opts)
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -99,11 +100,11 @@ func (m *Memory) Watch(ctx context.Context, since uint64) (Watch, error) {
 	if d == nil {
 		return nil, ErrClosed
 	}
-	first, err := newTxn(&memKV{base: *d}, false).firstBatch(since)
+	first, err := newTxn(&memKV{base: *d}, false).firstBatch(since, o)
 	if err != nil {
 		return nil, fmt.Errorf("start watch from revision %d: %w", since, err)
 	}
-	return m.hub.subscribeLocked(ctx, first), nil
+	return m.hub.subscribeLocked(ctx, first, o), nil
 }
 
 // memKV is the kv of one Memory transaction. Writes go to next, a copy of base made at the first

@@ -1,5 +1,5 @@
-// Package store holds the broker's state: clusters, endpoints and policies, a global revision bumped by
-// every change, and a bounded log of change events that lets a watcher resume from a revision.
+// Package store holds the broker's state: clusters, endpoints, policies, service exports and
+// service VIPs, a global revision bumped by every change, and a bounded log of change events that lets a watcher resume from a revision.
 // Store is the interface the broker codes against. Bolt (bbolt, one file) is the embedded
 // implementation; Memory keeps the same state in memory (unit tests); an etcd one can come later
 // behind the same interface. storetest holds the conformance suite every implementation passes.
@@ -17,6 +17,11 @@ const (
 	KindCluster  = "cluster"
 	KindEndpoint = "endpoint"
 	KindPolicy   = "policy"
+	// KindServiceExport events are keyed cluster/node/namespace/name (mcs.ExportKey);
+	// KindServiceVIP events namespace/name (mcs.Key). The broker does not forward either to
+	// agents: they get the service imports derived from them instead.
+	KindServiceExport = "serviceexport"
+	KindServiceVIP    = "servicevip"
 )
 
 // ErrWatcherTooSlow ends a watch whose buffer filled up: the broker drops a slow watcher rather
@@ -57,6 +62,14 @@ type ReadTx interface {
 	Policy(name string) (*apiv1.Policy, error)
 	// Policies returns every policy in name order.
 	Policies() ([]*apiv1.Policy, error)
+	// ServiceExport returns nil, nil when absent.
+	ServiceExport(cluster, node, namespace, name string) (*apiv1.ServiceExport, error)
+	// ServiceExports returns every export in key order (cluster/node/namespace/name).
+	ServiceExports() ([]*apiv1.ServiceExport, error)
+	// ServiceVIP returns nil, nil when absent.
+	ServiceVIP(namespace, name string) (*apiv1.ServiceVIP, error)
+	// ServiceVIPs returns every VIP record in key order (namespace/name).
+	ServiceVIPs() ([]*apiv1.ServiceVIP, error)
 }
 
 // Tx is a read-write transaction. Every Put and every Delete of a present key bumps the global
@@ -76,6 +89,12 @@ type Tx interface {
 	// from the current clusters whenever someone asks for it.
 	PutPolicy(p *apiv1.Policy) error
 	DeletePolicy(name string) error
+	// PutServiceExport stores an export under cluster/node/namespace/name.
+	PutServiceExport(e *apiv1.ServiceExport) error
+	DeleteServiceExport(cluster, node, namespace, name string) error
+	// PutServiceVIP stores the VIP record of namespace/name.
+	PutServiceVIP(v *apiv1.ServiceVIP) error
+	DeleteServiceVIP(namespace, name string) error
 }
 
 // Commit is the outcome of an Update.
@@ -98,6 +117,37 @@ type Watch interface {
 	Err() error
 }
 
+// WatchOption tunes one watch.
+type WatchOption func(*watchOptions)
+
+type watchOptions struct {
+	omit map[string]bool // kinds whose resources the watcher does not want
+}
+
+// OmitResources says the watcher wants to know when resources of kinds change, but not the
+// resources themselves: its snapshot leaves them out, and its deltas carry their events with
+// type, kind, key and revision only. The broker's agent watches omit service exports and VIPs,
+// which reach agents as the imports derived from them, so that no watcher decodes or copies
+// every export of the mesh.
+func OmitResources(kinds ...string) WatchOption {
+	return func(o *watchOptions) {
+		if o.omit == nil {
+			o.omit = map[string]bool{}
+		}
+		for _, k := range kinds {
+			o.omit[k] = true
+		}
+	}
+}
+
+func watchOpts(opts []WatchOption) watchOptions {
+	var o watchOptions
+	for _, f := range opts {
+		f(&o)
+	}
+	return o
+}
+
 // Store is the broker's state.
 type Store interface {
 	View(ctx context.Context, fn func(ReadTx) error) error
@@ -105,9 +155,17 @@ type Store interface {
 	Update(ctx context.Context, fn func(Tx) error) (Commit, error)
 	// Watch first delivers a snapshot, or, when since > 0 and the event log still holds every
 	// event after since, those events; then every later commit.
-	Watch(ctx context.Context, since uint64) (Watch, error)
+	Watch(ctx context.Context, since uint64, opts ...WatchOption) (Watch, error)
 	Close() error
 }
 
 // EndpointKey is the event key of an endpoint.
 func EndpointKey(cluster, node string) string { return cluster + "/" + node }
+
+// ServiceExportKey is the event key of a service export: cluster/node/namespace/name.
+func ServiceExportKey(cluster, node, namespace, name string) string {
+	return cluster + "/" + node + "/" + namespace + "/" + name
+}
+
+// ServiceVIPKey is the event key of a service VIP record: namespace/name.
+func ServiceVIPKey(namespace, name string) string { return namespace + "/" + name }

@@ -11,7 +11,8 @@ import (
 )
 
 // The layout every key-value backend (Bolt, Memory) shares: one bucket per kind, keyed by name
-// (endpoints by cluster/node), resources as protobuf; the event log keyed by big-endian revision;
+// (endpoints by cluster/node, service exports by cluster/node/namespace/name, service VIPs by
+// namespace/name), resources as protobuf; the event log keyed by big-endian revision;
 // the revision and the compaction point in meta.
 var (
 	bucketMeta      = []byte("meta")
@@ -19,8 +20,10 @@ var (
 	bucketEndpoints = []byte("endpoints")
 	bucketEvents    = []byte("events")
 	bucketPolicies  = []byte("policies")
+	bucketExports   = []byte("serviceExports")
+	bucketVIPs      = []byte("serviceVIPs")
 
-	buckets = [][]byte{bucketMeta, bucketClusters, bucketEndpoints, bucketEvents, bucketPolicies}
+	buckets = [][]byte{bucketMeta, bucketClusters, bucketEndpoints, bucketEvents, bucketPolicies, bucketExports, bucketVIPs}
 
 	keyRevision  = []byte("revision")
 	keyCompacted = []byte("compacted")
@@ -108,6 +111,22 @@ func (t *txn) Policy(name string) (*apiv1.Policy, error) {
 
 func (t *txn) Policies() ([]*apiv1.Policy, error) {
 	return loadAll[apiv1.Policy](t.kv, bucketPolicies, "policy")
+}
+
+func (t *txn) ServiceExport(cluster, node, namespace, name string) (*apiv1.ServiceExport, error) {
+	return load[apiv1.ServiceExport](t.kv, bucketExports, "service export", ServiceExportKey(cluster, node, namespace, name))
+}
+
+func (t *txn) ServiceExports() ([]*apiv1.ServiceExport, error) {
+	return loadAll[apiv1.ServiceExport](t.kv, bucketExports, "service export")
+}
+
+func (t *txn) ServiceVIP(namespace, name string) (*apiv1.ServiceVIP, error) {
+	return load[apiv1.ServiceVIP](t.kv, bucketVIPs, "service VIP", ServiceVIPKey(namespace, name))
+}
+
+func (t *txn) ServiceVIPs() ([]*apiv1.ServiceVIP, error) {
+	return loadAll[apiv1.ServiceVIP](t.kv, bucketVIPs, "service VIP")
 }
 
 // upsert stores m under key, stamped with the next revision (stamp sets it), and records the event.
@@ -223,6 +242,55 @@ func (t *txn) DeletePolicy(name string) error {
 	return t.remove(bucketPolicies, KindPolicy, name, &apiv1.Resource{Kind: &apiv1.Resource_Policy{Policy: old}})
 }
 
+func (t *txn) PutServiceExport(e *apiv1.ServiceExport) error {
+	if !t.writable {
+		return errReadOnly
+	}
+	if e.GetCluster() == "" || e.GetNode() == "" || e.GetNamespace() == "" || e.GetName() == "" {
+		return fmt.Errorf("put service export %q: cluster, node, namespace or name is empty",
+			ServiceExportKey(e.GetCluster(), e.GetNode(), e.GetNamespace(), e.GetName()))
+	}
+	e = proto.Clone(e).(*apiv1.ServiceExport)
+	return t.upsert(bucketExports, KindServiceExport, ServiceExportKey(e.Cluster, e.Node, e.Namespace, e.Name), e,
+		func(r uint64) { e.Revision = r }, &apiv1.Resource{Kind: &apiv1.Resource_ServiceExport{ServiceExport: e}})
+}
+
+func (t *txn) DeleteServiceExport(cluster, node, namespace, name string) error {
+	if !t.writable {
+		return errReadOnly
+	}
+	old, err := t.ServiceExport(cluster, node, namespace, name)
+	if err != nil || old == nil {
+		return err
+	}
+	return t.remove(bucketExports, KindServiceExport, ServiceExportKey(cluster, node, namespace, name),
+		&apiv1.Resource{Kind: &apiv1.Resource_ServiceExport{ServiceExport: old}})
+}
+
+func (t *txn) PutServiceVIP(v *apiv1.ServiceVIP) error {
+	if !t.writable {
+		return errReadOnly
+	}
+	if v.GetNamespace() == "" || v.GetName() == "" {
+		return fmt.Errorf("put service VIP %q: namespace or name is empty", ServiceVIPKey(v.GetNamespace(), v.GetName()))
+	}
+	v = proto.Clone(v).(*apiv1.ServiceVIP)
+	return t.upsert(bucketVIPs, KindServiceVIP, ServiceVIPKey(v.Namespace, v.Name), v,
+		func(r uint64) { v.Revision = r }, &apiv1.Resource{Kind: &apiv1.Resource_ServiceVip{ServiceVip: v}})
+}
+
+func (t *txn) DeleteServiceVIP(namespace, name string) error {
+	if !t.writable {
+		return errReadOnly
+	}
+	old, err := t.ServiceVIP(namespace, name)
+	if err != nil || old == nil {
+		return err
+	}
+	return t.remove(bucketVIPs, KindServiceVIP, ServiceVIPKey(namespace, name),
+		&apiv1.Resource{Kind: &apiv1.Resource_ServiceVip{ServiceVip: old}})
+}
+
 // finish records the revision and the events of the transaction and trims the log to logSize.
 func (t *txn) finish(logSize int) error {
 	if len(t.events) == 0 {
@@ -258,8 +326,9 @@ func (t *txn) finish(logSize int) error {
 }
 
 // firstBatch is what a watch from since starts with: the logged events after since when the log
-// still holds every one of them, a snapshot of everything otherwise (and for since 0).
-func (t *txn) firstBatch(since uint64) (Batch, error) {
+// still holds every one of them, a snapshot of everything otherwise (and for since 0). Events of
+// the kinds opts omits come without their resources, and not at all in a snapshot.
+func (t *txn) firstBatch(since uint64, opts watchOptions) (Batch, error) {
 	compacted := getU64(t.kv, keyCompacted)
 	first := Batch{Revision: t.rev}
 	if since > 0 && since >= compacted && since <= t.rev {
@@ -268,37 +337,76 @@ func (t *txn) firstBatch(since uint64) (Batch, error) {
 			if err := proto.Unmarshal(v, ev); err != nil {
 				return fmt.Errorf("decode event %d: %w", binary.BigEndian.Uint64(k), err)
 			}
+			if opts.omit[ev.Kind] {
+				ev = withoutResource(ev)
+			}
 			first.Events = append(first.Events, ev)
 			return nil
 		})
 		return first, err
 	}
 	first.Snapshot = true
-	cs, err := t.Clusters()
-	if err != nil {
-		return first, err
+	upserts := func(kind string, read func() ([]*apiv1.Event, error)) error {
+		if opts.omit[kind] {
+			return nil
+		}
+		evs, err := read()
+		first.Events = append(first.Events, evs...)
+		return err
 	}
-	es, err := t.Endpoints()
-	if err != nil {
-		return first, err
+	event := func(kind, key string, r *apiv1.Resource) *apiv1.Event {
+		return &apiv1.Event{Type: apiv1.Event_UPSERT, Kind: kind, Key: key, Resource: r, Revision: t.rev}
 	}
-	ps, err := t.Policies()
-	if err != nil {
-		return first, err
+	err := upserts(KindCluster, func() ([]*apiv1.Event, error) {
+		cs, err := t.Clusters()
+		evs := make([]*apiv1.Event, len(cs))
+		for i, c := range cs {
+			evs[i] = event(KindCluster, c.Name, &apiv1.Resource{Kind: &apiv1.Resource_Cluster{Cluster: c}})
+		}
+		return evs, err
+	})
+	if err == nil {
+		err = upserts(KindEndpoint, func() ([]*apiv1.Event, error) {
+			es, err := t.Endpoints()
+			evs := make([]*apiv1.Event, len(es))
+			for i, e := range es {
+				evs[i] = event(KindEndpoint, EndpointKey(e.Cluster, e.Node), &apiv1.Resource{Kind: &apiv1.Resource_Endpoint{Endpoint: e}})
+			}
+			return evs, err
+		})
 	}
-	for _, c := range cs {
-		first.Events = append(first.Events, &apiv1.Event{Type: apiv1.Event_UPSERT, Kind: KindCluster, Key: c.Name,
-			Resource: &apiv1.Resource{Kind: &apiv1.Resource_Cluster{Cluster: c}}, Revision: t.rev})
+	if err == nil {
+		err = upserts(KindPolicy, func() ([]*apiv1.Event, error) {
+			ps, err := t.Policies()
+			evs := make([]*apiv1.Event, len(ps))
+			for i, p := range ps {
+				evs[i] = event(KindPolicy, p.Name, &apiv1.Resource{Kind: &apiv1.Resource_Policy{Policy: p}})
+			}
+			return evs, err
+		})
 	}
-	for _, e := range es {
-		first.Events = append(first.Events, &apiv1.Event{Type: apiv1.Event_UPSERT, Kind: KindEndpoint, Key: EndpointKey(e.Cluster, e.Node),
-			Resource: &apiv1.Resource{Kind: &apiv1.Resource_Endpoint{Endpoint: e}}, Revision: t.rev})
+	if err == nil {
+		err = upserts(KindServiceExport, func() ([]*apiv1.Event, error) {
+			xs, err := t.ServiceExports()
+			evs := make([]*apiv1.Event, len(xs))
+			for i, x := range xs {
+				evs[i] = event(KindServiceExport, ServiceExportKey(x.Cluster, x.Node, x.Namespace, x.Name),
+					&apiv1.Resource{Kind: &apiv1.Resource_ServiceExport{ServiceExport: x}})
+			}
+			return evs, err
+		})
 	}
-	for _, p := range ps {
-		first.Events = append(first.Events, &apiv1.Event{Type: apiv1.Event_UPSERT, Kind: KindPolicy, Key: p.Name,
-			Resource: &apiv1.Resource{Kind: &apiv1.Resource_Policy{Policy: p}}, Revision: t.rev})
+	if err == nil {
+		err = upserts(KindServiceVIP, func() ([]*apiv1.Event, error) {
+			vs, err := t.ServiceVIPs()
+			evs := make([]*apiv1.Event, len(vs))
+			for i, v := range vs {
+				evs[i] = event(KindServiceVIP, ServiceVIPKey(v.Namespace, v.Name), &apiv1.Resource{Kind: &apiv1.Resource_ServiceVip{ServiceVip: v}})
+			}
+			return evs, err
+		})
 	}
-	return first, nil
+	return first, err
 }
 
 func putProto(s kv, bucket []byte, key string, m proto.Message) error {

@@ -3,6 +3,7 @@
 //
 //	cable-broker --data-dir DIR [--listen 0.0.0.0:7443] [--lease 30s] [--log-level info]
 //	             [--default-cable-driver ipsec|vxlan|wireguard]
+//	             [--service-vip-range 241.0.0.0/8[,IPv6 CIDR]]
 //
 // On first start it creates the mesh CA and the mesh secret (from which every cluster pair's
 // pre-shared key is derived) in DIR, writes DIR/admin.yaml, the credential cablectl uses
@@ -11,6 +12,11 @@
 // binary links them all through cable/drivers). Later starts keep the stored default policy
 // (change it with `cablectl apply`); a --default-cable-driver that differs from it is logged and
 // otherwise ignored.
+//
+// Every exported service (namespace/name) gets one clusterset VIP from each --service-vip-range
+// CIDR (an IPv4 one and optionally an IPv6 one), kept in the store while any cluster exports the
+// service, so it is stable across broker restarts and agent reconnects. A VIP that lies outside
+// the ranges after they were changed is kept (and logged), never renumbered.
 package main
 
 import (
@@ -29,6 +35,7 @@ import (
 	"github.com/cablemesh/cablemesh/broker"
 	"github.com/cablemesh/cablemesh/cable"
 	_ "github.com/cablemesh/cablemesh/cable/drivers" // registers every driver: the default policy's and what endpoints publish are checked against them
+	"github.com/cablemesh/cablemesh/mcs"
 	"github.com/cablemesh/cablemesh/policy"
 )
 
@@ -46,6 +53,7 @@ func run(args []string, stderr io.Writer) int {
 	logLevel := fs.String("log-level", "info", "log level: debug | info | warn | error")
 	defaultDriver := fs.String("default-cable-driver", policy.DefaultDriver, "cable driver of the mesh default policy created at first start: "+
 		strings.Join(cable.Names(), " | ")+" (later starts keep the stored policy)")
+	vipRange := fs.String("service-vip-range", mcs.DefaultVIPRange, "clusterset VIP range: an IPv4 CIDR, and optionally an IPv6 one after a comma (dual-stack services get one VIP of each)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -59,6 +67,11 @@ func run(args []string, stderr io.Writer) int {
 	}
 	if *lease < time.Second {
 		fmt.Fprintf(stderr, "cable-broker: --lease %s is shorter than 1s\n", *lease)
+		return 2
+	}
+	vipRanges, err := mcs.ParseVIPRanges(*vipRange)
+	if err != nil {
+		fmt.Fprintf(stderr, "cable-broker: --service-vip-range: %v\n", err)
 		return 2
 	}
 	if err := broker.ValidateDefaultCableDriver(*defaultDriver); err != nil {
@@ -81,7 +94,8 @@ func run(args []string, stderr io.Writer) int {
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	slog.SetDefault(log)
 
-	srv, err := broker.New(broker.Config{DataDir: *dataDir, Listen: *listen, Lease: *lease, Logger: log, DefaultCableDriver: driver})
+	srv, err := broker.New(broker.Config{DataDir: *dataDir, Listen: *listen, Lease: *lease, Logger: log, DefaultCableDriver: driver,
+		ServiceVIPRanges: vipRanges})
 	if err != nil {
 		log.Error("start broker", "err", err)
 		return 1

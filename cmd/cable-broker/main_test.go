@@ -15,6 +15,9 @@ func TestBadUsageExitsTwoBeforeTouchingTheDataDir(t *testing.T) {
 		{"an unknown default cable driver", []string{"--data-dir", "/nonexistent/x", "--default-cable-driver", "gre"}, `default cable driver "gre" is not one of ipsec, vxlan, wireguard`},
 		{"no data dir", []string{"--default-cable-driver", "vxlan"}, "--data-dir is required"},
 		{"a lease under a second", []string{"--data-dir", "/nonexistent/x", "--lease", "10ms"}, "shorter than 1s"},
+		{"a VIP range that is not a CIDR", []string{"--data-dir", "/nonexistent/x", "--service-vip-range", "241.0.0.0"}, `--service-vip-range: service VIP range "241.0.0.0" is not a CIDR`},
+		{"a VIP range with host bits", []string{"--data-dir", "/nonexistent/x", "--service-vip-range", "241.0.0.1/8"}, "--service-vip-range: service VIP range \"241.0.0.1/8\" has host bits set (did you mean 241.0.0.0/8?)"},
+		{"two IPv4 VIP ranges", []string{"--data-dir", "/nonexistent/x", "--service-vip-range", "241.0.0.0/8,242.0.0.0/8"}, "--service-vip-range: service VIP range \"241.0.0.0/8,242.0.0.0/8\": give at most one IPv4 and one IPv6 CIDR"},
 		{"a stray argument", []string{"--data-dir", "/nonexistent/x", "extra"}, "unexpected arguments"},
 	}
 	for _, tt := range tests {
@@ -24,5 +27,14 @@ func TestBadUsageExitsTwoBeforeTouchingTheDataDir(t *testing.T) {
 				t.Fatalf("exit %d, stderr %q; want 2 and %q", code, stderr.String(), tt.want)
 			}
 		})
+	}
+}
+
+func TestAGoodVIPRangeGetsPastTheFlags(t *testing.T) {
+	// The data dir cannot be created, so the broker fails to start (exit 1): the flags were fine.
+	var stderr bytes.Buffer
+	code := run([]string{"--data-dir", "/proc/cablemesh-test/x", "--service-vip-range", "241.0.0.0/8, fd00:241::/64"}, &stderr)
+	if code != 1 || strings.Contains(stderr.String(), "--service-vip-range") {
+		t.Fatalf("exit %d, stderr %q; want 1 from the data dir, nothing about the range", code, stderr.String())
 	}
 }

@@ -36,7 +36,7 @@ func newRoot() *cobra.Command {
 	root.PersistentFlags().StringVar(&g.config, "config", defaultAdminConfig(), "admin credential file written by cable-broker (DIR/admin.yaml); env CABLEMESH_CONFIG")
 	root.PersistentFlags().StringVarP(&g.output, "output", "o", "table", "output format: table | json | yaml (status also: wide)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.AddCommand(newClusterCmd(g), newStatusCmd(g), newConnectionPolicyCmd(g), newApplyCmd(g), newDeleteCmd(g))
+	root.AddCommand(newClusterCmd(g), newStatusCmd(g), newConnectionPolicyCmd(g), newApplyCmd(g), newDeleteCmd(g), newServiceCmd(g))
 	return root
 }
 

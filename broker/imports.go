@@ -1,0 +1,163 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/broker/store"
+)
+
+// maxImportViews is how many views the tracker keeps. A watcher asks for the view of the
+// revision it is at; one that lags by more views than this gets the oldest view kept, which is
+// newer than its revision (it then sees the imports a little before the events; the next
+// message catches the events up).
+const maxImportViews = 16
+
+// importTracker computes the mesh's service imports and pair decisions once per revision that
+// can change them, for every watcher to share. It follows the store's watch like a watcher does
+// (so it sees exactly the revisions watchers see), feeds importState, and publishes an
+// importView for every batch that touched clusters, policies, exports or VIPs. A watcher at
+// revision R waits until the tracker has applied R and takes the newest view at or before R:
+// the imports it sends always match the events it sent.
+type importTracker struct {
+	log      *slog.Logger
+	stopping <-chan struct{} // closed when the broker shuts down: waiting watchers give up
+
+	mu      sync.Mutex
+	applied uint64        // the revision of the last batch applied
+	views   []*importView // ascending revisions, at most maxImportViews
+	changed chan struct{} // closed, and replaced, whenever applied moves or the tracker stops
+	err     error         // why the tracker stopped; nil while it runs
+}
+
+func newImportTracker(log *slog.Logger, stopping <-chan struct{}) *importTracker {
+	return &importTracker{log: log, stopping: stopping, changed: make(chan struct{})}
+}
+
+// start subscribes to st now, so that every watch started later is at a revision the tracker
+// will apply, and follows it until ctx ends; wg tracks the goroutine.
+func (t *importTracker) start(ctx context.Context, st store.Store, wg *sync.WaitGroup) error {
+	w, err := st.Watch(ctx, 0)
+	if err != nil {
+		return fmt.Errorf("follow the store for service imports: %w", err)
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t.stop(t.run(ctx, st, w))
+	}()
+	return nil
+}
+
+// run applies every batch of w, and of the watches that resume it when the store drops it as too
+// slow, until ctx ends or the store closes. w starts with a snapshot, so the first batch always
+// makes a view.
+func (t *importTracker) run(ctx context.Context, st store.Store, w store.Watch) error {
+	state := newImportState()
+	var since uint64
+	for {
+		for b := range w.C() {
+			if state.apply(b) {
+				v, err := state.view(b.Revision)
+				if err != nil {
+					t.log.Error("resolve connection policies for service imports; no other cluster's services are imported until this is fixed", "revision", b.Revision, "err", err)
+				}
+				t.publish(b.Revision, v)
+			} else {
+				t.publish(b.Revision, nil)
+			}
+			since = b.Revision
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err := w.Err(); !errors.Is(err, store.ErrWatcherTooSlow) {
+			return err
+		}
+		t.log.Warn("service import tracker fell behind the store; resuming", "revision", since)
+		var err error
+		if w, err = st.Watch(ctx, since); err != nil {
+			return err
+		}
+	}
+}
+
+// publish records that revision rev is applied, with its new view when it has one.
+func (t *importTracker) publish(rev uint64, v *importView) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if v != nil {
+		t.views = append(t.views, v)
+		if n := len(t.views); n > maxImportViews {
+			t.views = append([]*importView(nil), t.views[n-maxImportViews:]...)
+		}
+	}
+	t.applied = rev
+	close(t.changed)
+	t.changed = make(chan struct{})
+}
+
+func (t *importTracker) stop(err error) {
+	if err == nil {
+		err = errors.New("stopped")
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.err = err
+	close(t.changed)
+	t.changed = make(chan struct{})
+}
+
+// at returns the view as of revision rev, waiting for the tracker to apply it.
+func (t *importTracker) at(ctx context.Context, rev uint64) (*importView, error) {
+	for {
+		t.mu.Lock()
+		if t.err != nil {
+			err := t.err
+			t.mu.Unlock()
+			return nil, unavailableError{fmt.Errorf("service imports are not available: %v; reconnect with since_revision", err)}
+		}
+		if len(t.views) > 0 && t.applied >= rev {
+			v := t.views[0]
+			for _, x := range t.views[1:] {
+				if x.rev > rev {
+					break
+				}
+				v = x
+			}
+			t.mu.Unlock()
+			return v, nil
+		}
+		ch := t.changed
+		t.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-t.stopping:
+			return nil, unavailableError{errStopping}
+		}
+	}
+}
+
+// agentEvents are the events of a batch an agent receives: all but service exports and VIPs,
+// which reach it as the imports derived from them. touchesImports says whether the batch can
+// change those imports (a cluster, policy, export or VIP event).
+func agentEvents(evs []*apiv1.Event) (out []*apiv1.Event, touchesImports bool) {
+	out = evs[:0:0]
+	for _, ev := range evs {
+		switch ev.GetKind() {
+		case store.KindServiceExport, store.KindServiceVIP:
+			touchesImports = true
+			continue
+		case store.KindCluster, store.KindPolicy:
+			touchesImports = true
+		}
+		out = append(out, ev)
+	}
+	return out, touchesImports
+}
