@@ -140,6 +140,12 @@ func normalizePorts(field string, e *apiv1.ServiceExport) error {
 		if p.IngressPort > 65535 {
 			return fmt.Errorf("%s.ingressPort: %d is not a port (0 for none, 1..65535)", f, p.IngressPort)
 		}
+		if p.TargetPort > 65535 {
+			return fmt.Errorf("%s.targetPort: %d is not a port (0 for the same as port, 1..65535)", f, p.TargetPort)
+		}
+		if p.TargetPort == p.Port {
+			p.TargetPort = 0 // one spelling of "the same port", so equal exports compare equal
+		}
 	}
 	return nil
 }
@@ -174,6 +180,15 @@ func normalizeEndpoints(field string, e *apiv1.ServiceExport) error {
 		return netip.MustParseAddr(a.Ip).Compare(netip.MustParseAddr(b.Ip))
 	})
 	return nil
+}
+
+// BackendPort is the port a backend of this service port listens on: its target port, else the
+// port itself.
+func BackendPort(p *apiv1.ServicePort) uint16 {
+	if t := p.GetTargetPort(); t != 0 {
+		return uint16(t)
+	}
+	return uint16(p.GetPort())
 }
 
 // Key is the namespace/name a service is known by in the clusterset.

@@ -602,8 +602,10 @@ func (x *Policy) GetIsDefault() bool {
 type Event struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Type  Event_Type             `protobuf:"varint,1,opt,name=type,proto3,enum=cablemesh.v1.Event_Type" json:"type,omitempty"`
-	// kind: "cluster", "endpoint" or "policy"; key: cluster name, "cluster/node" for an endpoint,
-	// policy name for a policy.
+	// kind: "cluster", "endpoint", "policy", "serviceexport" or "servicevip"; key: cluster name,
+	// "cluster/node" for an endpoint, policy name for a policy, "cluster/node/namespace/name" for a
+	// service export, "namespace/name" for a service VIP. Agents never receive the service kinds:
+	// they get the imports derived from them (WatchResponse.imports).
 	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
 	Key  string `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
 	// resource is set for UPSERT; for DELETE it holds the last known value when available.
@@ -688,7 +690,11 @@ type ServicePort struct {
 	Protocol string `protobuf:"bytes,3,opt,name=protocol,proto3" json:"protocol,omitempty"`
 	// ingress_port: the port the exporting gateway's ingress serves this service port on (gateway
 	// mode); 0 when none.
-	IngressPort   uint32 `protobuf:"varint,4,opt,name=ingress_port,json=ingressPort,proto3" json:"ingress_port,omitempty"`
+	IngressPort uint32 `protobuf:"varint,4,opt,name=ingress_port,json=ingressPort,proto3" json:"ingress_port,omitempty"`
+	// target_port: the port the endpoints listen on for this service port (a Kubernetes Service's
+	// targetPort, from its EndpointSlices); 0 means the same as port. Per exporting cluster: the
+	// import's merged ports carry none.
+	TargetPort    uint32 `protobuf:"varint,5,opt,name=target_port,json=targetPort,proto3" json:"target_port,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -747,6 +753,13 @@ func (x *ServicePort) GetProtocol() string {
 func (x *ServicePort) GetIngressPort() uint32 {
 	if x != nil {
 		return x.IngressPort
+	}
+	return 0
+}
+
+func (x *ServicePort) GetTargetPort() uint32 {
+	if x != nil {
+		return x.TargetPort
 	}
 	return 0
 }
@@ -2817,12 +2830,14 @@ const file_cablemesh_proto_rawDesc = "" +
 	"\n" +
 	"\x06UPSERT\x10\x00\x12\n" +
 	"\n" +
-	"\x06DELETE\x10\x01\"t\n" +
+	"\x06DELETE\x10\x01\"\x95\x01\n" +
 	"\vServicePort\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\rR\x04port\x12\x1a\n" +
 	"\bprotocol\x18\x03 \x01(\tR\bprotocol\x12!\n" +
-	"\fingress_port\x18\x04 \x01(\rR\vingressPort\"S\n" +
+	"\fingress_port\x18\x04 \x01(\rR\vingressPort\x12\x1f\n" +
+	"\vtarget_port\x18\x05 \x01(\rR\n" +
+	"targetPort\"S\n" +
 	"\x0fServiceEndpoint\x12\x0e\n" +
 	"\x02ip\x18\x01 \x01(\tR\x02ip\x12\x1a\n" +
 	"\bhostname\x18\x02 \x01(\tR\bhostname\x12\x14\n" +
