@@ -115,6 +115,29 @@ func (a *adminService) RemoveCluster(ctx context.Context, req *apiv1.RemoveClust
 		if err := a.s.applyVIPPlan(tx, admission.VIPPlan{Release: released}); err != nil {
 			return err
 		}
+		// Its nodes' certificate records and its tokens' records go with it.
+		nodes, err := tx.NodeCertificates()
+		if err != nil {
+			return err
+		}
+		for _, n := range nodes {
+			if n.Cluster == req.Name {
+				if err := tx.DeleteNodeCertificate(n.Cluster, n.Node); err != nil {
+					return err
+				}
+			}
+		}
+		toks, err := tx.JoinTokens()
+		if err != nil {
+			return err
+		}
+		for _, t := range toks {
+			if t.Cluster == req.Name {
+				if err := tx.DeleteJoinToken(t.Nonce); err != nil {
+					return err
+				}
+			}
+		}
 		removed = c
 		return tx.DeleteCluster(req.Name)
 	})
@@ -135,8 +158,18 @@ func (a *adminService) CreateJoinToken(ctx context.Context, req *apiv1.CreateJoi
 	if err != nil {
 		return nil, rpcError("create join token", err)
 	}
+	maxNodes, err := admission.TokenNodes(req.MaxNodes)
+	if err != nil {
+		return nil, rpcError("create join token", err)
+	}
+	self, err := a.s.selfAddresses()
+	if err != nil {
+		return nil, rpcError("create join token: read the broker's own addresses", err)
+	}
 	now := a.s.cfg.Now()
 	uid := newUID()
+	nonce := newUID()
+	expires := now.Add(validFor)
 	var (
 		cluster *apiv1.Cluster
 		created bool
@@ -146,14 +179,35 @@ func (a *adminService) CreateJoinToken(ctx context.Context, req *apiv1.CreateJoi
 		if err != nil {
 			return err
 		}
-		if cluster, created, err = admission.AdmitCluster(creq, all, now, uid); err != nil || !created {
+		eps, err := tx.Endpoints()
+		if err != nil {
 			return err
 		}
-		if err := tx.PutCluster(cluster); err != nil {
+		if cluster, created, err = admission.AdmitCluster(creq, all, now, uid); err != nil {
 			return err
 		}
-		cluster, err = tx.Cluster(creq.Name)
-		return err
+		if created {
+			if err := admission.CheckReachable(creq, self, eps); err != nil {
+				return err
+			}
+			if err := tx.PutCluster(cluster); err != nil {
+				return err
+			}
+			if cluster, err = tx.Cluster(creq.Name); err != nil {
+				return err
+			}
+		}
+		// The token's record: its node count, kept with its nonce. Records of expired tokens go.
+		toks, err := tx.JoinTokens()
+		if err != nil {
+			return err
+		}
+		for _, n := range admission.ExpiredTokens(toks, now) {
+			if err := tx.DeleteJoinToken(n); err != nil {
+				return err
+			}
+		}
+		return tx.PutJoinToken(admission.NewTokenRecord(nonce, cluster, maxNodes, expires, now))
 	})
 	if err != nil {
 		return nil, rpcError("create join token", err)
@@ -161,19 +215,19 @@ func (a *adminService) CreateJoinToken(ctx context.Context, req *apiv1.CreateJoi
 	if created {
 		a.s.log.Info("cluster created", "cluster", cluster.Name, "id", cluster.Id, "podCIDRs", cluster.PodCidrs, "serviceCIDRs", cluster.ServiceCidrs)
 	}
-	expires := now.Add(validFor)
+	p := a.s.currentPKI()
 	token, err := jointoken.Sign(jointoken.Claims{
 		Cluster:    cluster.Name,
 		ClusterUID: cluster.Uid,
 		Expires:    expires,
-		CAHash:     a.s.pki.CAHash(),
-		Nonce:      newUID(),
-	}, a.s.pki.TokenKey)
+		CAHash:     p.CAHash(),
+		Nonce:      nonce,
+	}, p.TokenKey)
 	if err != nil {
 		return nil, rpcError("sign join token", err)
 	}
-	a.s.log.Info("join token issued", "cluster", cluster.Name, "expires", expires.UTC().Format(time.RFC3339))
-	return &apiv1.CreateJoinTokenResponse{Token: token, Cluster: cluster, Expires: timestamppb.New(expires)}, nil
+	a.s.log.Info("join token issued", "cluster", cluster.Name, "expires", expires.UTC().Format(time.RFC3339), "maxNodes", maxNodes)
+	return &apiv1.CreateJoinTokenResponse{Token: token, Cluster: cluster, Expires: timestamppb.New(expires), MaxNodes: maxNodes}, nil
 }
 
 // newUID returns a random 128-bit id in UUID form.

@@ -1,15 +1,19 @@
 package broker
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"time"
 
 	"k8s.io/apimachinery/pkg/labels"
 
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/broker/admission"
+	"github.com/cablemesh/cablemesh/broker/pki"
 	"github.com/cablemesh/cablemesh/broker/store"
 	"github.com/cablemesh/cablemesh/mcs"
 )
@@ -21,30 +25,60 @@ type agentService struct {
 	s *Server
 }
 
+// Join exchanges a join token for an agent certificate. The token must verify (admission.CheckJoin)
+// and its cluster still be the one it was issued for; then, in one transaction, the node must not
+// hold a live certificate and the token must have a node left (admission.AdmitJoin): the token's
+// record counts the node, and the node's record lists the new certificate, the only one good for
+// it from now on.
 func (a *agentService) Join(ctx context.Context, req *apiv1.JoinRequest) (*apiv1.JoinResponse, error) {
 	now := a.s.cfg.Now()
-	claims, err := admission.CheckJoin(req, a.s.pki.TokenKey, a.s.pki.CAHash(), now)
+	p := a.s.currentPKI()
+	claims, err := admission.CheckJoin(req, p.TokenKey, p.CAHash(), now)
 	if err != nil {
 		return nil, rpcError("join", err)
 	}
-	var c *apiv1.Cluster
-	err = a.s.store.View(ctx, func(tx store.ReadTx) error {
+	var (
+		c       *apiv1.Cluster
+		issued  *apiv1.IssuedCertificate
+		cert    *x509.Certificate
+		certPEM []byte
+	)
+	_, err = a.s.store.Update(ctx, func(tx store.Tx) error {
 		var err error
-		c, err = tx.Cluster(req.Cluster)
-		return err
+		if c, err = tx.Cluster(req.Cluster); err != nil {
+			return err
+		}
+		if err := admission.JoinCluster(claims, c); err != nil {
+			return err
+		}
+		if cert == nil {
+			if certPEM, cert, err = p.IssueAgent(req.CsrPem, c.Name, c.Uid, req.Node, now); err != nil {
+				return &admission.InvalidError{Field: "csr_pem", Err: err}
+			}
+			issued = admission.Issued(cert, p.IssuerHash(), claims.Nonce)
+		}
+		tok, err := tx.JoinToken(claims.Nonce)
+		if err != nil {
+			return err
+		}
+		rec, err := tx.NodeCertificate(c.Name, req.Node)
+		if err != nil {
+			return err
+		}
+		plan, err := admission.AdmitJoin(claims, req.Node, tok, rec, issued, now)
+		if err != nil {
+			return err
+		}
+		if err := tx.PutJoinToken(plan.Token); err != nil {
+			return err
+		}
+		return tx.PutNodeCertificate(plan.Node)
 	})
-	if err == nil {
-		err = admission.JoinCluster(claims, c)
-	}
 	if err != nil {
 		return nil, rpcError("join", err)
 	}
-	certPEM, err := a.s.pki.SignAgentCSR(req.CsrPem, c.Name, c.Uid, req.Node, now)
-	if err != nil {
-		return nil, rpcError("join", &admission.InvalidError{Field: "csr_pem", Err: err})
-	}
-	a.s.log.Info("agent joined", "cluster", c.Name, "node", req.Node)
-	return &apiv1.JoinResponse{CertificatePem: certPEM, CaPem: a.s.pki.CAPEM, Cluster: c}, nil
+	a.s.log.Info("agent joined", "cluster", c.Name, "node", req.Node, "serial", issued.Serial)
+	return &apiv1.JoinResponse{CertificatePem: certPEM, CaPem: p.CAPEM, Cluster: c, NotAfter: issued.NotAfter, Ca: caBundle(p)}, nil
 }
 
 func (a *agentService) RegisterEndpoint(ctx context.Context, req *apiv1.RegisterEndpointRequest) (*apiv1.RegisterEndpointResponse, error) {
@@ -59,8 +93,22 @@ func (a *agentService) RegisterEndpoint(ctx context.Context, req *apiv1.Register
 		if err != nil {
 			return err
 		}
+		clusters, err := tx.Clusters()
+		if err != nil {
+			return err
+		}
+		if err := admission.CheckEndpointAddresses(e, clusters); err != nil {
+			return err
+		}
 		old, err := tx.Endpoint(e.Cluster, e.Node)
 		if err != nil {
+			return err
+		}
+		rec, err := tx.NodeCertificate(e.Cluster, e.Node)
+		if err != nil {
+			return err
+		}
+		if err := admission.CheckBinding(id, old, rec); err != nil {
 			return err
 		}
 		renewOnly, err := admission.PlaceEndpoint(id, e, c, old)
@@ -98,6 +146,13 @@ func (a *agentService) Heartbeat(ctx context.Context, req *apiv1.HeartbeatReques
 		if err != nil {
 			return err
 		}
+		rec, err := tx.NodeCertificate(id.Cluster, node)
+		if err != nil {
+			return err
+		}
+		if err := admission.CheckBinding(id, e, rec); err != nil {
+			return err
+		}
 		if e, err = admission.RenewLease(id.Cluster, node, e, a.s.cfg.Lease, now); err != nil {
 			return err
 		}
@@ -119,32 +174,61 @@ var errStopping = errors.New("broker is shutting down; reconnect with since_revi
 // want_imports gets, on the first message and whenever the set changes, the complete set of
 // imports it may use (those of its own cluster and of the clusters the policies connect it to,
 // admitted by its import selector); an agent that does not sees exactly what it saw before
-// services existed.
+// services existed. Node certificate records are never sent: the watch ends once its own says the
+// agent's certificate is no longer good (revoked, replaced), and when the certificate expires.
+// The CA bundle comes on the first message and whenever a rotation changes it. No message is
+// larger than the agent can receive: a batch too large for one is sent in parts (sendBatch).
 func (a *agentService) Watch(req *apiv1.WatchRequest, stream apiv1.Agent_WatchServer) error {
 	ctx := stream.Context()
 	id := identityFrom(ctx)
 	var sel labels.Selector
+	if n := len(req.ImportSelector); n > admission.MaxSelectorBytes {
+		return rpcError("watch", &admission.InvalidError{Field: "import_selector", Err: fmt.Errorf("import_selector: %d bytes, at most %d", n, admission.MaxSelectorBytes)})
+	}
 	if req.WantImports {
 		var err error
 		if sel, err = mcs.ParseImportSelector(req.ImportSelector); err != nil {
 			return rpcError("watch", &admission.InvalidError{Field: "import_selector", Value: req.ImportSelector, Err: fmt.Errorf("import_selector: %w", err)})
 		}
 	}
-	// Exports and VIPs reach the agent as imports: the watch says only when they changed.
-	w, err := a.s.store.Watch(ctx, req.SinceRevision, store.OmitResources(store.KindServiceExport, store.KindServiceVIP))
+	// Exports and VIPs reach the agent as imports: the watch says only when they changed. Node
+	// certificates only ever end a watch.
+	w, err := a.s.store.Watch(ctx, req.SinceRevision, store.OmitResources(store.KindServiceExport, store.KindServiceVIP, store.KindNodeCertificate))
 	if err != nil {
 		return rpcError("watch", err)
 	}
 	log := a.s.log.With("cluster", id.Cluster, "node", id.Node)
 	log.Info("watch started", "sinceRevision", req.SinceRevision, "wantImports", req.WantImports, "importSelector", req.ImportSelector)
+	var expired <-chan time.Time
+	if !id.NotAfter.IsZero() {
+		t := time.NewTimer(time.Until(id.NotAfter))
+		defer t.Stop()
+		expired = t.C
+	}
 	var (
-		first = true
-		sent  [sha256.Size]byte // fingerprint of the imports last sent
+		first   = true
+		sent    [sha256.Size]byte // fingerprint of the imports last sent
+		sentCA  []byte            // the CA bundle last sent
+		lastRev uint64            // the revision of the last message sent
 	)
 	for {
+		p, caChanged := a.s.certs.get()
 		select {
 		case <-a.s.stopping:
 			return rpcError("watch", unavailableError{errStopping})
+		case <-expired:
+			return rpcError("watch", &admission.CredentialError{Cluster: id.Cluster,
+				Err: fmt.Errorf("the certificate of %s expired at %s; renew it (RenewCertificate) before it expires, or join again", id, id.NotAfter.UTC().Format(time.RFC3339))})
+		case <-caChanged:
+			if first {
+				continue
+			}
+			if p := a.s.currentPKI(); !bytes.Equal(p.CAPEM, sentCA) {
+				sentCA = p.CAPEM
+				if err := stream.Send(&apiv1.WatchResponse{Revision: lastRev, Ca: caBundle(p)}); err != nil {
+					return err
+				}
+			}
 		case b, ok := <-w.C():
 			if !ok {
 				if ctx.Err() != nil {
@@ -157,9 +241,17 @@ func (a *agentService) Watch(req *apiv1.WatchRequest, stream apiv1.Agent_WatchSe
 				}
 				return rpcError("watch", err)
 			}
+			// A revocation (or a join that replaced this certificate) ends the stream before
+			// the batch that made it is delivered.
+			if admission.WatcherCertificate(id, b.Events) {
+				if err := a.s.recheckAgent(ctx, id); err != nil {
+					log.Info("watch ended: the certificate is no longer good", "err", err)
+					return err
+				}
+			}
 			evs, touches := agentEvents(b.Events)
 			// The batch is this watcher's own copy, so the PSKs of its pairs can go straight in.
-			a.s.addPairPSKs(id.Cluster, evs)
+			a.s.addPairPSKs(id.Cluster, id.ClusterUID, evs)
 			resp := &apiv1.WatchResponse{Snapshot: b.Snapshot, Events: evs, Revision: b.Revision}
 			if req.WantImports && (first || b.Snapshot || touches) {
 				v, err := a.s.imports.at(ctx, b.Revision)
@@ -171,14 +263,18 @@ func (a *agentService) Watch(req *apiv1.WatchRequest, stream apiv1.Agent_WatchSe
 					resp.Imports, sent = t.imports, t.fingerprint
 				}
 			}
+			if first || !bytes.Equal(p.CAPEM, sentCA) {
+				resp.Ca, sentCA = caBundle(p), p.CAPEM
+			}
 			// A batch of exports and VIPs that changes nothing this agent sees is not sent.
-			if !first && len(evs) == 0 && resp.Imports == nil {
+			if !first && len(evs) == 0 && resp.Imports == nil && resp.Ca == nil {
 				continue
 			}
 			first = false
-			if err := stream.Send(resp); err != nil {
+			if err := a.s.sendBatch(stream, resp, log); err != nil {
 				return err
 			}
+			lastRev = b.Revision
 			// Its certificate is no longer good once its cluster is gone: end the stream after
 			// telling it.
 			if err := admission.WatcherRemoved(id, b.Events); err != nil {
@@ -186,4 +282,20 @@ func (a *agentService) Watch(req *apiv1.WatchRequest, stream apiv1.Agent_WatchSe
 			}
 		}
 	}
+}
+
+// recheckAgent decides again, on a watch, whether agent id's certificate is still good.
+func (s *Server) recheckAgent(ctx context.Context, id pki.Identity) error {
+	err := s.store.View(ctx, func(tx store.ReadTx) error {
+		rec, err := tx.NodeCertificate(id.Cluster, id.Node)
+		if err != nil {
+			return err
+		}
+		if rec == nil {
+			return nil // its cluster was removed: WatcherRemoved ends the watch once it is told
+		}
+		_, err = admission.AgentCertificate(id, rec, "", s.cfg.Now())
+		return err
+	})
+	return rpcError("watch", err)
 }

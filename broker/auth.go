@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"strings"
@@ -59,25 +60,17 @@ func (s *Server) authorize(ctx context.Context, method string) (context.Context,
 	if method == apiv1.Agent_Join_FullMethodName {
 		return ctx, nil
 	}
-	id, err := peerIdentity(ctx)
+	id, leaf, err := peerIdentity(ctx)
 	if err != nil {
 		return nil, rpcError("authorize", err)
 	}
+	issuer := s.currentPKI().IssuerOf(leaf)
 	if err := methodAllowed(method, id); err != nil {
 		return nil, rpcError("authorize", err)
 	}
 	if !id.Admin {
-		var c *apiv1.Cluster
-		err := s.store.View(ctx, func(tx store.ReadTx) error {
-			var err error
-			c, err = tx.Cluster(id.Cluster)
-			return err
-		})
-		if err != nil {
-			return nil, rpcError(fmt.Sprintf("read cluster %q", id.Cluster), err)
-		}
-		if err := admission.AgentCluster(id, c); err != nil {
-			return nil, rpcError("authorize", err)
+		if err := s.checkAgent(ctx, id, issuer); err != nil {
+			return nil, err
 		}
 	}
 	s.log.Debug("authorized", "method", method, "caller", id.String())
@@ -107,9 +100,9 @@ func methodAllowed(method string, id pki.Identity) error {
 
 // peerIdentity reads the identity from the client certificate the TLS layer verified against the
 // mesh CA (VerifyClientCertIfGiven: a certificate is optional, but if given it must verify).
-func peerIdentity(ctx context.Context) (pki.Identity, error) {
-	refused := func(err error) (pki.Identity, error) {
-		return pki.Identity{}, &admission.CredentialError{Err: err}
+func peerIdentity(ctx context.Context) (pki.Identity, *x509.Certificate, error) {
+	refused := func(err error) (pki.Identity, *x509.Certificate, error) {
+		return pki.Identity{}, nil, &admission.CredentialError{Err: err}
 	}
 	p, ok := peer.FromContext(ctx)
 	if !ok {
@@ -122,9 +115,62 @@ func peerIdentity(ctx context.Context) (pki.Identity, error) {
 	if len(ti.State.VerifiedChains) == 0 || len(ti.State.VerifiedChains[0]) == 0 {
 		return refused(errors.New("this call needs a client certificate of the mesh CA (the admin certificate, or the agent certificate issued at Join); none was presented"))
 	}
-	id, err := pki.IdentityOf(ti.State.VerifiedChains[0][0])
+	leaf := ti.State.VerifiedChains[0][0]
+	id, err := pki.IdentityOf(leaf)
 	if err != nil {
 		return refused(fmt.Errorf("client certificate: %w", err))
 	}
-	return id, nil
+	return id, leaf, nil
+}
+
+// checkAgent checks, on every call and stream of agent id, that its cluster still exists with the
+// UID its certificate names and that its certificate is still good for its node (not revoked, not
+// replaced: admission.AgentCertificate). A certificate's first use is recorded, and one issued
+// before the broker kept node records is adopted, in a write of its own.
+func (s *Server) checkAgent(ctx context.Context, id pki.Identity, issuer string) error {
+	var (
+		c      *apiv1.Cluster
+		update *apiv1.NodeCertificate
+	)
+	decide := func(tx store.ReadTx) error {
+		var err error
+		if c, err = tx.Cluster(id.Cluster); err != nil {
+			return err
+		}
+		if err := admission.AgentCluster(id, c); err != nil {
+			return err
+		}
+		rec, err := tx.NodeCertificate(id.Cluster, id.Node)
+		if err != nil {
+			return err
+		}
+		update, err = admission.AgentCertificate(id, rec, issuer, s.cfg.Now())
+		return err
+	}
+	if err := s.store.View(ctx, decide); err != nil {
+		return rpcError("authorize", err)
+	}
+	if update == nil {
+		return nil
+	}
+	// Decided again in the transaction: another call of the same certificate, or a join, may
+	// have written the record since.
+	_, err := s.store.Update(ctx, func(tx store.Tx) error {
+		if err := decide(tx); err != nil || update == nil {
+			return err
+		}
+		old, err := tx.NodeCertificate(id.Cluster, id.Node)
+		if err != nil {
+			return err
+		}
+		if old == nil {
+			s.log.Info("adopted a certificate issued before node records: it is now the node's one certificate", "cluster", id.Cluster, "node", id.Node, "serial", id.Serial)
+			return tx.PutNodeCertificate(update)
+		}
+		return tx.TouchNodeCertificate(update)
+	})
+	if err != nil {
+		return rpcError("authorize", err)
+	}
+	return nil
 }

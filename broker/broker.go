@@ -66,8 +66,18 @@ type Config struct {
 	// Store, when set, is the store to use instead of the embedded one in DataDir/broker.db
 	// (StoreOptions are then not used), e.g. store.Memory in tests. The server owns it: Close
 	// closes it, and so does New when it fails.
-	Store  store.Store
+	Store store.Store
+	// Etcd, when set, keeps the store and the shared secrets (mesh CA, join-token key, mesh
+	// secret) in etcd, so that several replicas serve one mesh (see ha.go). Exclusive with Store.
+	Etcd   *EtcdConfig
 	Logger *slog.Logger
+	// WatchMessageBytes is the most a watch message may hold before a batch is sent in parts
+	// (default DefaultWatchMessageBytes; agents receive at most 4 MiB).
+	WatchMessageBytes int
+	// SelfAddresses are the broker's own addresses, which no cluster's pod or service CIDR may
+	// cover: default the listen address when it is a specific IP, else every interface
+	// address (tests inject them).
+	SelfAddresses func() ([]netip.Addr, error)
 	// Now is the clock (tests move it); default time.Now. Leases, token expiry and the reaper
 	// read it.
 	Now func() time.Time
@@ -75,11 +85,16 @@ type Config struct {
 
 // Server is a broker.
 type Server struct {
-	cfg   Config
-	log   *slog.Logger
+	cfg Config
+	log *slog.Logger
+	// pki is the key material as loaded at start; certs holds the current one (a CA rotation
+	// replaces it): read it with s.currentPKI().
 	pki   *pki.PKI
+	certs *certState
 	store store.Store
-	grpc  *grpc.Server
+	// ha is the link to etcd of a replica (Config.Etcd); nil for the embedded store.
+	ha   *haReplica
+	grpc *grpc.Server
 	// meshSecret derives the pair PSKs (PairPSK); it never leaves the broker.
 	meshSecret []byte
 	// imports computes the service imports once per revision for every watcher.
@@ -90,6 +105,8 @@ type Server struct {
 	stoppingOnce sync.Once
 	// ready is closed once Serve has written admin.yaml and accepts connections.
 	ready chan struct{}
+	// watchBudget is Config.WatchMessageBytes (watchsend.go).
+	watchBudget int
 }
 
 // New loads or creates the broker's PKI, mesh secret and store in cfg.DataDir, creates the mesh
@@ -145,6 +162,23 @@ func New(cfg Config) (_ *Server, err error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create data dir: %w", err)
 	}
+	var ha *haReplica
+	if cfg.Etcd != nil {
+		if st != nil {
+			return nil, errors.New("config: Store and Etcd are exclusive")
+		}
+		// The shared secrets come from etcd into the data dir before they are loaded below.
+		var es *store.Etcd
+		if ha, es, err = openHA(*cfg.Etcd, cfg.DataDir, cfg.Logger, cfg.StoreOptions, ips, cfg.Now()); err != nil {
+			return nil, err
+		}
+		st = es
+		defer func() {
+			if err != nil {
+				ha.close()
+			}
+		}()
+	}
 	p, created, err := pki.LoadOrCreate(cfg.DataDir, ips, cfg.Now())
 	if err != nil {
 		return nil, err
@@ -166,8 +200,9 @@ func New(cfg Config) (_ *Server, err error) {
 		}
 		st = b
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, pki: p, store: st, meshSecret: secret, stopping: make(chan struct{}), ready: make(chan struct{})}
+	s := &Server{cfg: cfg, log: cfg.Logger, pki: p, store: st, ha: ha, meshSecret: secret, stopping: make(chan struct{}), ready: make(chan struct{})}
 	s.imports = newImportTracker(cfg.Logger, s.stopping)
+	s.watchBudget = cfg.WatchMessageBytes
 	if err := s.ensureDefaultPolicy(context.Background(), cfg.DefaultCableDriver); err != nil {
 		return nil, err
 	}
@@ -177,12 +212,9 @@ func New(cfg Config) (_ *Server, err error) {
 	if err := s.extendLeases(context.Background()); err != nil {
 		return nil, err
 	}
-	tlsCfg := &tls.Config{
-		Certificates: []tls.Certificate{p.ServerTLS},
-		ClientAuth:   tls.VerifyClientCertIfGiven,
-		ClientCAs:    p.CAPool(),
-		MinVersion:   tls.VersionTLS12,
-	}
+	// The TLS configuration follows the PKI, which a CA rotation replaces (certs.go).
+	s.certs = newCertState(p, ips)
+	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12, GetConfigForClient: s.certs.tlsConfig}
 	s.grpc = grpc.NewServer(
 		grpc.Creds(credentials.NewTLS(tlsCfg)),
 		grpc.ChainUnaryInterceptor(s.unaryAuth),
@@ -200,13 +232,15 @@ func New(cfg Config) (_ *Server, err error) {
 func (s *Server) AdminConfigPath() string { return filepath.Join(s.cfg.DataDir, AdminConfigFile) }
 
 // CAHash is the mesh CA fingerprint that join tokens carry.
-func (s *Server) CAHash() string { return s.pki.CAHash() }
+func (s *Server) CAHash() string { return s.currentPKI().CAHash() }
 
 // Serve serves on lis until ctx ends, then stops gracefully. It writes DIR/admin.yaml first if it
 // does not exist, with lis's address (an unspecified host becomes 127.0.0.1).
 func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
-	if err := s.writeAdminConfig(lis.Addr()); err != nil {
-		return err
+	if s.ha == nil {
+		if err := s.writeAdminConfig(lis.Addr()); err != nil {
+			return err
+		}
 	}
 	var wg sync.WaitGroup
 	loopCtx, stopLoops := context.WithCancel(ctx) // the reaper and the import tracker
@@ -214,10 +248,24 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 		stopLoops()
 		wg.Wait()
 	}()
-	wg.Add(1)
+	if s.ha != nil {
+		// A replica's admin.yaml names every replica, and follows them as they register.
+		self, err := adminAddress(lis.Addr())
+		if err != nil {
+			return err
+		}
+		if err := s.ha.serveAdminConfig(loopCtx, s, self, s.ha.advertise(lis.Addr()), &wg); err != nil {
+			return err
+		}
+	}
+	wg.Add(2)
 	go func() {
 		defer wg.Done()
 		s.reapLoop(loopCtx)
+	}()
+	go func() {
+		defer wg.Done()
+		s.caLoop(loopCtx) // ends a CA rotation's overlap when it is due
 	}()
 	// The tracker subscribes before the first watch can start, so every watch is at a revision
 	// it will apply.
@@ -228,7 +276,7 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	errc := make(chan error, 1)
 	go func() { errc <- s.grpc.Serve(lis) }()
 	close(s.ready)
-	s.log.Info("broker ready", "listen", lis.Addr().String(), "adminConfig", s.AdminConfigPath(), "ca", s.pki.CAHash())
+	s.log.Info("broker ready", "listen", lis.Addr().String(), "adminConfig", s.AdminConfigPath(), "ca", s.currentPKI().CAHash())
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)
@@ -254,8 +302,16 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 // Ready is closed when Serve has written admin.yaml and is accepting connections.
 func (s *Server) Ready() <-chan struct{} { return s.ready }
 
-// Close closes the store. Call after Serve returned.
-func (s *Server) Close() error { return s.store.Close() }
+// Close closes the store (and the etcd client of a replica). Call after Serve returned.
+func (s *Server) Close() error {
+	err := s.store.Close()
+	if s.ha != nil {
+		if cerr := s.ha.close(); err == nil {
+			err = cerr
+		}
+	}
+	return err
+}
 
 func (s *Server) writeAdminConfig(addr net.Addr) error {
 	path := s.AdminConfigPath()
@@ -269,11 +325,12 @@ func (s *Server) writeAdminConfig(addr net.Addr) error {
 	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
 		host = "127.0.0.1"
 	}
+	p := s.currentPKI()
 	c := &adminconfig.Config{
 		Broker:      net.JoinHostPort(host, port),
-		CA:          string(s.pki.CAPEM),
-		Certificate: string(s.pki.AdminCert),
-		Key:         string(s.pki.AdminKey),
+		CA:          string(p.CAPEM),
+		Certificate: string(p.AdminCert),
+		Key:         string(p.AdminKey),
 	}
 	b, err := c.Marshal()
 	if err != nil {

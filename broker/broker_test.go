@@ -241,7 +241,9 @@ func TestJoinTokens(t *testing.T) {
 	if !strings.Contains(string(a.cert), "BEGIN CERTIFICATE") || !sameBytes(a.ca, b.srv.pki.CAPEM) {
 		t.Fatal("join response lacks the certificate or the CA")
 	}
-	mustJoin(t, b.addr, good, "east", "gw2") // tokens are multi-use until they expire
+	// A token is one-time by default: a second node is refused, and says why.
+	_, err = join(t, b.addr, good, "east", "gw2")
+	wantCode(t, err, codes.Unauthenticated, "join token already used", `node "gw1"`)
 
 	clk.Advance(2 * time.Minute) // the short token has expired; the 24h one has not
 	tests := []struct {
@@ -402,10 +404,11 @@ func TestWatchSnapshotThenDeltasAndResume(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Revision 1 is the mesh default policy the broker created at first start.
+	// Revision 1 is the mesh default policy the broker created at first start; 3 is gw1's
+	// certificate record, which agents never see.
 	snap := recv(t, w)
-	if !snap.Snapshot || snap.Revision != 3 || keys(snap.Events) != "UPSERT:cluster:east@3 UPSERT:endpoint:east/gw1@3 UPSERT:policy:default@3" {
-		t.Fatalf("first message: snapshot=%v revision=%d events %s; want a snapshot of east, east/gw1 and the default policy at 3", snap.Snapshot, snap.Revision, keys(snap.Events))
+	if !snap.Snapshot || snap.Revision != 4 || keys(snap.Events) != "UPSERT:cluster:east@4 UPSERT:endpoint:east/gw1@4 UPSERT:policy:default@4" {
+		t.Fatalf("first message: snapshot=%v revision=%d events %s; want a snapshot of east, east/gw1 and the default policy at 4", snap.Snapshot, snap.Revision, keys(snap.Events))
 	}
 	if snap.Events[1].GetResource().GetEndpoint().GetPrivateIp() != "192.0.2.1" {
 		t.Fatalf("snapshot endpoint %v lacks its data", snap.Events[1])
@@ -416,33 +419,33 @@ func TestWatchSnapshotThenDeltasAndResume(t *testing.T) {
 	}
 	b.token("west", "10.2.0.0/16")
 	d := recv(t, w)
-	if d.Snapshot || d.Revision != 4 || keys(d.Events) != "UPSERT:cluster:west@4" {
-		t.Fatalf("delta: snapshot=%v revision=%d %s; want west at 4", d.Snapshot, d.Revision, keys(d.Events))
+	if d.Snapshot || d.Revision != 5 || keys(d.Events) != "UPSERT:cluster:west@5" {
+		t.Fatalf("delta: snapshot=%v revision=%d %s; want west at 5", d.Snapshot, d.Revision, keys(d.Events))
 	}
 	cancel()
 
-	// Changes while the watcher is away; it resumes from revision 4 and gets only those.
+	// Changes while the watcher is away; it resumes from revision 5 and gets only those.
 	if _, err := b.admin.LabelCluster(ctxT(t), &apiv1.LabelClusterRequest{Name: "west", Set: map[string]string{"env": "prod"}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := b.admin.RemoveCluster(ctxT(t), &apiv1.RemoveClusterRequest{Name: "west"}); err != nil {
 		t.Fatal(err)
 	}
-	w2, err := ec.Watch(ctxT(t), &apiv1.WatchRequest{SinceRevision: 4})
+	w2, err := ec.Watch(ctxT(t), &apiv1.WatchRequest{SinceRevision: 5})
 	if err != nil {
 		t.Fatal(err)
 	}
 	r := recv(t, w2)
-	if r.Snapshot || r.Revision != 6 || keys(r.Events) != "UPSERT:cluster:west@5 DELETE:cluster:west@6" {
-		t.Fatalf("resume from 4: snapshot=%v revision=%d %s; want west label at 5, west delete at 6", r.Snapshot, r.Revision, keys(r.Events))
+	if r.Snapshot || r.Revision != 7 || keys(r.Events) != "UPSERT:cluster:west@6 DELETE:cluster:west@7" {
+		t.Fatalf("resume from 5: snapshot=%v revision=%d %s; want west label at 6, west delete at 7", r.Snapshot, r.Revision, keys(r.Events))
 	}
 	if r.Events[0].GetResource().GetCluster().GetLabels()["env"] != "prod" {
 		t.Fatalf("label delta lacks the label: %v", r.Events[0])
 	}
 	// Nothing more is pending: the next message is the next change.
 	b.token("north", "10.3.0.0/16")
-	if r := recv(t, w2); keys(r.Events) != "UPSERT:cluster:north@7" {
-		t.Fatalf("after resume: %s, want north at 7", keys(r.Events))
+	if r := recv(t, w2); keys(r.Events) != "UPSERT:cluster:north@8" {
+		t.Fatalf("after resume: %s, want north at 8", keys(r.Events))
 	}
 }
 
@@ -456,7 +459,7 @@ func TestWatchFallsBackToASnapshotWhenTheLogNoLongerHoldsTheRevision(t *testing.
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := recv(t, w); !r.Snapshot || len(r.Events) != 7 || r.Revision != 7 {
+	if r := recv(t, w); !r.Snapshot || len(r.Events) != 7 || r.Revision != 8 {
 		t.Fatalf("resume from a compacted revision: snapshot=%v %d events revision %d; want a snapshot of 6 clusters and the default policy", r.Snapshot, len(r.Events), r.Revision)
 	}
 }
@@ -511,7 +514,7 @@ func TestAWatcherWhoseClusterIsRemovedIsDisconnected(t *testing.T) {
 	if _, err := b.admin.RemoveCluster(ctxT(t), &apiv1.RemoveClusterRequest{Name: "east"}); err != nil {
 		t.Fatal(err)
 	}
-	if m := recv(t, w); keys(m.Events) != "DELETE:cluster:east@3" {
+	if m := recv(t, w); keys(m.Events) != "DELETE:cluster:east@5" { // 3: gw1's certificate record; 4: its deletion
 		t.Fatalf("got %s, want the DELETE of east first", keys(m.Events))
 	}
 	_, err = w.Recv()

@@ -73,6 +73,8 @@ type brokerOpts struct {
 	defaultDriver string         // Config.DefaultCableDriver
 	logTo         io.Writer      // also write the broker's log here (tests read it)
 	vipRanges     []netip.Prefix // Config.ServiceVIPRanges
+	selfAddrs     []netip.Addr   // Config.SelfAddresses
+	watchBudget   int            // Config.WatchMessageBytes
 }
 
 // startBroker runs a real broker on loopback with real TLS, and an admin client from the
@@ -94,7 +96,10 @@ func startBroker(t *testing.T, dir string, o brokerOpts) *testBroker {
 	}
 	log := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	cfg := Config{DataDir: dir, Listen: o.addr, Logger: log, Now: o.clock.Now, ReapInterval: 20 * time.Millisecond,
-		StoreOptions: o.storeOpt, DefaultCableDriver: o.defaultDriver, ServiceVIPRanges: o.vipRanges}
+		StoreOptions: o.storeOpt, DefaultCableDriver: o.defaultDriver, ServiceVIPRanges: o.vipRanges, WatchMessageBytes: o.watchBudget}
+	if o.selfAddrs != nil {
+		cfg.SelfAddresses = func() ([]netip.Addr, error) { return o.selfAddrs, nil }
+	}
 	if !o.durable {
 		cfg.Store = store.NewMemory(o.storeOpt)
 	}

@@ -41,7 +41,7 @@ func newImportTracker(log *slog.Logger, stopping <-chan struct{}) *importTracker
 // start subscribes to st now, so that every watch started later is at a revision the tracker
 // will apply, and follows it until ctx ends; wg tracks the goroutine.
 func (t *importTracker) start(ctx context.Context, st store.Store, wg *sync.WaitGroup) error {
-	w, err := st.Watch(ctx, 0)
+	w, err := st.Watch(ctx, 0, store.OmitResources(store.KindNodeCertificate))
 	if err != nil {
 		return fmt.Errorf("follow the store for service imports: %w", err)
 	}
@@ -80,7 +80,7 @@ func (t *importTracker) run(ctx context.Context, st store.Store, w store.Watch) 
 		}
 		t.log.Warn("service import tracker fell behind the store; resuming", "revision", since)
 		var err error
-		if w, err = st.Watch(ctx, since); err != nil {
+		if w, err = st.Watch(ctx, since, store.OmitResources(store.KindNodeCertificate)); err != nil {
 			return err
 		}
 	}
@@ -145,7 +145,7 @@ func (t *importTracker) at(ctx context.Context, rev uint64) (*importView, error)
 }
 
 // agentEvents are the events of a batch an agent receives: all but service exports and VIPs,
-// which reach it as the imports derived from them. touchesImports says whether the batch can
+// which reach it as the imports derived from them, and node certificate records. touchesImports says whether the batch can
 // change those imports (a cluster, policy, export or VIP event).
 func agentEvents(evs []*apiv1.Event) (out []*apiv1.Event, touchesImports bool) {
 	out = evs[:0:0]
@@ -153,6 +153,8 @@ func agentEvents(evs []*apiv1.Event) (out []*apiv1.Event, touchesImports bool) {
 		switch ev.GetKind() {
 		case store.KindServiceExport, store.KindServiceVIP:
 			touchesImports = true
+			continue
+		case store.KindNodeCertificate:
 			continue
 		case store.KindCluster, store.KindPolicy:
 			touchesImports = true

@@ -378,15 +378,21 @@ func TestExplainMatchesTheResolver(t *testing.T) {
 }
 
 // wantPSK is the documented derivation, written out independently of PairPSK.
-func wantPSK(t *testing.T, dir, a, b string) []byte {
+// wantPSK is the PSK of the pair of clusters a and b as the broker derives it: from the mesh
+// secret and the clusters' UIDs.
+func wantPSK(t *testing.T, b *testBroker, a, c string) []byte {
 	t.Helper()
-	secret, err := os.ReadFile(filepath.Join(dir, MeshSecretFile))
+	secret, err := os.ReadFile(filepath.Join(b.dir, MeshSecretFile))
 	if err != nil || len(secret) != 32 {
 		t.Fatalf("mesh secret: %d bytes, %v", len(secret), err)
 	}
-	lo, hi := min(a, b), max(a, b)
+	uids := map[string]string{}
+	for _, cl := range b.list().Clusters {
+		uids[cl.Name] = cl.Uid
+	}
+	lo, hi := min(uids[a], uids[c]), max(uids[a], uids[c])
 	m := hmac.New(sha256.New, secret)
-	m.Write([]byte("cablemesh psk v1|" + lo + "|" + hi))
+	m.Write([]byte("cablemesh psk v2|" + lo + "|" + hi))
 	return m.Sum(nil)
 }
 
@@ -419,13 +425,13 @@ func TestEachAgentGetsThePSKsOfItsOwnPairsOnly(t *testing.T) {
 		return w
 	}
 	we, ww, wn := watch("east"), watch("west"), watch("north")
-	eastWest := wantPSK(t, dir, "east", "west")
+	eastWest := wantPSK(t, b, "east", "west")
 	se, sw, sn := clusterPSKs(recv(t, we).Events), clusterPSKs(recv(t, ww).Events), clusterPSKs(recv(t, wn).Events)
 
 	if len(eastWest) != 32 || !bytes.Equal(se["west"], eastWest) || !bytes.Equal(sw["east"], eastWest) {
 		t.Fatalf("east sees west with PSK %x, west sees east with %x; want both %x", se["west"], sw["east"], eastWest)
 	}
-	if !bytes.Equal(se["north"], wantPSK(t, dir, "east", "north")) || !bytes.Equal(sn["east"], se["north"]) {
+	if !bytes.Equal(se["north"], wantPSK(t, b, "east", "north")) || !bytes.Equal(sn["east"], se["north"]) {
 		t.Fatalf("east-north PSK: east sees %x, north sees %x", se["north"], sn["east"])
 	}
 	if se["east"] != nil || sw["west"] != nil || sn["north"] != nil {
@@ -445,7 +451,7 @@ func TestEachAgentGetsThePSKsOfItsOwnPairsOnly(t *testing.T) {
 	if keys(de.Events) != "UPSERT:cluster:west@"+u64(de.Revision) || de.Events[0].GetResource().GetCluster().GetLabels()["env"] != "prod" {
 		t.Fatalf("east got %s after a label change of west", keys(de.Events))
 	}
-	if !bytes.Equal(clusterPSKs(de.Events)["west"], eastWest) || !bytes.Equal(clusterPSKs(dn.Events)["west"], wantPSK(t, dir, "north", "west")) {
+	if !bytes.Equal(clusterPSKs(de.Events)["west"], eastWest) || !bytes.Equal(clusterPSKs(dn.Events)["west"], wantPSK(t, b, "north", "west")) {
 		t.Fatal("the label delta of west does not carry each watcher's own pair PSK")
 	}
 	if dw := recv(t, ww); clusterPSKs(dw.Events)["west"] != nil {
@@ -474,9 +480,10 @@ func TestEachAgentGetsThePSKsOfItsOwnPairsOnly(t *testing.T) {
 	if err != nil || st.Mode().Perm() != 0o600 {
 		t.Fatalf("mesh secret: %v mode %v, want 0600", err, st.Mode().Perm())
 	}
+	before, _ := os.ReadFile(filepath.Join(dir, MeshSecretFile))
 	b.stop()
-	b = startBroker(t, dir, brokerOpts{})
-	if !bytes.Equal(wantPSK(t, dir, "east", "west"), eastWest) {
+	startBroker(t, dir, brokerOpts{})
+	if after, _ := os.ReadFile(filepath.Join(dir, MeshSecretFile)); len(before) != 32 || !bytes.Equal(before, after) {
 		t.Fatal("the mesh secret changed across a restart")
 	}
 }

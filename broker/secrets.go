@@ -44,29 +44,32 @@ func loadOrCreateMeshSecret(dir string) (secret []byte, created bool, err error)
 	return b, true, nil
 }
 
-// PairPSK is the pre-shared key of the cluster pair {a, b}:
-// HMAC-SHA256(meshSecret, "cablemesh psk v1|" + min(a,b) + "|" + max(a,b)), 32 bytes. It depends
+// PairPSK is the pre-shared key of the cluster pair {a, b}, given as the clusters' UIDs:
+// HMAC-SHA256(meshSecret, "cablemesh psk v2|" + min(a,b) + "|" + max(a,b)), 32 bytes. It depends
 // only on the unordered pair, so both ends get the same key, and a cluster that knows its own
-// keys learns nothing about another pair's.
+// keys learns nothing about another pair's. UIDs, not names: a cluster removed and created again
+// under the same name is a new cluster, and its pairs get new keys, so an agent of the removed
+// one (or anyone who learnt its keys) cannot use them against the new one.
 func PairPSK(meshSecret []byte, a, b string) []byte {
 	if b < a {
 		a, b = b, a
 	}
 	m := hmac.New(sha256.New, meshSecret)
-	m.Write([]byte("cablemesh psk v1|" + a + "|" + b))
+	m.Write([]byte("cablemesh psk v2|" + a + "|" + b))
 	return m.Sum(nil)
 }
 
-// addPairPSKs gives every cluster UPSERT in evs, other than the watcher's own cluster, the PSK of
-// the pair (self, that cluster). evs must be the watcher's own copies: the keys differ per watcher
-// and are never stored, so they are added at send time, to snapshots and deltas alike.
-func (s *Server) addPairPSKs(self string, evs []*apiv1.Event) {
+// addPairPSKs gives every cluster UPSERT in evs, other than the watcher's own cluster self (of
+// UID selfUID), the PSK of the pair (self, that cluster). evs must be the watcher's own copies:
+// the keys differ per watcher and are never stored, so they are added at send time, to
+// snapshots and deltas alike.
+func (s *Server) addPairPSKs(self, selfUID string, evs []*apiv1.Event) {
 	for _, ev := range evs {
 		if ev.Type != apiv1.Event_UPSERT {
 			continue
 		}
 		if c := ev.GetResource().GetCluster(); c != nil && c.Name != self {
-			c.PairPsk = PairPSK(s.meshSecret, self, c.Name)
+			c.PairPsk = PairPSK(s.meshSecret, selfUID, c.Uid)
 		}
 	}
 }

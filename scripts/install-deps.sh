@@ -23,6 +23,10 @@ command -v swanctl >/dev/null 2>&1 || need+=(strongswan-swanctl)
 command -v dig >/dev/null 2>&1 || need+=(bind9-dnsutils)
 command -v dnsmasq >/dev/null 2>&1 || need+=(dnsmasq-base)
 command -v dnsperf >/dev/null 2>&1 || need+=(dnsperf)
+# HA on etcd: the etcd store's tests and tests/netns/ha_test.go run real etcd members; etcdctl
+# lets the HA test find the etcd leader to kill.
+command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+command -v etcdctl >/dev/null 2>&1 || need+=(etcd-client)
 # eBPF: clang and llvm-strip rebuild the committed objects (make generate; make test checks they
 # are current), libbpf-dev and linux-libc-dev hold the headers, bpftool is for inspecting them.
 command -v clang >/dev/null 2>&1 || need+=(clang)

@@ -1,7 +1,9 @@
 // Package brokerclient gives the agent its identity at the broker and its connection to it: the
 // first join (a join token exchanged for a client certificate, the broker verified by the CA
 // fingerprint pinned in the token), the files that persist that identity in the state dir, and
-// the mTLS gRPC connection used afterwards.
+// the mTLS gRPC connection used afterwards. The broker address may list several replicas of an HA
+// broker (host:port,host:port...): the agent's calls then go to the replicas that answer, in turn,
+// and leave one that goes away.
 package brokerclient
 
 import (
@@ -15,6 +17,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -25,6 +28,8 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
 	"google.golang.org/grpc/status"
 
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
@@ -165,13 +170,17 @@ func Join(ctx context.Context, p JoinParams) (*Identity, *apiv1.Cluster, error) 
 	}
 
 	pin := &pinVerifier{caHash: claims.CAHash}
-	conn, err := grpc.NewClient(p.Broker, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{
+	target, topts, err := dialTarget(p.Broker)
+	if err != nil {
+		return nil, nil, err
+	}
+	conn, err := grpc.NewClient(target, append(topts, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{
 		MinVersion: tls.VersionTLS12,
 		// The chain is verified by pin.verify against the token's CA hash instead of a trust
 		// store the agent does not have yet.
 		InsecureSkipVerify: true,
 		VerifyConnection:   pin.verify,
-	})))
+	})))...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("dial broker %s: %w", p.Broker, err)
 	}
@@ -301,18 +310,75 @@ func (id *Identity) TLSConfig() *tls.Config {
 
 // Dial opens the mTLS connection to the broker. gRPC reconnects it by itself; it does not block.
 // Its reconnect backoff is capped at 15s like the agent's own (gRPC's default grows to 120s,
-// which would leave an agent blind for two minutes after a long broker outage).
+// which would leave an agent blind for two minutes after a long broker outage). broker may list
+// several replicas (see SplitAddresses).
 func Dial(broker string, id *Identity, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
-	all := append([]grpc.DialOption{
+	target, topts, err := dialTarget(broker)
+	if err != nil {
+		return nil, err
+	}
+	all := append(topts, []grpc.DialOption{
 		grpc.WithTransportCredentials(credentials.NewTLS(id.TLSConfig())),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: time.Second, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 15 * time.Second},
 			MinConnectTimeout: 5 * time.Second,
 		}),
-	}, opts...)
-	conn, err := grpc.NewClient(broker, all...)
+	}...)
+	all = append(all, opts...)
+	conn, err := grpc.NewClient(target, all...)
 	if err != nil {
 		return nil, fmt.Errorf("dial broker %s: %w", broker, err)
 	}
 	return conn, nil
+}
+
+// SplitAddresses parses a broker address: host:port, or the replicas of an HA broker as
+// host:port,host:port,... (spaces around an entry are ignored; no duplicates). Every port is
+// 1..65535.
+func SplitAddresses(broker string) ([]string, error) {
+	var out []string
+	for _, a := range strings.Split(broker, ",") {
+		a = strings.TrimSpace(a)
+		host, port, err := net.SplitHostPort(a)
+		if err != nil || host == "" {
+			return nil, fmt.Errorf("%q is not host:port", a)
+		}
+		var n int
+		if _, err := fmt.Sscanf(port, "%d", &n); err != nil || n < 1 || n > 65535 || fmt.Sprint(n) != port {
+			return nil, fmt.Errorf("%q has no valid port (1..65535)", a)
+		}
+		for _, o := range out {
+			if o == a {
+				return nil, fmt.Errorf("%q is listed twice", a)
+			}
+		}
+		out = append(out, a)
+	}
+	return out, nil
+}
+
+// dialTarget is the gRPC target for broker, with the options it needs. One address is dialed as
+// before (resolved by DNS). Several are the replicas of one broker: a static resolver hands them
+// to round_robin, which keeps a connection to each replica that answers and sends each call to
+// the next ready one. A replica that goes away drops out at once; one that is up but failing
+// (cut off from etcd) fails a call, and the agent's retry goes to another; the calls of a fleet
+// spread over the replicas. Every replica serves every revision, so a watch resumes on any.
+func dialTarget(broker string) (string, []grpc.DialOption, error) {
+	addrs, err := SplitAddresses(broker)
+	if err != nil {
+		return "", nil, fmt.Errorf("broker address: %w", err)
+	}
+	if len(addrs) == 1 {
+		return addrs[0], nil, nil
+	}
+	r := manual.NewBuilderWithScheme("cablemesh-brokers")
+	var st resolver.State
+	for _, a := range addrs {
+		st.Endpoints = append(st.Endpoints, resolver.Endpoint{Addresses: []resolver.Address{{Addr: a}}})
+	}
+	r.InitialState(st)
+	return r.Scheme() + ":///brokers", []grpc.DialOption{
+		grpc.WithResolvers(r),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`),
+	}, nil
 }

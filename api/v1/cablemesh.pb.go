@@ -214,8 +214,12 @@ type Endpoint struct {
 	// name, e.g. {"wireguard": {"publicKey": "<base64>"}}. Each driver defines and validates its
 	// own keys (cable.Registration.CheckPublished); neither the broker nor the agent knows them.
 	CableAttributes map[string]*CableAttributes `protobuf:"bytes,14,rep,name=cable_attributes,json=cableAttributes,proto3" json:"cable_attributes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// certificate_serial: the serial (hex) of the agent certificate that registered this endpoint,
+	// set by the broker. A RegisterEndpoint or Heartbeat for this node from a certificate that is
+	// not this one, nor another live certificate of the same node (a renewal), is refused.
+	CertificateSerial string `protobuf:"bytes,15,opt,name=certificate_serial,json=certificateSerial,proto3" json:"certificate_serial,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Endpoint) Reset() {
@@ -339,6 +343,13 @@ func (x *Endpoint) GetCableAttributes() map[string]*CableAttributes {
 	return nil
 }
 
+func (x *Endpoint) GetCertificateSerial() string {
+	if x != nil {
+		return x.CertificateSerial
+	}
+	return ""
+}
+
 // CableAttributes are one driver's published attributes.
 type CableAttributes struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -394,6 +405,7 @@ type Resource struct {
 	//	*Resource_Policy
 	//	*Resource_ServiceExport
 	//	*Resource_ServiceVip
+	//	*Resource_NodeCertificate
 	Kind          isResource_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -481,6 +493,15 @@ func (x *Resource) GetServiceVip() *ServiceVIP {
 	return nil
 }
 
+func (x *Resource) GetNodeCertificate() *NodeCertificate {
+	if x != nil {
+		if x, ok := x.Kind.(*Resource_NodeCertificate); ok {
+			return x.NodeCertificate
+		}
+	}
+	return nil
+}
+
 type isResource_Kind interface {
 	isResource_Kind()
 }
@@ -505,6 +526,10 @@ type Resource_ServiceVip struct {
 	ServiceVip *ServiceVIP `protobuf:"bytes,5,opt,name=service_vip,json=serviceVip,proto3,oneof"`
 }
 
+type Resource_NodeCertificate struct {
+	NodeCertificate *NodeCertificate `protobuf:"bytes,6,opt,name=node_certificate,json=nodeCertificate,proto3,oneof"`
+}
+
 func (*Resource_Cluster) isResource_Kind() {}
 
 func (*Resource_Endpoint) isResource_Kind() {}
@@ -514,6 +539,8 @@ func (*Resource_Policy) isResource_Kind() {}
 func (*Resource_ServiceExport) isResource_Kind() {}
 
 func (*Resource_ServiceVip) isResource_Kind() {}
+
+func (*Resource_NodeCertificate) isResource_Kind() {}
 
 // Policy is one ClusterConnectionPolicy. Its content is the JSON form of
 // policy.ClusterConnectionPolicy (the seed-004 field names), so that the policy package alone owns
@@ -602,10 +629,11 @@ func (x *Policy) GetIsDefault() bool {
 type Event struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Type  Event_Type             `protobuf:"varint,1,opt,name=type,proto3,enum=cablemesh.v1.Event_Type" json:"type,omitempty"`
-	// kind: "cluster", "endpoint", "policy", "serviceexport" or "servicevip"; key: cluster name,
-	// "cluster/node" for an endpoint, policy name for a policy, "cluster/node/namespace/name" for a
-	// service export, "namespace/name" for a service VIP. Agents never receive the service kinds:
-	// they get the imports derived from them (WatchResponse.imports).
+	// kind: "cluster", "endpoint", "policy", "serviceexport", "servicevip" or "nodecert"; key: cluster name,
+	// "cluster/node" for an endpoint or a node certificate, policy name for a policy,
+	// "cluster/node/namespace/name" for a service export, "namespace/name" for a service VIP. Agents
+	// never receive the service kinds (they get the imports derived from them,
+	// WatchResponse.imports) nor node certificates.
 	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
 	Key  string `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
 	// resource is set for UPSERT; for DELETE it holds the last known value when available.
@@ -1576,8 +1604,11 @@ type CreateJoinTokenRequest struct {
 	Labels       map[string]string      `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// valid_for_seconds: 0 means the broker default (24h).
 	ValidForSeconds int64 `protobuf:"varint,5,opt,name=valid_for_seconds,json=validForSeconds,proto3" json:"valid_for_seconds,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// max_nodes: how many distinct nodes the token may join (0 means 1). The broker counts the
+	// nodes it served in the store, with the token's nonce, so the count survives restarts.
+	MaxNodes      uint32 `protobuf:"varint,6,opt,name=max_nodes,json=maxNodes,proto3" json:"max_nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateJoinTokenRequest) Reset() {
@@ -1645,11 +1676,19 @@ func (x *CreateJoinTokenRequest) GetValidForSeconds() int64 {
 	return 0
 }
 
+func (x *CreateJoinTokenRequest) GetMaxNodes() uint32 {
+	if x != nil {
+		return x.MaxNodes
+	}
+	return 0
+}
+
 type CreateJoinTokenResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Token         string                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
 	Cluster       *Cluster               `protobuf:"bytes,2,opt,name=cluster,proto3" json:"cluster,omitempty"`
 	Expires       *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=expires,proto3" json:"expires,omitempty"`
+	MaxNodes      uint32                 `protobuf:"varint,4,opt,name=max_nodes,json=maxNodes,proto3" json:"max_nodes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1705,6 +1744,897 @@ func (x *CreateJoinTokenResponse) GetExpires() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *CreateJoinTokenResponse) GetMaxNodes() uint32 {
+	if x != nil {
+		return x.MaxNodes
+	}
+	return 0
+}
+
+// JoinTokenRecord is what the broker keeps of a join token it issued, keyed by the token's nonce:
+// how many distinct nodes it may join and which ones it did.
+type JoinTokenRecord struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Nonce      string                 `protobuf:"bytes,1,opt,name=nonce,proto3" json:"nonce,omitempty"`
+	Cluster    string                 `protobuf:"bytes,2,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	ClusterUid string                 `protobuf:"bytes,3,opt,name=cluster_uid,json=clusterUid,proto3" json:"cluster_uid,omitempty"`
+	MaxNodes   uint32                 `protobuf:"varint,4,opt,name=max_nodes,json=maxNodes,proto3" json:"max_nodes,omitempty"`
+	// nodes: the node names the token joined, in order.
+	Nodes         []string               `protobuf:"bytes,5,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	Expires       *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=expires,proto3" json:"expires,omitempty"`
+	Created       *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=created,proto3" json:"created,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinTokenRecord) Reset() {
+	*x = JoinTokenRecord{}
+	mi := &file_cablemesh_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinTokenRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinTokenRecord) ProtoMessage() {}
+
+func (x *JoinTokenRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinTokenRecord.ProtoReflect.Descriptor instead.
+func (*JoinTokenRecord) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *JoinTokenRecord) GetNonce() string {
+	if x != nil {
+		return x.Nonce
+	}
+	return ""
+}
+
+func (x *JoinTokenRecord) GetCluster() string {
+	if x != nil {
+		return x.Cluster
+	}
+	return ""
+}
+
+func (x *JoinTokenRecord) GetClusterUid() string {
+	if x != nil {
+		return x.ClusterUid
+	}
+	return ""
+}
+
+func (x *JoinTokenRecord) GetMaxNodes() uint32 {
+	if x != nil {
+		return x.MaxNodes
+	}
+	return 0
+}
+
+func (x *JoinTokenRecord) GetNodes() []string {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *JoinTokenRecord) GetExpires() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Expires
+	}
+	return nil
+}
+
+func (x *JoinTokenRecord) GetCreated() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Created
+	}
+	return nil
+}
+
+// IssuedCertificate is one agent certificate the broker issued.
+type IssuedCertificate struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// serial: the certificate's serial number in lower-case hex.
+	Serial    string                 `protobuf:"bytes,1,opt,name=serial,proto3" json:"serial,omitempty"`
+	NotBefore *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=not_before,json=notBefore,proto3" json:"not_before,omitempty"`
+	NotAfter  *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=not_after,json=notAfter,proto3" json:"not_after,omitempty"`
+	// issuer_ca: the CA that signed it, as a join token names a CA ("sha256:<hex>").
+	IssuerCa string `protobuf:"bytes,4,opt,name=issuer_ca,json=issuerCa,proto3" json:"issuer_ca,omitempty"`
+	// used: the certificate authenticated a call at least once (set on its first call).
+	Used bool `protobuf:"varint,5,opt,name=used,proto3" json:"used,omitempty"`
+	// join_token: the nonce of the token it was joined with; empty for a renewal.
+	JoinToken     string `protobuf:"bytes,6,opt,name=join_token,json=joinToken,proto3" json:"join_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IssuedCertificate) Reset() {
+	*x = IssuedCertificate{}
+	mi := &file_cablemesh_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IssuedCertificate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IssuedCertificate) ProtoMessage() {}
+
+func (x *IssuedCertificate) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IssuedCertificate.ProtoReflect.Descriptor instead.
+func (*IssuedCertificate) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *IssuedCertificate) GetSerial() string {
+	if x != nil {
+		return x.Serial
+	}
+	return ""
+}
+
+func (x *IssuedCertificate) GetNotBefore() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NotBefore
+	}
+	return nil
+}
+
+func (x *IssuedCertificate) GetNotAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NotAfter
+	}
+	return nil
+}
+
+func (x *IssuedCertificate) GetIssuerCa() string {
+	if x != nil {
+		return x.IssuerCa
+	}
+	return ""
+}
+
+func (x *IssuedCertificate) GetUsed() bool {
+	if x != nil {
+		return x.Used
+	}
+	return false
+}
+
+func (x *IssuedCertificate) GetJoinToken() string {
+	if x != nil {
+		return x.JoinToken
+	}
+	return ""
+}
+
+// NodeCertificate is a node's identity at the broker, keyed cluster/node: the certificates that
+// are good for it (the newest first: a join starts the list, a renewal keeps the certificate it was
+// renewed with and adds the new one), or revoked.
+type NodeCertificate struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Cluster      string                 `protobuf:"bytes,1,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	Node         string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	ClusterUid   string                 `protobuf:"bytes,3,opt,name=cluster_uid,json=clusterUid,proto3" json:"cluster_uid,omitempty"`
+	Certificates []*IssuedCertificate   `protobuf:"bytes,4,rep,name=certificates,proto3" json:"certificates,omitempty"`
+	// revoked: every certificate of the node is refused on every call and stream; a new join for
+	// the node name starts a new record.
+	Revoked       bool                   `protobuf:"varint,5,opt,name=revoked,proto3" json:"revoked,omitempty"`
+	RevokedAt     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=revoked_at,json=revokedAt,proto3" json:"revoked_at,omitempty"`
+	Revision      uint64                 `protobuf:"varint,7,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeCertificate) Reset() {
+	*x = NodeCertificate{}
+	mi := &file_cablemesh_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeCertificate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeCertificate) ProtoMessage() {}
+
+func (x *NodeCertificate) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeCertificate.ProtoReflect.Descriptor instead.
+func (*NodeCertificate) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *NodeCertificate) GetCluster() string {
+	if x != nil {
+		return x.Cluster
+	}
+	return ""
+}
+
+func (x *NodeCertificate) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *NodeCertificate) GetClusterUid() string {
+	if x != nil {
+		return x.ClusterUid
+	}
+	return ""
+}
+
+func (x *NodeCertificate) GetCertificates() []*IssuedCertificate {
+	if x != nil {
+		return x.Certificates
+	}
+	return nil
+}
+
+func (x *NodeCertificate) GetRevoked() bool {
+	if x != nil {
+		return x.Revoked
+	}
+	return false
+}
+
+func (x *NodeCertificate) GetRevokedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RevokedAt
+	}
+	return nil
+}
+
+func (x *NodeCertificate) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+// CAInfo describes one CA of the mesh.
+type CAInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// hash: "sha256:<hex>" of the CA certificate, as join tokens name it.
+	Hash      string                 `protobuf:"bytes,1,opt,name=hash,proto3" json:"hash,omitempty"`
+	Subject   string                 `protobuf:"bytes,2,opt,name=subject,proto3" json:"subject,omitempty"`
+	NotBefore *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=not_before,json=notBefore,proto3" json:"not_before,omitempty"`
+	NotAfter  *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=not_after,json=notAfter,proto3" json:"not_after,omitempty"`
+	// issuing: new certificates are issued from this CA.
+	Issuing bool `protobuf:"varint,5,opt,name=issuing,proto3" json:"issuing,omitempty"`
+	// serving: the broker's serving certificate chains to this CA (during a rotation's overlap the
+	// previous CA, so that clients that do not have the new CA yet still verify the broker).
+	Serving bool `protobuf:"varint,6,opt,name=serving,proto3" json:"serving,omitempty"`
+	// trusted_until: set on the previous CA during a rotation: when the broker stops trusting it.
+	TrustedUntil  *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=trusted_until,json=trustedUntil,proto3" json:"trusted_until,omitempty"`
+	Pem           []byte                 `protobuf:"bytes,8,opt,name=pem,proto3" json:"pem,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CAInfo) Reset() {
+	*x = CAInfo{}
+	mi := &file_cablemesh_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CAInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CAInfo) ProtoMessage() {}
+
+func (x *CAInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CAInfo.ProtoReflect.Descriptor instead.
+func (*CAInfo) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *CAInfo) GetHash() string {
+	if x != nil {
+		return x.Hash
+	}
+	return ""
+}
+
+func (x *CAInfo) GetSubject() string {
+	if x != nil {
+		return x.Subject
+	}
+	return ""
+}
+
+func (x *CAInfo) GetNotBefore() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NotBefore
+	}
+	return nil
+}
+
+func (x *CAInfo) GetNotAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NotAfter
+	}
+	return nil
+}
+
+func (x *CAInfo) GetIssuing() bool {
+	if x != nil {
+		return x.Issuing
+	}
+	return false
+}
+
+func (x *CAInfo) GetServing() bool {
+	if x != nil {
+		return x.Serving
+	}
+	return false
+}
+
+func (x *CAInfo) GetTrustedUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.TrustedUntil
+	}
+	return nil
+}
+
+func (x *CAInfo) GetPem() []byte {
+	if x != nil {
+		return x.Pem
+	}
+	return nil
+}
+
+// CABundle is every CA the broker trusts.
+type CABundle struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// pem: the PEM of every trusted CA, the serving CA first.
+	Pem []byte `protobuf:"bytes,1,opt,name=pem,proto3" json:"pem,omitempty"`
+	// issuing_ca: the hash of the CA new certificates come from: a certificate of another CA
+	// should be renewed before previous_trusted_until.
+	IssuingCa            string                 `protobuf:"bytes,2,opt,name=issuing_ca,json=issuingCa,proto3" json:"issuing_ca,omitempty"`
+	PreviousTrustedUntil *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=previous_trusted_until,json=previousTrustedUntil,proto3" json:"previous_trusted_until,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
+}
+
+func (x *CABundle) Reset() {
+	*x = CABundle{}
+	mi := &file_cablemesh_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CABundle) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CABundle) ProtoMessage() {}
+
+func (x *CABundle) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CABundle.ProtoReflect.Descriptor instead.
+func (*CABundle) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *CABundle) GetPem() []byte {
+	if x != nil {
+		return x.Pem
+	}
+	return nil
+}
+
+func (x *CABundle) GetIssuingCa() string {
+	if x != nil {
+		return x.IssuingCa
+	}
+	return ""
+}
+
+func (x *CABundle) GetPreviousTrustedUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.PreviousTrustedUntil
+	}
+	return nil
+}
+
+type RevokeNodeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Cluster       string                 `protobuf:"bytes,1,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	Node          string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeNodeRequest) Reset() {
+	*x = RevokeNodeRequest{}
+	mi := &file_cablemesh_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeNodeRequest) ProtoMessage() {}
+
+func (x *RevokeNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeNodeRequest.ProtoReflect.Descriptor instead.
+func (*RevokeNodeRequest) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *RevokeNodeRequest) GetCluster() string {
+	if x != nil {
+		return x.Cluster
+	}
+	return ""
+}
+
+func (x *RevokeNodeRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+type RevokeNodeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  *NodeCertificate       `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// endpoint_removed: the node's gateway endpoint was withdrawn with it.
+	EndpointRemoved bool `protobuf:"varint,2,opt,name=endpoint_removed,json=endpointRemoved,proto3" json:"endpoint_removed,omitempty"`
+	// exports_removed: how many of the node's service exports were withdrawn with it.
+	ExportsRemoved uint32 `protobuf:"varint,3,opt,name=exports_removed,json=exportsRemoved,proto3" json:"exports_removed,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *RevokeNodeResponse) Reset() {
+	*x = RevokeNodeResponse{}
+	mi := &file_cablemesh_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeNodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeNodeResponse) ProtoMessage() {}
+
+func (x *RevokeNodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeNodeResponse.ProtoReflect.Descriptor instead.
+func (*RevokeNodeResponse) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *RevokeNodeResponse) GetNode() *NodeCertificate {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+func (x *RevokeNodeResponse) GetEndpointRemoved() bool {
+	if x != nil {
+		return x.EndpointRemoved
+	}
+	return false
+}
+
+func (x *RevokeNodeResponse) GetExportsRemoved() uint32 {
+	if x != nil {
+		return x.ExportsRemoved
+	}
+	return 0
+}
+
+type ListCertificatesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCertificatesRequest) Reset() {
+	*x = ListCertificatesRequest{}
+	mi := &file_cablemesh_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCertificatesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCertificatesRequest) ProtoMessage() {}
+
+func (x *ListCertificatesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCertificatesRequest.ProtoReflect.Descriptor instead.
+func (*ListCertificatesRequest) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{28}
+}
+
+type ListCertificatesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Nodes []*NodeCertificate     `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	Cas   []*CAInfo              `protobuf:"bytes,2,rep,name=cas,proto3" json:"cas,omitempty"`
+	// admin: the admin certificate the call was made with.
+	Admin         *IssuedCertificate `protobuf:"bytes,3,opt,name=admin,proto3" json:"admin,omitempty"`
+	Revision      uint64             `protobuf:"varint,4,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCertificatesResponse) Reset() {
+	*x = ListCertificatesResponse{}
+	mi := &file_cablemesh_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCertificatesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCertificatesResponse) ProtoMessage() {}
+
+func (x *ListCertificatesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCertificatesResponse.ProtoReflect.Descriptor instead.
+func (*ListCertificatesResponse) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *ListCertificatesResponse) GetNodes() []*NodeCertificate {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *ListCertificatesResponse) GetCas() []*CAInfo {
+	if x != nil {
+		return x.Cas
+	}
+	return nil
+}
+
+func (x *ListCertificatesResponse) GetAdmin() *IssuedCertificate {
+	if x != nil {
+		return x.Admin
+	}
+	return nil
+}
+
+func (x *ListCertificatesResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+type RotateCARequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// overlap_seconds: how long the previous CA stays trusted (0: the broker default, 30 days).
+	OverlapSeconds int64 `protobuf:"varint,1,opt,name=overlap_seconds,json=overlapSeconds,proto3" json:"overlap_seconds,omitempty"`
+	// finish: end the overlap now: drop the previous CA and serve from the new one.
+	Finish        bool `protobuf:"varint,2,opt,name=finish,proto3" json:"finish,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotateCARequest) Reset() {
+	*x = RotateCARequest{}
+	mi := &file_cablemesh_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotateCARequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotateCARequest) ProtoMessage() {}
+
+func (x *RotateCARequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotateCARequest.ProtoReflect.Descriptor instead.
+func (*RotateCARequest) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *RotateCARequest) GetOverlapSeconds() int64 {
+	if x != nil {
+		return x.OverlapSeconds
+	}
+	return 0
+}
+
+func (x *RotateCARequest) GetFinish() bool {
+	if x != nil {
+		return x.Finish
+	}
+	return false
+}
+
+type RotateCAResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Cas           []*CAInfo              `protobuf:"bytes,1,rep,name=cas,proto3" json:"cas,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotateCAResponse) Reset() {
+	*x = RotateCAResponse{}
+	mi := &file_cablemesh_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotateCAResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotateCAResponse) ProtoMessage() {}
+
+func (x *RotateCAResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotateCAResponse.ProtoReflect.Descriptor instead.
+func (*RotateCAResponse) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *RotateCAResponse) GetCas() []*CAInfo {
+	if x != nil {
+		return x.Cas
+	}
+	return nil
+}
+
+// RenewCertificateRequest asks for a new certificate of the caller's own identity.
+type RenewCertificateRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// PEM-encoded PKCS#10 certificate request (ECDSA P-256 or P-384). Its subject is ignored: the
+	// new certificate names what the caller's certificate names.
+	CsrPem        []byte `protobuf:"bytes,1,opt,name=csr_pem,json=csrPem,proto3" json:"csr_pem,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewCertificateRequest) Reset() {
+	*x = RenewCertificateRequest{}
+	mi := &file_cablemesh_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewCertificateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewCertificateRequest) ProtoMessage() {}
+
+func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewCertificateRequest.ProtoReflect.Descriptor instead.
+func (*RenewCertificateRequest) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *RenewCertificateRequest) GetCsrPem() []byte {
+	if x != nil {
+		return x.CsrPem
+	}
+	return nil
+}
+
+type RenewCertificateResponse struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	CertificatePem []byte                 `protobuf:"bytes,1,opt,name=certificate_pem,json=certificatePem,proto3" json:"certificate_pem,omitempty"`
+	// ca_pem: the CA bundle (CABundle.pem).
+	CaPem         []byte                 `protobuf:"bytes,2,opt,name=ca_pem,json=caPem,proto3" json:"ca_pem,omitempty"`
+	NotAfter      *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=not_after,json=notAfter,proto3" json:"not_after,omitempty"`
+	Ca            *CABundle              `protobuf:"bytes,4,opt,name=ca,proto3" json:"ca,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewCertificateResponse) Reset() {
+	*x = RenewCertificateResponse{}
+	mi := &file_cablemesh_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewCertificateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewCertificateResponse) ProtoMessage() {}
+
+func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewCertificateResponse.ProtoReflect.Descriptor instead.
+func (*RenewCertificateResponse) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *RenewCertificateResponse) GetCertificatePem() []byte {
+	if x != nil {
+		return x.CertificatePem
+	}
+	return nil
+}
+
+func (x *RenewCertificateResponse) GetCaPem() []byte {
+	if x != nil {
+		return x.CaPem
+	}
+	return nil
+}
+
+func (x *RenewCertificateResponse) GetNotAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NotAfter
+	}
+	return nil
+}
+
+func (x *RenewCertificateResponse) GetCa() *CABundle {
+	if x != nil {
+		return x.Ca
+	}
+	return nil
+}
+
 type ApplyPoliciesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// policies: each Policy.json holds one policy; name must equal the JSON metadata.name.
@@ -1717,7 +2647,7 @@ type ApplyPoliciesRequest struct {
 
 func (x *ApplyPoliciesRequest) Reset() {
 	*x = ApplyPoliciesRequest{}
-	mi := &file_cablemesh_proto_msgTypes[21]
+	mi := &file_cablemesh_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1729,7 +2659,7 @@ func (x *ApplyPoliciesRequest) String() string {
 func (*ApplyPoliciesRequest) ProtoMessage() {}
 
 func (x *ApplyPoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[21]
+	mi := &file_cablemesh_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1742,7 +2672,7 @@ func (x *ApplyPoliciesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyPoliciesRequest.ProtoReflect.Descriptor instead.
 func (*ApplyPoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{21}
+	return file_cablemesh_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ApplyPoliciesRequest) GetPolicies() []*Policy {
@@ -1770,7 +2700,7 @@ type ApplyPoliciesResponse struct {
 
 func (x *ApplyPoliciesResponse) Reset() {
 	*x = ApplyPoliciesResponse{}
-	mi := &file_cablemesh_proto_msgTypes[22]
+	mi := &file_cablemesh_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1782,7 +2712,7 @@ func (x *ApplyPoliciesResponse) String() string {
 func (*ApplyPoliciesResponse) ProtoMessage() {}
 
 func (x *ApplyPoliciesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[22]
+	mi := &file_cablemesh_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1795,7 +2725,7 @@ func (x *ApplyPoliciesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyPoliciesResponse.ProtoReflect.Descriptor instead.
 func (*ApplyPoliciesResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{22}
+	return file_cablemesh_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ApplyPoliciesResponse) GetPolicies() []*Policy {
@@ -1821,7 +2751,7 @@ type DeletePoliciesRequest struct {
 
 func (x *DeletePoliciesRequest) Reset() {
 	*x = DeletePoliciesRequest{}
-	mi := &file_cablemesh_proto_msgTypes[23]
+	mi := &file_cablemesh_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1833,7 +2763,7 @@ func (x *DeletePoliciesRequest) String() string {
 func (*DeletePoliciesRequest) ProtoMessage() {}
 
 func (x *DeletePoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[23]
+	mi := &file_cablemesh_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1846,7 +2776,7 @@ func (x *DeletePoliciesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePoliciesRequest.ProtoReflect.Descriptor instead.
 func (*DeletePoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{23}
+	return file_cablemesh_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *DeletePoliciesRequest) GetNames() []string {
@@ -1865,7 +2795,7 @@ type DeletePoliciesResponse struct {
 
 func (x *DeletePoliciesResponse) Reset() {
 	*x = DeletePoliciesResponse{}
-	mi := &file_cablemesh_proto_msgTypes[24]
+	mi := &file_cablemesh_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1877,7 +2807,7 @@ func (x *DeletePoliciesResponse) String() string {
 func (*DeletePoliciesResponse) ProtoMessage() {}
 
 func (x *DeletePoliciesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[24]
+	mi := &file_cablemesh_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1890,7 +2820,7 @@ func (x *DeletePoliciesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePoliciesResponse.ProtoReflect.Descriptor instead.
 func (*DeletePoliciesResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{24}
+	return file_cablemesh_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DeletePoliciesResponse) GetDeleted() []string {
@@ -1908,7 +2838,7 @@ type ListPoliciesRequest struct {
 
 func (x *ListPoliciesRequest) Reset() {
 	*x = ListPoliciesRequest{}
-	mi := &file_cablemesh_proto_msgTypes[25]
+	mi := &file_cablemesh_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1920,7 +2850,7 @@ func (x *ListPoliciesRequest) String() string {
 func (*ListPoliciesRequest) ProtoMessage() {}
 
 func (x *ListPoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[25]
+	mi := &file_cablemesh_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1933,7 +2863,7 @@ func (x *ListPoliciesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoliciesRequest.ProtoReflect.Descriptor instead.
 func (*ListPoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{25}
+	return file_cablemesh_proto_rawDescGZIP(), []int{38}
 }
 
 type ListPoliciesResponse struct {
@@ -1946,7 +2876,7 @@ type ListPoliciesResponse struct {
 
 func (x *ListPoliciesResponse) Reset() {
 	*x = ListPoliciesResponse{}
-	mi := &file_cablemesh_proto_msgTypes[26]
+	mi := &file_cablemesh_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1958,7 +2888,7 @@ func (x *ListPoliciesResponse) String() string {
 func (*ListPoliciesResponse) ProtoMessage() {}
 
 func (x *ListPoliciesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[26]
+	mi := &file_cablemesh_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1971,7 +2901,7 @@ func (x *ListPoliciesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoliciesResponse.ProtoReflect.Descriptor instead.
 func (*ListPoliciesResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{26}
+	return file_cablemesh_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListPoliciesResponse) GetPolicies() []*Policy {
@@ -1998,7 +2928,7 @@ type ExplainConnectionRequest struct {
 
 func (x *ExplainConnectionRequest) Reset() {
 	*x = ExplainConnectionRequest{}
-	mi := &file_cablemesh_proto_msgTypes[27]
+	mi := &file_cablemesh_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2010,7 +2940,7 @@ func (x *ExplainConnectionRequest) String() string {
 func (*ExplainConnectionRequest) ProtoMessage() {}
 
 func (x *ExplainConnectionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[27]
+	mi := &file_cablemesh_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2023,7 +2953,7 @@ func (x *ExplainConnectionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainConnectionRequest.ProtoReflect.Descriptor instead.
 func (*ExplainConnectionRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{27}
+	return file_cablemesh_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ExplainConnectionRequest) GetClusterA() string {
@@ -2050,7 +2980,7 @@ type ExplainConnectionResponse struct {
 
 func (x *ExplainConnectionResponse) Reset() {
 	*x = ExplainConnectionResponse{}
-	mi := &file_cablemesh_proto_msgTypes[28]
+	mi := &file_cablemesh_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2062,7 +2992,7 @@ func (x *ExplainConnectionResponse) String() string {
 func (*ExplainConnectionResponse) ProtoMessage() {}
 
 func (x *ExplainConnectionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[28]
+	mi := &file_cablemesh_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2075,7 +3005,7 @@ func (x *ExplainConnectionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainConnectionResponse.ProtoReflect.Descriptor instead.
 func (*ExplainConnectionResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{28}
+	return file_cablemesh_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ExplainConnectionResponse) GetJson() []byte {
@@ -2093,7 +3023,7 @@ type ListServicesRequest struct {
 
 func (x *ListServicesRequest) Reset() {
 	*x = ListServicesRequest{}
-	mi := &file_cablemesh_proto_msgTypes[29]
+	mi := &file_cablemesh_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2105,7 +3035,7 @@ func (x *ListServicesRequest) String() string {
 func (*ListServicesRequest) ProtoMessage() {}
 
 func (x *ListServicesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[29]
+	mi := &file_cablemesh_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2118,7 +3048,7 @@ func (x *ListServicesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListServicesRequest.ProtoReflect.Descriptor instead.
 func (*ListServicesRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{29}
+	return file_cablemesh_proto_rawDescGZIP(), []int{42}
 }
 
 type ListServicesResponse struct {
@@ -2132,7 +3062,7 @@ type ListServicesResponse struct {
 
 func (x *ListServicesResponse) Reset() {
 	*x = ListServicesResponse{}
-	mi := &file_cablemesh_proto_msgTypes[30]
+	mi := &file_cablemesh_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2144,7 +3074,7 @@ func (x *ListServicesResponse) String() string {
 func (*ListServicesResponse) ProtoMessage() {}
 
 func (x *ListServicesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[30]
+	mi := &file_cablemesh_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2157,7 +3087,7 @@ func (x *ListServicesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListServicesResponse.ProtoReflect.Descriptor instead.
 func (*ListServicesResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{30}
+	return file_cablemesh_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ListServicesResponse) GetImports() []*ServiceImport {
@@ -2194,7 +3124,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_cablemesh_proto_msgTypes[31]
+	mi := &file_cablemesh_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2206,7 +3136,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[31]
+	mi := &file_cablemesh_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2219,7 +3149,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{31}
+	return file_cablemesh_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *JoinRequest) GetToken() string {
@@ -2252,17 +3182,20 @@ func (x *JoinRequest) GetCsrPem() []byte {
 
 type JoinResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// PEM client certificate naming the cluster and node, and the mesh CA.
-	CertificatePem []byte   `protobuf:"bytes,1,opt,name=certificate_pem,json=certificatePem,proto3" json:"certificate_pem,omitempty"`
-	CaPem          []byte   `protobuf:"bytes,2,opt,name=ca_pem,json=caPem,proto3" json:"ca_pem,omitempty"`
-	Cluster        *Cluster `protobuf:"bytes,3,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	// PEM client certificate naming the cluster and node, and the mesh CA bundle: every CA the
+	// broker trusts, the one its serving certificate chains to (which the join token pins) first.
+	CertificatePem []byte                 `protobuf:"bytes,1,opt,name=certificate_pem,json=certificatePem,proto3" json:"certificate_pem,omitempty"`
+	CaPem          []byte                 `protobuf:"bytes,2,opt,name=ca_pem,json=caPem,proto3" json:"ca_pem,omitempty"`
+	Cluster        *Cluster               `protobuf:"bytes,3,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	NotAfter       *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=not_after,json=notAfter,proto3" json:"not_after,omitempty"`
+	Ca             *CABundle              `protobuf:"bytes,5,opt,name=ca,proto3" json:"ca,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_cablemesh_proto_msgTypes[32]
+	mi := &file_cablemesh_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2274,7 +3207,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[32]
+	mi := &file_cablemesh_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2287,7 +3220,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{32}
+	return file_cablemesh_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *JoinResponse) GetCertificatePem() []byte {
@@ -2311,6 +3244,20 @@ func (x *JoinResponse) GetCluster() *Cluster {
 	return nil
 }
 
+func (x *JoinResponse) GetNotAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NotAfter
+	}
+	return nil
+}
+
+func (x *JoinResponse) GetCa() *CABundle {
+	if x != nil {
+		return x.Ca
+	}
+	return nil
+}
+
 type RegisterEndpointRequest struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Endpoint *Endpoint              `protobuf:"bytes,1,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
@@ -2322,7 +3269,7 @@ type RegisterEndpointRequest struct {
 
 func (x *RegisterEndpointRequest) Reset() {
 	*x = RegisterEndpointRequest{}
-	mi := &file_cablemesh_proto_msgTypes[33]
+	mi := &file_cablemesh_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2334,7 +3281,7 @@ func (x *RegisterEndpointRequest) String() string {
 func (*RegisterEndpointRequest) ProtoMessage() {}
 
 func (x *RegisterEndpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[33]
+	mi := &file_cablemesh_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2347,7 +3294,7 @@ func (x *RegisterEndpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterEndpointRequest.ProtoReflect.Descriptor instead.
 func (*RegisterEndpointRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{33}
+	return file_cablemesh_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *RegisterEndpointRequest) GetEndpoint() *Endpoint {
@@ -2374,7 +3321,7 @@ type RegisterEndpointResponse struct {
 
 func (x *RegisterEndpointResponse) Reset() {
 	*x = RegisterEndpointResponse{}
-	mi := &file_cablemesh_proto_msgTypes[34]
+	mi := &file_cablemesh_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2386,7 +3333,7 @@ func (x *RegisterEndpointResponse) String() string {
 func (*RegisterEndpointResponse) ProtoMessage() {}
 
 func (x *RegisterEndpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[34]
+	mi := &file_cablemesh_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2399,7 +3346,7 @@ func (x *RegisterEndpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterEndpointResponse.ProtoReflect.Descriptor instead.
 func (*RegisterEndpointResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{34}
+	return file_cablemesh_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *RegisterEndpointResponse) GetEndpoint() *Endpoint {
@@ -2425,7 +3372,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_cablemesh_proto_msgTypes[35]
+	mi := &file_cablemesh_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2437,7 +3384,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[35]
+	mi := &file_cablemesh_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2450,7 +3397,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{35}
+	return file_cablemesh_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *HeartbeatRequest) GetNode() string {
@@ -2470,7 +3417,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_cablemesh_proto_msgTypes[36]
+	mi := &file_cablemesh_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2482,7 +3429,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[36]
+	mi := &file_cablemesh_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2495,7 +3442,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{36}
+	return file_cablemesh_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *HeartbeatResponse) GetLeaseExpires() *timestamppb.Timestamp {
@@ -2528,7 +3475,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_cablemesh_proto_msgTypes[37]
+	mi := &file_cablemesh_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2540,7 +3487,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[37]
+	mi := &file_cablemesh_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2553,7 +3500,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{37}
+	return file_cablemesh_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *WatchRequest) GetSinceRevision() uint64 {
@@ -2587,14 +3534,22 @@ type WatchResponse struct {
 	// imports, when set, replaces every service import the agent holds: the imports of services
 	// exported by its own cluster and by clusters its connection policies connect it to, admitted
 	// by its import selector. Sent on the first message of a stream and whenever it changes.
-	Imports       *ServiceImports `protobuf:"bytes,4,opt,name=imports,proto3" json:"imports,omitempty"`
+	Imports *ServiceImports `protobuf:"bytes,4,opt,name=imports,proto3" json:"imports,omitempty"`
+	// more: this message is one part of a batch too large for one message; more parts follow, and
+	// the batch is complete with the first message whose more is false. Apply the parts together.
+	// The revision of a part that is not the last is that of its last event (deltas), or 0 (a
+	// snapshot's parts before the last), so that an agent that resumes from it loses nothing.
+	More bool `protobuf:"varint,5,opt,name=more,proto3" json:"more,omitempty"`
+	// ca: the CA bundle, on the first message of a stream and whenever it changes (a rotation);
+	// a message may carry only this.
+	Ca            *CABundle `protobuf:"bytes,6,opt,name=ca,proto3" json:"ca,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_cablemesh_proto_msgTypes[38]
+	mi := &file_cablemesh_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2606,7 +3561,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[38]
+	mi := &file_cablemesh_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2619,7 +3574,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{38}
+	return file_cablemesh_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *WatchResponse) GetSnapshot() bool {
@@ -2650,6 +3605,20 @@ func (x *WatchResponse) GetImports() *ServiceImports {
 	return nil
 }
 
+func (x *WatchResponse) GetMore() bool {
+	if x != nil {
+		return x.More
+	}
+	return false
+}
+
+func (x *WatchResponse) GetCa() *CABundle {
+	if x != nil {
+		return x.Ca
+	}
+	return nil
+}
+
 // SetExportsRequest replaces every export of the calling node (the certificate's cluster and
 // node) with exports.
 type SetExportsRequest struct {
@@ -2661,7 +3630,7 @@ type SetExportsRequest struct {
 
 func (x *SetExportsRequest) Reset() {
 	*x = SetExportsRequest{}
-	mi := &file_cablemesh_proto_msgTypes[39]
+	mi := &file_cablemesh_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2673,7 +3642,7 @@ func (x *SetExportsRequest) String() string {
 func (*SetExportsRequest) ProtoMessage() {}
 
 func (x *SetExportsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[39]
+	mi := &file_cablemesh_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2686,7 +3655,7 @@ func (x *SetExportsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetExportsRequest.ProtoReflect.Descriptor instead.
 func (*SetExportsRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{39}
+	return file_cablemesh_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *SetExportsRequest) GetExports() []*ServiceExport {
@@ -2709,7 +3678,7 @@ type SetExportsResponse struct {
 
 func (x *SetExportsResponse) Reset() {
 	*x = SetExportsResponse{}
-	mi := &file_cablemesh_proto_msgTypes[40]
+	mi := &file_cablemesh_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2721,7 +3690,7 @@ func (x *SetExportsResponse) String() string {
 func (*SetExportsResponse) ProtoMessage() {}
 
 func (x *SetExportsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[40]
+	mi := &file_cablemesh_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2734,7 +3703,7 @@ func (x *SetExportsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetExportsResponse.ProtoReflect.Descriptor instead.
 func (*SetExportsResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{40}
+	return file_cablemesh_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *SetExportsResponse) GetExports() []*ServiceExport {
@@ -2775,7 +3744,7 @@ const file_cablemesh_proto_rawDesc = "" +
 	"\bpair_psk\x18\t \x01(\fR\apairPsk\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf4\x05\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa3\x06\n" +
 	"\bEndpoint\x12\x18\n" +
 	"\acluster\x18\x01 \x01(\tR\acluster\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1d\n" +
@@ -2792,7 +3761,8 @@ const file_cablemesh_proto_rawDesc = "" +
 	"\rlease_expires\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\fleaseExpires\x12\x1a\n" +
 	"\brevision\x18\f \x01(\x04R\brevision\x12#\n" +
 	"\rlease_seconds\x18\r \x01(\x03R\fleaseSeconds\x12V\n" +
-	"\x10cable_attributes\x18\x0e \x03(\v2+.cablemesh.v1.Endpoint.CableAttributesEntryR\x0fcableAttributes\x1a=\n" +
+	"\x10cable_attributes\x18\x0e \x03(\v2+.cablemesh.v1.Endpoint.CableAttributesEntryR\x0fcableAttributes\x12-\n" +
+	"\x12certificate_serial\x18\x0f \x01(\tR\x11certificateSerial\x1a=\n" +
 	"\x0fCablePortsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\x1aa\n" +
@@ -2803,14 +3773,15 @@ const file_cablemesh_proto_rawDesc = "" +
 	"\x06values\x18\x01 \x03(\v2).cablemesh.v1.CableAttributes.ValuesEntryR\x06values\x1a9\n" +
 	"\vValuesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xae\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xfa\x02\n" +
 	"\bResource\x121\n" +
 	"\acluster\x18\x01 \x01(\v2\x15.cablemesh.v1.ClusterH\x00R\acluster\x124\n" +
 	"\bendpoint\x18\x02 \x01(\v2\x16.cablemesh.v1.EndpointH\x00R\bendpoint\x12.\n" +
 	"\x06policy\x18\x03 \x01(\v2\x14.cablemesh.v1.PolicyH\x00R\x06policy\x12D\n" +
 	"\x0eservice_export\x18\x04 \x01(\v2\x1b.cablemesh.v1.ServiceExportH\x00R\rserviceExport\x12;\n" +
 	"\vservice_vip\x18\x05 \x01(\v2\x18.cablemesh.v1.ServiceVIPH\x00R\n" +
-	"serviceVipB\x06\n" +
+	"serviceVip\x12J\n" +
+	"\x10node_certificate\x18\x06 \x01(\v2\x1d.cablemesh.v1.NodeCertificateH\x00R\x0fnodeCertificateB\x06\n" +
 	"\x04kind\"\x8c\x01\n" +
 	"\x06Policy\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
@@ -2905,20 +3876,90 @@ const file_cablemesh_proto_rawDesc = "" +
 	"\x14RemoveClusterRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"H\n" +
 	"\x15RemoveClusterResponse\x12/\n" +
-	"\acluster\x18\x01 \x01(\v2\x15.cablemesh.v1.ClusterR\acluster\"\xa5\x02\n" +
+	"\acluster\x18\x01 \x01(\v2\x15.cablemesh.v1.ClusterR\acluster\"\xc2\x02\n" +
 	"\x16CreateJoinTokenRequest\x12\x18\n" +
 	"\acluster\x18\x01 \x01(\tR\acluster\x12\x1b\n" +
 	"\tpod_cidrs\x18\x02 \x03(\tR\bpodCidrs\x12#\n" +
 	"\rservice_cidrs\x18\x03 \x03(\tR\fserviceCidrs\x12H\n" +
 	"\x06labels\x18\x04 \x03(\v20.cablemesh.v1.CreateJoinTokenRequest.LabelsEntryR\x06labels\x12*\n" +
-	"\x11valid_for_seconds\x18\x05 \x01(\x03R\x0fvalidForSeconds\x1a9\n" +
+	"\x11valid_for_seconds\x18\x05 \x01(\x03R\x0fvalidForSeconds\x12\x1b\n" +
+	"\tmax_nodes\x18\x06 \x01(\rR\bmaxNodes\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x96\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb3\x01\n" +
 	"\x17CreateJoinTokenResponse\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12/\n" +
 	"\acluster\x18\x02 \x01(\v2\x15.cablemesh.v1.ClusterR\acluster\x124\n" +
-	"\aexpires\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\aexpires\"a\n" +
+	"\aexpires\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\aexpires\x12\x1b\n" +
+	"\tmax_nodes\x18\x04 \x01(\rR\bmaxNodes\"\x81\x02\n" +
+	"\x0fJoinTokenRecord\x12\x14\n" +
+	"\x05nonce\x18\x01 \x01(\tR\x05nonce\x12\x18\n" +
+	"\acluster\x18\x02 \x01(\tR\acluster\x12\x1f\n" +
+	"\vcluster_uid\x18\x03 \x01(\tR\n" +
+	"clusterUid\x12\x1b\n" +
+	"\tmax_nodes\x18\x04 \x01(\rR\bmaxNodes\x12\x14\n" +
+	"\x05nodes\x18\x05 \x03(\tR\x05nodes\x124\n" +
+	"\aexpires\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\aexpires\x124\n" +
+	"\acreated\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\acreated\"\xef\x01\n" +
+	"\x11IssuedCertificate\x12\x16\n" +
+	"\x06serial\x18\x01 \x01(\tR\x06serial\x129\n" +
+	"\n" +
+	"not_before\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\tnotBefore\x127\n" +
+	"\tnot_after\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\x12\x1b\n" +
+	"\tissuer_ca\x18\x04 \x01(\tR\bissuerCa\x12\x12\n" +
+	"\x04used\x18\x05 \x01(\bR\x04used\x12\x1d\n" +
+	"\n" +
+	"join_token\x18\x06 \x01(\tR\tjoinToken\"\x96\x02\n" +
+	"\x0fNodeCertificate\x12\x18\n" +
+	"\acluster\x18\x01 \x01(\tR\acluster\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1f\n" +
+	"\vcluster_uid\x18\x03 \x01(\tR\n" +
+	"clusterUid\x12C\n" +
+	"\fcertificates\x18\x04 \x03(\v2\x1f.cablemesh.v1.IssuedCertificateR\fcertificates\x12\x18\n" +
+	"\arevoked\x18\x05 \x01(\bR\arevoked\x129\n" +
+	"\n" +
+	"revoked_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\trevokedAt\x12\x1a\n" +
+	"\brevision\x18\a \x01(\x04R\brevision\"\xb1\x02\n" +
+	"\x06CAInfo\x12\x12\n" +
+	"\x04hash\x18\x01 \x01(\tR\x04hash\x12\x18\n" +
+	"\asubject\x18\x02 \x01(\tR\asubject\x129\n" +
+	"\n" +
+	"not_before\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tnotBefore\x127\n" +
+	"\tnot_after\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\x12\x18\n" +
+	"\aissuing\x18\x05 \x01(\bR\aissuing\x12\x18\n" +
+	"\aserving\x18\x06 \x01(\bR\aserving\x12?\n" +
+	"\rtrusted_until\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\ftrustedUntil\x12\x10\n" +
+	"\x03pem\x18\b \x01(\fR\x03pem\"\x8d\x01\n" +
+	"\bCABundle\x12\x10\n" +
+	"\x03pem\x18\x01 \x01(\fR\x03pem\x12\x1d\n" +
+	"\n" +
+	"issuing_ca\x18\x02 \x01(\tR\tissuingCa\x12P\n" +
+	"\x16previous_trusted_until\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x14previousTrustedUntil\"A\n" +
+	"\x11RevokeNodeRequest\x12\x18\n" +
+	"\acluster\x18\x01 \x01(\tR\acluster\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\"\x9b\x01\n" +
+	"\x12RevokeNodeResponse\x121\n" +
+	"\x04node\x18\x01 \x01(\v2\x1d.cablemesh.v1.NodeCertificateR\x04node\x12)\n" +
+	"\x10endpoint_removed\x18\x02 \x01(\bR\x0fendpointRemoved\x12'\n" +
+	"\x0fexports_removed\x18\x03 \x01(\rR\x0eexportsRemoved\"\x19\n" +
+	"\x17ListCertificatesRequest\"\xca\x01\n" +
+	"\x18ListCertificatesResponse\x123\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x1d.cablemesh.v1.NodeCertificateR\x05nodes\x12&\n" +
+	"\x03cas\x18\x02 \x03(\v2\x14.cablemesh.v1.CAInfoR\x03cas\x125\n" +
+	"\x05admin\x18\x03 \x01(\v2\x1f.cablemesh.v1.IssuedCertificateR\x05admin\x12\x1a\n" +
+	"\brevision\x18\x04 \x01(\x04R\brevision\"R\n" +
+	"\x0fRotateCARequest\x12'\n" +
+	"\x0foverlap_seconds\x18\x01 \x01(\x03R\x0eoverlapSeconds\x12\x16\n" +
+	"\x06finish\x18\x02 \x01(\bR\x06finish\":\n" +
+	"\x10RotateCAResponse\x12&\n" +
+	"\x03cas\x18\x01 \x03(\v2\x14.cablemesh.v1.CAInfoR\x03cas\"2\n" +
+	"\x17RenewCertificateRequest\x12\x17\n" +
+	"\acsr_pem\x18\x01 \x01(\fR\x06csrPem\"\xbb\x01\n" +
+	"\x18RenewCertificateResponse\x12'\n" +
+	"\x0fcertificate_pem\x18\x01 \x01(\fR\x0ecertificatePem\x12\x15\n" +
+	"\x06ca_pem\x18\x02 \x01(\fR\x05caPem\x127\n" +
+	"\tnot_after\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\x12&\n" +
+	"\x02ca\x18\x04 \x01(\v2\x16.cablemesh.v1.CABundleR\x02ca\"a\n" +
 	"\x14ApplyPoliciesRequest\x120\n" +
 	"\bpolicies\x18\x01 \x03(\v2\x14.cablemesh.v1.PolicyR\bpolicies\x12\x17\n" +
 	"\adry_run\x18\x02 \x01(\bR\x06dryRun\"e\n" +
@@ -2947,11 +3988,13 @@ const file_cablemesh_proto_rawDesc = "" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x18\n" +
 	"\acluster\x18\x02 \x01(\tR\acluster\x12\x12\n" +
 	"\x04node\x18\x03 \x01(\tR\x04node\x12\x17\n" +
-	"\acsr_pem\x18\x04 \x01(\fR\x06csrPem\"\x7f\n" +
+	"\acsr_pem\x18\x04 \x01(\fR\x06csrPem\"\xe0\x01\n" +
 	"\fJoinResponse\x12'\n" +
 	"\x0fcertificate_pem\x18\x01 \x01(\fR\x0ecertificatePem\x12\x15\n" +
 	"\x06ca_pem\x18\x02 \x01(\fR\x05caPem\x12/\n" +
-	"\acluster\x18\x03 \x01(\v2\x15.cablemesh.v1.ClusterR\acluster\"r\n" +
+	"\acluster\x18\x03 \x01(\v2\x15.cablemesh.v1.ClusterR\acluster\x127\n" +
+	"\tnot_after\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\x12&\n" +
+	"\x02ca\x18\x05 \x01(\v2\x16.cablemesh.v1.CABundleR\x02ca\"r\n" +
 	"\x17RegisterEndpointRequest\x122\n" +
 	"\bendpoint\x18\x01 \x01(\v2\x16.cablemesh.v1.EndpointR\bendpoint\x12#\n" +
 	"\rlease_seconds\x18\x02 \x01(\x03R\fleaseSeconds\"s\n" +
@@ -2966,18 +4009,20 @@ const file_cablemesh_proto_rawDesc = "" +
 	"\fWatchRequest\x12%\n" +
 	"\x0esince_revision\x18\x01 \x01(\x04R\rsinceRevision\x12'\n" +
 	"\x0fimport_selector\x18\x02 \x01(\tR\x0eimportSelector\x12!\n" +
-	"\fwant_imports\x18\x03 \x01(\bR\vwantImports\"\xac\x01\n" +
+	"\fwant_imports\x18\x03 \x01(\bR\vwantImports\"\xe8\x01\n" +
 	"\rWatchResponse\x12\x1a\n" +
 	"\bsnapshot\x18\x01 \x01(\bR\bsnapshot\x12+\n" +
 	"\x06events\x18\x02 \x03(\v2\x13.cablemesh.v1.EventR\x06events\x12\x1a\n" +
 	"\brevision\x18\x03 \x01(\x04R\brevision\x126\n" +
-	"\aimports\x18\x04 \x01(\v2\x1c.cablemesh.v1.ServiceImportsR\aimports\"J\n" +
+	"\aimports\x18\x04 \x01(\v2\x1c.cablemesh.v1.ServiceImportsR\aimports\x12\x12\n" +
+	"\x04more\x18\x05 \x01(\bR\x04more\x12&\n" +
+	"\x02ca\x18\x06 \x01(\v2\x16.cablemesh.v1.CABundleR\x02ca\"J\n" +
 	"\x11SetExportsRequest\x125\n" +
 	"\aexports\x18\x01 \x03(\v2\x1b.cablemesh.v1.ServiceExportR\aexports\"\xa4\x01\n" +
 	"\x12SetExportsResponse\x125\n" +
 	"\aexports\x18\x01 \x03(\v2\x1b.cablemesh.v1.ServiceExportR\aexports\x12;\n" +
 	"\tconflicts\x18\x02 \x03(\v2\x1d.cablemesh.v1.ServiceConflictR\tconflicts\x12\x1a\n" +
-	"\brevision\x18\x03 \x01(\x04R\brevision2\xad\x06\n" +
+	"\brevision\x18\x03 \x01(\x04R\brevision2\x94\t\n" +
 	"\x05Admin\x12U\n" +
 	"\fListClusters\x12!.cablemesh.v1.ListClustersRequest\x1a\".cablemesh.v1.ListClustersResponse\x12H\n" +
 	"\fLabelCluster\x12!.cablemesh.v1.LabelClusterRequest\x1a\x15.cablemesh.v1.Cluster\x12X\n" +
@@ -2987,14 +4032,20 @@ const file_cablemesh_proto_rawDesc = "" +
 	"\x0eDeletePolicies\x12#.cablemesh.v1.DeletePoliciesRequest\x1a$.cablemesh.v1.DeletePoliciesResponse\x12U\n" +
 	"\fListPolicies\x12!.cablemesh.v1.ListPoliciesRequest\x1a\".cablemesh.v1.ListPoliciesResponse\x12d\n" +
 	"\x11ExplainConnection\x12&.cablemesh.v1.ExplainConnectionRequest\x1a'.cablemesh.v1.ExplainConnectionResponse\x12U\n" +
-	"\fListServices\x12!.cablemesh.v1.ListServicesRequest\x1a\".cablemesh.v1.ListServicesResponse2\x8c\x03\n" +
+	"\fListServices\x12!.cablemesh.v1.ListServicesRequest\x1a\".cablemesh.v1.ListServicesResponse\x12O\n" +
+	"\n" +
+	"RevokeNode\x12\x1f.cablemesh.v1.RevokeNodeRequest\x1a .cablemesh.v1.RevokeNodeResponse\x12a\n" +
+	"\x10ListCertificates\x12%.cablemesh.v1.ListCertificatesRequest\x1a&.cablemesh.v1.ListCertificatesResponse\x12f\n" +
+	"\x15RenewAdminCertificate\x12%.cablemesh.v1.RenewCertificateRequest\x1a&.cablemesh.v1.RenewCertificateResponse\x12I\n" +
+	"\bRotateCA\x12\x1d.cablemesh.v1.RotateCARequest\x1a\x1e.cablemesh.v1.RotateCAResponse2\xef\x03\n" +
 	"\x05Agent\x12=\n" +
 	"\x04Join\x12\x19.cablemesh.v1.JoinRequest\x1a\x1a.cablemesh.v1.JoinResponse\x12a\n" +
 	"\x10RegisterEndpoint\x12%.cablemesh.v1.RegisterEndpointRequest\x1a&.cablemesh.v1.RegisterEndpointResponse\x12L\n" +
 	"\tHeartbeat\x12\x1e.cablemesh.v1.HeartbeatRequest\x1a\x1f.cablemesh.v1.HeartbeatResponse\x12B\n" +
 	"\x05Watch\x12\x1a.cablemesh.v1.WatchRequest\x1a\x1b.cablemesh.v1.WatchResponse0\x01\x12O\n" +
 	"\n" +
-	"SetExports\x12\x1f.cablemesh.v1.SetExportsRequest\x1a .cablemesh.v1.SetExportsResponseB-Z+github.com/cablemesh/cablemesh/api/v1;apiv1b\x06proto3"
+	"SetExports\x12\x1f.cablemesh.v1.SetExportsRequest\x1a .cablemesh.v1.SetExportsResponse\x12a\n" +
+	"\x10RenewCertificate\x12%.cablemesh.v1.RenewCertificateRequest\x1a&.cablemesh.v1.RenewCertificateResponseB-Z+github.com/cablemesh/cablemesh/api/v1;apiv1b\x06proto3"
 
 var (
 	file_cablemesh_proto_rawDescOnce sync.Once
@@ -3009,7 +4060,7 @@ func file_cablemesh_proto_rawDescGZIP() []byte {
 }
 
 var file_cablemesh_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_cablemesh_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
+var file_cablemesh_proto_msgTypes = make([]protoimpl.MessageInfo, 62)
 var file_cablemesh_proto_goTypes = []any{
 	(Event_Type)(0),                   // 0: cablemesh.v1.Event.Type
 	(*Cluster)(nil),                   // 1: cablemesh.v1.Cluster
@@ -3033,118 +4084,162 @@ var file_cablemesh_proto_goTypes = []any{
 	(*RemoveClusterResponse)(nil),     // 19: cablemesh.v1.RemoveClusterResponse
 	(*CreateJoinTokenRequest)(nil),    // 20: cablemesh.v1.CreateJoinTokenRequest
 	(*CreateJoinTokenResponse)(nil),   // 21: cablemesh.v1.CreateJoinTokenResponse
-	(*ApplyPoliciesRequest)(nil),      // 22: cablemesh.v1.ApplyPoliciesRequest
-	(*ApplyPoliciesResponse)(nil),     // 23: cablemesh.v1.ApplyPoliciesResponse
-	(*DeletePoliciesRequest)(nil),     // 24: cablemesh.v1.DeletePoliciesRequest
-	(*DeletePoliciesResponse)(nil),    // 25: cablemesh.v1.DeletePoliciesResponse
-	(*ListPoliciesRequest)(nil),       // 26: cablemesh.v1.ListPoliciesRequest
-	(*ListPoliciesResponse)(nil),      // 27: cablemesh.v1.ListPoliciesResponse
-	(*ExplainConnectionRequest)(nil),  // 28: cablemesh.v1.ExplainConnectionRequest
-	(*ExplainConnectionResponse)(nil), // 29: cablemesh.v1.ExplainConnectionResponse
-	(*ListServicesRequest)(nil),       // 30: cablemesh.v1.ListServicesRequest
-	(*ListServicesResponse)(nil),      // 31: cablemesh.v1.ListServicesResponse
-	(*JoinRequest)(nil),               // 32: cablemesh.v1.JoinRequest
-	(*JoinResponse)(nil),              // 33: cablemesh.v1.JoinResponse
-	(*RegisterEndpointRequest)(nil),   // 34: cablemesh.v1.RegisterEndpointRequest
-	(*RegisterEndpointResponse)(nil),  // 35: cablemesh.v1.RegisterEndpointResponse
-	(*HeartbeatRequest)(nil),          // 36: cablemesh.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),         // 37: cablemesh.v1.HeartbeatResponse
-	(*WatchRequest)(nil),              // 38: cablemesh.v1.WatchRequest
-	(*WatchResponse)(nil),             // 39: cablemesh.v1.WatchResponse
-	(*SetExportsRequest)(nil),         // 40: cablemesh.v1.SetExportsRequest
-	(*SetExportsResponse)(nil),        // 41: cablemesh.v1.SetExportsResponse
-	nil,                               // 42: cablemesh.v1.Cluster.LabelsEntry
-	nil,                               // 43: cablemesh.v1.Endpoint.CablePortsEntry
-	nil,                               // 44: cablemesh.v1.Endpoint.CableAttributesEntry
-	nil,                               // 45: cablemesh.v1.CableAttributes.ValuesEntry
-	nil,                               // 46: cablemesh.v1.ServiceExport.LabelsEntry
-	nil,                               // 47: cablemesh.v1.ImportedCluster.LabelsEntry
-	nil,                               // 48: cablemesh.v1.LabelClusterRequest.SetEntry
-	nil,                               // 49: cablemesh.v1.CreateJoinTokenRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),     // 50: google.protobuf.Timestamp
+	(*JoinTokenRecord)(nil),           // 22: cablemesh.v1.JoinTokenRecord
+	(*IssuedCertificate)(nil),         // 23: cablemesh.v1.IssuedCertificate
+	(*NodeCertificate)(nil),           // 24: cablemesh.v1.NodeCertificate
+	(*CAInfo)(nil),                    // 25: cablemesh.v1.CAInfo
+	(*CABundle)(nil),                  // 26: cablemesh.v1.CABundle
+	(*RevokeNodeRequest)(nil),         // 27: cablemesh.v1.RevokeNodeRequest
+	(*RevokeNodeResponse)(nil),        // 28: cablemesh.v1.RevokeNodeResponse
+	(*ListCertificatesRequest)(nil),   // 29: cablemesh.v1.ListCertificatesRequest
+	(*ListCertificatesResponse)(nil),  // 30: cablemesh.v1.ListCertificatesResponse
+	(*RotateCARequest)(nil),           // 31: cablemesh.v1.RotateCARequest
+	(*RotateCAResponse)(nil),          // 32: cablemesh.v1.RotateCAResponse
+	(*RenewCertificateRequest)(nil),   // 33: cablemesh.v1.RenewCertificateRequest
+	(*RenewCertificateResponse)(nil),  // 34: cablemesh.v1.RenewCertificateResponse
+	(*ApplyPoliciesRequest)(nil),      // 35: cablemesh.v1.ApplyPoliciesRequest
+	(*ApplyPoliciesResponse)(nil),     // 36: cablemesh.v1.ApplyPoliciesResponse
+	(*DeletePoliciesRequest)(nil),     // 37: cablemesh.v1.DeletePoliciesRequest
+	(*DeletePoliciesResponse)(nil),    // 38: cablemesh.v1.DeletePoliciesResponse
+	(*ListPoliciesRequest)(nil),       // 39: cablemesh.v1.ListPoliciesRequest
+	(*ListPoliciesResponse)(nil),      // 40: cablemesh.v1.ListPoliciesResponse
+	(*ExplainConnectionRequest)(nil),  // 41: cablemesh.v1.ExplainConnectionRequest
+	(*ExplainConnectionResponse)(nil), // 42: cablemesh.v1.ExplainConnectionResponse
+	(*ListServicesRequest)(nil),       // 43: cablemesh.v1.ListServicesRequest
+	(*ListServicesResponse)(nil),      // 44: cablemesh.v1.ListServicesResponse
+	(*JoinRequest)(nil),               // 45: cablemesh.v1.JoinRequest
+	(*JoinResponse)(nil),              // 46: cablemesh.v1.JoinResponse
+	(*RegisterEndpointRequest)(nil),   // 47: cablemesh.v1.RegisterEndpointRequest
+	(*RegisterEndpointResponse)(nil),  // 48: cablemesh.v1.RegisterEndpointResponse
+	(*HeartbeatRequest)(nil),          // 49: cablemesh.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),         // 50: cablemesh.v1.HeartbeatResponse
+	(*WatchRequest)(nil),              // 51: cablemesh.v1.WatchRequest
+	(*WatchResponse)(nil),             // 52: cablemesh.v1.WatchResponse
+	(*SetExportsRequest)(nil),         // 53: cablemesh.v1.SetExportsRequest
+	(*SetExportsResponse)(nil),        // 54: cablemesh.v1.SetExportsResponse
+	nil,                               // 55: cablemesh.v1.Cluster.LabelsEntry
+	nil,                               // 56: cablemesh.v1.Endpoint.CablePortsEntry
+	nil,                               // 57: cablemesh.v1.Endpoint.CableAttributesEntry
+	nil,                               // 58: cablemesh.v1.CableAttributes.ValuesEntry
+	nil,                               // 59: cablemesh.v1.ServiceExport.LabelsEntry
+	nil,                               // 60: cablemesh.v1.ImportedCluster.LabelsEntry
+	nil,                               // 61: cablemesh.v1.LabelClusterRequest.SetEntry
+	nil,                               // 62: cablemesh.v1.CreateJoinTokenRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),     // 63: google.protobuf.Timestamp
 }
 var file_cablemesh_proto_depIdxs = []int32{
-	42, // 0: cablemesh.v1.Cluster.labels:type_name -> cablemesh.v1.Cluster.LabelsEntry
-	50, // 1: cablemesh.v1.Cluster.joined_at:type_name -> google.protobuf.Timestamp
-	43, // 2: cablemesh.v1.Endpoint.cable_ports:type_name -> cablemesh.v1.Endpoint.CablePortsEntry
-	50, // 3: cablemesh.v1.Endpoint.last_heartbeat:type_name -> google.protobuf.Timestamp
-	50, // 4: cablemesh.v1.Endpoint.lease_expires:type_name -> google.protobuf.Timestamp
-	44, // 5: cablemesh.v1.Endpoint.cable_attributes:type_name -> cablemesh.v1.Endpoint.CableAttributesEntry
-	45, // 6: cablemesh.v1.CableAttributes.values:type_name -> cablemesh.v1.CableAttributes.ValuesEntry
+	55, // 0: cablemesh.v1.Cluster.labels:type_name -> cablemesh.v1.Cluster.LabelsEntry
+	63, // 1: cablemesh.v1.Cluster.joined_at:type_name -> google.protobuf.Timestamp
+	56, // 2: cablemesh.v1.Endpoint.cable_ports:type_name -> cablemesh.v1.Endpoint.CablePortsEntry
+	63, // 3: cablemesh.v1.Endpoint.last_heartbeat:type_name -> google.protobuf.Timestamp
+	63, // 4: cablemesh.v1.Endpoint.lease_expires:type_name -> google.protobuf.Timestamp
+	57, // 5: cablemesh.v1.Endpoint.cable_attributes:type_name -> cablemesh.v1.Endpoint.CableAttributesEntry
+	58, // 6: cablemesh.v1.CableAttributes.values:type_name -> cablemesh.v1.CableAttributes.ValuesEntry
 	1,  // 7: cablemesh.v1.Resource.cluster:type_name -> cablemesh.v1.Cluster
 	2,  // 8: cablemesh.v1.Resource.endpoint:type_name -> cablemesh.v1.Endpoint
 	5,  // 9: cablemesh.v1.Resource.policy:type_name -> cablemesh.v1.Policy
 	9,  // 10: cablemesh.v1.Resource.service_export:type_name -> cablemesh.v1.ServiceExport
 	10, // 11: cablemesh.v1.Resource.service_vip:type_name -> cablemesh.v1.ServiceVIP
-	0,  // 12: cablemesh.v1.Event.type:type_name -> cablemesh.v1.Event.Type
-	4,  // 13: cablemesh.v1.Event.resource:type_name -> cablemesh.v1.Resource
-	7,  // 14: cablemesh.v1.ServiceExport.ports:type_name -> cablemesh.v1.ServicePort
-	46, // 15: cablemesh.v1.ServiceExport.labels:type_name -> cablemesh.v1.ServiceExport.LabelsEntry
-	8,  // 16: cablemesh.v1.ServiceExport.endpoints:type_name -> cablemesh.v1.ServiceEndpoint
-	50, // 17: cablemesh.v1.ServiceExport.created:type_name -> google.protobuf.Timestamp
-	50, // 18: cablemesh.v1.ServiceVIP.allocated:type_name -> google.protobuf.Timestamp
-	8,  // 19: cablemesh.v1.ImportedCluster.endpoints:type_name -> cablemesh.v1.ServiceEndpoint
-	7,  // 20: cablemesh.v1.ImportedCluster.ports:type_name -> cablemesh.v1.ServicePort
-	47, // 21: cablemesh.v1.ImportedCluster.labels:type_name -> cablemesh.v1.ImportedCluster.LabelsEntry
-	7,  // 22: cablemesh.v1.ServiceImport.ports:type_name -> cablemesh.v1.ServicePort
-	12, // 23: cablemesh.v1.ServiceImport.clusters:type_name -> cablemesh.v1.ImportedCluster
-	11, // 24: cablemesh.v1.ServiceImport.conflicts:type_name -> cablemesh.v1.ServiceConflict
-	13, // 25: cablemesh.v1.ServiceImports.imports:type_name -> cablemesh.v1.ServiceImport
-	1,  // 26: cablemesh.v1.ListClustersResponse.clusters:type_name -> cablemesh.v1.Cluster
-	2,  // 27: cablemesh.v1.ListClustersResponse.endpoints:type_name -> cablemesh.v1.Endpoint
-	48, // 28: cablemesh.v1.LabelClusterRequest.set:type_name -> cablemesh.v1.LabelClusterRequest.SetEntry
-	1,  // 29: cablemesh.v1.RemoveClusterResponse.cluster:type_name -> cablemesh.v1.Cluster
-	49, // 30: cablemesh.v1.CreateJoinTokenRequest.labels:type_name -> cablemesh.v1.CreateJoinTokenRequest.LabelsEntry
-	1,  // 31: cablemesh.v1.CreateJoinTokenResponse.cluster:type_name -> cablemesh.v1.Cluster
-	50, // 32: cablemesh.v1.CreateJoinTokenResponse.expires:type_name -> google.protobuf.Timestamp
-	5,  // 33: cablemesh.v1.ApplyPoliciesRequest.policies:type_name -> cablemesh.v1.Policy
-	5,  // 34: cablemesh.v1.ApplyPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
-	5,  // 35: cablemesh.v1.ListPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
-	13, // 36: cablemesh.v1.ListServicesResponse.imports:type_name -> cablemesh.v1.ServiceImport
-	9,  // 37: cablemesh.v1.ListServicesResponse.exports:type_name -> cablemesh.v1.ServiceExport
-	1,  // 38: cablemesh.v1.JoinResponse.cluster:type_name -> cablemesh.v1.Cluster
-	2,  // 39: cablemesh.v1.RegisterEndpointRequest.endpoint:type_name -> cablemesh.v1.Endpoint
-	2,  // 40: cablemesh.v1.RegisterEndpointResponse.endpoint:type_name -> cablemesh.v1.Endpoint
-	50, // 41: cablemesh.v1.HeartbeatResponse.lease_expires:type_name -> google.protobuf.Timestamp
-	6,  // 42: cablemesh.v1.WatchResponse.events:type_name -> cablemesh.v1.Event
-	14, // 43: cablemesh.v1.WatchResponse.imports:type_name -> cablemesh.v1.ServiceImports
-	9,  // 44: cablemesh.v1.SetExportsRequest.exports:type_name -> cablemesh.v1.ServiceExport
-	9,  // 45: cablemesh.v1.SetExportsResponse.exports:type_name -> cablemesh.v1.ServiceExport
-	11, // 46: cablemesh.v1.SetExportsResponse.conflicts:type_name -> cablemesh.v1.ServiceConflict
-	3,  // 47: cablemesh.v1.Endpoint.CableAttributesEntry.value:type_name -> cablemesh.v1.CableAttributes
-	15, // 48: cablemesh.v1.Admin.ListClusters:input_type -> cablemesh.v1.ListClustersRequest
-	17, // 49: cablemesh.v1.Admin.LabelCluster:input_type -> cablemesh.v1.LabelClusterRequest
-	18, // 50: cablemesh.v1.Admin.RemoveCluster:input_type -> cablemesh.v1.RemoveClusterRequest
-	20, // 51: cablemesh.v1.Admin.CreateJoinToken:input_type -> cablemesh.v1.CreateJoinTokenRequest
-	22, // 52: cablemesh.v1.Admin.ApplyPolicies:input_type -> cablemesh.v1.ApplyPoliciesRequest
-	24, // 53: cablemesh.v1.Admin.DeletePolicies:input_type -> cablemesh.v1.DeletePoliciesRequest
-	26, // 54: cablemesh.v1.Admin.ListPolicies:input_type -> cablemesh.v1.ListPoliciesRequest
-	28, // 55: cablemesh.v1.Admin.ExplainConnection:input_type -> cablemesh.v1.ExplainConnectionRequest
-	30, // 56: cablemesh.v1.Admin.ListServices:input_type -> cablemesh.v1.ListServicesRequest
-	32, // 57: cablemesh.v1.Agent.Join:input_type -> cablemesh.v1.JoinRequest
-	34, // 58: cablemesh.v1.Agent.RegisterEndpoint:input_type -> cablemesh.v1.RegisterEndpointRequest
-	36, // 59: cablemesh.v1.Agent.Heartbeat:input_type -> cablemesh.v1.HeartbeatRequest
-	38, // 60: cablemesh.v1.Agent.Watch:input_type -> cablemesh.v1.WatchRequest
-	40, // 61: cablemesh.v1.Agent.SetExports:input_type -> cablemesh.v1.SetExportsRequest
-	16, // 62: cablemesh.v1.Admin.ListClusters:output_type -> cablemesh.v1.ListClustersResponse
-	1,  // 63: cablemesh.v1.Admin.LabelCluster:output_type -> cablemesh.v1.Cluster
-	19, // 64: cablemesh.v1.Admin.RemoveCluster:output_type -> cablemesh.v1.RemoveClusterResponse
-	21, // 65: cablemesh.v1.Admin.CreateJoinToken:output_type -> cablemesh.v1.CreateJoinTokenResponse
-	23, // 66: cablemesh.v1.Admin.ApplyPolicies:output_type -> cablemesh.v1.ApplyPoliciesResponse
-	25, // 67: cablemesh.v1.Admin.DeletePolicies:output_type -> cablemesh.v1.DeletePoliciesResponse
-	27, // 68: cablemesh.v1.Admin.ListPolicies:output_type -> cablemesh.v1.ListPoliciesResponse
-	29, // 69: cablemesh.v1.Admin.ExplainConnection:output_type -> cablemesh.v1.ExplainConnectionResponse
-	31, // 70: cablemesh.v1.Admin.ListServices:output_type -> cablemesh.v1.ListServicesResponse
-	33, // 71: cablemesh.v1.Agent.Join:output_type -> cablemesh.v1.JoinResponse
-	35, // 72: cablemesh.v1.Agent.RegisterEndpoint:output_type -> cablemesh.v1.RegisterEndpointResponse
-	37, // 73: cablemesh.v1.Agent.Heartbeat:output_type -> cablemesh.v1.HeartbeatResponse
-	39, // 74: cablemesh.v1.Agent.Watch:output_type -> cablemesh.v1.WatchResponse
-	41, // 75: cablemesh.v1.Agent.SetExports:output_type -> cablemesh.v1.SetExportsResponse
-	62, // [62:76] is the sub-list for method output_type
-	48, // [48:62] is the sub-list for method input_type
-	48, // [48:48] is the sub-list for extension type_name
-	48, // [48:48] is the sub-list for extension extendee
-	0,  // [0:48] is the sub-list for field type_name
+	24, // 12: cablemesh.v1.Resource.node_certificate:type_name -> cablemesh.v1.NodeCertificate
+	0,  // 13: cablemesh.v1.Event.type:type_name -> cablemesh.v1.Event.Type
+	4,  // 14: cablemesh.v1.Event.resource:type_name -> cablemesh.v1.Resource
+	7,  // 15: cablemesh.v1.ServiceExport.ports:type_name -> cablemesh.v1.ServicePort
+	59, // 16: cablemesh.v1.ServiceExport.labels:type_name -> cablemesh.v1.ServiceExport.LabelsEntry
+	8,  // 17: cablemesh.v1.ServiceExport.endpoints:type_name -> cablemesh.v1.ServiceEndpoint
+	63, // 18: cablemesh.v1.ServiceExport.created:type_name -> google.protobuf.Timestamp
+	63, // 19: cablemesh.v1.ServiceVIP.allocated:type_name -> google.protobuf.Timestamp
+	8,  // 20: cablemesh.v1.ImportedCluster.endpoints:type_name -> cablemesh.v1.ServiceEndpoint
+	7,  // 21: cablemesh.v1.ImportedCluster.ports:type_name -> cablemesh.v1.ServicePort
+	60, // 22: cablemesh.v1.ImportedCluster.labels:type_name -> cablemesh.v1.ImportedCluster.LabelsEntry
+	7,  // 23: cablemesh.v1.ServiceImport.ports:type_name -> cablemesh.v1.ServicePort
+	12, // 24: cablemesh.v1.ServiceImport.clusters:type_name -> cablemesh.v1.ImportedCluster
+	11, // 25: cablemesh.v1.ServiceImport.conflicts:type_name -> cablemesh.v1.ServiceConflict
+	13, // 26: cablemesh.v1.ServiceImports.imports:type_name -> cablemesh.v1.ServiceImport
+	1,  // 27: cablemesh.v1.ListClustersResponse.clusters:type_name -> cablemesh.v1.Cluster
+	2,  // 28: cablemesh.v1.ListClustersResponse.endpoints:type_name -> cablemesh.v1.Endpoint
+	61, // 29: cablemesh.v1.LabelClusterRequest.set:type_name -> cablemesh.v1.LabelClusterRequest.SetEntry
+	1,  // 30: cablemesh.v1.RemoveClusterResponse.cluster:type_name -> cablemesh.v1.Cluster
+	62, // 31: cablemesh.v1.CreateJoinTokenRequest.labels:type_name -> cablemesh.v1.CreateJoinTokenRequest.LabelsEntry
+	1,  // 32: cablemesh.v1.CreateJoinTokenResponse.cluster:type_name -> cablemesh.v1.Cluster
+	63, // 33: cablemesh.v1.CreateJoinTokenResponse.expires:type_name -> google.protobuf.Timestamp
+	63, // 34: cablemesh.v1.JoinTokenRecord.expires:type_name -> google.protobuf.Timestamp
+	63, // 35: cablemesh.v1.JoinTokenRecord.created:type_name -> google.protobuf.Timestamp
+	63, // 36: cablemesh.v1.IssuedCertificate.not_before:type_name -> google.protobuf.Timestamp
+	63, // 37: cablemesh.v1.IssuedCertificate.not_after:type_name -> google.protobuf.Timestamp
+	23, // 38: cablemesh.v1.NodeCertificate.certificates:type_name -> cablemesh.v1.IssuedCertificate
+	63, // 39: cablemesh.v1.NodeCertificate.revoked_at:type_name -> google.protobuf.Timestamp
+	63, // 40: cablemesh.v1.CAInfo.not_before:type_name -> google.protobuf.Timestamp
+	63, // 41: cablemesh.v1.CAInfo.not_after:type_name -> google.protobuf.Timestamp
+	63, // 42: cablemesh.v1.CAInfo.trusted_until:type_name -> google.protobuf.Timestamp
+	63, // 43: cablemesh.v1.CABundle.previous_trusted_until:type_name -> google.protobuf.Timestamp
+	24, // 44: cablemesh.v1.RevokeNodeResponse.node:type_name -> cablemesh.v1.NodeCertificate
+	24, // 45: cablemesh.v1.ListCertificatesResponse.nodes:type_name -> cablemesh.v1.NodeCertificate
+	25, // 46: cablemesh.v1.ListCertificatesResponse.cas:type_name -> cablemesh.v1.CAInfo
+	23, // 47: cablemesh.v1.ListCertificatesResponse.admin:type_name -> cablemesh.v1.IssuedCertificate
+	25, // 48: cablemesh.v1.RotateCAResponse.cas:type_name -> cablemesh.v1.CAInfo
+	63, // 49: cablemesh.v1.RenewCertificateResponse.not_after:type_name -> google.protobuf.Timestamp
+	26, // 50: cablemesh.v1.RenewCertificateResponse.ca:type_name -> cablemesh.v1.CABundle
+	5,  // 51: cablemesh.v1.ApplyPoliciesRequest.policies:type_name -> cablemesh.v1.Policy
+	5,  // 52: cablemesh.v1.ApplyPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
+	5,  // 53: cablemesh.v1.ListPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
+	13, // 54: cablemesh.v1.ListServicesResponse.imports:type_name -> cablemesh.v1.ServiceImport
+	9,  // 55: cablemesh.v1.ListServicesResponse.exports:type_name -> cablemesh.v1.ServiceExport
+	1,  // 56: cablemesh.v1.JoinResponse.cluster:type_name -> cablemesh.v1.Cluster
+	63, // 57: cablemesh.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
+	26, // 58: cablemesh.v1.JoinResponse.ca:type_name -> cablemesh.v1.CABundle
+	2,  // 59: cablemesh.v1.RegisterEndpointRequest.endpoint:type_name -> cablemesh.v1.Endpoint
+	2,  // 60: cablemesh.v1.RegisterEndpointResponse.endpoint:type_name -> cablemesh.v1.Endpoint
+	63, // 61: cablemesh.v1.HeartbeatResponse.lease_expires:type_name -> google.protobuf.Timestamp
+	6,  // 62: cablemesh.v1.WatchResponse.events:type_name -> cablemesh.v1.Event
+	14, // 63: cablemesh.v1.WatchResponse.imports:type_name -> cablemesh.v1.ServiceImports
+	26, // 64: cablemesh.v1.WatchResponse.ca:type_name -> cablemesh.v1.CABundle
+	9,  // 65: cablemesh.v1.SetExportsRequest.exports:type_name -> cablemesh.v1.ServiceExport
+	9,  // 66: cablemesh.v1.SetExportsResponse.exports:type_name -> cablemesh.v1.ServiceExport
+	11, // 67: cablemesh.v1.SetExportsResponse.conflicts:type_name -> cablemesh.v1.ServiceConflict
+	3,  // 68: cablemesh.v1.Endpoint.CableAttributesEntry.value:type_name -> cablemesh.v1.CableAttributes
+	15, // 69: cablemesh.v1.Admin.ListClusters:input_type -> cablemesh.v1.ListClustersRequest
+	17, // 70: cablemesh.v1.Admin.LabelCluster:input_type -> cablemesh.v1.LabelClusterRequest
+	18, // 71: cablemesh.v1.Admin.RemoveCluster:input_type -> cablemesh.v1.RemoveClusterRequest
+	20, // 72: cablemesh.v1.Admin.CreateJoinToken:input_type -> cablemesh.v1.CreateJoinTokenRequest
+	35, // 73: cablemesh.v1.Admin.ApplyPolicies:input_type -> cablemesh.v1.ApplyPoliciesRequest
+	37, // 74: cablemesh.v1.Admin.DeletePolicies:input_type -> cablemesh.v1.DeletePoliciesRequest
+	39, // 75: cablemesh.v1.Admin.ListPolicies:input_type -> cablemesh.v1.ListPoliciesRequest
+	41, // 76: cablemesh.v1.Admin.ExplainConnection:input_type -> cablemesh.v1.ExplainConnectionRequest
+	43, // 77: cablemesh.v1.Admin.ListServices:input_type -> cablemesh.v1.ListServicesRequest
+	27, // 78: cablemesh.v1.Admin.RevokeNode:input_type -> cablemesh.v1.RevokeNodeRequest
+	29, // 79: cablemesh.v1.Admin.ListCertificates:input_type -> cablemesh.v1.ListCertificatesRequest
+	33, // 80: cablemesh.v1.Admin.RenewAdminCertificate:input_type -> cablemesh.v1.RenewCertificateRequest
+	31, // 81: cablemesh.v1.Admin.RotateCA:input_type -> cablemesh.v1.RotateCARequest
+	45, // 82: cablemesh.v1.Agent.Join:input_type -> cablemesh.v1.JoinRequest
+	47, // 83: cablemesh.v1.Agent.RegisterEndpoint:input_type -> cablemesh.v1.RegisterEndpointRequest
+	49, // 84: cablemesh.v1.Agent.Heartbeat:input_type -> cablemesh.v1.HeartbeatRequest
+	51, // 85: cablemesh.v1.Agent.Watch:input_type -> cablemesh.v1.WatchRequest
+	53, // 86: cablemesh.v1.Agent.SetExports:input_type -> cablemesh.v1.SetExportsRequest
+	33, // 87: cablemesh.v1.Agent.RenewCertificate:input_type -> cablemesh.v1.RenewCertificateRequest
+	16, // 88: cablemesh.v1.Admin.ListClusters:output_type -> cablemesh.v1.ListClustersResponse
+	1,  // 89: cablemesh.v1.Admin.LabelCluster:output_type -> cablemesh.v1.Cluster
+	19, // 90: cablemesh.v1.Admin.RemoveCluster:output_type -> cablemesh.v1.RemoveClusterResponse
+	21, // 91: cablemesh.v1.Admin.CreateJoinToken:output_type -> cablemesh.v1.CreateJoinTokenResponse
+	36, // 92: cablemesh.v1.Admin.ApplyPolicies:output_type -> cablemesh.v1.ApplyPoliciesResponse
+	38, // 93: cablemesh.v1.Admin.DeletePolicies:output_type -> cablemesh.v1.DeletePoliciesResponse
+	40, // 94: cablemesh.v1.Admin.ListPolicies:output_type -> cablemesh.v1.ListPoliciesResponse
+	42, // 95: cablemesh.v1.Admin.ExplainConnection:output_type -> cablemesh.v1.ExplainConnectionResponse
+	44, // 96: cablemesh.v1.Admin.ListServices:output_type -> cablemesh.v1.ListServicesResponse
+	28, // 97: cablemesh.v1.Admin.RevokeNode:output_type -> cablemesh.v1.RevokeNodeResponse
+	30, // 98: cablemesh.v1.Admin.ListCertificates:output_type -> cablemesh.v1.ListCertificatesResponse
+	34, // 99: cablemesh.v1.Admin.RenewAdminCertificate:output_type -> cablemesh.v1.RenewCertificateResponse
+	32, // 100: cablemesh.v1.Admin.RotateCA:output_type -> cablemesh.v1.RotateCAResponse
+	46, // 101: cablemesh.v1.Agent.Join:output_type -> cablemesh.v1.JoinResponse
+	48, // 102: cablemesh.v1.Agent.RegisterEndpoint:output_type -> cablemesh.v1.RegisterEndpointResponse
+	50, // 103: cablemesh.v1.Agent.Heartbeat:output_type -> cablemesh.v1.HeartbeatResponse
+	52, // 104: cablemesh.v1.Agent.Watch:output_type -> cablemesh.v1.WatchResponse
+	54, // 105: cablemesh.v1.Agent.SetExports:output_type -> cablemesh.v1.SetExportsResponse
+	34, // 106: cablemesh.v1.Agent.RenewCertificate:output_type -> cablemesh.v1.RenewCertificateResponse
+	88, // [88:107] is the sub-list for method output_type
+	69, // [69:88] is the sub-list for method input_type
+	69, // [69:69] is the sub-list for extension type_name
+	69, // [69:69] is the sub-list for extension extendee
+	0,  // [0:69] is the sub-list for field type_name
 }
 
 func init() { file_cablemesh_proto_init() }
@@ -3158,6 +4253,7 @@ func file_cablemesh_proto_init() {
 		(*Resource_Policy)(nil),
 		(*Resource_ServiceExport)(nil),
 		(*Resource_ServiceVip)(nil),
+		(*Resource_NodeCertificate)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -3165,7 +4261,7 @@ func file_cablemesh_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cablemesh_proto_rawDesc), len(file_cablemesh_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   49,
+			NumMessages:   62,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

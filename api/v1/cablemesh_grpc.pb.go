@@ -24,15 +24,19 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Admin_ListClusters_FullMethodName      = "/cablemesh.v1.Admin/ListClusters"
-	Admin_LabelCluster_FullMethodName      = "/cablemesh.v1.Admin/LabelCluster"
-	Admin_RemoveCluster_FullMethodName     = "/cablemesh.v1.Admin/RemoveCluster"
-	Admin_CreateJoinToken_FullMethodName   = "/cablemesh.v1.Admin/CreateJoinToken"
-	Admin_ApplyPolicies_FullMethodName     = "/cablemesh.v1.Admin/ApplyPolicies"
-	Admin_DeletePolicies_FullMethodName    = "/cablemesh.v1.Admin/DeletePolicies"
-	Admin_ListPolicies_FullMethodName      = "/cablemesh.v1.Admin/ListPolicies"
-	Admin_ExplainConnection_FullMethodName = "/cablemesh.v1.Admin/ExplainConnection"
-	Admin_ListServices_FullMethodName      = "/cablemesh.v1.Admin/ListServices"
+	Admin_ListClusters_FullMethodName          = "/cablemesh.v1.Admin/ListClusters"
+	Admin_LabelCluster_FullMethodName          = "/cablemesh.v1.Admin/LabelCluster"
+	Admin_RemoveCluster_FullMethodName         = "/cablemesh.v1.Admin/RemoveCluster"
+	Admin_CreateJoinToken_FullMethodName       = "/cablemesh.v1.Admin/CreateJoinToken"
+	Admin_ApplyPolicies_FullMethodName         = "/cablemesh.v1.Admin/ApplyPolicies"
+	Admin_DeletePolicies_FullMethodName        = "/cablemesh.v1.Admin/DeletePolicies"
+	Admin_ListPolicies_FullMethodName          = "/cablemesh.v1.Admin/ListPolicies"
+	Admin_ExplainConnection_FullMethodName     = "/cablemesh.v1.Admin/ExplainConnection"
+	Admin_ListServices_FullMethodName          = "/cablemesh.v1.Admin/ListServices"
+	Admin_RevokeNode_FullMethodName            = "/cablemesh.v1.Admin/RevokeNode"
+	Admin_ListCertificates_FullMethodName      = "/cablemesh.v1.Admin/ListCertificates"
+	Admin_RenewAdminCertificate_FullMethodName = "/cablemesh.v1.Admin/RenewAdminCertificate"
+	Admin_RotateCA_FullMethodName              = "/cablemesh.v1.Admin/RotateCA"
 )
 
 // AdminClient is the client API for Admin service.
@@ -51,6 +55,16 @@ type AdminClient interface {
 	ExplainConnection(ctx context.Context, in *ExplainConnectionRequest, opts ...grpc.CallOption) (*ExplainConnectionResponse, error)
 	// ListServices returns every service import (unfiltered) and every export.
 	ListServices(ctx context.Context, in *ListServicesRequest, opts ...grpc.CallOption) (*ListServicesResponse, error)
+	// RevokeNode revokes every certificate of one node (refused on every call, open watches end)
+	// and withdraws its endpoint and exports; the node name is free for a new join.
+	RevokeNode(ctx context.Context, in *RevokeNodeRequest, opts ...grpc.CallOption) (*RevokeNodeResponse, error)
+	// ListCertificates lists the nodes' certificates, the CAs and the caller's admin certificate.
+	ListCertificates(ctx context.Context, in *ListCertificatesRequest, opts ...grpc.CallOption) (*ListCertificatesResponse, error)
+	// RenewAdminCertificate issues a new admin certificate for the CSR's key.
+	RenewAdminCertificate(ctx context.Context, in *RenewCertificateRequest, opts ...grpc.CallOption) (*RenewCertificateResponse, error)
+	// RotateCA creates a new mesh CA (new certificates come from it; both are trusted until the
+	// overlap ends), or with finish ends the overlap now.
+	RotateCA(ctx context.Context, in *RotateCARequest, opts ...grpc.CallOption) (*RotateCAResponse, error)
 }
 
 type adminClient struct {
@@ -151,6 +165,46 @@ func (c *adminClient) ListServices(ctx context.Context, in *ListServicesRequest,
 	return out, nil
 }
 
+func (c *adminClient) RevokeNode(ctx context.Context, in *RevokeNodeRequest, opts ...grpc.CallOption) (*RevokeNodeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RevokeNodeResponse)
+	err := c.cc.Invoke(ctx, Admin_RevokeNode_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) ListCertificates(ctx context.Context, in *ListCertificatesRequest, opts ...grpc.CallOption) (*ListCertificatesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListCertificatesResponse)
+	err := c.cc.Invoke(ctx, Admin_ListCertificates_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) RenewAdminCertificate(ctx context.Context, in *RenewCertificateRequest, opts ...grpc.CallOption) (*RenewCertificateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RenewCertificateResponse)
+	err := c.cc.Invoke(ctx, Admin_RenewAdminCertificate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) RotateCA(ctx context.Context, in *RotateCARequest, opts ...grpc.CallOption) (*RotateCAResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RotateCAResponse)
+	err := c.cc.Invoke(ctx, Admin_RotateCA_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -167,6 +221,16 @@ type AdminServer interface {
 	ExplainConnection(context.Context, *ExplainConnectionRequest) (*ExplainConnectionResponse, error)
 	// ListServices returns every service import (unfiltered) and every export.
 	ListServices(context.Context, *ListServicesRequest) (*ListServicesResponse, error)
+	// RevokeNode revokes every certificate of one node (refused on every call, open watches end)
+	// and withdraws its endpoint and exports; the node name is free for a new join.
+	RevokeNode(context.Context, *RevokeNodeRequest) (*RevokeNodeResponse, error)
+	// ListCertificates lists the nodes' certificates, the CAs and the caller's admin certificate.
+	ListCertificates(context.Context, *ListCertificatesRequest) (*ListCertificatesResponse, error)
+	// RenewAdminCertificate issues a new admin certificate for the CSR's key.
+	RenewAdminCertificate(context.Context, *RenewCertificateRequest) (*RenewCertificateResponse, error)
+	// RotateCA creates a new mesh CA (new certificates come from it; both are trusted until the
+	// overlap ends), or with finish ends the overlap now.
+	RotateCA(context.Context, *RotateCARequest) (*RotateCAResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -203,6 +267,18 @@ func (UnimplementedAdminServer) ExplainConnection(context.Context, *ExplainConne
 }
 func (UnimplementedAdminServer) ListServices(context.Context, *ListServicesRequest) (*ListServicesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListServices not implemented")
+}
+func (UnimplementedAdminServer) RevokeNode(context.Context, *RevokeNodeRequest) (*RevokeNodeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RevokeNode not implemented")
+}
+func (UnimplementedAdminServer) ListCertificates(context.Context, *ListCertificatesRequest) (*ListCertificatesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListCertificates not implemented")
+}
+func (UnimplementedAdminServer) RenewAdminCertificate(context.Context, *RenewCertificateRequest) (*RenewCertificateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RenewAdminCertificate not implemented")
+}
+func (UnimplementedAdminServer) RotateCA(context.Context, *RotateCARequest) (*RotateCAResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RotateCA not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -387,6 +463,78 @@ func _Admin_ListServices_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_RevokeNode_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RevokeNodeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).RevokeNode(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_RevokeNode_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).RevokeNode(ctx, req.(*RevokeNodeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_ListCertificates_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListCertificatesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ListCertificates(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ListCertificates_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ListCertificates(ctx, req.(*ListCertificatesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_RenewAdminCertificate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RenewCertificateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).RenewAdminCertificate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_RenewAdminCertificate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).RenewAdminCertificate(ctx, req.(*RenewCertificateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_RotateCA_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RotateCARequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).RotateCA(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_RotateCA_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).RotateCA(ctx, req.(*RotateCARequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -430,6 +578,22 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "ListServices",
 			Handler:    _Admin_ListServices_Handler,
 		},
+		{
+			MethodName: "RevokeNode",
+			Handler:    _Admin_RevokeNode_Handler,
+		},
+		{
+			MethodName: "ListCertificates",
+			Handler:    _Admin_ListCertificates_Handler,
+		},
+		{
+			MethodName: "RenewAdminCertificate",
+			Handler:    _Admin_RenewAdminCertificate_Handler,
+		},
+		{
+			MethodName: "RotateCA",
+			Handler:    _Admin_RotateCA_Handler,
+		},
 	},
 	Streams:  []grpc.StreamDesc{},
 	Metadata: "cablemesh.proto",
@@ -441,6 +605,7 @@ const (
 	Agent_Heartbeat_FullMethodName        = "/cablemesh.v1.Agent/Heartbeat"
 	Agent_Watch_FullMethodName            = "/cablemesh.v1.Agent/Watch"
 	Agent_SetExports_FullMethodName       = "/cablemesh.v1.Agent/SetExports"
+	Agent_RenewCertificate_FullMethodName = "/cablemesh.v1.Agent/RenewCertificate"
 )
 
 // AgentClient is the client API for Agent service.
@@ -452,6 +617,10 @@ type AgentClient interface {
 	Heartbeat(ctx context.Context, in *HeartbeatRequest, opts ...grpc.CallOption) (*HeartbeatResponse, error)
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error)
 	SetExports(ctx context.Context, in *SetExportsRequest, opts ...grpc.CallOption) (*SetExportsResponse, error)
+	// RenewCertificate issues a new certificate of the caller's cluster and node (authenticated by
+	// its current certificate; refused once revoked). The caller keeps working with the certificate
+	// it renewed with until it switches.
+	RenewCertificate(ctx context.Context, in *RenewCertificateRequest, opts ...grpc.CallOption) (*RenewCertificateResponse, error)
 }
 
 type agentClient struct {
@@ -521,6 +690,16 @@ func (c *agentClient) SetExports(ctx context.Context, in *SetExportsRequest, opt
 	return out, nil
 }
 
+func (c *agentClient) RenewCertificate(ctx context.Context, in *RenewCertificateRequest, opts ...grpc.CallOption) (*RenewCertificateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RenewCertificateResponse)
+	err := c.cc.Invoke(ctx, Agent_RenewCertificate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServer is the server API for Agent service.
 // All implementations must embed UnimplementedAgentServer
 // for forward compatibility.
@@ -530,6 +709,10 @@ type AgentServer interface {
 	Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatResponse, error)
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error
 	SetExports(context.Context, *SetExportsRequest) (*SetExportsResponse, error)
+	// RenewCertificate issues a new certificate of the caller's cluster and node (authenticated by
+	// its current certificate; refused once revoked). The caller keeps working with the certificate
+	// it renewed with until it switches.
+	RenewCertificate(context.Context, *RenewCertificateRequest) (*RenewCertificateResponse, error)
 	mustEmbedUnimplementedAgentServer()
 }
 
@@ -554,6 +737,9 @@ func (UnimplementedAgentServer) Watch(*WatchRequest, grpc.ServerStreamingServer[
 }
 func (UnimplementedAgentServer) SetExports(context.Context, *SetExportsRequest) (*SetExportsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetExports not implemented")
+}
+func (UnimplementedAgentServer) RenewCertificate(context.Context, *RenewCertificateRequest) (*RenewCertificateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RenewCertificate not implemented")
 }
 func (UnimplementedAgentServer) mustEmbedUnimplementedAgentServer() {}
 func (UnimplementedAgentServer) testEmbeddedByValue()               {}
@@ -659,6 +845,24 @@ func _Agent_SetExports_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Agent_RenewCertificate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RenewCertificateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).RenewCertificate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_RenewCertificate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).RenewCertificate(ctx, req.(*RenewCertificateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Agent_ServiceDesc is the grpc.ServiceDesc for Agent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -681,6 +885,10 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetExports",
 			Handler:    _Agent_SetExports_Handler,
+		},
+		{
+			MethodName: "RenewCertificate",
+			Handler:    _Agent_RenewCertificate_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -75,3 +75,35 @@ func SameCIDRs(a, b []netip.Prefix) bool {
 	}
 	return true
 }
+
+// reserved are ranges no cluster's pod or service CIDR may touch: traffic to them never goes
+// over a cable, and routing them over one would take the node's own addresses or its default
+// route away.
+var reserved = []struct {
+	p    netip.Prefix
+	what string
+}{
+	{netip.MustParsePrefix("0.0.0.0/8"), "the unspecified ('this network') range 0.0.0.0/8"},
+	{netip.MustParsePrefix("127.0.0.0/8"), "the loopback range 127.0.0.0/8"},
+	{netip.MustParsePrefix("169.254.0.0/16"), "the link-local range 169.254.0.0/16"},
+	{netip.MustParsePrefix("224.0.0.0/4"), "the multicast range 224.0.0.0/4"},
+	{netip.MustParsePrefix("255.255.255.255/32"), "the broadcast address 255.255.255.255"},
+	{netip.MustParsePrefix("::/128"), "the unspecified address ::"},
+	{netip.MustParsePrefix("::1/128"), "the loopback address ::1"},
+	{netip.MustParsePrefix("fe80::/10"), "the link-local range fe80::/10"},
+	{netip.MustParsePrefix("ff00::/8"), "the multicast range ff00::/8"},
+}
+
+// CheckClusterCIDR refuses, as a pod or service CIDR given for field, a default route (/0) and
+// a prefix that overlaps the loopback, link-local, multicast or unspecified ranges.
+func CheckClusterCIDR(field string, p netip.Prefix) error {
+	if p.Bits() == 0 {
+		return fmt.Errorf("%s %s is a default route (every address): a cluster's CIDR must be its own network, never the whole address space", field, p)
+	}
+	for _, r := range reserved {
+		if r.p.Overlaps(p) {
+			return fmt.Errorf("%s %s overlaps %s, which no cluster CIDR may cover", field, p, r.what)
+		}
+	}
+	return nil
+}

@@ -1,6 +1,7 @@
 package validation
 
 import (
+	"net/netip"
 	"strings"
 	"testing"
 )
@@ -139,5 +140,35 @@ func TestNodeNameFromHost(t *testing.T) {
 	}
 	if err := ValidateNodeName(NodeNameFromHost("GW_1")); err == nil {
 		t.Error(`a host name with "_" became a valid node name`)
+	}
+}
+
+func TestClusterCIDRsMayNotTouchReservedRanges(t *testing.T) {
+	for _, tt := range []struct {
+		cidr string
+		ok   bool
+		want string
+	}{
+		{"10.1.0.0/16", true, ""},
+		{"172.16.0.0/12", true, ""},
+		{"fd00:10::/64", true, ""},
+		{"0.0.0.0/0", false, "default route"},
+		{"::/0", false, "default route"},
+		{"0.0.0.0/8", false, "unspecified"},
+		{"0.0.0.0/1", false, "unspecified"},
+		{"127.0.0.0/8", false, "loopback"},
+		{"126.0.0.0/7", false, "loopback"},
+		{"169.254.0.0/16", false, "link-local"},
+		{"224.0.0.0/4", false, "multicast"},
+		{"239.1.0.0/16", false, "multicast"},
+		{"255.255.255.255/32", false, "broadcast"},
+		{"::1/128", false, "loopback"},
+		{"fe80::/10", false, "link-local"},
+		{"ff00::/8", false, "multicast"},
+	} {
+		err := CheckClusterCIDR("pod CIDR", netip.MustParsePrefix(tt.cidr))
+		if tt.ok != (err == nil) || (err != nil && !strings.Contains(err.Error(), tt.want)) {
+			t.Errorf("%s: %v; want ok=%v or an error saying %q", tt.cidr, err, tt.ok, tt.want)
+		}
 	}
 }

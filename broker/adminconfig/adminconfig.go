@@ -3,7 +3,8 @@
 //
 // File format (YAML, unknown fields are errors):
 //
-//	broker: 127.0.0.1:7443        # address to dial
+//	broker: 127.0.0.1:7443        # address to dial; replicas of an HA broker: a:7443,b:7443,
+//	                              # tried in turn
 //	ca: |                         # PEM of the mesh CA
 //	certificate: |                # PEM of the admin client certificate
 //	key: |                        # PEM of its private key
@@ -17,11 +18,14 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
 	"sigs.k8s.io/yaml"
 
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
@@ -65,8 +69,10 @@ func (c *Config) Validate() error {
 	if c.Broker == "" {
 		return errors.New("field broker is empty")
 	}
-	if _, _, err := net.SplitHostPort(c.Broker); err != nil {
-		return fmt.Errorf("field broker %q is not host:port: %v", c.Broker, err)
+	for _, a := range strings.Split(c.Broker, ",") {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return fmt.Errorf("field broker %q is not host:port[,host:port...]: %q: %v", c.Broker, a, err)
+		}
 	}
 	if c.CA == "" || c.Certificate == "" || c.Key == "" {
 		return errors.New("fields ca, certificate and key must all be set")
@@ -100,7 +106,9 @@ func (c *Config) TLSConfig() (*tls.Config, error) {
 }
 
 // Dial returns a client connection to the broker in c (connecting lazily, as grpc.NewClient
-// does). ctx is reserved for a future eager connect; closing the connection is the caller's job.
+// does). With several broker addresses (replicas) it connects to the first that answers, in the
+// order given, and moves to another when that one goes away. ctx is reserved for a future eager
+// connect; closing the connection is the caller's job.
 func Dial(_ context.Context, c *Config, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
 	tc, err := c.TLSConfig()
 	if err != nil {
@@ -110,7 +118,18 @@ func Dial(_ context.Context, c *Config, opts ...grpc.DialOption) (*grpc.ClientCo
 		grpc.WithTransportCredentials(credentials.NewTLS(tc)),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 	}, opts...)
-	conn, err := grpc.NewClient("passthrough:///"+c.Broker, all...)
+	target := "passthrough:///" + c.Broker
+	if addrs := strings.Split(c.Broker, ","); len(addrs) > 1 {
+		r := manual.NewBuilderWithScheme("cablemesh-brokers")
+		var st resolver.State
+		for _, a := range addrs {
+			st.Endpoints = append(st.Endpoints, resolver.Endpoint{Addresses: []resolver.Address{{Addr: a}}})
+		}
+		r.InitialState(st)
+		target = r.Scheme() + ":///brokers"
+		all = append(all, grpc.WithResolvers(r), grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"pick_first":{}}]}`))
+	}
+	conn, err := grpc.NewClient(target, all...)
 	if err != nil {
 		return nil, fmt.Errorf("dial broker %s: %w", c.Broker, err)
 	}

@@ -55,10 +55,83 @@ func ParseClusterRequest(req *apiv1.CreateJoinTokenRequest) (ClusterRequest, err
 	if err != nil {
 		return ClusterRequest{}, invalid("service_cidrs", strings.Join(req.ServiceCidrs, ","), err)
 	}
+	for _, f := range []struct {
+		field, what string
+		ps          []netip.Prefix
+	}{{"pod_cidrs", "pod CIDR", pods}, {"service_cidrs", "service CIDR", svcs}} {
+		if len(f.ps) > MaxClusterCIDRs {
+			return ClusterRequest{}, invalidf(f.field, "", "%s: %d CIDRs, at most %d", f.field, len(f.ps), MaxClusterCIDRs)
+		}
+		for _, p := range f.ps {
+			if err := validation.CheckClusterCIDR(f.what, p); err != nil {
+				return ClusterRequest{}, invalid(f.field, p.String(), err)
+			}
+		}
+	}
 	if err := validation.ValidateLabels(req.Labels); err != nil {
 		return ClusterRequest{}, invalid("labels", labelString(req.Labels), err)
 	}
+	if len(req.Labels) > MaxLabels {
+		return ClusterRequest{}, invalidf("labels", "", "labels: %d labels, at most %d", len(req.Labels), MaxLabels)
+	}
 	return ClusterRequest{Name: req.Cluster, PodCIDRs: pods, ServiceCIDRs: svcs, Labels: req.Labels}, nil
+}
+
+// CheckReachable refuses the CIDRs of a new cluster that cover an address the mesh must keep
+// reaching over the underlay: one of the broker's own addresses (self) or a registered gateway's
+// private or public address (eps). Agents route a remote cluster's CIDRs over the cables, so such
+// a CIDR would take the gateways' route to the broker, or to each other, away.
+func CheckReachable(req ClusterRequest, self []netip.Addr, eps []*apiv1.Endpoint) error {
+	for _, f := range []struct {
+		field, what string
+		ps          []netip.Prefix
+	}{{"pod_cidrs", "pod CIDR", req.PodCIDRs}, {"service_cidrs", "service CIDR", req.ServiceCIDRs}} {
+		for _, p := range f.ps {
+			for _, a := range self {
+				if p.Contains(a.Unmap()) {
+					return invalidf(f.field, p.String(), "%s %s of cluster %q contains %s, an address of the broker itself: agents would route it over the cables and lose the broker; choose a CIDR outside the underlay network",
+						f.what, p, req.Name, a)
+				}
+			}
+			for _, e := range eps {
+				for _, ip := range []struct{ name, v string }{{"private IP", e.PrivateIp}, {"public IP", e.PublicIp}} {
+					if a, err := netip.ParseAddr(ip.v); err == nil && p.Contains(a.Unmap()) {
+						return invalidf(f.field, p.String(), "%s %s of cluster %q contains %s, the %s of gateway %s of cluster %q: agents would route it over the cables and lose that gateway; choose a CIDR outside the underlay network",
+							f.what, p, req.Name, a, ip.name, e.Node, e.Cluster)
+					}
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// CheckEndpointAddresses refuses an endpoint whose private or public address lies inside a
+// cluster's pod or service CIDR (its own cluster's included): traffic to it would be routed over
+// the cables it is meant to carry.
+func CheckEndpointAddresses(e *apiv1.Endpoint, clusters []*apiv1.Cluster) error {
+	key := e.Cluster + "/" + e.Node
+	for _, ip := range []struct{ field, v string }{{"private_ip", e.PrivateIp}, {"public_ip", e.PublicIp}} {
+		a, err := netip.ParseAddr(ip.v)
+		if err != nil {
+			continue
+		}
+		a = a.Unmap()
+		for _, c := range clusters {
+			for _, f := range []struct {
+				what string
+				ps   []string
+			}{{"pod CIDR", c.PodCidrs}, {"service CIDR", c.ServiceCidrs}} {
+				for _, p := range storedPrefixes(f.ps) {
+					if p.Contains(a) {
+						return invalidf(ip.field, ip.v, "endpoint %s: %s %s lies inside %s %s of cluster %q: gateways route that CIDR over the cables, so this address would be unreachable; register the gateway's underlay address",
+							key, ip.field, a, f.what, p, c.Name)
+					}
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // TokenValidity is how long a join token asked for with validForSeconds is valid: def for 0, at
@@ -154,6 +227,9 @@ func ParseLabelChange(req *apiv1.LabelClusterRequest) (LabelChange, error) {
 	if err := CheckClusterName("name", req.Name); err != nil {
 		return LabelChange{}, err
 	}
+	if n := len(req.Set) + len(req.Remove); n > MaxLabelChanges {
+		return LabelChange{}, invalidf("set", "", "set and remove: %d label changes in one request, at most %d", n, MaxLabelChanges)
+	}
 	if err := validation.ValidateLabels(req.Set); err != nil {
 		return LabelChange{}, invalid("set", labelString(req.Set), err)
 	}
@@ -184,6 +260,9 @@ func Relabel(c *apiv1.Cluster, ch LabelChange) (out *apiv1.Cluster, changed bool
 	}
 	if maps.Equal(labels, c.Labels) || (len(labels) == 0 && len(c.Labels) == 0) {
 		return c, false, nil
+	}
+	if len(labels) > MaxLabels {
+		return nil, false, invalidf("set", "", "cluster %q would have %d labels, at most %d", c.Name, len(labels), MaxLabels)
 	}
 	out = proto.Clone(c).(*apiv1.Cluster)
 	out.Labels = labels

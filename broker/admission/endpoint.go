@@ -62,6 +62,9 @@ func AdmitEndpoint(id pki.Identity, req *apiv1.RegisterEndpointRequest, leases L
 	e.LeaseExpires = timestamppb.New(now.Add(lease))
 	e.LeaseSeconds = leaseSeconds
 	e.Revision = 0
+	// The endpoint is bound to the certificate that registers it (CheckBinding): the broker sets
+	// this, whatever the request says.
+	e.CertificateSerial = id.Serial
 	return e, leaseSeconds, nil
 }
 
@@ -69,6 +72,28 @@ func AdmitEndpoint(id pki.Identity, req *apiv1.RegisterEndpointRequest, leases L
 // CIDRs by PlaceEndpoint.
 func validateEndpoint(e *apiv1.Endpoint) error {
 	key := store.EndpointKey(e.Cluster, e.Node)
+	for _, f := range []struct {
+		field string
+		n     int
+		max   int
+	}{{"drivers", len(e.Drivers), MaxEndpointDrivers}, {"cable_ports", len(e.CablePorts), MaxEndpointDrivers},
+		{"cable_attributes", len(e.CableAttributes), MaxEndpointDrivers}, {"subnets", len(e.Subnets), MaxEndpointSubnets}} {
+		if f.n > f.max {
+			return invalidf(f.field, "", "endpoint %s: %s has %d entries, at most %d", key, f.field, f.n, f.max)
+		}
+	}
+	for _, d := range slices.Sorted(maps.Keys(e.CableAttributes)) {
+		vals := e.CableAttributes[d].GetValues()
+		if len(vals) > MaxAttributesPerDriver {
+			return invalidf("cable_attributes", d, "endpoint %s: cable_attributes[%q] has %d values, at most %d", key, d, len(vals), MaxAttributesPerDriver)
+		}
+		for _, k := range slices.Sorted(maps.Keys(vals)) {
+			if len(k) > MaxAttributeKeyBytes || len(vals[k]) > MaxAttributeValueBytes {
+				return invalidf("cable_attributes", d, "endpoint %s: cable_attributes[%q][%.40q] is %d bytes with a key of %d, at most %d and %d", key, d, k,
+					len(vals[k]), len(k), MaxAttributeValueBytes, MaxAttributeKeyBytes)
+			}
+		}
+	}
 	if e.PrivateIp == "" {
 		return invalidf("private_ip", "", "endpoint %s: private_ip is empty", key)
 	}

@@ -17,6 +17,12 @@ import (
 // for the cluster the request names (else *ForbiddenError), and the node name is valid. Whether
 // the token's cluster still exists is JoinCluster's to check.
 func CheckJoin(req *apiv1.JoinRequest, tokenKey []byte, caHash string, now time.Time) (jointoken.Claims, error) {
+	if n := len(req.Token); n > MaxTokenBytes {
+		return jointoken.Claims{}, invalidf("token", "", "token: %d bytes, at most %d: this is not a join token", n, MaxTokenBytes)
+	}
+	if n := len(req.CsrPem); n > MaxCSRBytes {
+		return jointoken.Claims{}, invalidf("csr_pem", "", "csr_pem: %d bytes, at most %d", n, MaxCSRBytes)
+	}
 	claims, err := jointoken.Verify(req.Token, tokenKey, now)
 	switch {
 	case errors.Is(err, jointoken.ErrMalformed):
@@ -32,7 +38,7 @@ func CheckJoin(req *apiv1.JoinRequest, tokenKey []byte, caHash string, now time.
 			Err: fmt.Errorf("join token is for cluster %q, not %q", claims.Cluster, req.Cluster)}
 	}
 	if claims.CAHash != caHash {
-		return claims, &CredentialError{Cluster: claims.Cluster, Err: fmt.Errorf("join token names mesh CA %s, but this broker's CA is %s", claims.CAHash, caHash)}
+		return claims, &CredentialError{Cluster: claims.Cluster, Err: fmt.Errorf("join token names mesh CA %s, but this broker's CA is %s (if the mesh CA was rotated since the token was issued, create a new token)", claims.CAHash, caHash)}
 	}
 	if err := validation.ValidateNodeName(req.Node); err != nil {
 		return claims, invalid("node", req.Node, err)

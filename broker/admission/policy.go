@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/cable"
 	"github.com/cablemesh/cablemesh/policy"
 )
 
@@ -110,6 +112,16 @@ func ParsePolicies(in []*apiv1.Policy) ([]Canonical, error) {
 	if len(in) == 0 {
 		return nil, invalid("policies", "", errors.New("no policies to apply"))
 	}
+	if len(in) > MaxPoliciesPerApply {
+		return nil, invalidf("policies", "", "policies: %d policies in one apply, at most %d: apply them in several parts", len(in), MaxPoliciesPerApply)
+	}
+	total := 0
+	for _, sp := range in {
+		total += len(sp.GetJson())
+	}
+	if total > MaxApplyBytes {
+		return nil, invalidf("policies", "", "policies: %d bytes of policies in one apply, at most %d: apply them in several parts", total, MaxApplyBytes)
+	}
 	var (
 		out   []Canonical
 		errs  []string
@@ -117,6 +129,14 @@ func ParsePolicies(in []*apiv1.Policy) ([]Canonical, error) {
 	)
 	for i, sp := range in {
 		label := policyLabel(i, sp.GetName())
+		if n := len(sp.GetJson()); n > MaxPolicyJSONBytes {
+			errs = append(errs, fmt.Sprintf("%s: the policy is %d bytes of JSON, at most %d", label, n, MaxPolicyJSONBytes))
+			continue
+		}
+		if n := len(sp.GetName()); n > 253 {
+			errs = append(errs, fmt.Sprintf("policy %d: name is %d bytes, at most 253", i+1, n))
+			continue
+		}
 		p, err := DecodePolicyJSON(sp.GetJson())
 		if err != nil {
 			errs = append(errs, label+": "+err.Error())
@@ -130,6 +150,16 @@ func ParsePolicies(in []*apiv1.Policy) ([]Canonical, error) {
 			for _, e := range fieldErrors(err) {
 				errs = append(errs, label+": "+e)
 			}
+			continue
+		}
+		if bad := PolicyBounds(p); len(bad) > 0 {
+			for _, e := range bad {
+				errs = append(errs, label+": "+e)
+			}
+			continue
+		}
+		if err := CheckCableDriver(p); err != nil {
+			errs = append(errs, label+": "+err.Error())
 			continue
 		}
 		if first, dup := names[p.Metadata.Name]; dup {
@@ -152,6 +182,59 @@ func ParsePolicies(in []*apiv1.Policy) ([]Canonical, error) {
 	return out, nil
 }
 
+// PolicyBounds lists, one line per problem naming the field and the limit, where p exceeds the
+// API's bounds (limits.go).
+func PolicyBounds(p policy.ClusterConnectionPolicy) []string {
+	var out []string
+	if n := len(p.Metadata.Labels); n > MaxLabels {
+		out = append(out, fmt.Sprintf("metadata.labels: %d labels, at most %d", n, MaxLabels))
+	}
+	for _, sel := range []struct {
+		field string
+		s     *policy.Selector
+	}{{"spec.leftClusterSelector", p.Spec.LeftClusterSelector}, {"spec.rightClusterSelector", p.Spec.RightClusterSelector}, {"spec.clusterSelector", p.Spec.ClusterSelector}} {
+		if sel.s == nil {
+			continue
+		}
+		if n := len(sel.s.MatchLabels) + len(sel.s.MatchExpressions); n > MaxSelectorRequirements {
+			out = append(out, fmt.Sprintf("%s: %d requirements (matchLabels and matchExpressions), at most %d", sel.field, n, MaxSelectorRequirements))
+		}
+		for i, r := range sel.s.MatchExpressions {
+			if n := len(r.Values); n > MaxSelectorValues {
+				out = append(out, fmt.Sprintf("%s.matchExpressions[%d].values: %d values, at most %d", sel.field, i, n, MaxSelectorValues))
+			}
+		}
+	}
+	if d := p.Spec.CableDriver; d != nil {
+		if n := len(d.Options); n > MaxDriverOptions {
+			out = append(out, fmt.Sprintf("spec.cableDriver.options: %d options, at most %d", n, MaxDriverOptions))
+		}
+		for _, k := range slices.Sorted(maps.Keys(d.Options)) {
+			if n := len(d.Options[k]); n > MaxOptionValueBytes {
+				out = append(out, fmt.Sprintf("spec.cableDriver.options.%s: the value is %d bytes, at most %d", k, n, MaxOptionValueBytes))
+			}
+		}
+	}
+	return out
+}
+
+// CheckCableDriver refuses a policy whose cable driver is not one of the mesh's drivers (the
+// broker links them all, as every agent does: cable/drivers), or whose options that driver's
+// own validation refuses; the error names the field, the option and the value.
+func CheckCableDriver(p policy.ClusterConnectionPolicy) error {
+	d := p.Spec.CableDriver
+	if d == nil || !p.Spec.Connects() {
+		return nil
+	}
+	if _, ok := cable.Lookup(d.Name); !ok {
+		return fmt.Errorf("spec.cableDriver.name: %q is not a cable driver of this mesh (have %s)", d.Name, strings.Join(cable.Names(), ", "))
+	}
+	if err := cable.ValidateOptions(d.Name, cable.Options(d.Options)); err != nil {
+		return fmt.Errorf("spec.cableDriver.options: %w", err)
+	}
+	return nil
+}
+
 // Applied is what applying one policy does.
 type Applied struct {
 	Outcome string
@@ -165,6 +248,15 @@ type Applied struct {
 // spelled differently (by an older broker).
 func PlanApply(ps []Canonical, stored []*apiv1.Policy) ([]Applied, error) {
 	out := make([]Applied, 0, len(ps))
+	created := 0
+	for _, c := range ps {
+		if !slices.ContainsFunc(stored, func(sp *apiv1.Policy) bool { return sp.Name == c.Policy.Metadata.Name }) {
+			created++
+		}
+	}
+	if n := len(stored) + created; n > MaxPolicies {
+		return nil, invalidf("policies", "", "policies: the mesh would hold %d policies, at most %d", n, MaxPolicies)
+	}
 	for _, c := range ps {
 		name := c.Policy.Metadata.Name
 		np := &apiv1.Policy{Name: name, Json: c.JSON, IsDefault: name == policy.DefaultPolicyName}
@@ -197,6 +289,9 @@ func PlanApply(ps []Canonical, stored []*apiv1.Policy) ([]Applied, error) {
 func ParseDeleteNames(names []string) ([]string, error) {
 	if len(names) == 0 {
 		return nil, invalid("names", "", errors.New("no policy names to delete"))
+	}
+	if len(names) > MaxPoliciesPerApply {
+		return nil, invalidf("names", "", "names: %d policies in one delete, at most %d", len(names), MaxPoliciesPerApply)
 	}
 	var out []string
 	for _, n := range names {

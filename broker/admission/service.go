@@ -108,6 +108,16 @@ func PlanExports(id pki.Identity, c *apiv1.Cluster, req []*apiv1.ServiceExport, 
 // admitExports checks the ownership of every export of a SetExports request and normalizes a
 // copy of each, in request order.
 func admitExports(id pki.Identity, req []*apiv1.ServiceExport) ([]*apiv1.ServiceExport, error) {
+	if len(req) > MaxExportsPerNode {
+		return nil, invalidf("exports", "", "exports: %d exports from one node, at most %d", len(req), MaxExportsPerNode)
+	}
+	total := 0
+	for _, e := range req {
+		total += len(e.GetEndpoints())
+	}
+	if total > MaxExportEndpointsPerSet {
+		return nil, invalidf("exports", "", "exports: %d endpoints over all exports of one node, at most %d", total, MaxExportEndpointsPerSet)
+	}
 	out := make([]*apiv1.ServiceExport, 0, len(req))
 	seen := map[string]int{}
 	for i, in := range req {

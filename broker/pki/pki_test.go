@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
@@ -109,7 +110,7 @@ func TestAgentCertificates(t *testing.T) {
 		t.Fatalf("agent certificate does not verify as a client certificate: %v", err)
 	}
 	id, err := IdentityOf(cert)
-	if err != nil || id != (Identity{Cluster: "east", ClusterUID: "uid-1", Node: "gw1"}) {
+	if err != nil || id != (Identity{Cluster: "east", ClusterUID: "uid-1", Node: "gw1", Serial: Serial(cert), NotAfter: cert.NotAfter}) {
 		t.Fatalf("identity %+v, %v; want east/gw1 uid-1 (not the CSR's CN)", id, err)
 	}
 	if d := time.Until(cert.NotAfter); d < Validity-time.Hour || d > Validity+time.Hour {
@@ -140,5 +141,65 @@ func TestAgentCertificates(t *testing.T) {
 func TestACertificateWithoutACablemeshIdentityIsRefused(t *testing.T) {
 	if _, err := IdentityOf(&x509.Certificate{Subject: pkix.Name{CommonName: "x"}}); err == nil {
 		t.Fatal("accepted a certificate with no identity")
+	}
+}
+
+func TestRotateKeepsThePreviousCATrustedAndServingUntilFinished(t *testing.T) {
+	dir := t.TempDir()
+	now := time.Now()
+	p, _, err := LoadOrCreate(dir, loopback, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := p.CACert
+	q, err := p.Rotate(dir, now, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q.CACert.Equal(old) || !q.Previous.Equal(old) || !q.ServingCA().Equal(old) || q.CAHash() != p.CAHash() || q.IssuerHash() == p.IssuerHash() {
+		t.Fatal("after Rotate: want a new issuing CA, the old one previous and serving")
+	}
+	if blocks := bytes.Count(q.CAPEM, []byte("BEGIN CERTIFICATE")); blocks != 2 {
+		t.Fatalf("bundle holds %d CAs, want 2", blocks)
+	}
+	if _, err := q.Rotate(dir, now, time.Hour); !errors.Is(err, ErrRotationInProgress) {
+		t.Fatalf("a second rotation: %v", err)
+	}
+	// A restart during the overlap loads the same state.
+	r, _, err := LoadOrCreate(dir, loopback, now.Add(time.Minute))
+	if err != nil || r.Previous == nil || !r.CACert.Equal(q.CACert) || !r.ServerTLS.Leaf.Equal(q.ServerTLS.Leaf) {
+		t.Fatalf("reload during the overlap: %v", err)
+	}
+	if _, err := r.ServerTLS.Leaf.Verify(x509.VerifyOptions{Roots: r.CAPool(), DNSName: apiv1.BrokerServerName}); err != nil {
+		t.Fatal(err)
+	}
+	// Client certificates of both CAs verify; new ones come from the new CA.
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	b, err := r.SignAgentCSR(csr(t, key), "east", "u", "gw1", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk, _ := pem.Decode(b)
+	c, _ := x509.ParseCertificate(blk.Bytes)
+	if c.CheckSignatureFrom(r.CACert) != nil || r.IssuerOf(c) != r.IssuerHash() {
+		t.Fatal("a certificate issued during the overlap is not of the new CA")
+	}
+	f, err := r.FinishRotation(dir, loopback, now)
+	if err != nil || f.Previous != nil || !f.ServingCA().Equal(f.CACert) || f.ServerTLS.Leaf.CheckSignatureFrom(f.CACert) != nil {
+		t.Fatalf("finish: %v", err)
+	}
+	for _, name := range []string{PreviousCACertFile, PreviousCAKeyFile, RotationFile} {
+		if _, err := os.Stat(filepath.Join(dir, name)); !os.IsNotExist(err) {
+			t.Fatalf("%s is still there", name)
+		}
+	}
+	// An overlap that ended while the broker was down is over at the next load.
+	g, err := f.Rotate(dir, now, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _, err := LoadOrCreate(dir, loopback, now.Add(2*time.Hour))
+	if err != nil || h.Previous != nil || !h.CACert.Equal(g.CACert) || !h.ServingCA().Equal(g.CACert) {
+		t.Fatalf("load after the overlap: %v", err)
 	}
 }

@@ -1,8 +1,9 @@
 // Package store holds the broker's state: clusters, endpoints, policies, service exports and
 // service VIPs, a global revision bumped by every change, and a bounded log of change events that lets a watcher resume from a revision.
 // Store is the interface the broker codes against. Bolt (bbolt, one file) is the embedded
-// implementation; Memory keeps the same state in memory (unit tests); an etcd one can come later
-// behind the same interface. storetest holds the conformance suite every implementation passes.
+// implementation; Memory keeps the same state in memory (unit tests); Etcd keeps it in etcd, for
+// several broker replicas at once. storetest holds the conformance suite every implementation
+// passes.
 package store
 
 import (
@@ -22,6 +23,10 @@ const (
 	// agents: they get the service imports derived from them instead.
 	KindServiceExport = "serviceexport"
 	KindServiceVIP    = "servicevip"
+	// KindNodeCertificate events are keyed cluster/node: a node's certificates at the broker
+	// (joined, renewed, revoked). Agents never receive them; a watch of a node ends when its
+	// record says its certificate is no longer good.
+	KindNodeCertificate = "nodecert"
 )
 
 // ErrWatcherTooSlow ends a watch whose buffer filled up: the broker drops a slow watcher rather
@@ -70,6 +75,14 @@ type ReadTx interface {
 	ServiceVIP(namespace, name string) (*apiv1.ServiceVIP, error)
 	// ServiceVIPs returns every VIP record in key order (namespace/name).
 	ServiceVIPs() ([]*apiv1.ServiceVIP, error)
+	// JoinToken returns nil, nil when no record of the token nonce exists.
+	JoinToken(nonce string) (*apiv1.JoinTokenRecord, error)
+	// JoinTokens returns every join token record in nonce order.
+	JoinTokens() ([]*apiv1.JoinTokenRecord, error)
+	// NodeCertificate returns nil, nil when absent.
+	NodeCertificate(cluster, node string) (*apiv1.NodeCertificate, error)
+	// NodeCertificates returns every node's record in key order (cluster/node).
+	NodeCertificates() ([]*apiv1.NodeCertificate, error)
 }
 
 // Tx is a read-write transaction. Every Put and every Delete of a present key bumps the global
@@ -95,6 +108,17 @@ type Tx interface {
 	// PutServiceVIP stores the VIP record of namespace/name.
 	PutServiceVIP(v *apiv1.ServiceVIP) error
 	DeleteServiceVIP(namespace, name string) error
+	// PutJoinToken stores a join token's record under its nonce. Token records are bookkeeping
+	// of the broker alone: writing or deleting one bumps no revision and emits no event (as
+	// TouchEndpoint), but it is part of the transaction like any write.
+	PutJoinToken(r *apiv1.JoinTokenRecord) error
+	DeleteJoinToken(nonce string) error
+	// PutNodeCertificate stores a node's certificate record under cluster/node (revision, event).
+	PutNodeCertificate(n *apiv1.NodeCertificate) error
+	// TouchNodeCertificate rewrites a stored node record without bumping the revision or
+	// emitting an event (a certificate's first use); the record must exist.
+	TouchNodeCertificate(n *apiv1.NodeCertificate) error
+	DeleteNodeCertificate(cluster, node string) error
 }
 
 // Commit is the outcome of an Update.
@@ -151,7 +175,9 @@ func watchOpts(opts []WatchOption) watchOptions {
 // Store is the broker's state.
 type Store interface {
 	View(ctx context.Context, fn func(ReadTx) error) error
-	// Update runs fn in one transaction; if fn returns an error nothing is changed.
+	// Update runs fn in one transaction; if fn returns an error nothing is changed. fn may run
+	// more than once (Etcd runs it again when another replica committed first), so it must
+	// compute everything it returns from tx and have no other effect.
 	Update(ctx context.Context, fn func(Tx) error) (Commit, error)
 	// Watch first delivers a snapshot, or, when since > 0 and the event log still holds every
 	// event after since, those events; then every later commit.
@@ -166,6 +192,9 @@ func EndpointKey(cluster, node string) string { return cluster + "/" + node }
 func ServiceExportKey(cluster, node, namespace, name string) string {
 	return cluster + "/" + node + "/" + namespace + "/" + name
 }
+
+// NodeCertificateKey is the event key of a node certificate record: cluster/node.
+func NodeCertificateKey(cluster, node string) string { return cluster + "/" + node }
 
 // ServiceVIPKey is the event key of a service VIP record: namespace/name.
 func ServiceVIPKey(namespace, name string) string { return namespace + "/" + name }

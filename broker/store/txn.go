@@ -22,8 +22,10 @@ var (
 	bucketPolicies  = []byte("policies")
 	bucketExports   = []byte("serviceExports")
 	bucketVIPs      = []byte("serviceVIPs")
+	bucketTokens    = []byte("joinTokens")
+	bucketNodeCerts = []byte("nodeCertificates")
 
-	buckets = [][]byte{bucketMeta, bucketClusters, bucketEndpoints, bucketEvents, bucketPolicies, bucketExports, bucketVIPs}
+	buckets = [][]byte{bucketMeta, bucketClusters, bucketEndpoints, bucketEvents, bucketPolicies, bucketExports, bucketVIPs, bucketTokens, bucketNodeCerts}
 
 	keyRevision  = []byte("revision")
 	keyCompacted = []byte("compacted")
@@ -127,6 +129,22 @@ func (t *txn) ServiceVIP(namespace, name string) (*apiv1.ServiceVIP, error) {
 
 func (t *txn) ServiceVIPs() ([]*apiv1.ServiceVIP, error) {
 	return loadAll[apiv1.ServiceVIP](t.kv, bucketVIPs, "service VIP")
+}
+
+func (t *txn) JoinToken(nonce string) (*apiv1.JoinTokenRecord, error) {
+	return load[apiv1.JoinTokenRecord](t.kv, bucketTokens, "join token", nonce)
+}
+
+func (t *txn) JoinTokens() ([]*apiv1.JoinTokenRecord, error) {
+	return loadAll[apiv1.JoinTokenRecord](t.kv, bucketTokens, "join token")
+}
+
+func (t *txn) NodeCertificate(cluster, node string) (*apiv1.NodeCertificate, error) {
+	return load[apiv1.NodeCertificate](t.kv, bucketNodeCerts, "node certificate", NodeCertificateKey(cluster, node))
+}
+
+func (t *txn) NodeCertificates() ([]*apiv1.NodeCertificate, error) {
+	return loadAll[apiv1.NodeCertificate](t.kv, bucketNodeCerts, "node certificate")
 }
 
 // upsert stores m under key, stamped with the next revision (stamp sets it), and records the event.
@@ -291,6 +309,73 @@ func (t *txn) DeleteServiceVIP(namespace, name string) error {
 		&apiv1.Resource{Kind: &apiv1.Resource_ServiceVip{ServiceVip: old}})
 }
 
+func (t *txn) PutJoinToken(r *apiv1.JoinTokenRecord) error {
+	if !t.writable {
+		return errReadOnly
+	}
+	if r.GetNonce() == "" {
+		return errors.New("put join token: nonce is empty")
+	}
+	if err := putProto(t.kv, bucketTokens, r.Nonce, r); err != nil {
+		return fmt.Errorf("put join token %q: %w", r.Nonce, err)
+	}
+	return nil
+}
+
+func (t *txn) DeleteJoinToken(nonce string) error {
+	if !t.writable {
+		return errReadOnly
+	}
+	if err := t.kv.delete(bucketTokens, []byte(nonce)); err != nil {
+		return fmt.Errorf("delete join token %q: %w", nonce, err)
+	}
+	return nil
+}
+
+func (t *txn) PutNodeCertificate(n *apiv1.NodeCertificate) error {
+	if !t.writable {
+		return errReadOnly
+	}
+	if n.GetCluster() == "" || n.GetNode() == "" {
+		return errors.New("put node certificate: cluster or node is empty")
+	}
+	n = proto.Clone(n).(*apiv1.NodeCertificate)
+	return t.upsert(bucketNodeCerts, KindNodeCertificate, NodeCertificateKey(n.Cluster, n.Node), n, func(r uint64) { n.Revision = r },
+		&apiv1.Resource{Kind: &apiv1.Resource_NodeCertificate{NodeCertificate: n}})
+}
+
+func (t *txn) TouchNodeCertificate(n *apiv1.NodeCertificate) error {
+	if !t.writable {
+		return errReadOnly
+	}
+	key := NodeCertificateKey(n.GetCluster(), n.GetNode())
+	old, err := t.NodeCertificate(n.GetCluster(), n.GetNode())
+	if err != nil {
+		return err
+	}
+	if old == nil {
+		return fmt.Errorf("touch node certificate %q: not found", key)
+	}
+	n = proto.Clone(n).(*apiv1.NodeCertificate)
+	n.Revision = old.Revision
+	if err := putProto(t.kv, bucketNodeCerts, key, n); err != nil {
+		return fmt.Errorf("touch node certificate %q: %w", key, err)
+	}
+	return nil
+}
+
+func (t *txn) DeleteNodeCertificate(cluster, node string) error {
+	if !t.writable {
+		return errReadOnly
+	}
+	old, err := t.NodeCertificate(cluster, node)
+	if err != nil || old == nil {
+		return err
+	}
+	return t.remove(bucketNodeCerts, KindNodeCertificate, NodeCertificateKey(cluster, node),
+		&apiv1.Resource{Kind: &apiv1.Resource_NodeCertificate{NodeCertificate: old}})
+}
+
 // finish records the revision and the events of the transaction and trims the log to logSize.
 func (t *txn) finish(logSize int) error {
 	if len(t.events) == 0 {
@@ -392,6 +477,16 @@ func (t *txn) firstBatch(since uint64, opts watchOptions) (Batch, error) {
 			for i, x := range xs {
 				evs[i] = event(KindServiceExport, ServiceExportKey(x.Cluster, x.Node, x.Namespace, x.Name),
 					&apiv1.Resource{Kind: &apiv1.Resource_ServiceExport{ServiceExport: x}})
+			}
+			return evs, err
+		})
+	}
+	if err == nil {
+		err = upserts(KindNodeCertificate, func() ([]*apiv1.Event, error) {
+			ns, err := t.NodeCertificates()
+			evs := make([]*apiv1.Event, len(ns))
+			for i, n := range ns {
+				evs[i] = event(KindNodeCertificate, NodeCertificateKey(n.Cluster, n.Node), &apiv1.Resource{Kind: &apiv1.Resource_NodeCertificate{NodeCertificate: n}})
 			}
 			return evs, err
 		})

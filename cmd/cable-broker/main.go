@@ -4,6 +4,8 @@
 //	cable-broker --data-dir DIR [--listen 0.0.0.0:7443] [--lease 30s] [--log-level info]
 //	             [--default-cable-driver ipsec|vxlan|wireguard]
 //	             [--service-vip-range 241.0.0.0/8[,IPv6 CIDR]]
+//	             [--etcd-endpoints URL[,URL...] [--etcd-prefix /cablemesh/] [--secret-key-file FILE]
+//	              [--advertise-address HOST:PORT] [--etcd-cacert F --etcd-cert F --etcd-key F]]
 //
 // On first start it creates the mesh CA and the mesh secret (from which every cluster pair's
 // pre-shared key is derived) in DIR, writes DIR/admin.yaml, the credential cablectl uses
@@ -17,6 +19,12 @@
 // CIDR (an IPv4 one and optionally an IPv6 one), kept in the store while any cluster exports the
 // service, so it is stable across broker restarts and agent reconnects. A VIP that lies outside
 // the ranges after they were changed is kept (and logged), never renumbered.
+//
+// With --etcd-endpoints the broker keeps every resource, and the mesh CA and secrets (sealed with
+// AES-256-GCM under --secret-key-file, default DIR/secret.key), in etcd instead of DIR/broker.db,
+// and several replicas serve the mesh at once. The first replica creates the key file; copy it
+// (mode 0600) into every other replica's data dir before starting it. Each replica's
+// DIR/admin.yaml lists every replica (--advertise-address, or --listen when it names an IP).
 package main
 
 import (
@@ -54,6 +62,13 @@ func run(args []string, stderr io.Writer) int {
 	defaultDriver := fs.String("default-cable-driver", policy.DefaultDriver, "cable driver of the mesh default policy created at first start: "+
 		strings.Join(cable.Names(), " | ")+" (later starts keep the stored policy)")
 	vipRange := fs.String("service-vip-range", mcs.DefaultVIPRange, "clusterset VIP range: an IPv4 CIDR, and optionally an IPv6 one after a comma (dual-stack services get one VIP of each)")
+	etcdEndpoints := fs.String("etcd-endpoints", "", "keep the state in etcd at these client URLs (comma-separated) instead of DIR/broker.db; several replicas may then serve the mesh")
+	etcdPrefix := fs.String("etcd-prefix", broker.DefaultEtcdRoot, "key prefix of the mesh in etcd")
+	secretKeyFile := fs.String("secret-key-file", "", "key that seals the secrets kept in etcd (default DIR/"+broker.SecretKeyFile+"; every replica needs a copy of the first replica's)")
+	advertise := fs.String("advertise-address", "", "host:port at which the other replicas' admin.yaml reach this one (default --listen when it names an IP)")
+	etcdCA := fs.String("etcd-cacert", "", "CA bundle verifying etcd's serving certificates (https endpoints)")
+	etcdCert := fs.String("etcd-cert", "", "client certificate for etcd")
+	etcdKey := fs.String("etcd-key", "", "client key for etcd")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -86,6 +101,17 @@ func run(args []string, stderr io.Writer) int {
 			driver = *defaultDriver
 		}
 	})
+	var etcdCfg *broker.EtcdConfig
+	if *etcdEndpoints != "" {
+		etcdCfg, err = broker.ParseEtcdFlags(*etcdEndpoints, *etcdPrefix, *secretKeyFile, *advertise, *etcdCA, *etcdCert, *etcdKey)
+		if err != nil {
+			fmt.Fprintf(stderr, "cable-broker: %v\n", err)
+			return 2
+		}
+	} else if *advertise != "" || *secretKeyFile != "" || *etcdCA != "" || *etcdCert != "" || *etcdKey != "" {
+		fmt.Fprintln(stderr, "cable-broker: --advertise-address, --secret-key-file and --etcd-* need --etcd-endpoints")
+		return 2
+	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		fmt.Fprintf(stderr, "cable-broker: --log-level %q: want debug, info, warn or error\n", *logLevel)
@@ -95,7 +121,7 @@ func run(args []string, stderr io.Writer) int {
 	slog.SetDefault(log)
 
 	srv, err := broker.New(broker.Config{DataDir: *dataDir, Listen: *listen, Lease: *lease, Logger: log, DefaultCableDriver: driver,
-		ServiceVIPRanges: vipRanges})
+		ServiceVIPRanges: vipRanges, Etcd: etcdCfg})
 	if err != nil {
 		log.Error("start broker", "err", err)
 		return 1

@@ -19,6 +19,9 @@ func TestBadUsageExitsTwoBeforeTouchingTheDataDir(t *testing.T) {
 		{"a VIP range with host bits", []string{"--data-dir", "/nonexistent/x", "--service-vip-range", "241.0.0.1/8"}, "--service-vip-range: service VIP range \"241.0.0.1/8\" has host bits set (did you mean 241.0.0.0/8?)"},
 		{"two IPv4 VIP ranges", []string{"--data-dir", "/nonexistent/x", "--service-vip-range", "241.0.0.0/8,242.0.0.0/8"}, "--service-vip-range: service VIP range \"241.0.0.0/8,242.0.0.0/8\": give at most one IPv4 and one IPv6 CIDR"},
 		{"a stray argument", []string{"--data-dir", "/nonexistent/x", "extra"}, "unexpected arguments"},
+		{"an etcd endpoint that is not a URL", []string{"--data-dir", "/nonexistent/x", "--etcd-endpoints", "10.0.0.1:2379"}, `--etcd-endpoints: "10.0.0.1:2379" is not http(s)://host:port`},
+		{"an etcd prefix without its slashes", []string{"--data-dir", "/nonexistent/x", "--etcd-endpoints", "http://10.0.0.1:2379", "--etcd-prefix", "mesh"}, `--etcd-prefix "mesh": must start and end with /`},
+		{"an HA flag without etcd", []string{"--data-dir", "/nonexistent/x", "--advertise-address", "10.0.0.1:7443"}, "need --etcd-endpoints"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/broker/admission"
 	"github.com/cablemesh/cablemesh/policy"
 )
 
@@ -195,6 +196,9 @@ func applyPolicies(cmd *cobra.Command, f *adminFlags, policies []policy.ClusterC
 		}
 		req.Policies = append(req.Policies, &apiv1.Policy{Name: policies[i].Metadata.Name, Json: b})
 	}
+	if err := checkApplyBounds(policies, req.Policies); err != nil {
+		return err
+	}
 	var resp *apiv1.ApplyPoliciesResponse
 	err := f.withBroker(cmd, func(ctx context.Context, client apiv1.AdminClient) error {
 		var err error
@@ -217,6 +221,33 @@ func applyPolicies(cmd *cobra.Command, f *adminFlags, policies []policy.ClusterC
 		if _, err := fmt.Fprintf(cmd.OutOrStdout(), "%s %s%s\n", resourceName(p.Name), resp.Outcomes[i], suffix); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// checkApplyBounds refuses, before anything is sent, an apply the broker would refuse for its
+// size (admission's bounds), naming the policy, the field and the limit: a request larger than
+// the broker's message limit would otherwise come back as a bare transport error.
+func checkApplyBounds(policies []policy.ClusterConnectionPolicy, enc []*apiv1.Policy) error {
+	if n := len(enc); n > admission.MaxPoliciesPerApply {
+		return fmt.Errorf("apply: %d policies at once, at most %d: apply them in several parts (nothing applied)", n, admission.MaxPoliciesPerApply)
+	}
+	var problems []string
+	total := 0
+	for i, p := range enc {
+		total += len(p.Json)
+		if n := len(p.Json); n > admission.MaxPolicyJSONBytes {
+			problems = append(problems, fmt.Sprintf("policy %q: the policy is %d bytes of JSON, at most %d", p.Name, n, admission.MaxPolicyJSONBytes))
+		}
+		for _, e := range admission.PolicyBounds(policies[i]) {
+			problems = append(problems, fmt.Sprintf("policy %q: %s", p.Name, e))
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("apply: nothing applied: %s", strings.Join(problems, "; "))
+	}
+	if total > admission.MaxApplyBytes {
+		return fmt.Errorf("apply: %d bytes of policies at once, at most %d: apply them in several parts (nothing applied)", total, admission.MaxApplyBytes)
 	}
 	return nil
 }

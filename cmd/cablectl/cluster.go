@@ -35,7 +35,7 @@ type adminFlags struct {
 // newAdminFlags adds --broker to cmd (and its subcommands).
 func newAdminFlags(g *globalFlags, cmd *cobra.Command) *adminFlags {
 	f := &adminFlags{globalFlags: g}
-	cmd.PersistentFlags().StringVar(&f.broker, "broker", "", "broker address host:port, overriding the one in the admin config")
+	cmd.PersistentFlags().StringVar(&f.broker, "broker", "", "broker address host:port (replicas: host:port,host:port..., tried in turn), overriding the admin config's")
 	return f
 }
 
@@ -45,7 +45,7 @@ func newClusterCmd(g *globalFlags) *cobra.Command {
 		Short: "Manage the mesh's clusters and join tokens (needs the admin credential, --config)",
 	}
 	f := newAdminFlags(g, cmd)
-	cmd.AddCommand(newJoinTokenCmd(f), newClusterListCmd(f), newClusterLabelCmd(f), newClusterRemoveCmd(f))
+	cmd.AddCommand(newJoinTokenCmd(f), newClusterListCmd(f), newClusterLabelCmd(f), newClusterRemoveCmd(f), newRevokeNodeCmd(f), newClusterNodesCmd(f))
 	return cmd
 }
 
@@ -83,6 +83,11 @@ func rpcError(op string, err error) error {
 	if st.Code() == codes.Unavailable || st.Code() == codes.DeadlineExceeded {
 		return fmt.Errorf("%s: cannot reach the broker: %s", op, st.Message())
 	}
+	if st.Code() == codes.ResourceExhausted && strings.Contains(st.Message(), "message larger than max") {
+		// The transport's own refusal: the request as a whole is larger than the broker takes.
+		return fmt.Errorf("%s: the request is larger than the broker accepts in one call (%s): send less at once", op,
+			strings.TrimPrefix(st.Message(), "grpc: "))
+	}
 	return fmt.Errorf("%s: %s", op, st.Message())
 }
 
@@ -99,13 +104,20 @@ func newJoinTokenCmd(f *adminFlags) *cobra.Command {
 		podCIDRs, svcCIDRs []string
 		labels             string
 		validFor           time.Duration
+		maxNodes           uint32
 	)
 	cmd := &cobra.Command{
-		Use:   "join-token NAME --pod-cidr CIDR [--service-cidr CIDR] [--labels k=v,...] [--valid-for 24h]",
+		Use:   "join-token NAME --pod-cidr CIDR [--service-cidr CIDR] [--labels k=v,...] [--valid-for 24h] [--max-nodes N]",
 		Short: "Create the cluster if it is new and print a join token for one of its nodes",
 		Long: `Prints a signed, expiring join token (and nothing else) on stdout. The first token for NAME
 creates the cluster with its pod and service CIDRs and labels; later tokens for the same
-cluster must give the same CIDRs or none. Tokens can be used by several nodes until they expire.`,
+cluster must give the same CIDRs or none. A pod or service CIDR may not cover the broker's
+address, a gateway's address, nor the loopback, link-local, multicast or unspecified ranges.
+
+A token is one-time: it joins one node (--max-nodes N: up to N distinct nodes, e.g. the
+gateway nodes of a DaemonSet sharing one token), counted by the broker. A node name that holds
+a live certificate cannot be joined again, whatever the token: revoke it first (cluster
+revoke-node). Delete the token file once the node has joined.`,
 		Args: exactArgs(1, "NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			name := args[0]
@@ -130,6 +142,14 @@ cluster must give the same CIDRs or none. Tokens can be used by several nodes un
 			if validFor%time.Second != 0 {
 				return usagef("--valid-for %s: must be whole seconds", validFor)
 			}
+			if maxNodes < 1 {
+				return usagef("--max-nodes %d: a token joins at least one node", maxNodes)
+			}
+			for _, p := range append(slices.Clone(pods), svcs...) {
+				if err := validation.CheckClusterCIDR("CIDR", p); err != nil {
+					return usagef("%v", err)
+				}
+			}
 			return f.withBroker(cmd, func(ctx context.Context, client apiv1.AdminClient) error {
 				resp, err := client.CreateJoinToken(ctx, &apiv1.CreateJoinTokenRequest{
 					Cluster:         name,
@@ -137,6 +157,7 @@ cluster must give the same CIDRs or none. Tokens can be used by several nodes un
 					ServiceCidrs:    validation.Strings(svcs),
 					Labels:          lbls,
 					ValidForSeconds: int64(validFor / time.Second),
+					MaxNodes:        maxNodes,
 				})
 				if err != nil {
 					return rpcError("create join token", err)
@@ -150,6 +171,7 @@ cluster must give the same CIDRs or none. Tokens can be used by several nodes un
 	cmd.Flags().StringSliceVar(&svcCIDRs, "service-cidr", nil, "service CIDR of the cluster (repeatable, or a comma list)")
 	cmd.Flags().StringVar(&labels, "labels", "", "labels of a new cluster, k=v,k2=v2")
 	cmd.Flags().DurationVar(&validFor, "valid-for", 24*time.Hour, "how long the token is valid")
+	cmd.Flags().Uint32Var(&maxNodes, "max-nodes", 1, "how many distinct nodes the token may join")
 	return cmd
 }
 

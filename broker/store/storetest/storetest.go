@@ -1,8 +1,8 @@
 // Package storetest is the conformance suite of store.Store: every implementation (Bolt, Memory,
-// and an etcd one later) runs Run, so they cannot drift apart in what the broker relies on:
+// Etcd) runs Run, so they cannot drift apart in what the broker relies on:
 // revisions, events, the resumable event log, watches and their slow-watcher disconnect,
 // TouchEndpoint, and every resource kind (clusters, endpoints, policies, service exports, service
-// VIPs).
+// VIPs, node certificates) and the join token records.
 package storetest
 
 import (
@@ -49,6 +49,8 @@ func Run(t *testing.T, open Open) {
 		{"APairPSKIsNeverStored", aPairPSKIsNeverStored},
 		{"ReadsAreCopiesAndListsAreInKeyOrder", readsAreCopiesAndListsAreInKeyOrder},
 		{"ConcurrentWritersAndWatchersSeeEveryRevisionOnceInOrder", concurrentWritersAndWatchersSeeEveryRevisionOnceInOrder},
+		{"JoinTokensAreQuietAndSurviveReopen", joinTokensAreQuietAndSurviveReopen},
+		{"NodeCertificatesAreRevisionedTouchedQuietlyAndSurviveReopen", nodeCertificatesAreRevisionedTouchedQuietlyAndSurviveReopen},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.fn(t, open) })
@@ -740,4 +742,124 @@ func keysOf(evs []*apiv1.Event) string {
 		out += e.Kind + ":" + e.Key
 	}
 	return out
+}
+
+// joinTokensAreQuietAndSurviveReopen: a join token record is written in a transaction like any
+// resource, but bumps no revision and emits no event; it survives a reopen; deleting it is quiet
+// too.
+func joinTokensAreQuietAndSurviveReopen(t *testing.T, open Open) {
+	s, reopen := open(t, store.Options{})
+	putCluster(t, s, "east", 1)
+	rec := &apiv1.JoinTokenRecord{Nonce: "n1", Cluster: "east", ClusterUid: "u1", MaxNodes: 2, Nodes: []string{"gw1"}, Expires: timestamppb.New(time.Unix(2e9, 0))}
+	c, err := s.Update(context.Background(), func(tx store.Tx) error { return tx.PutJoinToken(rec) })
+	if err != nil || c.Revision != 1 || len(c.Events) != 0 {
+		t.Fatalf("put join token: commit %+v err %v; want revision 1 still and no event", c, err)
+	}
+	_, err = s.Update(context.Background(), func(tx store.Tx) error {
+		if err := tx.PutJoinToken(&apiv1.JoinTokenRecord{Nonce: "n0", Cluster: "east"}); err != nil {
+			return err
+		}
+		return errors.New("abort")
+	})
+	if err == nil {
+		t.Fatal("aborted update succeeded")
+	}
+	check := func(s store.Store) {
+		t.Helper()
+		err := s.View(context.Background(), func(tx store.ReadTx) error {
+			got, err := tx.JoinToken("n1")
+			if err != nil || !proto.Equal(got, rec) {
+				t.Errorf("join token n1 = %v, %v; want %v", got, err, rec)
+			}
+			if got, err := tx.JoinToken("n0"); got != nil || err != nil {
+				t.Errorf("a token of an aborted transaction was stored: %v %v", got, err)
+			}
+			all, err := tx.JoinTokens()
+			if err != nil || len(all) != 1 {
+				t.Errorf("join tokens %v %v, want n1 only", all, err)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	check(s)
+	if reopen != nil {
+		s = reopen()
+		check(s)
+	}
+	c, err = s.Update(context.Background(), func(tx store.Tx) error { return tx.DeleteJoinToken("n1") })
+	if err != nil || len(c.Events) != 0 {
+		t.Fatalf("delete join token: %+v %v", c, err)
+	}
+	_ = s.View(context.Background(), func(tx store.ReadTx) error {
+		if got, _ := tx.JoinToken("n1"); got != nil {
+			t.Errorf("deleted join token is still there: %v", got)
+		}
+		return nil
+	})
+	if _, err := s.Update(context.Background(), func(tx store.Tx) error { return tx.PutJoinToken(&apiv1.JoinTokenRecord{}) }); err == nil {
+		t.Error("a join token without a nonce was stored")
+	}
+}
+
+// nodeCertificatesAreRevisionedTouchedQuietlyAndSurviveReopen: a node certificate record is a
+// resource with revisions and events (watchers learn of revocations from them); a touch rewrites it
+// without either.
+func nodeCertificatesAreRevisionedTouchedQuietlyAndSurviveReopen(t *testing.T, open Open) {
+	s, reopen := open(t, store.Options{})
+	putCluster(t, s, "east", 1)
+	w, err := s.Watch(t.Context(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-w.C() // nothing after revision 1 yet
+	n := &apiv1.NodeCertificate{Cluster: "east", Node: "gw1", ClusterUid: "u1", Certificates: []*apiv1.IssuedCertificate{{Serial: "ab"}}}
+	c, err := s.Update(context.Background(), func(tx store.Tx) error { return tx.PutNodeCertificate(n) })
+	if err != nil || c.Revision != 2 || len(c.Events) != 1 || c.Events[0].Kind != store.KindNodeCertificate || c.Events[0].Key != "east/gw1" ||
+		c.Events[0].GetResource().GetNodeCertificate().GetRevision() != 2 {
+		t.Fatalf("put node certificate: %+v %v", c, err)
+	}
+	if b := <-w.C(); b.Revision != 2 || keysOf(b.Events) != "nodecert:east/gw1" {
+		t.Fatalf("watcher got %s at %d", keysOf(b.Events), b.Revision)
+	}
+	n.Certificates[0].Used = true
+	c, err = s.Update(context.Background(), func(tx store.Tx) error { return tx.TouchNodeCertificate(n) })
+	if err != nil || c.Revision != 2 || len(c.Events) != 0 {
+		t.Fatalf("touch node certificate: %+v %v; want no revision and no event", c, err)
+	}
+	if _, err := s.Update(context.Background(), func(tx store.Tx) error {
+		return tx.TouchNodeCertificate(&apiv1.NodeCertificate{Cluster: "east", Node: "nope"})
+	}); err == nil {
+		t.Error("touching an absent node certificate succeeded")
+	}
+	if reopen != nil {
+		s = reopen()
+	}
+	err = s.View(context.Background(), func(tx store.ReadTx) error {
+		got, err := tx.NodeCertificate("east", "gw1")
+		if err != nil || got == nil || got.Revision != 2 || !got.Certificates[0].Used {
+			t.Errorf("node certificate %v %v: want revision 2, used", got, err)
+		}
+		all, err := tx.NodeCertificates()
+		if err != nil || len(all) != 1 {
+			t.Errorf("node certificates %v %v", all, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err = s.Watch(t.Context(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := <-w.C(); keysOf(b.Events) != "cluster:east nodecert:east/gw1" {
+		t.Fatalf("snapshot holds %s", keysOf(b.Events))
+	}
+	c, err = s.Update(context.Background(), func(tx store.Tx) error { return tx.DeleteNodeCertificate("east", "gw1") })
+	if err != nil || len(c.Events) != 1 || c.Events[0].Type != apiv1.Event_DELETE {
+		t.Fatalf("delete node certificate: %+v %v", c, err)
+	}
 }
