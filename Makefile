@@ -8,7 +8,7 @@ BINARIES := cable-broker cable-agent cablectl
 # The netns tests build a mesh of several clusters; 40m is a ceiling, they take a few minutes.
 NETNS_TIMEOUT ?= 40m
 
-.PHONY: all build deps test lint check-bpf unit-test netns-test demo demo-down bench bench-dns fuzz generate fmt vet clean
+.PHONY: all build deps test lint check-bpf unit-test netns-test demo demo-down bench bench-services bench-dns fuzz generate fmt vet clean
 
 all: build
 
@@ -47,7 +47,13 @@ demo-down:
 # issue-2 WireGuard figure; results in bench/results/. BENCH_RUN='^TestDrivers$' runs one.
 bench: deps build
 	./bench/throughput.sh
+	$(MAKE) bench-services
 	$(MAKE) bench-dns
+
+# Services (root): connect latency and request/response rate through a VIP vs the same backend
+# directly, and failover time over 10 trials; results in bench/results/services-<date>.*.
+bench-services: deps build
+	BENCH_RUN='^TestServices$$' ./bench/throughput.sh
 
 # The agent's DNS server against dnsmasq serving the same names, dnsperf as the load (no root).
 bench-dns: deps

@@ -10,10 +10,16 @@
 // The agent knows the cable drivers only through the cable registry: it builds the drivers the
 // config names, with the config's block for each, and asks them which links to clamp.
 //
+// Every node also runs the services datapath (agent/services decides, datapath.go applies): the
+// clusterset.local DNS server, the eBPF socket load balancer of the service VIPs and, on
+// gateways, per-cluster traffic counters on the cable links; and it sends the node's exports to
+// the broker (exports.go).
+//
 // Files: agent.go (options, Run), broker.go (join, watch, broker status), endpoint.go (register,
 // heartbeat), backoff.go, drivers.go (driver life cycle, MSS clamp, teardown), reconcile.go (the
 // reconcile loop), repair.go (re-asserting unhealthy connections), healthcheck.go (probes),
-// status.go (the status API) and metrics.go.
+// datapath.go (DNS, load balancer, counters), bpffs.go (bpffs and cgroup2), exports.go (export
+// sources and their sync), status.go (the status API) and metrics.go.
 package agent
 
 import (
@@ -24,6 +30,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/cablemesh/cablemesh/agent/brokerclient"
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
 	"github.com/cablemesh/cablemesh/agent/config"
@@ -31,6 +39,7 @@ import (
 	"github.com/cablemesh/cablemesh/agent/reconcile"
 	"github.com/cablemesh/cablemesh/agent/routes"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/bpf"
 	"github.com/cablemesh/cablemesh/cable"
 	"github.com/cablemesh/cablemesh/policy"
 )
@@ -69,9 +78,19 @@ type Options struct {
 	MSS MSSClamp
 	// CleanupOnExit makes Run, as it ends, remove what the agent made on the host: every
 	// driver's links, routes and sockets (Cleanup) and the MSS clamp on gateways, the routes via
-	// the gateway elsewhere. By default they stay, so that a restart does not flap
-	// the tunnels.
+	// the gateway elsewhere, and the services datapath's programs and pins. By default they
+	// stay, so that a restart neither flaps the tunnels nor breaks a connection through a VIP.
 	CleanupOnExit bool
+	// OpenLB opens the eBPF socket load balancer; default bpf.Open (tests fake it).
+	OpenLB func(context.Context, bpf.Options) (LoadBalancer, error)
+	// OpenCounters opens the per-cluster traffic counters of gateways; default bpf.OpenCounters.
+	OpenCounters func(context.Context, bpf.Options) (TrafficCounters, error)
+	// ListLinks lists the links of the agent's network namespace by name, with their index (for
+	// the counters); default netlink.
+	ListLinks func() (map[string]int, error)
+	// Kubernetes is the export source used when the config sets kubernetes.enabled; it must be
+	// set then (cmd/cable-agent builds it from the in-cluster config).
+	Kubernetes ExportSource
 }
 
 // Agent is one node's agent. Build with New, run with Run.
@@ -108,6 +127,11 @@ type Agent struct {
 	health        *health.Manager   // nil unless a gateway with healthCheck enabled, once Run started
 	healthReasons map[string]string // wanted connections not probed, and why
 	metrics       *healthMetrics
+
+	registry   *prometheus.Registry // the agent's metrics (served on metricsAddress)
+	dp         *datapath            // the services datapath, once Run started it
+	svcTrigger chan struct{}
+	exports    exportState
 }
 
 // New checks options; it creates nothing.
@@ -143,8 +167,20 @@ func New(opts Options) (*Agent, error) {
 	if opts.MSS == nil {
 		opts.MSS = KernelMSS{}
 	}
+	if opts.OpenLB == nil {
+		opts.OpenLB = openLB
+	}
+	if opts.OpenCounters == nil {
+		opts.OpenCounters = openCounters
+	}
+	if opts.ListLinks == nil {
+		opts.ListLinks = linkIndexes
+	}
 	cfg := opts.Config
-	return &Agent{
+	if cfg.Kubernetes.Enabled && opts.Kubernetes == nil {
+		return nil, errors.New("agent: kubernetes.enabled is set but no Kubernetes export source was given")
+	}
+	a := &Agent{
 		cfg:        cfg,
 		opts:       opts,
 		log:        opts.Log.With("cluster", cfg.Cluster, "node", cfg.Node),
@@ -154,7 +190,12 @@ func New(opts Options) (*Agent, error) {
 		state:      brokerstate.New(),
 		metrics:    newHealthMetrics(),
 		lastRepair: map[string]time.Time{},
-	}, nil
+		registry:   prometheus.NewRegistry(),
+		svcTrigger: make(chan struct{}, 1),
+		exports:    exportState{config: cfg.ExportsProto(), runtime: map[string]*apiv1.ServiceExport{}, trigger: make(chan struct{}, 1)},
+	}
+	a.registry.MustRegister(&collector{a: a})
+	return a, nil
 }
 
 // Run runs the agent until ctx ends. It returns an error only when the agent cannot work at
@@ -163,6 +204,13 @@ func New(opts Options) (*Agent, error) {
 // Options.CleanupOnExit, what the agent made on the host is removed.
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.stop()
+	runtime, err := loadRuntimeExports(a.cfg.StateDir)
+	if err != nil {
+		return err
+	}
+	a.exports.mu.Lock()
+	a.exports.runtime = runtime
+	a.exports.mu.Unlock()
 	id, err := a.identity(ctx)
 	if err != nil {
 		return err
@@ -184,6 +232,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.clampMSS()
 		if a.cfg.HealthCheck.IsEnabled() {
 			m := health.NewManager(a.healthSettings(), a.opts.NewPinger, a.metrics, a.pairLog)
+			// A pair whose probes cross the threshold leaves the service maps now, not at the
+			// next pass.
+			m.OnChange(func(string, bool) { a.TriggerServices() })
 			defer m.Close()
 			a.mu.Lock()
 			a.health = m
@@ -191,6 +242,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}
 
+	if err := a.startDatapath(ctx); err != nil {
+		return err
+	}
 	statusSrv, err := a.serveStatus(ctx)
 	if err != nil {
 		return err
@@ -204,8 +258,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		defer m.close()
 	}
 
-	// Reconcile from the cache before the broker answers (or when it never does).
+	// Reconcile from the cache before the broker answers (or when it never does), then program
+	// the services from it: DNS answers and the maps are as they were before a restart.
 	a.reconcileOnce(ctx)
+	a.servicesOnce(ctx)
 	a.log.Info("agent ready", "gateway", a.cfg.Gateway, "statusSocket", a.cfg.StatusSocket, "broker", a.cfg.Broker, "cachedRevision", a.revision())
 	if a.opts.Ready != nil {
 		a.opts.Ready()
@@ -223,7 +279,12 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	var wg sync.WaitGroup
 	wg.Go(func() { a.reconcileLoop(ctx) })
+	wg.Go(func() { a.servicesLoop(ctx) })
 	wg.Go(func() { a.watchLoop(ctx, client) })
+	wg.Go(func() { a.exportsLoop(ctx, client) })
+	if a.cfg.Kubernetes.Enabled {
+		wg.Go(func() { a.runExportSource(ctx, a.opts.Kubernetes) })
+	}
 	if a.cfg.Gateway {
 		wg.Go(func() { a.registerLoop(ctx, client) })
 	}

@@ -131,6 +131,7 @@ func startAgentWith(t *testing.T, cfg *config.Config, d *fakedriver.Driver, mod 
 		Ready:      func() { once.Do(func() { close(r.ready) }) },
 		MSS:        &fakeMSS{}, // never the host's nftables
 	}
+	fakeDatapath(&opts, nil, nil, map[string]int{}) // never the host's cgroups and bpffs
 	if mod != nil {
 		mod(&opts)
 	}

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"log/slog"
 	"math/rand/v2"
 	"time"
 )
@@ -53,4 +54,12 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	case <-t.C:
 		return true
 	}
+}
+
+// warnLevel is the level of a failure that may repeat: warn the first time, debug after.
+func warnLevel(repeated bool) slog.Level {
+	if repeated {
+		return slog.LevelDebug
+	}
+	return slog.LevelWarn
 }

@@ -95,14 +95,32 @@ func (a *Agent) watchOnce(ctx context.Context, client apiv1.AgentClient) (got bo
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	since := a.revision()
-	stream, err := client.Watch(ctx, &apiv1.WatchRequest{SinceRevision: since})
+	stream, err := client.Watch(ctx, &apiv1.WatchRequest{SinceRevision: since, WantImports: true, ImportSelector: a.cfg.Imports.EffectiveSelector()})
 	if err != nil {
 		return false, fmt.Errorf("open watch: %w", err)
 	}
+	var parts []*apiv1.WatchResponse
 	for {
 		resp, err := stream.Recv()
 		if err != nil {
 			return got, fmt.Errorf("watch: %w", err)
+		}
+		// A batch too large for one message comes in parts (more set on all but the last): apply
+		// them together, never a part of a snapshot as if it were the whole state.
+		if resp.GetMore() {
+			if len(parts) >= maxWatchParts {
+				return got, fmt.Errorf("watch: a batch of more than %d parts; asking for a fresh snapshot", maxWatchParts)
+			}
+			parts = append(parts, resp)
+			continue
+		}
+		if len(parts) > 0 {
+			resp = joinWatchParts(append(parts, resp))
+			parts = nil
+		}
+		if !got {
+			// (Re)connected: the broker may have lost or never had this node's exports.
+			a.TriggerExports()
 		}
 		got = true
 		if err := a.apply(resp); err != nil {
@@ -133,8 +151,12 @@ func (a *Agent) apply(resp *apiv1.WatchResponse) error {
 	if err := next.Save(a.cfg.StateDir, time.Now()); err != nil {
 		a.log.Error("cannot persist broker state; running on memory", "err", err)
 	}
-	a.log.Debug("applied broker message", "revision", next.Revision, "snapshot", resp.GetSnapshot(), "events", len(resp.GetEvents()))
+	a.log.Debug("applied broker message", "revision", next.Revision, "snapshot", resp.GetSnapshot(), "events", len(resp.GetEvents()), "imports", resp.GetImports() != nil)
+	if resp.GetImports() != nil {
+		a.log.Info("service imports received", "imports", len(next.Imports), "revision", next.Revision)
+	}
 	a.Trigger()
+	a.TriggerServices()
 	return nil
 }
 
@@ -163,4 +185,26 @@ func (a *Agent) brokerStatus() (connected bool, rev uint64, last time.Time, errM
 	defer a.mu.Unlock()
 	connected = a.watchUp && (!a.cfg.Gateway || a.beatOK)
 	return connected, a.state.Revision, a.lastContact, a.lastErr, a.cached
+}
+
+// maxWatchParts bounds how many parts of one batch the agent buffers (the broker keeps parts
+// under 1 MiB, so this is a 256 MiB batch).
+const maxWatchParts = 256
+
+// joinWatchParts makes one message of the parts of a batch: a snapshot if the first part is one,
+// every part's events in order, and the last part's revision, imports and CA bundle (each part
+// that carries imports or a bundle carries the whole of it).
+func joinWatchParts(parts []*apiv1.WatchResponse) *apiv1.WatchResponse {
+	out := &apiv1.WatchResponse{Snapshot: parts[0].GetSnapshot()}
+	for _, p := range parts {
+		out.Events = append(out.Events, p.GetEvents()...)
+		out.Revision = p.GetRevision()
+		if p.GetImports() != nil {
+			out.Imports = p.GetImports()
+		}
+		if p.GetCa() != nil {
+			out.Ca = p.GetCa()
+		}
+	}
+	return out
 }

@@ -16,8 +16,7 @@ import (
 
 // serveMetrics serves Prometheus metrics on metricsAddress at /metrics.
 func (a *Agent) serveMetrics(ctx context.Context) (*server, error) {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(&collector{a: a})
+	reg := a.registry
 	lis, err := net.Listen("tcp", a.cfg.MetricsAddress)
 	if err != nil {
 		return nil, fmt.Errorf("metricsAddress %s: %w", a.cfg.MetricsAddress, err)

@@ -70,10 +70,15 @@ func (a *Agent) reconcileOnce(ctx context.Context) {
 	if r == nil {
 		return
 	}
-	if _, err := r.Reconcile(ctx, desired, st.Revision, a.repairs(desired)); err != nil && ctx.Err() == nil {
+	actions, err := r.Reconcile(ctx, desired, st.Revision, a.repairs(desired))
+	if err != nil && ctx.Err() == nil {
 		a.log.Warn("reconcile incomplete; retrying at the next pass", "err", err)
 	}
 	a.syncHealth(st, desired)
+	if len(actions) > 0 {
+		// A connection came or went: its cluster's backends follow.
+		a.TriggerServices()
+	}
 }
 
 // currentWants is what the reconciler last applied, by cluster, for the health repair check.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Tears down the demo mesh of scripts/demo.sh: stops its processes, deletes every network
-# namespace named cbldemo-*, and removes its state directory. Safe to run when nothing is up.
+# namespace named cbldemo-*, removes the demo's cgroups and bpffs, and its state directory. Safe to run when nothing is up.
 set -euo pipefail
 
 PREFIX=cbldemo-
@@ -41,5 +41,20 @@ for ns in $namespaces; do
 	stop_pids KILL $(ip netns pids "$ns" 2>/dev/null)
 	ip netns del "$ns" 2>/dev/null || true
 done
+# The services datapath: the cgroups' bind mounts, the cgroups, the bpffs (its pins go with it),
+# and the pods' resolv.conf. Nothing is removed through a mount.
+for m in "$STATE"/*/cgroup "$STATE"/bpffs; do
+	if mountpoint -q "$m" 2>/dev/null; then
+		umount -l "$m" || { echo "demo-down: cannot unmount $m; leaving $STATE" >&2; exit 1; }
+	fi
+done
+for root in /sys/fs/cgroup/unified /sys/fs/cgroup; do
+	for cg in "$root/${PREFIX}"*; do
+		[ -d "$cg" ] || continue
+		echo 1 >"$cg/cgroup.kill" 2>/dev/null || true
+		for _ in $(seq 1 25); do rmdir "$cg" 2>/dev/null && break; sleep 0.2; done
+	done
+done
+rm -rf /etc/netns/"${PREFIX}"*-pod
 rm -rf "$STATE"
 echo "demo-down: removed ${namespaces:+$(echo $namespaces | wc -w) namespaces and }$STATE"

@@ -3,7 +3,9 @@
 # gateway node running cable-agent and a pod behind it, all in network namespaces named cbldemo-*
 # joined by a bridge in their own underlay namespace (nothing touches the host's network
 # namespace). Waits until every tunnel is connected, pings across, prints `cablectl status` of
-# each gateway and leaves everything running. Tear down with: make demo-down
+# each gateway, then shows a service exported by east and west called by name from north (DNS and
+# a TCP request through the clusterset VIP), and leaves everything running. Tear down with:
+# make demo-down
 # Running it again first tears down the previous demo.
 set -euo pipefail
 
@@ -28,11 +30,35 @@ for b in cable-broker cable-agent cablectl; do
 	fi
 done
 
+say() { printf '%s demo: %s\n' "$(date -u +%H:%M:%S)" "$*"; }
+
 "$ROOT/scripts/demo-down.sh" >/dev/null
 mkdir -p "$STATE"
 chmod 700 "$STATE"
 
-say() { printf '%s demo: %s\n' "$(date -u +%H:%M:%S)" "$*"; }
+# The services datapath: the demo's own bpffs for the agents' pins, and a cgroup per gateway
+# (bind-mounted into the state dir) that its eBPF socket hooks attach to. Both lie outside /sys,
+# which `ip netns exec` remounts. The pods' clients run in their gateway's cgroup.
+CGROOT=""
+for r in /sys/fs/cgroup/unified /sys/fs/cgroup; do
+	if [ "$(stat -f -c %T "$r" 2>/dev/null)" = cgroup2fs ]; then CGROOT=$r; break; fi
+done
+if [ -z "$CGROOT" ]; then
+	echo "demo: needs cgroup2 mounted at /sys/fs/cgroup or /sys/fs/cgroup/unified" >&2
+	exit 1
+fi
+mkdir -p "$STATE/bpffs"
+mount -t bpf bpf "$STATE/bpffs"
+say "building the demo's service program (tcpcheck)"
+(cd "$ROOT" && go build -o "$STATE/tcpcheck" ./tests/netns/cmd/tcpcheck)
+
+# in_pod NAME CMD...: CMD in the pod namespace of cluster NAME, inside its gateway's cgroup.
+in_pod() {
+	local name=$1
+	shift
+	sh -c 'echo $$ > "$0" && exec "$@"' "$CGROOT/${P}${name}-gw/cgroup.procs" ip netns exec "${P}${name}-pod" "$@"
+}
+
 
 # start NS LOG CMD...: runs CMD inside NS in the background, detached from this shell.
 start() {
@@ -106,6 +132,17 @@ for spec in "${CLUSTERS[@]}"; do
 
 	ip netns exec "$BRK" "$BIN/cablectl" --config "$ADMIN" cluster join-token "$name" --pod-cidr "$cidr" >"$dir/join-token"
 	chmod 600 "$dir/join-token"
+	mkdir -p "$CGROOT/${P}${name}-gw" "$dir/cgroup"
+	mount --bind "$CGROOT/${P}${name}-gw" "$dir/cgroup"
+	# The pod resolves names through its gateway's agent (ip netns exec binds this file).
+	mkdir -p "/etc/netns/${pod}"
+	echo "nameserver $(cidr_host "$cidr" 1)" >"/etc/netns/${pod}/resolv.conf"
+	exports=""
+	if [ "$name" != north ]; then
+		exports="exports:
+- {name: web, namespace: demo, ports: [{name: http, port: 80, protocol: TCP}], endpoints: [{ip: $(cidr_host "$cidr" 10)}]}"
+		start "$pod" "$STATE/web-$name.log" "$STATE/tcpcheck" hello -listen :80 -reply "hello from $name"
+	fi
 	cat >"$dir/agent.yaml" <<YAML
 cluster: $name
 node: $name-gw1
@@ -117,6 +154,10 @@ advertiseAddress: $gw_ip
 podCIDRs: [$cidr]
 statusSocket: $dir/agent.sock
 wireguard: {interface: cbl-wg0, port: 51820}
+cgroupPath: $dir/cgroup
+bpfPinDir: $STATE/bpffs/$name
+dns: {listen: "$(cidr_host "$cidr" 1):53"}
+$exports
 YAML
 	start "$gw" "$STATE/agent-$name.log" "$BIN/cable-agent" --config "$dir/agent.yaml"
 	idx=$((idx + 1))
@@ -171,11 +212,38 @@ for spec in "${CLUSTERS[@]}"; do
 	"$BIN/cablectl" status --socket "$STATE/$name/agent.sock"
 done
 
+say "services: east and west export demo/web (TCP 80); north calls it by name"
+deadline=$((SECONDS + 60))
+until "$BIN/cablectl" status --socket "$STATE/north/agent.sock" -o json 2>/dev/null | grep -q '"10.2.0.10:80/tcp"'; do
+	if [ $SECONDS -ge $deadline ]; then
+		echo "demo: north never got demo/web's backends; see $STATE/agent-north.log" >&2
+		exit 1
+	fi
+	sleep 0.5
+done
+echo
+echo "== dig web.demo.svc.clusterset.local (from north's pod, through its gateway agent's DNS)"
+ip netns exec "${P}north-pod" dig +noall +answer web.demo.svc.clusterset.local A
+ip netns exec "${P}north-pod" dig +noall +answer _http._tcp.web.demo.svc.clusterset.local SRV
+echo
+echo "== TCP requests to web.demo.svc.clusterset.local:80 from north's pod (through the VIP)"
+for _ in 1 2 3 4 5 6; do
+	in_pod north "$STATE/tcpcheck" ask -addr web.demo.svc.clusterset.local:80 -timeout 2s
+done
+echo
+echo "== cablectl service list"
+ip netns exec "$BRK" "$BIN/cablectl" --config "$ADMIN" service list
+echo
+echo "== cablectl status --socket $STATE/north/agent.sock   (north's services section)"
+"$BIN/cablectl" status --socket "$STATE/north/agent.sock" | sed -n '/^Services:/,$p'
+
 cat <<EOF
 
 The demo mesh is running (namespaces ${P}*, state and logs in $STATE).
 Try:  ip netns exec ${P}east-pod ping -c 3 $(cidr_host 10.2.0.0/16 10)
       $BIN/cablectl status --socket $STATE/east/agent.sock -o json
       ip netns exec $BRK $BIN/cablectl --config $ADMIN cluster list
+      ip netns exec ${P}north-pod dig web.demo.svc.clusterset.local
+      $BIN/cablectl service export api -n demo --port http:80/TCP --endpoint 10.1.0.10 --socket $STATE/east/agent.sock
 Tear it down with:  make demo-down
 EOF

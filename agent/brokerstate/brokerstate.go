@@ -34,6 +34,12 @@ type State struct {
 	// Policies are the mesh's connection policies by name, the default one (is_default)
 	// included. Empty when the broker predates policies.
 	Policies map[string]*apiv1.Policy
+	// Imports are the service imports this agent may use, as the broker last sent them (the
+	// watch's imports field replaces them whole); HasImports is false until the first set
+	// arrived (or was loaded from the cache), so that the agent can tell "no imports" from "not
+	// known yet" (its DNS answers SERVFAIL until then).
+	Imports    []*apiv1.ServiceImport
+	HasImports bool
 }
 
 // New returns an empty state.
@@ -57,17 +63,45 @@ func (s *State) Clone() *State {
 	for k, v := range s.Policies {
 		c.Policies[k] = proto.Clone(v).(*apiv1.Policy)
 	}
+	c.Imports = cloneImports(s.Imports)
+	c.HasImports = s.HasImports
 	return c
 }
 
-// Apply applies one watch message: a snapshot replaces everything, deltas upsert or delete one
-// record each. It returns an error, and leaves s unchanged, if the message is malformed.
+func cloneImports(in []*apiv1.ServiceImport) []*apiv1.ServiceImport {
+	if in == nil {
+		return nil
+	}
+	out := make([]*apiv1.ServiceImport, len(in))
+	for i, imp := range in {
+		out[i] = proto.Clone(imp).(*apiv1.ServiceImport)
+	}
+	return out
+}
+
+// Apply applies one watch message: a snapshot replaces every record, deltas upsert or delete one
+// record each, and a message with imports replaces the imports whole (a snapshot without them
+// keeps the imports held: they travel apart from the events). It returns an error, and leaves s
+// unchanged, if the message is malformed.
 func (s *State) Apply(resp *apiv1.WatchResponse) error {
 	next := s
 	if resp.GetSnapshot() {
 		next = New()
+		next.Imports, next.HasImports = cloneImports(s.Imports), s.HasImports
 	} else {
 		next = s.Clone()
+	}
+	if imps := resp.GetImports(); imps != nil {
+		for i, imp := range imps.GetImports() {
+			if imp.GetNamespace() == "" || imp.GetName() == "" {
+				return fmt.Errorf("imports[%d]: no namespace or name", i)
+			}
+		}
+		next.Imports = cloneImports(imps.GetImports())
+		if next.Imports == nil {
+			next.Imports = []*apiv1.ServiceImport{}
+		}
+		next.HasImports = true
 	}
 	for i, ev := range resp.GetEvents() {
 		if err := next.applyEvent(ev); err != nil {
@@ -174,6 +208,10 @@ type file struct {
 	Clusters  []json.RawMessage `json:"clusters"`
 	Endpoints []json.RawMessage `json:"endpoints"`
 	Policies  []json.RawMessage `json:"policies,omitempty"`
+	// Imports are written only once the broker sent some (HasImports).
+	Imports []json.RawMessage `json:"imports,omitempty"`
+	// HasImports tells an empty set of imports from none received yet.
+	HasImports bool `json:"hasImports,omitempty"`
 }
 
 // Marshal encodes s as the cache file's JSON, records sorted by key so equal states give equal
@@ -200,6 +238,14 @@ func (s *State) Marshal(now time.Time) ([]byte, error) {
 			return nil, fmt.Errorf("encode policy %q: %w", k, err)
 		}
 		f.Policies = append(f.Policies, b)
+	}
+	f.HasImports = s.HasImports
+	for i, imp := range s.Imports {
+		b, err := protojson.Marshal(imp)
+		if err != nil {
+			return nil, fmt.Errorf("encode import %d (%s/%s): %w", i, imp.GetNamespace(), imp.GetName(), err)
+		}
+		f.Imports = append(f.Imports, b)
 	}
 	return json.MarshalIndent(f, "", "  ")
 }
@@ -241,6 +287,20 @@ func Unmarshal(data []byte) (*State, error) {
 			return nil, fmt.Errorf("decode broker state: policies[%d] has no name", i)
 		}
 		s.Policies[p.GetName()] = p
+	}
+	s.HasImports = f.HasImports || len(f.Imports) > 0
+	if s.HasImports {
+		s.Imports = []*apiv1.ServiceImport{}
+	}
+	for i, raw := range f.Imports {
+		imp := &apiv1.ServiceImport{}
+		if err := protojson.Unmarshal(raw, imp); err != nil {
+			return nil, fmt.Errorf("decode broker state: imports[%d]: %w", i, err)
+		}
+		if imp.GetNamespace() == "" || imp.GetName() == "" {
+			return nil, fmt.Errorf("decode broker state: imports[%d] has no namespace or name", i)
+		}
+		s.Imports = append(s.Imports, imp)
 	}
 	return s, nil
 }

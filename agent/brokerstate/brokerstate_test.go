@@ -138,3 +138,64 @@ func FuzzUnmarshal(f *testing.F) {
 		}
 	})
 }
+
+func imports(names ...string) *apiv1.ServiceImports {
+	out := &apiv1.ServiceImports{}
+	for _, n := range names {
+		out.Imports = append(out.Imports, &apiv1.ServiceImport{Namespace: "shop", Name: n, Type: "ClusterSetIP", Vips: []string{"241.0.0.1"},
+			Clusters: []*apiv1.ImportedCluster{{Cluster: "east", ClusterId: 1, Endpoints: []*apiv1.ServiceEndpoint{{Ip: "10.1.0.10", Ready: true}}}}})
+	}
+	return out
+}
+
+func TestImports(t *testing.T) {
+	s := New()
+	if s.HasImports {
+		t.Fatal("a new state says it has imports")
+	}
+	t.Run("a message without imports leaves them unknown", func(t *testing.T) {
+		if err := s.Apply(&apiv1.WatchResponse{Snapshot: true, Revision: 1, Events: []*apiv1.Event{clusterEv("east", 1, 1)}}); err != nil || s.HasImports {
+			t.Fatalf("err %v hasImports %v", err, s.HasImports)
+		}
+	})
+	t.Run("an empty set is known and empty", func(t *testing.T) {
+		if err := s.Apply(&apiv1.WatchResponse{Revision: 2, Imports: &apiv1.ServiceImports{}}); err != nil || !s.HasImports || len(s.Imports) != 0 {
+			t.Fatalf("err %v state %+v", err, s)
+		}
+	})
+	t.Run("imports replace the imports whole", func(t *testing.T) {
+		_ = s.Apply(&apiv1.WatchResponse{Revision: 3, Imports: imports("web", "db")})
+		_ = s.Apply(&apiv1.WatchResponse{Revision: 4, Imports: imports("web")})
+		if len(s.Imports) != 1 || s.Imports[0].GetName() != "web" {
+			t.Fatalf("imports %v", s.Imports)
+		}
+	})
+	t.Run("a snapshot without imports keeps them", func(t *testing.T) {
+		_ = s.Apply(&apiv1.WatchResponse{Snapshot: true, Revision: 5, Events: []*apiv1.Event{clusterEv("west", 2, 5)}})
+		if !s.HasImports || len(s.Imports) != 1 || s.Clusters["east"] != nil {
+			t.Fatalf("state %+v", s)
+		}
+	})
+	t.Run("an import without a name is malformed and changes nothing", func(t *testing.T) {
+		err := s.Apply(&apiv1.WatchResponse{Revision: 6, Imports: &apiv1.ServiceImports{Imports: []*apiv1.ServiceImport{{Namespace: "shop"}}}})
+		if err == nil || s.Revision != 5 || len(s.Imports) != 1 {
+			t.Fatalf("err %v state %+v", err, s)
+		}
+	})
+	t.Run("imports survive the cache round trip", func(t *testing.T) {
+		dir := t.TempDir()
+		if err := s.Save(dir, time.Unix(1, 0)); err != nil {
+			t.Fatal(err)
+		}
+		got, err := Load(dir)
+		if err != nil || !got.HasImports || len(got.Imports) != 1 || !proto.Equal(got.Imports[0], s.Imports[0]) {
+			t.Fatalf("err %v got %+v", err, got)
+		}
+		empty := New()
+		_ = empty.Apply(&apiv1.WatchResponse{Revision: 1, Imports: &apiv1.ServiceImports{}})
+		_ = empty.Save(dir, time.Unix(1, 0))
+		if got, err := Load(dir); err != nil || !got.HasImports || got.Imports == nil || len(got.Imports) != 0 {
+			t.Fatalf("an empty known set did not survive: err %v got %+v", err, got)
+		}
+	})
+}

@@ -33,10 +33,13 @@ const (
 	DefaultResyncInterval    = 30 * time.Second
 	DefaultLogLevel          = "info"
 
-	// Health probes, in the manner of Linkerd's gateway probes (3s x 3). They are the values of
-	// agent/health's defaults, repeated here so the config package stays free of I/O imports.
-	DefaultHealthCheckPeriod           = 3 * time.Second
-	DefaultHealthCheckTimeout          = 2 * time.Second
+	// Health probes: a probe every 300ms, a gateway down after 3 failures in a row, so a dead
+	// gateway leaves the service maps 0.9-1.2s after it died (issue 8: failover in under 2s).
+	// Linkerd's gateway probes (3s x 3, timeout 2s) remain reachable by config. They are the
+	// values of agent/health's defaults, repeated here so the config package stays free of I/O
+	// imports.
+	DefaultHealthCheckPeriod           = 300 * time.Millisecond
+	DefaultHealthCheckTimeout          = 300 * time.Millisecond
 	DefaultHealthCheckFailureThreshold = 3
 	DefaultHealthCheckWindow           = 128
 )
@@ -56,7 +59,9 @@ type Config struct {
 	// name, lower-cased (as the kubelet does); a host name that is still no valid node name (one
 	// with '_', say) is an error that asks for node to be set.
 	Node string `yaml:"node" json:"node"`
-	// Broker is the broker's gRPC address, host:port. Required.
+	// Broker is the broker's gRPC address, host:port, or several replicas' (HA on etcd),
+	// host:port[,host:port...]: the agent keeps a connection to each and fails over between them.
+	// Required.
 	Broker string `yaml:"broker" json:"broker"`
 	// JoinTokenFile is the file holding the join token printed by `cablectl cluster join-token`.
 	// It is read only when StateDir has no agent certificate yet (first start). Default: none;
@@ -110,6 +115,26 @@ type Config struct {
 	// tunnel.
 	HealthCheck HealthCheck `yaml:"healthCheck" json:"healthCheck"`
 
+	// DNS is the clusterset.local DNS server (off while dns.listen is empty).
+	DNS DNS `yaml:"dns" json:"dns"`
+	// CgroupPath is the cgroup2 directory the eBPF socket load balancer's hooks attach to: they
+	// translate the service VIPs of every process below it. Default: "" (the cgroup2 root,
+	// detected at start: /sys/fs/cgroup on a unified layout, /sys/fs/cgroup/unified on a hybrid
+	// one).
+	CgroupPath string `yaml:"cgroupPath" json:"cgroupPath,omitempty"`
+	// BPFPinDir is this agent's directory on a bpf filesystem, where the services datapath pins
+	// its maps and links so that they outlive an agent restart. The agent mounts bpffs at
+	// /sys/fs/bpf when the directory lies below it and it is not mounted. Default:
+	// /sys/fs/bpf/cablemesh.
+	BPFPinDir string `yaml:"bpfPinDir" json:"bpfPinDir"`
+	// Imports picks the services this cluster imports.
+	Imports Imports `yaml:"imports" json:"imports"`
+	// Exports are the services this node exports; more can be added at run time with `cablectl
+	// service export --socket` (kept in stateDir/exports.json). Default: none.
+	Exports []Export `yaml:"exports" json:"exports,omitempty"`
+	// Kubernetes turns on exports from MCS ServiceExport objects.
+	Kubernetes Kubernetes `yaml:"kubernetes" json:"kubernetes"`
+
 	// nodeFromHost is the host name Node was defaulted from ("" when the file set it), so that
 	// an invalid node name says where it came from.
 	nodeFromHost string
@@ -126,10 +151,10 @@ type Config struct {
 type HealthCheck struct {
 	// Enabled turns probing on or off. Default: true.
 	Enabled *bool `yaml:"enabled" json:"enabled"`
-	// Period between two probes of one connection, a Go duration, 100ms..1h. Default: 3s.
+	// Period between two probes of one connection, a Go duration, 100ms..1h. Default: 300ms.
 	Period time.Duration `yaml:"period" json:"period"`
 	// Timeout is how long a probe waits for its answer, at least 10ms and at most period.
-	// Default: 2s.
+	// Default: 300ms (or period, if shorter).
 	Timeout time.Duration `yaml:"timeout" json:"timeout"`
 	// FailureThreshold is how many consecutive failed probes put a connection in error, 1..100.
 	// Default: 3.
@@ -231,6 +256,7 @@ func (c *Config) ApplyDefaults(host func() string) {
 	if c.HealthCheck.Window == 0 {
 		c.HealthCheck.Window = DefaultHealthCheckWindow
 	}
+	c.applyServicesDefaults()
 }
 
 // Validate checks every field; the error names the first bad field and its value.
@@ -247,8 +273,13 @@ func (c *Config) Validate() error {
 	if c.Broker == "" {
 		return errors.New("broker: is required (host:port of the broker)")
 	}
-	if err := checkHostPort(c.Broker); err != nil {
-		return fmt.Errorf("broker: %q %v", c.Broker, err)
+	for _, addr := range strings.Split(c.Broker, ",") {
+		if err := checkHostPort(strings.TrimSpace(addr)); err != nil {
+			if addr == c.Broker {
+				return fmt.Errorf("broker: %q %v", c.Broker, err)
+			}
+			return fmt.Errorf("broker: %q: %q %v (want host:port[,host:port...])", c.Broker, strings.TrimSpace(addr), err)
+		}
 	}
 	if c.Gateway {
 		if c.AdvertiseAddress == "" {
@@ -305,7 +336,10 @@ func (c *Config) Validate() error {
 	default:
 		return fmt.Errorf("logLevel: %q is not one of debug, info, warn, error", c.LogLevel)
 	}
-	return c.HealthCheck.validate()
+	if err := c.HealthCheck.validate(); err != nil {
+		return err
+	}
+	return c.validateServices()
 }
 
 // validateNode checks the node name with the broker's rule, saying where an invalid one came

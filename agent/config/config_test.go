@@ -155,6 +155,7 @@ func TestBadConfigsFailNamingTheField(t *testing.T) {
 		{"an IPv4-mapped CIDR is refused as the broker refuses it", base + "podCIDRs: [\"::ffff:10.0.0.0/104\"]\n", []string{`podCIDRs[0]: "::ffff:10.0.0.0/104"`, "write it as IPv4"}},
 		{"a missing broker is refused", "cluster: east\nnode: n\n", []string{"broker: is required"}},
 		{"a broker without a port is refused", "cluster: east\nnode: n\nbroker: 10.0.0.1\n", []string{`broker: "10.0.0.1"`}},
+		{"a broker list names the bad replica address", "cluster: east\nnode: n\nbroker: 10.0.0.1:7443,10.0.0.2\n", []string{`broker: "10.0.0.1:7443,10.0.0.2": "10.0.0.2"`, "host:port[,host:port...]"}},
 		{"a gateway without advertiseAddress is refused", base + "gateway: true\n", []string{"advertiseAddress: is required"}},
 		{"a bad advertiseAddress names the value", base + "advertiseAddress: 10.0.0.300\n", []string{`advertiseAddress: "10.0.0.300"`}},
 		{"a port out of range names the value", base + "wireguard: {port: 70000}\n", []string{"wireguard.port: 70000"}},
@@ -208,6 +209,8 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("cluster: east\nbroker: b:1\nhealthCheck: {enabled: false, period: 1s, timeout: 1s, failureThreshold: 2, window: 8}\n"))
 	f.Add([]byte("cluster: east\nbroker: b:1\nvxlan: &v {vni: 0x10, mtu: ~}\nipsec: *v\nwireguard: {interface: [a]}\n"))
 	f.Add([]byte("cluster: east\nnode: Host-A\nbroker: b:1\ncableDrivers: [vxlan]\ngre: {}\n"))
+	f.Add([]byte("cluster: east\nbroker: b:1\n" + servicesExample))
+	f.Add([]byte("cluster: east\nbroker: b:1\ndns: {upstream: 10.0.0.1}\nimports: {selector: \"\"}\nexports: [{name: a, namespace: b, ports: [{port: -1}]}]\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c, err := Parse(data)
 		if err != nil {
@@ -224,8 +227,21 @@ func FuzzParse(f *testing.F) {
 			c.HealthCheck.Enabled == nil || c.HealthCheck.Timeout > c.HealthCheck.Period {
 			t.Fatalf("accepted config lacks defaults: %+v", c)
 		}
+		if len(c.ExportsProto()) != len(c.Exports) || c.BPFPinDir == "" || c.DNS.TTL == 0 {
+			t.Fatalf("accepted services fields do not all convert: %+v", c)
+		}
 		if len(Prefixes(c.PodCIDRs)) != len(c.PodCIDRs) {
 			t.Fatalf("accepted podCIDRs do not all parse: %v", c.PodCIDRs)
 		}
 	})
+}
+
+func TestABrokerListOfReplicasIsAccepted(t *testing.T) {
+	c, err := Parse([]byte("cluster: east\nnode: n1\nbroker: 10.0.0.1:7443, 10.0.0.2:7443\n"))
+	if err != nil {
+		t.Fatalf("a list of two replicas was refused: %v", err)
+	}
+	if c.Broker != "10.0.0.1:7443, 10.0.0.2:7443" {
+		t.Errorf("broker %q", c.Broker)
+	}
 }

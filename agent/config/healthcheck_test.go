@@ -14,14 +14,16 @@ func TestHealthCheckDefaultsAndValues(t *testing.T) {
 		yaml string
 		want HealthCheck
 	}{
-		{"no healthCheck section probes with Linkerd's 3s x 3 and a 2s timeout", base,
+		{"no healthCheck section probes every 300ms, 3 failures, a 300ms timeout", base,
+			HealthCheck{Period: 300 * time.Millisecond, Timeout: 300 * time.Millisecond, FailureThreshold: 3, Window: 128}},
+		{"Linkerd's 3s x 3 with a 2s timeout stays reachable", base + "healthCheck: {period: 3s, timeout: 2s}\n",
 			HealthCheck{Period: 3 * time.Second, Timeout: 2 * time.Second, FailureThreshold: 3, Window: 128}},
 		{"every field is read", base + "healthCheck: {enabled: true, period: 1s, timeout: 300ms, failureThreshold: 5, window: 16}\n",
 			HealthCheck{Period: time.Second, Timeout: 300 * time.Millisecond, FailureThreshold: 5, Window: 16}},
-		{"a short period alone brings the default timeout down to it", base + "healthCheck: {period: 500ms}\n",
-			HealthCheck{Period: 500 * time.Millisecond, Timeout: 500 * time.Millisecond, FailureThreshold: 3, Window: 128}},
+		{"a short period alone brings the default timeout down to it", base + "healthCheck: {period: 200ms}\n",
+			HealthCheck{Period: 200 * time.Millisecond, Timeout: 200 * time.Millisecond, FailureThreshold: 3, Window: 128}},
 		{"probing can be switched off", base + "healthCheck:\n  enabled: false\n",
-			HealthCheck{Enabled: &off, Period: 3 * time.Second, Timeout: 2 * time.Second, FailureThreshold: 3, Window: 128}},
+			HealthCheck{Enabled: &off, Period: 300 * time.Millisecond, Timeout: 300 * time.Millisecond, FailureThreshold: 3, Window: 128}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -3,6 +3,7 @@ package health
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -58,8 +59,8 @@ func TestMerge(t *testing.T) {
 
 func TestSettingsDefaults(t *testing.T) {
 	s := Settings{}.WithDefaults()
-	if s.Period != 3*time.Second || s.Timeout != 2*time.Second || s.FailureThreshold != 3 || s.Window != 128 {
-		t.Errorf("defaults = %+v, want Linkerd's 3s x 3 with a 2s timeout and 128 samples", s)
+	if s.Period != 300*time.Millisecond || s.Timeout != 300*time.Millisecond || s.FailureThreshold != 3 || s.Window != 128 {
+		t.Errorf("defaults = %+v, want 300ms x 3 with a 300ms timeout and 128 samples", s)
 	}
 	s = Settings{Period: time.Second, Timeout: 500 * time.Millisecond, FailureThreshold: 5, Window: 10}.WithDefaults()
 	if s.Period != time.Second || s.Timeout != 500*time.Millisecond || s.FailureThreshold != 5 || s.Window != 10 {
@@ -333,5 +334,35 @@ func TestICMPEchoOnLoopback(t *testing.T) {
 	cancel()
 	if _, err := p.Ping(ctx, 5*time.Second); err == nil {
 		t.Error("a ping with a cancelled context succeeded")
+	}
+}
+
+func TestOnChangeIsCalledAtTheThresholdAndAtRecoveryOnly(t *testing.T) {
+	n := newFakeNet()
+	m := NewManager(Settings{Period: 10 * time.Millisecond, Timeout: 5 * time.Millisecond, FailureThreshold: 3}, n.newPinger, nil, quiet)
+	defer m.Close()
+	var mu sync.Mutex
+	var calls []string
+	m.OnChange(func(cluster string, healthy bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		calls = append(calls, fmt.Sprintf("%s=%v", cluster, healthy))
+	})
+	west := target("west", "10.2.0.1")
+	m.Sync([]Target{west})
+	eventually(t, "west answers", func() bool { r, _ := m.Result("west"); return r.Sent >= 2 })
+	n.setDown(west.Destination, true)
+	eventually(t, "a call saying west is down", func() bool { mu.Lock(); defer mu.Unlock(); return len(calls) == 1 })
+	r, _ := m.Result("west")
+	if r.ConsecutiveFailures < 3 {
+		t.Errorf("called after %d failures, want the threshold (3)", r.ConsecutiveFailures)
+	}
+	n.setDown(west.Destination, false)
+	eventually(t, "a call saying west is back", func() bool { mu.Lock(); defer mu.Unlock(); return len(calls) == 2 })
+	time.Sleep(50 * time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(calls) != 2 || calls[0] != "west=false" || calls[1] != "west=true" {
+		t.Errorf("calls %v, want west=false then west=true and nothing else", calls)
 	}
 }

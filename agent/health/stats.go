@@ -7,7 +7,7 @@ import (
 )
 
 // DefaultWindow is how many of the latest RTT samples the statistics cover: 128 probes, i.e.
-// 6.4 minutes at the default period of 3s.
+// 38 seconds at the default period of 300ms.
 const DefaultWindow = 128
 
 // Window keeps the latest RTT samples in a ring of fixed size. It is pure (no clock, no I/O) and

@@ -7,6 +7,16 @@ import "time"
 // Path is the HTTP path of the status document on the agent's unix socket.
 const Path = "/v1/status"
 
+// ServicesPath is the HTTP path of the services section alone (GET), cheaper than the whole
+// status: it does not read the cable devices.
+const ServicesPath = "/v1/services"
+
+// ExportsPath is the prefix of the runtime exports: PUT ExportsPath+"NAMESPACE/NAME" with an
+// Export as JSON body exports (or replaces) a service; DELETE withdraws it. Errors come back as
+// an Error document with 400 (bad input), 404 (no such runtime export), 409 (the export is
+// defined in the config file) or 500.
+const ExportsPath = "/v1/exports/"
+
 type Status struct {
 	Cluster     string       `json:"cluster"`
 	ClusterID   uint32       `json:"clusterID"`
@@ -19,6 +29,149 @@ type Status struct {
 	Decisions []Decision `json:"decisions,omitempty"`
 	// Drivers are the cable drivers this gateway is configured with, and whether each runs.
 	Drivers []DriverStatus `json:"drivers,omitempty"`
+	// Services is the services datapath: exports, imports, DNS and the eBPF load balancer.
+	Services *Services `json:"services,omitempty"`
+}
+
+// Error is the body of an error answer of the agent's API.
+type Error struct {
+	Error string `json:"error"`
+}
+
+// Export is one service export as cablectl sends it and the status shows it (the agent config's
+// exports[] item).
+type Export struct {
+	Name      string            `json:"name"`
+	Namespace string            `json:"namespace"`
+	Type      string            `json:"type,omitempty"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	Affinity  string            `json:"affinity,omitempty"`
+	Ports     []ServicePort     `json:"ports"`
+	Endpoints []ServiceEndpoint `json:"endpoints"`
+}
+
+// ExportResult answers a runtime export: the export as normalised (defaults filled).
+type ExportResult struct {
+	Export Export `json:"export"`
+	// Source says where the export is defined: runtime (cablectl), config or kubernetes.
+	Source string `json:"source"`
+}
+
+// Services is the services part of the status.
+type Services struct {
+	// ImportSelector is the selector this agent sends the broker ("" imports nothing).
+	ImportSelector string `json:"importSelector"`
+	// ImportsKnown is false until the broker sent the imports once (or they were loaded from the
+	// cache): DNS answers SERVFAIL until then.
+	ImportsKnown bool            `json:"importsKnown"`
+	Imports      []ServiceImport `json:"imports"`
+	// Exports are this node's exports, from every source.
+	Exports []NodeExport `json:"exports"`
+	// Sync is the last SetExports exchange with the broker.
+	Sync         ExportSync   `json:"sync"`
+	DNS          DNSStatus    `json:"dns"`
+	LoadBalancer LoadBalancer `json:"loadBalancer"`
+	// Problems are inputs the planner left out (bad addresses, duplicate VIPs).
+	Problems []string `json:"problems,omitempty"`
+}
+
+// NodeExport is one export of this node and where it is defined.
+type NodeExport struct {
+	Export
+	// Source: config, runtime or kubernetes.
+	Source string `json:"source"`
+	// Shadowed says which source's export of the same namespace/name wins over this one.
+	Shadowed string `json:"shadowedBy,omitempty"`
+}
+
+// ExportSync is the state of the exports at the broker.
+type ExportSync struct {
+	// InSync is true when the broker holds the node's current exports.
+	InSync   bool       `json:"inSync"`
+	Revision uint64     `json:"revision,omitempty"`
+	LastSync *time.Time `json:"lastSync,omitempty"`
+	Error    string     `json:"error,omitempty"`
+	// Conflicts are the conflicts of this cluster's exports in their imports (MCS: the oldest
+	// export wins).
+	Conflicts []ServiceConflict `json:"conflicts,omitempty"`
+}
+
+// DNSStatus is the clusterset.local DNS server.
+type DNSStatus struct {
+	Enabled   bool     `json:"enabled"`
+	Listen    string   `json:"listen,omitempty"`
+	Upstreams []string `json:"upstreams,omitempty"`
+	Error     string   `json:"error,omitempty"`
+}
+
+// LoadBalancer is the eBPF socket load balancer.
+type LoadBalancer struct {
+	Running    bool   `json:"running"`
+	CgroupPath string `json:"cgroupPath,omitempty"`
+	PinDir     string `json:"pinDir,omitempty"`
+	// Error says why it does not run, or why the last sync failed.
+	Error string `json:"error,omitempty"`
+	// Services is how many VIP x port services the maps hold.
+	Services int `json:"services"`
+	// SocketsDestroyed counts the sockets aborted because their backend left, since start.
+	SocketsDestroyed uint64 `json:"socketsDestroyed"`
+}
+
+// ServiceImport is one imported service as this node uses it.
+type ServiceImport struct {
+	Namespace string        `json:"namespace"`
+	Name      string        `json:"name"`
+	Type      string        `json:"type"`
+	VIPs      []string      `json:"vips,omitempty"`
+	Ports     []ServicePort `json:"ports"`
+	// Affinity is the one in force on this node: local or none.
+	Affinity  string            `json:"affinity"`
+	Clusters  []ImportedCluster `json:"clusters"`
+	Conflicts []ServiceConflict `json:"conflicts,omitempty"`
+}
+
+// ServicePort is one port of a service.
+type ServicePort struct {
+	Name     string `json:"name,omitempty"`
+	Port     uint32 `json:"port"`
+	Protocol string `json:"protocol"`
+}
+
+// ServiceEndpoint is one backend address of a service in one cluster.
+type ServiceEndpoint struct {
+	IP       string `json:"ip"`
+	Hostname string `json:"hostname,omitempty"`
+	Ready    bool   `json:"ready"`
+}
+
+// ImportedCluster is one exporting cluster of an import, as this node sees it.
+type ImportedCluster struct {
+	Cluster        string            `json:"cluster"`
+	ClusterID      uint32            `json:"clusterID"`
+	Local          bool              `json:"local,omitempty"`
+	Endpoints      []ServiceEndpoint `json:"endpoints"`
+	ReadyEndpoints int               `json:"readyEndpoints"`
+	// Usable says whether this node sends traffic to the cluster now; Reason says why (not).
+	Usable bool   `json:"usable"`
+	Reason string `json:"reason,omitempty"`
+	// Backends are this cluster's backends in the eBPF maps, "ip:port/proto", read back from
+	// the maps.
+	Backends []string `json:"backends"`
+}
+
+// ServiceConflict is an export left out of an import.
+type ServiceConflict struct {
+	Cluster string `json:"cluster"`
+	Field   string `json:"field"`
+	Message string `json:"message"`
+}
+
+// Traffic are the eBPF counters of one remote cluster on the cable interfaces.
+type Traffic struct {
+	RxPackets uint64 `json:"rxPackets"`
+	RxBytes   uint64 `json:"rxBytes"`
+	TxPackets uint64 `json:"txPackets"`
+	TxBytes   uint64 `json:"txBytes"`
 }
 
 // Decision is what the connection policies decided for the pair (this cluster, Cluster).
@@ -79,6 +232,9 @@ type Connection struct {
 	// Health is the state of the probes through this connection; absent when probing is off
 	// (healthCheck.enabled: false) or the node is not a gateway.
 	Health *Health `json:"health,omitempty"`
+	// Traffic is what the eBPF counters on the cable interfaces saw of this cluster's subnets;
+	// absent without the counters.
+	Traffic *Traffic `json:"traffic,omitempty"`
 }
 
 // Health is what the probes of one connection found.

@@ -15,16 +15,23 @@ import (
 	"os/signal"
 	"syscall"
 
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	mcsclient "sigs.k8s.io/mcs-api/pkg/client/clientset/versioned"
+
 	"github.com/cablemesh/cablemesh/agent"
 	"github.com/cablemesh/cablemesh/agent/config"
+	"github.com/cablemesh/cablemesh/agent/kube"
 	"github.com/cablemesh/cablemesh/cable"
 	_ "github.com/cablemesh/cablemesh/cable/drivers" // registers every cable driver
 )
 
 func main() {
-	// First thing: a driver may re-execute the agent (without kernel WireGuard, the wireguard
-	// driver runs it in its own mount namespace for a private UAPI socket dir); the parent then
-	// only waits and relays the exit code.
+	// Before anything else changes the mount namespace: bpffs for the services datapath's pins.
+	prepareBPFFS(os.Args[1:], os.Stderr)
+	// Then: a driver may re-execute the agent (without kernel WireGuard, the wireguard driver
+	// runs it in its own mount namespace for a private UAPI socket dir); the parent then only
+	// waits and relays the exit code.
 	parentDone, code, err := cable.PrepareProcess()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "cable-agent:", err)
@@ -65,7 +72,16 @@ func run(args []string, stderr io.Writer) int {
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level(cfg.LogLevel)}))
 	slog.SetDefault(log)
 
-	a, err := agent.New(agent.Options{Config: cfg, Log: log, CleanupOnExit: *cleanup})
+	opts := agent.Options{Config: cfg, Log: log, CleanupOnExit: *cleanup}
+	if cfg.Kubernetes.Enabled {
+		src, err := kubernetesSource(cfg, log)
+		if err != nil {
+			fmt.Fprintln(stderr, "cable-agent: kubernetes.enabled:", err)
+			return 1
+		}
+		opts.Kubernetes = src
+	}
+	a, err := agent.New(opts)
 	if err != nil {
 		fmt.Fprintln(stderr, "cable-agent:", err)
 		return 2
@@ -80,6 +96,60 @@ func run(args []string, stderr io.Writer) int {
 	log.Info("agent stopped")
 	return 0
 }
+
+// kubernetesSource watches the cluster's MCS ServiceExports with the in-cluster credentials (the
+// agent's service account).
+func kubernetesSource(cfg *config.Config, log *slog.Logger) (agent.ExportSource, error) {
+	rc, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("in-cluster Kubernetes config: %w", err)
+	}
+	kc, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("the Kubernetes client: %w", err)
+	}
+	mc, err := mcsclient.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("MCS client: %w", err)
+	}
+	return kube.New(kc, mc, cfg.Cluster, log.With("component", "kubernetes")), nil
+}
+
+// prepareBPFFS mounts bpffs at /sys/fs/bpf when the config's bpfPinDir lies below it and it is
+// not mounted, before the process may move to a private mount namespace where a bpffs mount
+// (and every pin in it) would vanish with the agent. Anything wrong (no config yet, a failed
+// mount) is left for run to report: the config's errors with exit code 2, the datapath's in the
+// log and the status.
+func prepareBPFFS(args []string, stderr io.Writer) {
+	if os.Getenv(bpffsPreparedEnv) != "" {
+		return // the re-executed child: its parent did it
+	}
+	fs := flag.NewFlagSet("cable-agent", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	configPath := fs.String("config", "", "")
+	fs.String("log-level", "", "")
+	fs.Bool("cleanup-on-exit", false, "")
+	if fs.Parse(args) != nil || *configPath == "" {
+		return
+	}
+	cfg, err := config.Load(*configPath)
+	if err != nil {
+		return
+	}
+	_ = os.Setenv(bpffsPreparedEnv, "1")
+	mounted, warning, err := agent.EnsureBPFFS(cfg.BPFPinDir)
+	switch {
+	case err != nil:
+		fmt.Fprintln(stderr, "cable-agent: services datapath:", err)
+	case warning != "":
+		fmt.Fprintln(stderr, "cable-agent: warning:", warning)
+	case mounted:
+		fmt.Fprintln(stderr, "cable-agent: mounted bpffs at", config.BPFFSMount)
+	}
+}
+
+// bpffsPreparedEnv marks a process whose parent already prepared bpffs.
+const bpffsPreparedEnv = "CABLEMESH_BPFFS_PREPARED"
 
 func level(s string) slog.Level {
 	switch s {

@@ -36,7 +36,10 @@ func newRoot() *cobra.Command {
 	root.PersistentFlags().StringVar(&g.config, "config", defaultAdminConfig(), "admin credential file written by cable-broker (DIR/admin.yaml); env CABLEMESH_CONFIG")
 	root.PersistentFlags().StringVarP(&g.output, "output", "o", "table", "output format: table | json | yaml (status also: wide)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.AddCommand(newClusterCmd(g), newStatusCmd(g), newConnectionPolicyCmd(g), newApplyCmd(g), newDeleteCmd(g), newServiceCmd(g))
+	svc := newServiceCmd(g)         // service.go: list, describe (broker)
+	addServiceAgentCommands(svc, g) // service_agent.go: export, unexport (local agent)
+	root.AddCommand(newClusterCmd(g), newStatusCmd(g), newConnectionPolicyCmd(g), newApplyCmd(g), newDeleteCmd(g), svc)
+	root.AddCommand(newCertCmd(g), newAdminCmd(g), newCACmd(g)) // certs.go
 	return root
 }
 

@@ -223,9 +223,9 @@ type localBackends struct {
 }
 
 func newServiceDescribeCmd(f *adminFlags) *cobra.Command {
-	var namespace string
+	var namespace, socket string
 	cmd := &cobra.Command{
-		Use:   "describe NAME [-n NAMESPACE]",
+		Use:   "describe NAME [-n NAMESPACE] [--socket AGENT_SOCKET]",
 		Short: "Show one service: its VIPs, type and ports, and per exporting cluster its ID, affinity, endpoints and conflicts",
 		Args:  exactArgs(1, "NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -258,12 +258,20 @@ func newServiceDescribeCmd(f *adminFlags) *cobra.Command {
 				for _, c := range clusters.GetClusters() {
 					ids[c.GetName()] = c.GetId()
 				}
-				v := describeService(svcs.GetImports()[i], svcs.GetExports(), ids, svcs.GetRevision(), nil)
+				var local *localBackends
+				if socket != "" {
+					// service_agent.go: what the local agent's eBPF maps hold of the service.
+					if local, err = agentBackends(ctx, socket, namespace, name); err != nil {
+						return fmt.Errorf("describe service: the local agent: %w", err)
+					}
+				}
+				v := describeService(svcs.GetImports()[i], svcs.GetExports(), ids, svcs.GetRevision(), local)
 				return printServiceDescribe(cmd.OutOrStdout(), f.output, v)
 			})
 		},
 	}
 	cmd.Flags().StringVarP(&namespace, "namespace", "n", "default", "namespace of the service")
+	cmd.Flags().StringVar(&socket, "socket", "", "also ask the local agent at this status socket which endpoints its eBPF maps hold (inLocalMaps)")
 	return cmd
 }
 

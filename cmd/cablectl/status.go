@@ -149,6 +149,10 @@ func printStatus(w io.Writer, format string, s *statusapi.Status, now time.Time)
 				fmt.Fprintln(w, line)
 			}
 		}
+		if tr := c.Traffic; wide && tr != nil {
+			fmt.Fprintf(w, "  %s: eBPF counters on the cable: rx %d packets (%s), tx %d packets (%s)\n", c.Cluster,
+				tr.RxPackets, statusBytes(tr.RxBytes), tr.TxPackets, statusBytes(tr.TxBytes))
+		}
 	}
 	// Pairs the policies decided not to connect are absent from the table; say so, and why.
 	for _, d := range s.Decisions {
@@ -180,8 +184,10 @@ func printStatus(w io.Writer, format string, s *statusapi.Status, now time.Time)
 	if b.Error != "" {
 		line += ", error: " + b.Error
 	}
-	_, err := fmt.Fprintf(w, "\n%s\n", line)
-	return err
+	if _, err := fmt.Fprintf(w, "\n%s\n", line); err != nil {
+		return err
+	}
+	return printServicesSection(w, s.Services, wide)
 }
 
 func statusDash(s string) string {

@@ -102,6 +102,15 @@ type Broker struct {
 	joins     int
 	registers int
 	beats     int
+	// Services: what each node exported (by cluster/node), the imports each cluster's agents
+	// get (set by the test), and the requests seen.
+	exports        map[string][]*apiv1.ServiceExport
+	imports        map[string]*apiv1.ServiceImports
+	importsVersion uint64
+	setExports     int
+	exportsErr     error
+	conflicts      []*apiv1.ServiceConflict
+	watchRequests  []*apiv1.WatchRequest
 
 	srv  *grpc.Server
 	lis  net.Listener
@@ -114,7 +123,8 @@ func New() (*Broker, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Broker{PKI: p, clusters: map[string]*apiv1.Cluster{}, endpoints: map[string]*apiv1.Endpoint{}, policies: map[string]*apiv1.Policy{}, changed: make(chan struct{})}, nil
+	return &Broker{PKI: p, clusters: map[string]*apiv1.Cluster{}, endpoints: map[string]*apiv1.Endpoint{}, policies: map[string]*apiv1.Policy{},
+		exports: map[string][]*apiv1.ServiceExport{}, imports: map[string]*apiv1.ServiceImports{}, changed: make(chan struct{})}, nil
 }
 
 // Start serves on addr ("127.0.0.1:0" for any port; the previous address to restart).
@@ -395,6 +405,7 @@ func (b *Broker) Watch(req *apiv1.WatchRequest, stream grpc.ServerStreamingServe
 		return err
 	}
 	b.mu.Lock()
+	b.watchRequests = append(b.watchRequests, proto.Clone(req).(*apiv1.WatchRequest))
 	since := req.GetSinceRevision()
 	var first *apiv1.WatchResponse
 	if since == 0 || since > b.rev {
@@ -404,6 +415,10 @@ func (b *Broker) Watch(req *apiv1.WatchRequest, stream grpc.ServerStreamingServe
 	}
 	sent := b.rev
 	changed := b.changed
+	sentImports := b.importsVersion
+	if req.GetWantImports() {
+		first.Imports = b.importsForLocked(caller)
+	}
 	b.mu.Unlock()
 	first.Events = forCallerAll(first.Events, caller)
 	if err := stream.Send(first); err != nil {
@@ -419,11 +434,16 @@ func (b *Broker) Watch(req *apiv1.WatchRequest, stream grpc.ServerStreamingServe
 		evs := b.eventsAfterLocked(sent)
 		sent = b.rev
 		changed = b.changed
+		var imps *apiv1.ServiceImports
+		if req.GetWantImports() && b.importsVersion != sentImports {
+			imps = b.importsForLocked(caller)
+			sentImports = b.importsVersion
+		}
 		b.mu.Unlock()
-		if len(evs) == 0 {
+		if len(evs) == 0 && imps == nil {
 			continue
 		}
-		if err := stream.Send(&apiv1.WatchResponse{Revision: sent, Events: forCallerAll(evs, caller)}); err != nil {
+		if err := stream.Send(&apiv1.WatchResponse{Revision: sent, Events: forCallerAll(evs, caller), Imports: imps}); err != nil {
 			return err
 		}
 	}
@@ -474,4 +494,70 @@ func (b *Broker) snapshotLocked() *apiv1.WatchResponse {
 // String describes the broker for test logs.
 func (b *Broker) String() string {
 	return fmt.Sprintf("fakebroker(%s, rev %d)", b.Addr(), b.Revision())
+}
+
+// importsForLocked is a copy of the imports of cluster's agents (an empty set when none).
+func (b *Broker) importsForLocked(cluster string) *apiv1.ServiceImports {
+	if imps := b.imports[cluster]; imps != nil {
+		return proto.Clone(imps).(*apiv1.ServiceImports)
+	}
+	return &apiv1.ServiceImports{}
+}
+
+// SetImports sets the imports the agents of cluster get, and sends them on their watches.
+func (b *Broker) SetImports(cluster string, imports ...*apiv1.ServiceImport) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.imports[cluster] = &apiv1.ServiceImports{Imports: imports}
+	b.importsVersion++
+	close(b.changed)
+	b.changed = make(chan struct{})
+}
+
+// SetExportsAnswer makes SetExports fail with err (nil: succeed), and answer conflicts.
+func (b *Broker) SetExportsAnswer(err error, conflicts ...*apiv1.ServiceConflict) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.exportsErr, b.conflicts = err, conflicts
+}
+
+// SetExports stores the caller's exports (the broker's rule: its own cluster and node only).
+func (b *Broker) SetExports(ctx context.Context, req *apiv1.SetExportsRequest) (*apiv1.SetExportsResponse, error) {
+	cluster, node, err := identity(ctx)
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.exportsErr != nil {
+		return nil, b.exportsErr
+	}
+	var stored []*apiv1.ServiceExport
+	for _, e := range req.GetExports() {
+		if e.GetCluster() != cluster || e.GetNode() != node {
+			return nil, status.Errorf(codes.PermissionDenied, "agent %s/%s may not export for %s/%s", cluster, node, e.GetCluster(), e.GetNode())
+		}
+		stored = append(stored, proto.Clone(e).(*apiv1.ServiceExport))
+	}
+	b.setExports++
+	b.exports[cluster+"/"+node] = stored
+	return &apiv1.SetExportsResponse{Exports: stored, Conflicts: b.conflicts, Revision: b.rev}, nil
+}
+
+// Exports returns what cluster/node last set, and how many SetExports calls succeeded.
+func (b *Broker) Exports(cluster, node string) ([]*apiv1.ServiceExport, int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []*apiv1.ServiceExport
+	for _, e := range b.exports[cluster+"/"+node] {
+		out = append(out, proto.Clone(e).(*apiv1.ServiceExport))
+	}
+	return out, b.setExports
+}
+
+// WatchRequests returns the watch requests received, in order.
+func (b *Broker) WatchRequests() []*apiv1.WatchRequest {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]*apiv1.WatchRequest(nil), b.watchRequests...)
 }

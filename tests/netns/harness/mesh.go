@@ -56,6 +56,8 @@ type Mesh struct {
 	BrokerAddr    netip.Addr
 	BrokerDataDir string
 	Broker        *Process
+	// BPFFS is the mesh's bpf filesystem (see services.go).
+	BPFFS string
 
 	mu        sync.Mutex
 	clusters  map[string]*Cluster
@@ -131,6 +133,7 @@ func New(t testing.TB) *Mesh {
 	m.BrokerAddr = netip.MustParseAddr("172.31.0.1")
 	m.BrokerDataDir = filepath.Join(m.Dir, "broker")
 	m.Logf("mesh prefix %s, dir %s", m.Prefix, m.Dir)
+	m.must(m.mountDatapath())
 
 	m.must(AddNamespace(ctx, m.UnderlayNS))
 	m.ip("-n", m.UnderlayNS, "link", "add", "br0", "type", "bridge")
@@ -366,8 +369,8 @@ advertiseAddress: %s
 podCIDRs: [%s]
 statusSocket: %s
 wireguard: {interface: %s, port: %d}
-%s`, c.Name, node, c.m.BrokerAddress(), c.TokenPath, c.StateDir, c.GwUnderlay, c.PodCIDR,
-		c.StatusSocket, c.WGInterface, WGPort, extra)
+%s%s`, c.Name, node, c.m.BrokerAddress(), c.TokenPath, c.StateDir, c.GwUnderlay, c.PodCIDR,
+		c.StatusSocket, c.WGInterface, WGPort, c.m.datapathConfig(c.Name+"-gw", c.GwPodIP), extra)
 }
 
 // WriteConfig writes the agent config (extra appended verbatim, for malformed-config tests).
@@ -497,6 +500,10 @@ func (m *Mesh) teardown() {
 			t.Errorf("teardown: %v", err)
 		}
 	}
+	safe, errs := m.unmountDatapath()
+	for _, err := range errs {
+		t.Errorf("teardown: %v", err)
+	}
 	if removed, err := SweepNamespaces(ctx, m.Prefix); err != nil {
 		t.Errorf("teardown: delete namespaces of %s: %v", m.Prefix, err)
 	} else if len(removed) > 0 {
@@ -509,7 +516,9 @@ func (m *Mesh) teardown() {
 			t.Errorf("teardown: link %s appeared in the host's network namespace during the test", name)
 		}
 	}
-	if m.Dir != "" {
+	if m.Dir != "" && !safe {
+		t.Errorf("teardown: kept %s: something is still mounted below it", m.Dir)
+	} else if m.Dir != "" {
 		if os.Getenv(KeepEnv) == "1" {
 			_ = os.WriteFile(filepath.Join(m.Dir, KeptMarker), nil, 0o644)
 			t.Logf("teardown: kept %s (%s=1)", m.Dir, KeepEnv)

@@ -158,6 +158,9 @@ func SweepStale(ctx context.Context) ([]string, error) {
 			continue
 		}
 		if st, err := os.Stat(d); err == nil && st.IsDir() {
+			if !sweepStaleDatapath(d) {
+				continue // something is still mounted below it: never remove through a mount
+			}
 			_ = os.RemoveAll(d)
 			removed = append(removed, d)
 		}

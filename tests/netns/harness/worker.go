@@ -115,7 +115,7 @@ joinTokenFile: %s
 stateDir: %s
 gateway: false
 statusSocket: %s
-%s`, w.Cluster.Name, w.Node, w.m.BrokerAddress(), w.TokenPath, w.StateDir, w.StatusSocket, extra)
+%s%s`, w.Cluster.Name, w.Node, w.m.BrokerAddress(), w.TokenPath, w.StateDir, w.StatusSocket, w.m.datapathConfig(w.Node, netip.Addr{}), extra)
 }
 
 // WriteConfig writes the worker's agent config (extra appended verbatim).

@@ -19,6 +19,7 @@
 //	                                             bounded by the MSS option of the SYN as it
 //	                                             arrived (after any clamping on the way); echoes
 //	                                             until the peer closes
+//	tcpcheck hello|udpecho|ask|udpask|asks|hold  the services modes: see services.go
 //
 // Exit codes: 0 ok, 1 the check failed, 2 bad usage.
 package main
@@ -52,6 +53,8 @@ func main() {
 	duration := fs.Duration("duration", 10*time.Second, "stream: how long to keep the connection busy")
 	gapReport := fs.Duration("gap-report", 200*time.Millisecond, "stream: list every gap between echoes longer than this")
 	size := fs.Int64("bytes", 4<<20, "transfer: how many bytes to send")
+	reply := fs.String("reply", "", "hello/udpecho: what to answer")
+	count := fs.Int("count", 1000, "connbench: how many connections")
 	_ = fs.Parse(os.Args[2:])
 
 	var err error
@@ -66,8 +69,24 @@ func main() {
 		err = transfer(*addr, *timeout, *size)
 	case "accept":
 		err = acceptOne(*listen, *timeout)
+	case "hello":
+		err = serveHello(*listen, *reply)
+	case "udpecho":
+		err = serveUDPEcho(*listen, *reply)
+	case "ask":
+		err = ask(*addr, *timeout)
+	case "udpask":
+		err = udpAsk(*addr, *timeout)
+	case "asks":
+		err = asks(*addr, *timeout, *duration)
+	case "hold":
+		err = hold(*addr, *timeout)
+	case "connbench":
+		err = connBench(*addr, *count, *timeout)
+	case "rrbench":
+		err = rrBench(*addr, *duration, *timeout)
 	default:
-		fmt.Fprintf(os.Stderr, "tcpcheck: unknown mode %q (want serve, dial, stream, transfer or accept)\n", os.Args[1])
+		fmt.Fprintf(os.Stderr, "tcpcheck: unknown mode %q (want serve, dial, stream, transfer, accept, hello, udpecho, ask, udpask, asks, hold, connbench or rrbench)\n", os.Args[1])
 		os.Exit(2)
 	}
 	if err != nil {

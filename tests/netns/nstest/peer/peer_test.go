@@ -13,7 +13,13 @@ func TestGoroutinesOfFindsTheGoroutinesOfAPackageUntilTheyEnd(t *testing.T) {
 	done := make(chan struct{})
 	go blockUntil(done)
 	pkgs := []string{"nstest/peer.blockUntil"}
-	left := goroutinesOf(pkgs, 0)
+	// The new goroutine may not have been scheduled yet (a loaded machine): wait until it is seen.
+	var left []string
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if left = goroutinesOf(pkgs, 0); len(left) > 0 {
+			break
+		}
+	}
 	if len(left) != 1 || !strings.Contains(left[0], "blockUntil") {
 		t.Fatalf("goroutinesOf = %q, want the one blocked goroutine", left)
 	}
