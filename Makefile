@@ -7,8 +7,13 @@ BIN := $(CURDIR)/bin
 BINARIES := cable-broker cable-agent cablectl
 # The netns tests build a mesh of several clusters; 40m is a ceiling, they take a few minutes.
 NETNS_TIMEOUT ?= 40m
+# The VM stage: boots Debian's stock kernel under qemu (KVM when it works, TCG otherwise) with this
+# machine's userspace over 9p and runs the kernel-datapath netns tests
+# (tests/netns/kernel_datapaths_test.go) inside. CABLEMESH_VM_REQUIRED=1: a missing qemu or guest
+# kernel fails instead of skipping.
+VM_TIMEOUT ?= 45m
 
-.PHONY: all build deps test lint check-bpf unit-test netns-test demo demo-down bench bench-services bench-dns fuzz generate fmt vet clean
+.PHONY: all build deps test lint check-bpf unit-test netns-test vm-test demo demo-down bench bench-services bench-dns fuzz generate fmt vet clean
 
 all: build
 
@@ -19,7 +24,7 @@ build:
 deps:
 	./scripts/install-deps.sh
 
-test: deps build lint check-bpf unit-test netns-test
+test: deps build lint check-bpf unit-test netns-test vm-test
 
 # The committed eBPF objects must be what the C sources compile to: where clang is installed,
 # rebuild them and fail on any difference.
@@ -31,11 +36,15 @@ check-bpf:
 
 # Unit tests: everything except the end-to-end tests under tests/netns.
 unit-test:
-	pkgs=$$($(GO) list ./... | grep -v '/tests/netns'); $(GO) test -count=1 $$pkgs
+	pkgs=$$($(GO) list ./... | grep -v -e '/tests/netns' -e '/tests/vm$$'); $(GO) test -count=1 $$pkgs
 
 # End-to-end tests with the real binaries in network namespaces (need root; they skip otherwise).
 netns-test: build
 	CABLEMESH_BIN=$(BIN) $(GO) test -v -count=1 -timeout $(NETNS_TIMEOUT) ./tests/netns/...
+
+# The kernel datapaths (kernel WireGuard, kernel ESP) in a VM: see tests/vm.
+vm-test: build
+	CABLEMESH_BIN=$(BIN) CABLEMESH_VM_REQUIRED=1 $(GO) test -v -count=1 -timeout $(VM_TIMEOUT) ./tests/vm/...
 
 demo: deps build
 	./scripts/demo.sh

@@ -35,16 +35,23 @@ command -v llvm-strip >/dev/null 2>&1 || need+=(llvm)
 [ -e /usr/include/linux/bpf.h ] || need+=(linux-libc-dev)
 command -v bpftool >/dev/null 2>&1 || need+=(bpftool)
 
-if [ ${#need[@]} -eq 0 ]; then
-	exit 0
+# The VM stage (tests/vm): qemu, kmod (depmod for the guest kernel's modules; the guest's modprobe),
+# and wg (the tests read the guest's kernel WireGuard devices with it).
+command -v qemu-system-x86_64 >/dev/null 2>&1 || need+=(qemu-system-x86)
+command -v depmod >/dev/null 2>&1 || need+=(kmod)
+command -v wg >/dev/null 2>&1 || need+=(wireguard-tools)
+
+if [ ${#need[@]} -gt 0 ]; then
+	if [ "$(id -u)" -ne 0 ]; then
+		echo "install-deps: missing ${need[*]}; run as root (or install them) to continue" >&2
+		exit 1
+	fi
+	echo "install-deps: installing ${need[*]}" >&2
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
-if [ "$(id -u)" -ne 0 ]; then
-	echo "install-deps: missing ${need[*]}; run as root (or install them) to continue" >&2
-	exit 1
-fi
-
-echo "install-deps: installing ${need[*]}" >&2
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+# The guest kernel of the VM stage: Debian's linux-image-amd64, unpacked (not installed) under
+# /var/lib/cablemesh/vm-kernel; a no-op when one is there.
+"$(dirname "$0")/vm/install-kernel.sh"

@@ -42,8 +42,9 @@ func ModuleRoot(ctx context.Context) (string, error) {
 	return filepath.Dir(gomod), nil
 }
 
-// Build returns the binaries, building what is missing once per process: the three cablemesh
-// binaries come from $CABLEMESH_BIN when it holds them; tcpcheck is always built (it is small).
+// Build returns the binaries, building what is missing once per process: each comes from
+// $CABLEMESH_BIN when it holds it (the VM stage of tests/vm puts tcpcheck there too: a go build
+// in the guest costs a minute under TCG).
 func Build(ctx context.Context) (Binaries, error) {
 	buildOnce.Do(func() { buildBins, buildErr = build(ctx) })
 	return buildBins, buildErr
@@ -59,8 +60,8 @@ func build(ctx context.Context) (Binaries, error) {
 		return Binaries{}, err
 	}
 	buildDir = dir
-	pkgs := []string{"./tests/netns/cmd/tcpcheck"}
-	b := Binaries{TCPCheck: filepath.Join(dir, "tcpcheck")}
+	var pkgs []string
+	var b Binaries
 	from := os.Getenv(BinEnv)
 	have := func(name string) bool {
 		if from == "" {
@@ -72,13 +73,18 @@ func build(ctx context.Context) (Binaries, error) {
 	for _, x := range []struct {
 		name string
 		dst  *string
-	}{{"cable-broker", &b.Broker}, {"cable-agent", &b.Agent}, {"cablectl", &b.Cablectl}} {
+		pkg  string
+	}{{"cable-broker", &b.Broker, "./cmd/cable-broker"}, {"cable-agent", &b.Agent, "./cmd/cable-agent"},
+		{"cablectl", &b.Cablectl, "./cmd/cablectl"}, {"tcpcheck", &b.TCPCheck, "./tests/netns/cmd/tcpcheck"}} {
 		if have(x.name) {
 			*x.dst = filepath.Join(from, x.name)
 			continue
 		}
 		*x.dst = filepath.Join(dir, x.name)
-		pkgs = append(pkgs, "./cmd/"+x.name)
+		pkgs = append(pkgs, x.pkg)
+	}
+	if len(pkgs) == 0 {
+		return b, nil
 	}
 	args := append([]string{"-C", root, "build", "-o", dir + "/"}, pkgs...)
 	// A cold build of the binaries takes minutes on two cores.

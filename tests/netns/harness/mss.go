@@ -97,7 +97,9 @@ func CoversLink(links []string, name string) bool {
 func (m *Mesh) AcceptedMSS(clientNS, serverNS string, server netip.Addr) (int, error) {
 	m.T.Helper()
 	addr := netip.AddrPortFrom(server, MSSPort).String()
-	p, err := StartProcess("tcpcheck-accept "+serverNS, serverNS, filepath.Join(m.Dir, "tcpaccept-"+serverNS+".log"),
+	// A log of its own per call: Process.Log reads the whole file, and a second call on one
+	// namespace would otherwise find the first call's "listening" and result lines.
+	p, err := StartProcess("tcpcheck-accept "+serverNS, serverNS, filepath.Join(m.Dir, fmt.Sprintf("tcpaccept-%s-%d.log", serverNS, time.Now().UnixNano())),
 		m.Bin.TCPCheck, "accept", "-listen", addr, "-timeout", "20s")
 	if err != nil {
 		return 0, err
