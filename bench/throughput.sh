@@ -5,7 +5,11 @@
 #                   by run with the raw underlay between the same gateways, in one run; ratios to
 #                   bench/results/drivers-<date>.json and .md.
 #   TestThroughput  the issue-2 figure: WireGuard vs underlay, bench/results/throughput-<date>.*
-# BENCH_RUN selects (a go test -run pattern); default both.
+#   TestWireGuardStart  50 fresh two-cluster meshes idle and 50 with both CPUs busy: time from the
+#                   second agent's start to a pod-to-pod ping answered both ways (bench/results/wgstart-*)
+#   TestWireGuardSpeed  pod-to-pod iperf3: plain routing, standalone wireguard-go configured by wg,
+#                   the cable and the VXLAN cable, interleaved, with TUN/UDP offload state (wgspeed-*)
+# BENCH_RUN selects (a go test -run pattern); default all four.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -15,4 +19,4 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 export CABLEMESH_BIN=${CABLEMESH_BIN:-$ROOT/bin}
 export CABLEMESH_BENCH_RESULTS=${CABLEMESH_BENCH_RESULTS:-$ROOT/bench/results}
-go test -tags bench -run "${BENCH_RUN:-^(TestDrivers|TestThroughput)\$}" -v -count=1 -timeout 30m ./bench/
+go test -tags bench -run "${BENCH_RUN:-^(TestDrivers|TestThroughput|TestWireGuardStart|TestWireGuardSpeed)\$}" -v -count=1 -timeout 90m ./bench/

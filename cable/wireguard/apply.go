@@ -36,6 +36,11 @@ func (d *Driver) initDevice() error {
 		}
 	}
 	for _, cluster := range forget {
+		// Its peer died with an earlier process (a userspace device): adding it again is a
+		// reconnect, not a new pair (see handshake.go).
+		if k, err := wgtypes.ParseKey(d.conns[cluster].PublicKey); err == nil {
+			d.reconnect[k] = true
+		}
 		delete(d.conns, cluster)
 	}
 
@@ -67,7 +72,9 @@ func (d *Driver) initDevice() error {
 }
 
 // connect makes the device hold want's peer (read back: the device may silently disagree, e.g.
-// about an allowed IP another peer held), routes want's subnets, and stores want.
+// about an allowed IP another peer held), routes want's subnets, and stores want. A new peer is
+// added as handshake.go decides: fully at once, held back at once, or a moment later by the
+// handshake watcher.
 func (d *Driver) connect(want desiredPeer) error {
 	log := d.log.With("cluster", want.Cluster, "node", want.Node, "peer", want.PublicKey.String())
 	dev, err := d.host.Device(d.cfg.Interface)
@@ -78,7 +85,17 @@ func (d *Driver) connect(want desiredPeer) error {
 	if c, ok := d.conns[want.Cluster]; ok {
 		old = &c
 	}
-	if peers := peerChanges(dev, old, want); len(peers) > 0 {
+	if old != nil && old.PublicKey != want.PublicKey.String() {
+		if k, err := wgtypes.ParseKey(old.PublicKey); err == nil {
+			d.watch.forget(k)
+		}
+	}
+	plan := d.watch.pending(want)
+	if plan == addFull && !hasPeer(dev, want.PublicKey) {
+		plan = d.watch.add(d.now(), d.key.PublicKey(), d.dev.Kind(), want, d.reconnect[want.PublicKey])
+		delete(d.reconnect, want.PublicKey)
+	}
+	if peers := peerChanges(dev, old, want, plan); len(peers) > 0 {
 		if old != nil && old.PublicKey != want.PublicKey.String() {
 			log.Info("remote key changed", "oldPeer", old.PublicKey)
 		}
@@ -89,10 +106,20 @@ func (d *Driver) connect(want desiredPeer) error {
 		if err != nil {
 			return fmt.Errorf("read back: %w", err)
 		}
-		if !deviceHolds(dev, want) {
+		if plan != addLater && !deviceHolds(dev, want, plan == addHeld) {
 			return fmt.Errorf("device %s did not keep the peer configuration", d.cfg.Interface)
 		}
-		log.Info("peer configured", "endpoint", want.Endpoint, "subnets", want.Subnets)
+		switch plan {
+		case addFull:
+			log.Info("peer configured", "endpoint", want.Endpoint, "subnets", want.Subnets)
+		case addHeld:
+			log.Info("peer configured, held back until the first handshake: the remote end initiates it, this end answers",
+				"endpoint", want.Endpoint, "subnets", want.Subnets)
+		}
+	}
+	if plan == addLater && (old == nil || old.PublicKey != want.PublicKey.String()) {
+		log.Info("peer deferred: the remote end initiates the first handshake, this end adds the peer shortly",
+			"endpoint", want.Endpoint, "subnets", want.Subnets, "in", d.timing.DeferFor)
 	}
 
 	link, err := d.host.Link(d.cfg.Interface)
@@ -124,9 +151,13 @@ func (d *Driver) disconnect(cluster string, c storedConn) error {
 	if err != nil {
 		return err
 	}
-	if k, err := wgtypes.ParseKey(c.PublicKey); err == nil && hasPeer(dev, k) {
-		if err := d.configure(wgtypes.Config{Peers: []wgtypes.PeerConfig{{PublicKey: k, Remove: true}}}); err != nil {
-			return err
+	if k, err := wgtypes.ParseKey(c.PublicKey); err == nil {
+		d.watch.forget(k)
+		delete(d.reconnect, k)
+		if hasPeer(dev, k) {
+			if err := d.configure(wgtypes.Config{Peers: []wgtypes.PeerConfig{{PublicKey: k, Remove: true}}}); err != nil {
+				return err
+			}
 		}
 	}
 	link, err := d.host.Link(d.cfg.Interface)

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -15,6 +16,7 @@ import (
 	"golang.zx2c4.com/wireguard/device"
 	"golang.zx2c4.com/wireguard/ipc"
 	"golang.zx2c4.com/wireguard/tun"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 )
 
 // Device kinds as reported by Driver.DeviceKind.
@@ -34,14 +36,28 @@ func UAPISocketPath(iface string) string { return filepath.Join(UAPIDir, iface+"
 // and ports goes through wgctrl for both kinds; this only creates and destroys the link.
 type wgDevice interface {
 	Kind() string
+	// CanInitiate reports whether Initiate works on this kind of device.
+	CanInitiate() bool
+	// Initiate sends peer a fresh handshake initiation now, even within WireGuard's rate limit of
+	// one initiation per REKEY_TIMEOUT (see handshake.go for why and when this is safe). Only a
+	// userspace device can: the kernel offers no per-peer way to lift its rate limit short of
+	// removing the peer.
+	Initiate(peer wgtypes.Key) error
 	// Close destroys the device (and for userspace its UAPI socket).
 	Close() error
 }
+
+// errCannotInitiate is Initiate's error on a kernel device.
+var errCannotInitiate = errors.New("a kernel WireGuard device cannot be made to send an initiation on demand")
 
 // kernelDevice is a kernel WireGuard link, which outlives the agent process.
 type kernelDevice struct{ name string }
 
 func (k *kernelDevice) Kind() string { return KindKernel }
+
+func (k *kernelDevice) CanInitiate() bool { return false }
+
+func (k *kernelDevice) Initiate(wgtypes.Key) error { return errCannotInitiate }
 
 func (k *kernelDevice) Close() error { return deleteLink(k.name) }
 
@@ -62,6 +78,25 @@ type userDevice struct {
 }
 
 func (u *userDevice) Kind() string { return KindUserspace }
+
+func (u *userDevice) CanInitiate() bool { return true }
+
+// Initiate lifts the peer's rate limit with ExpireCurrentKeypairs, then sends an initiation.
+// ExpireCurrentKeypairs clears the handshake in progress (a crossed one is lost anyway), resets
+// the time of the last handshake sent, and stops the current and next keypairs from sending; it
+// deletes no keypair, so every packet the peer sends on a session it holds still decrypts here
+// (and confirms a next keypair), and the initiation that follows replaces the session for both.
+func (u *userDevice) Initiate(k wgtypes.Key) error {
+	p := u.dev.LookupPeer(device.NoisePublicKey(k))
+	if p == nil {
+		return fmt.Errorf("initiate handshake: no peer %s on %s", k, u.name)
+	}
+	p.ExpireCurrentKeypairs()
+	if err := p.SendHandshakeInitiation(false); err != nil {
+		return fmt.Errorf("initiate handshake with peer %s: %w", k, err)
+	}
+	return nil
+}
 
 func (u *userDevice) Close() error {
 	u.closed.Do(func() {
@@ -171,7 +206,15 @@ func openUserDevice(log *slog.Logger, name string, mtu int) (_ wgDevice, err err
 	}
 	logger := &device.Logger{
 		Verbosef: func(format string, args ...any) { log.Debug(fmt.Sprintf(format, args...)) },
-		Errorf:   func(format string, args ...any) { log.Warn(fmt.Sprintf(format, args...)) },
+		Errorf: func(format string, args ...any) {
+			msg := fmt.Sprintf(format, args...)
+			if strings.Contains(msg, "no known endpoint for peer") {
+				// A held-back peer (handshake.go) has no endpoint on purpose.
+				log.Debug(msg)
+				return
+			}
+			log.Warn(msg)
+		},
 	}
 	dev := device.NewDevice(tdev, conn.NewDefaultBind(), logger)
 	defer func() {

@@ -38,6 +38,11 @@ const Name = "wireguard"
 // wg(8) prints it).
 const AttrPublicKey = "publicKey"
 
+// AttrDevice is the attribute a wireguard node publishes its device kind under (KindKernel or
+// KindUserspace): the two ends of a pair choose how to make their first handshake from both
+// kinds (see handshake.go). Optional: a node that does not publish it counts as a kernel one.
+const AttrDevice = "device"
+
 func init() {
 	cable.Register(cable.Registration{
 		Name: Name,
@@ -73,24 +78,52 @@ type Driver struct {
 	// open creates or adopts the device (openDevice; tests replace it).
 	open func(log *slog.Logger, name string, mtu int) (wgDevice, error)
 
+	// timing of new peers' first handshakes (handshake.go) and the clock; tests change them.
+	timing handshakeTiming
+	now    func() time.Time
+
 	mu          sync.Mutex
 	initialised bool
 	key         wgtypes.Key
 	mtu         int
 	dev         wgDevice
 	conns       map[string]storedConn // cluster -> peer, mirrored in connections.json
+	watch       *handshakeWatch       // new peers until their first handshake
+	// reconnect are the keys of peers stored by an earlier process but gone from the device.
+	reconnect map[wgtypes.Key]bool
+
+	// The handshake watcher goroutine (watch.go), owned by the driver from Init to Close.
+	watchMu   sync.Mutex
+	watchStop chan struct{}
+	watchDone chan struct{}
+	kickCh    chan struct{}
 
 	configures   atomic.Uint64
 	routeChanges atomic.Uint64
+	deferredAdds atomic.Uint64
+	releases     atomic.Uint64
+	initiations  atomic.Uint64
 }
 
-// Stats counts the changes the driver made to the host since New. A Connect that finds everything
-// in place leaves both unchanged; tests use this to prove idempotence.
+// Stats counts the changes Init, Connect and Disconnect made to the host since New. A Connect
+// that finds everything in place leaves both unchanged; tests use this to prove idempotence. What
+// the handshake watcher does later is in HandshakeStats.
 type Stats struct {
 	// Configures is the number of wgctrl ConfigureDevice calls.
 	Configures uint64
 	// RouteChanges is the number of routes replaced or deleted.
 	RouteChanges uint64
+}
+
+// HandshakeStats counts what the handshake watcher did for new peers' first handshakes
+// (handshake.go).
+type HandshakeStats struct {
+	// DeferredAdds counts the peers a plain responder added a moment after Connect.
+	DeferredAdds uint64
+	// Releases counts the held-back peers an assisted responder configured fully.
+	Releases uint64
+	// Initiations counts the fresh initiations an assisted initiator sent.
+	Initiations uint64
 }
 
 // New validates settings and builds the driver; it touches nothing until Init.
@@ -108,12 +141,15 @@ func NewDriver(node cable.LocalNode, settings cable.Settings) (*Driver, error) {
 		return nil, fmt.Errorf("wireguard: local node %s/%s has an empty StateDir", node.Cluster, node.Node)
 	}
 	return &Driver{
-		node: node,
-		cfg:  cfg,
-		dir:  filepath.Join(node.StateDir, Name),
-		log:  node.Logger(Name).With("interface", cfg.Interface),
-		host: &netHost{},
-		open: openDevice,
+		node:   node,
+		cfg:    cfg,
+		dir:    filepath.Join(node.StateDir, Name),
+		log:    node.Logger(Name).With("interface", cfg.Interface),
+		host:   &netHost{},
+		open:   openDevice,
+		timing: defaultHandshakeTiming(),
+		now:    time.Now,
+		kickCh: make(chan struct{}, 1),
 	}, nil
 }
 
@@ -122,6 +158,11 @@ func (d *Driver) Name() string { return Name }
 // Stats returns the change counters.
 func (d *Driver) Stats() Stats {
 	return Stats{Configures: d.configures.Load(), RouteChanges: d.routeChanges.Load()}
+}
+
+// HandshakeStats returns the handshake watcher's counters.
+func (d *Driver) HandshakeStats() HandshakeStats {
+	return HandshakeStats{DeferredAdds: d.deferredAdds.Load(), Releases: d.releases.Load(), Initiations: d.initiations.Load()}
 }
 
 // DeviceKind is KindKernel or KindUserspace after Init, "" before.
@@ -164,21 +205,27 @@ func (d *Driver) Init(ctx context.Context) error {
 		return fmt.Errorf("wireguard init: %w", err)
 	}
 	d.key, d.mtu, d.dev, d.conns = key, mtu, dev, conns
+	d.watch, d.reconnect = newHandshakeWatch(d.timing), map[wgtypes.Key]bool{}
 	if err := d.initDevice(); err != nil {
 		return fmt.Errorf("wireguard init: %w", errors.Join(err, d.release()))
 	}
 	d.initialised = true
+	d.startWatcher()
 	d.log.Info("wireguard ready", "kind", dev.Kind(), "port", d.cfg.Port, "mtu", mtu, "publicKey", key.PublicKey().String())
 	return nil
 }
 
-// LocalEndpoint is the port and the base64 public key to publish (valid after Init).
+// LocalEndpoint is the port, the base64 public key and the device kind to publish (valid after
+// Init).
 func (d *Driver) LocalEndpoint() cable.LocalEndpoint {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	ep := cable.LocalEndpoint{Port: uint16(d.cfg.Port)}
 	if d.key != (wgtypes.Key{}) {
 		ep.Attributes = map[string]string{AttrPublicKey: d.key.PublicKey().String()}
+		if d.dev != nil {
+			ep.Attributes[AttrDevice] = d.dev.Kind()
+		}
 	}
 	return ep
 }
@@ -207,6 +254,9 @@ func (d *Driver) Connect(ctx context.Context, remote cable.RemoteEndpoint, opts 
 	}
 	if err := d.connect(want); err != nil {
 		return fmt.Errorf("%s: %w", where, err)
+	}
+	if !d.watch.empty() {
+		d.kick()
 	}
 	return nil
 }
@@ -242,13 +292,14 @@ func (d *Driver) Connections(ctx context.Context) ([]cable.ConnectionStatus, err
 	if err != nil {
 		return nil, fmt.Errorf("wireguard connections: %w", err)
 	}
-	return peerStatuses(dev, d.conns, time.Now(), d.mtu), nil
+	return peerStatuses(dev, d.conns, d.watch.pendingKeys(), d.now(), d.mtu), nil
 }
 
 // Cleanup removes our routes, the link (kernel) or the device with its UAPI socket (userspace),
 // and connections.json. The private key stays: the node keeps its identity. It works without
 // Init too (an uninstall command): a kernel link with the interface name is ours.
 func (d *Driver) Cleanup(ctx context.Context) error {
+	d.stopWatcher()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	err := d.cleanup()
@@ -265,6 +316,7 @@ func (d *Driver) Cleanup(ctx context.Context) error {
 // routes go away with it. connections.json stays, so the next Init can tell our peers from stale
 // ones.
 func (d *Driver) Close() error {
+	d.stopWatcher()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.release()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -137,11 +138,20 @@ func (f *fakeHost) Close() error { f.closes++; return nil }
 
 // fakeDevice stands for the kernel or userspace device.
 type fakeDevice struct {
-	kind   string
-	closed int
+	kind      string
+	closed    int
+	initiated []wgtypes.Key // every Initiate, in order
 }
 
-func (d *fakeDevice) Kind() string { return d.kind }
+func (d *fakeDevice) Kind() string      { return d.kind }
+func (d *fakeDevice) CanInitiate() bool { return d.kind == KindUserspace }
+func (d *fakeDevice) Initiate(k wgtypes.Key) error {
+	if !d.CanInitiate() {
+		return errCannotInitiate
+	}
+	d.initiated = append(d.initiated, k)
+	return nil
+}
 func (d *fakeDevice) Close() error { d.closed++; return nil }
 
 // newFakeDriver builds a driver on a fake host with a device of kind, in a fresh state directory.
@@ -156,6 +166,9 @@ func newFakeDriver(t *testing.T, kind string) (*Driver, *fakeHost, *fakeDevice) 
 	h, dev := newFakeHost(DefaultInterface), &fakeDevice{kind: kind}
 	d.host = h
 	d.open = func(*slog.Logger, string, int) (wgDevice, error) { return dev, nil }
+	// Peers are added at once and never nudged, whichever key is smaller; the tests of the first
+	// handshake set their own timing.
+	d.timing = handshakeTiming{}
 	return d, h, dev
 }
 
@@ -245,7 +258,7 @@ func TestConnectIsIdempotentAndReadsBeforeWriting(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(h.dev.Peers) != 1 || !peerMatches(h.dev.Peers[0], desiredPeer{PublicKey: kb, Endpoint: netip.MustParseAddrPort("10.0.0.2:51820"),
-		Subnets: pfx("10.2.0.0/16"), Keepalive: DefaultKeepalive}) {
+		Subnets: pfx("10.2.0.0/16"), Keepalive: DefaultKeepalive}, false) {
 		t.Errorf("peers after Connect %+v", h.dev.Peers)
 	}
 	wantRoute := route.Spec{Dst: pfx("10.2.0.0/16")[0], Src: h.src4, MTU: 1420}
@@ -399,5 +412,206 @@ func TestCloseEndsAUserspaceDeviceAndKeepsAKernelOne(t *testing.T) {
 				t.Errorf("Close removed connections.json: %v", err)
 			}
 		})
+	}
+}
+
+// handshakeDriver is a driver on a fake host with the real first-handshake timing, a fake clock
+// (advance moves it) and its watcher stopped: the test runs the watcher's steps itself.
+func handshakeDriver(t *testing.T, kind string) (d *Driver, h *fakeHost, dev *fakeDevice, advance func(time.Duration)) {
+	t.Helper()
+	d, h, dev = newFakeDriver(t, kind)
+	d.timing = defaultHandshakeTiming()
+	now := time.Unix(1_800_000_000, 0)
+	d.now = func() time.Time { return now }
+	if err := d.Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	d.stopWatcher()
+	return d, h, dev, func(dt time.Duration) { now = now.Add(dt); d.handshakeStep() }
+}
+
+// remoteKey returns a remote key for which d is the initiator (or the responder).
+func remoteKey(t *testing.T, d *Driver, initiator bool) wgtypes.Key {
+	t.Helper()
+	for {
+		k := testKey(t)
+		if initiates(d.key.PublicKey(), k) == initiator {
+			return k
+		}
+	}
+}
+
+func remoteOfKind(k wgtypes.Key, kind string) cable.RemoteEndpoint {
+	r := remoteB(k, "10.2.0.0/16")
+	if kind != "" {
+		r.Attributes[AttrDevice] = kind
+	}
+	return r
+}
+
+func TestAnAssistedResponderHoldsANewPeerBackUntilItsFirstHandshake(t *testing.T) {
+	d, h, _, advance := handshakeDriver(t, KindUserspace)
+	ctx := context.Background()
+	if got := d.LocalEndpoint().Attributes[AttrDevice]; got != KindUserspace {
+		t.Errorf("published device kind %q", got)
+	}
+	k := remoteKey(t, d, false)
+	r := remoteOfKind(k, KindUserspace)
+	if err := d.Connect(ctx, r, nil); err != nil {
+		t.Fatal(err)
+	}
+	p := h.dev.Peers[0]
+	if len(h.dev.Peers) != 1 || p.Endpoint != nil || p.PersistentKeepaliveInterval != 0 || len(p.AllowedIPs) != 1 {
+		t.Fatalf("held-back peer %+v, want allowed IPs but no endpoint and no keepalive", h.dev.Peers)
+	}
+	if len(h.routes) != 1 {
+		t.Errorf("routes %v: the subnets are routed to the device at once", h.routes)
+	}
+	st, _ := d.Connections(ctx)
+	if len(st) != 1 || st[0].State != cable.StateConnecting || !strings.Contains(st[0].Message, "this end answers") || len(st[0].Subnets) != 1 {
+		t.Errorf("status while held back: %+v", st)
+	}
+	stats, changes := d.Stats(), len(h.changes)
+	if err := d.Connect(ctx, r, nil); err != nil {
+		t.Fatal(err)
+	}
+	advance(time.Second)
+	if d.Stats() != stats || len(h.changes) != changes {
+		t.Errorf("a second Connect or a step without handshake changed %q", h.changes[changes:])
+	}
+
+	// The initiator's initiation is answered; its first packet confirms the session.
+	h.dev.Peers[0].Endpoint = &net.UDPAddr{IP: net.ParseIP("10.0.0.2"), Port: 51820}
+	h.dev.Peers[0].LastHandshakeTime = time.Unix(1_800_000_001, 0)
+	advance(watchInterval)
+	p = h.dev.Peers[0]
+	if !peerMatches(p, desiredPeer{PublicKey: k, Endpoint: netip.MustParseAddrPort("10.0.0.2:51820"), Subnets: pfx("10.2.0.0/16"), Keepalive: DefaultKeepalive}, false) {
+		t.Errorf("after the first handshake: %+v, want the full configuration", p)
+	}
+	if hs := d.HandshakeStats(); hs.Releases != 1 || hs.Initiations != 0 || d.Stats() != stats || !d.watch.empty() {
+		t.Errorf("handshake stats %+v, stats %+v (want unchanged), watch empty %v", hs, d.Stats(), d.watch.empty())
+	}
+	st, _ = d.Connections(ctx)
+	if st[0].State != cable.StateConnected {
+		t.Errorf("status after the handshake: %+v", st[0])
+	}
+}
+
+func TestAnAssistedInitiatorNudgesUntilTheFirstHandshake(t *testing.T) {
+	d, h, dev, advance := handshakeDriver(t, KindUserspace)
+	ctx := context.Background()
+	k := remoteKey(t, d, true)
+	if err := d.Connect(ctx, remoteOfKind(k, KindUserspace), nil); err != nil {
+		t.Fatal(err)
+	}
+	if !deviceHolds(&h.dev, desiredPeer{PublicKey: k, Endpoint: netip.MustParseAddrPort("10.0.0.2:51820"), Subnets: pfx("10.2.0.0/16"), Keepalive: DefaultKeepalive}, false) {
+		t.Fatalf("initiator's peer %+v, want the full configuration at once", h.dev.Peers)
+	}
+	st, _ := d.Connections(ctx)
+	if st[0].State != cable.StateConnecting {
+		t.Errorf("status before any handshake: %+v", st[0])
+	}
+	advance(40 * time.Millisecond)
+	if len(dev.initiated) != 0 {
+		t.Errorf("nudged after 40ms")
+	}
+	advance(10 * time.Millisecond)
+	advance(50 * time.Millisecond)
+	if len(dev.initiated) != 2 || dev.initiated[0] != k {
+		t.Errorf("initiations %v after 100ms, want two to %s", dev.initiated, k)
+	}
+	peers := len(h.dev.Peers)
+	h.dev.Peers[0].LastHandshakeTime = time.Unix(1_800_000_001, 0)
+	for range 100 {
+		advance(50 * time.Millisecond)
+	}
+	if len(dev.initiated) != 2 || d.HandshakeStats().Initiations != 2 || !d.watch.empty() || len(h.dev.Peers) != peers {
+		t.Errorf("after the first handshake: initiations %v, stats %+v, peers %d (was %d)", dev.initiated, d.HandshakeStats(), len(h.dev.Peers), peers)
+	}
+}
+
+func TestAPlainResponderAddsANewPeerAMomentLater(t *testing.T) {
+	d, h, _, advance := handshakeDriver(t, KindKernel)
+	ctx := context.Background()
+	k := remoteKey(t, d, false)
+	r := remoteOfKind(k, "") // a node that does not publish its kind
+	if err := d.Connect(ctx, r, nil); err != nil {
+		t.Fatal(err)
+	}
+	if len(h.dev.Peers) != 0 || len(h.routes) != 1 {
+		t.Fatalf("right after Connect: peers %v routes %v, want no peer yet and the route", h.dev.Peers, h.routes)
+	}
+	st, _ := d.Connections(ctx)
+	if len(st) != 1 || st[0].Cluster != "b" || st[0].State != cable.StateConnecting || len(st[0].Subnets) != 1 || st[0].Endpoint != "10.0.0.2:51820" {
+		t.Errorf("status of the deferred peer: %+v", st)
+	}
+	stats := d.Stats()
+	if err := d.Connect(ctx, r, nil); err != nil {
+		t.Fatal(err)
+	}
+	advance(defaultDeferFor - time.Millisecond)
+	if len(h.dev.Peers) != 0 || d.Stats() != stats {
+		t.Fatalf("added before due, or a second Connect changed the host: %v", h.changes)
+	}
+	advance(time.Millisecond)
+	if len(h.dev.Peers) != 1 || h.dev.Peers[0].PersistentKeepaliveInterval != DefaultKeepalive || d.HandshakeStats().DeferredAdds != 1 {
+		t.Errorf("when due: peers %+v, stats %+v", h.dev.Peers, d.HandshakeStats())
+	}
+}
+
+func TestDisconnectForgetsADeferredPeer(t *testing.T) {
+	d, h, _, advance := handshakeDriver(t, KindKernel)
+	ctx := context.Background()
+	if err := d.Connect(ctx, remoteOfKind(remoteKey(t, d, false), KindKernel), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Disconnect(ctx, "b"); err != nil {
+		t.Fatal(err)
+	}
+	advance(time.Second)
+	if len(h.dev.Peers) != 0 || len(h.routes) != 0 || !d.watch.empty() {
+		t.Errorf("after Disconnect of a deferred peer: peers %v routes %v", h.dev.Peers, h.routes)
+	}
+}
+
+func TestAResponderReconnectingAfterARestartAddsThePeerAtOnce(t *testing.T) {
+	d, h, _, _ := handshakeDriver(t, KindUserspace)
+	ctx := context.Background()
+	k := remoteKey(t, d, false)
+	// An earlier run stored b; the fresh userspace device has no peers.
+	if err := connections(d.dir).Save(map[string]storedConn{"b": {Node: "gw", PublicKey: k.String(), Subnets: pfx("10.2.0.0/16")}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d.stopWatcher()
+	if err := d.Connect(ctx, remoteOfKind(k, KindUserspace), nil); err != nil {
+		t.Fatal(err)
+	}
+	if len(h.dev.Peers) != 1 || h.dev.Peers[0].Endpoint == nil || h.dev.Peers[0].PersistentKeepaliveInterval != DefaultKeepalive {
+		t.Errorf("reconnect after a restart: %+v, want the full configuration at once", h.dev.Peers)
+	}
+}
+
+func TestCloseStopsTheHandshakeWatcher(t *testing.T) {
+	d, _, _ := newFakeDriver(t, KindUserspace)
+	d.timing = defaultHandshakeTiming()
+	if err := d.Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Connect(context.Background(), remoteOfKind(testKey(t), KindUserspace), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	d.watchMu.Lock()
+	defer d.watchMu.Unlock()
+	if d.watchStop != nil {
+		t.Errorf("watcher still registered after Close")
 	}
 }

@@ -25,6 +25,9 @@ type desiredPeer struct {
 	Endpoint  netip.AddrPort
 	Subnets   []netip.Prefix // masked, sorted, without duplicates
 	Keepalive time.Duration
+	// RemoteKind is the device kind the remote node publishes (AttrDevice): KindKernel,
+	// KindUserspace, or "" when it does not say.
+	RemoteKind string
 }
 
 // desiredFromRemote validates remote and builds the peer it asks for. Errors name the field.
@@ -45,12 +48,13 @@ func desiredFromRemote(remote cable.RemoteEndpoint, keepalive time.Duration) (de
 		return desiredPeer{}, fmt.Errorf("wireguard connect to cluster %s: %w", remote.Cluster, err)
 	}
 	return desiredPeer{
-		Cluster:   remote.Cluster,
-		Node:      remote.Node,
-		PublicKey: key,
-		Endpoint:  netip.AddrPortFrom(remote.Address.Unmap(), remote.Port),
-		Subnets:   subnets,
-		Keepalive: keepalive,
+		Cluster:    remote.Cluster,
+		Node:       remote.Node,
+		PublicKey:  key,
+		Endpoint:   netip.AddrPortFrom(remote.Address.Unmap(), remote.Port),
+		Subnets:    subnets,
+		Keepalive:  keepalive,
+		RemoteKind: remote.Attributes[AttrDevice],
 	}, nil
 }
 
@@ -79,25 +83,26 @@ func checkConflicts(want desiredPeer, own wgtypes.Key, stored map[string]storedC
 
 // peerChanges is the wgctrl change that makes dev hold want for its cluster: the peer of the
 // cluster's old key removed when the remote's key changed (old is the stored connection, if
-// any), and want's peer configured unless the device already has it exactly. Empty: nothing to
-// do.
-func peerChanges(dev *wgtypes.Device, old *storedConn, want desiredPeer) []wgtypes.PeerConfig {
+// any), and want's peer configured as plan says (fully, held back, or not yet: see handshake.go)
+// unless the device already has it so. Empty: nothing to do.
+func peerChanges(dev *wgtypes.Device, old *storedConn, want desiredPeer, plan addPlan) []wgtypes.PeerConfig {
 	var peers []wgtypes.PeerConfig
 	if old != nil && old.PublicKey != want.PublicKey.String() {
 		if k, err := wgtypes.ParseKey(old.PublicKey); err == nil && hasPeer(dev, k) {
 			peers = append(peers, wgtypes.PeerConfig{PublicKey: k, Remove: true})
 		}
 	}
-	if !deviceHolds(dev, want) {
-		peers = append(peers, peerConfig(want))
+	if plan != addLater && !deviceHolds(dev, want, plan == addHeld) {
+		peers = append(peers, peerConfig(want, plan == addHeld))
 	}
 	return peers
 }
 
-// deviceHolds reports whether dev has exactly want's peer.
-func deviceHolds(dev *wgtypes.Device, want desiredPeer) bool {
+// deviceHolds reports whether dev has exactly want's peer (held back: without allowed IPs and
+// keepalive).
+func deviceHolds(dev *wgtypes.Device, want desiredPeer, held bool) bool {
 	p, ok := findPeer(dev, want.PublicKey)
-	return ok && peerMatches(p, want)
+	return ok && peerMatches(p, want, held)
 }
 
 func findPeer(dev *wgtypes.Device, k wgtypes.Key) (wgtypes.Peer, bool) {
@@ -114,15 +119,25 @@ func hasPeer(dev *wgtypes.Device, k wgtypes.Key) bool {
 	return ok
 }
 
-// peerMatches reports whether the peer on the device already is exactly the desired one.
-func peerMatches(p wgtypes.Peer, want desiredPeer) bool {
-	if p.PublicKey != want.PublicKey || p.PersistentKeepaliveInterval != want.Keepalive || p.Endpoint == nil {
+// peerMatches reports whether the peer on the device already is exactly the desired one. A
+// held-back peer (see peerConfig) has no keepalive, and any endpoint or none.
+func peerMatches(p wgtypes.Peer, want desiredPeer, held bool) bool {
+	keepalive := want.Keepalive
+	if held {
+		keepalive = 0
+	}
+	if p.PublicKey != want.PublicKey || p.PersistentKeepaliveInterval != keepalive {
 		return false
 	}
-	// UDPAddr.AddrPort keeps a v4-mapped form for some inputs; compare unmapped.
-	ap := p.Endpoint.AddrPort()
-	if netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()) != want.Endpoint {
-		return false
+	if !held {
+		if p.Endpoint == nil {
+			return false
+		}
+		// UDPAddr.AddrPort keeps a v4-mapped form for some inputs; compare unmapped.
+		ap := p.Endpoint.AddrPort()
+		if netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()) != want.Endpoint {
+			return false
+		}
 	}
 	have, err := prefixesFromIPNets(p.AllowedIPs)
 	if err != nil {
@@ -144,16 +159,26 @@ func prefixesFromIPNets(nets []net.IPNet) ([]netip.Prefix, error) {
 	return cable.NormalizeSubnets(out)
 }
 
-// peerConfig is the wgctrl change that makes the device hold want.
-func peerConfig(want desiredPeer) wgtypes.PeerConfig {
+// peerConfig is the wgctrl change that makes the device hold want. Held back, the peer has no
+// endpoint and no keepalive, so the device cannot send it an initiation (wireguard-go drops one
+// for lack of an endpoint, and then sends none for REKEY_TIMEOUT), but it answers the peer's
+// initiation, learning the endpoint from it, and keeps what it routes to the peer until the
+// session is up. A userspace device only: see handshake.go.
+func peerConfig(want desiredPeer, held bool) wgtypes.PeerConfig {
 	ka := want.Keepalive
+	var endpoint *net.UDPAddr
+	if held {
+		ka = 0
+	} else {
+		endpoint = net.UDPAddrFromAddrPort(want.Endpoint)
+	}
 	allowed := make([]net.IPNet, 0, len(want.Subnets))
 	for _, p := range want.Subnets {
 		allowed = append(allowed, route.IPNetFromPrefix(p))
 	}
 	return wgtypes.PeerConfig{
 		PublicKey:                   want.PublicKey,
-		Endpoint:                    net.UDPAddrFromAddrPort(want.Endpoint),
+		Endpoint:                    endpoint,
 		PersistentKeepaliveInterval: &ka,
 		ReplaceAllowedIPs:           true,
 		AllowedIPs:                  allowed,

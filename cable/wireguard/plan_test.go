@@ -81,24 +81,31 @@ func TestPeerMatches(t *testing.T) {
 			PersistentKeepaliveInterval: 25 * time.Second,
 			AllowedIPs:                  []net.IPNet{route.IPNetFromPrefix(pfx("10.2.0.0/16")[0]), route.IPNetFromPrefix(pfx("10.1.0.0/16")[0])}}
 	}
+	held := func(p *wgtypes.Peer) { p.PersistentKeepaliveInterval, p.Endpoint = 0, nil }
 	tests := []struct {
 		name   string
 		mutate func(*wgtypes.Peer)
+		held   bool // compare with want held back
 		want   bool
 	}{
-		{"the same peer with allowed IPs in another order matches", func(*wgtypes.Peer) {}, true},
-		{"a 16-byte IPv4 endpoint matches", func(p *wgtypes.Peer) { p.Endpoint.IP = net.ParseIP("10.0.0.2").To16() }, true},
-		{"another key does not match", func(p *wgtypes.Peer) { p.PublicKey = testKey(t) }, false},
-		{"another endpoint port does not match", func(p *wgtypes.Peer) { p.Endpoint.Port = 1 }, false},
-		{"no endpoint does not match", func(p *wgtypes.Peer) { p.Endpoint = nil }, false},
-		{"another keepalive does not match", func(p *wgtypes.Peer) { p.PersistentKeepaliveInterval = 0 }, false},
-		{"a missing allowed IP does not match", func(p *wgtypes.Peer) { p.AllowedIPs = p.AllowedIPs[:1] }, false},
+		{"the same peer with allowed IPs in another order matches", func(*wgtypes.Peer) {}, false, true},
+		{"a 16-byte IPv4 endpoint matches", func(p *wgtypes.Peer) { p.Endpoint.IP = net.ParseIP("10.0.0.2").To16() }, false, true},
+		{"another key does not match", func(p *wgtypes.Peer) { p.PublicKey = testKey(t) }, false, false},
+		{"another endpoint port does not match", func(p *wgtypes.Peer) { p.Endpoint.Port = 1 }, false, false},
+		{"no endpoint does not match", func(p *wgtypes.Peer) { p.Endpoint = nil }, false, false},
+		{"another keepalive does not match", func(p *wgtypes.Peer) { p.PersistentKeepaliveInterval = 0 }, false, false},
+		{"a missing allowed IP does not match", func(p *wgtypes.Peer) { p.AllowedIPs = p.AllowedIPs[:1] }, false, false},
+		{"a held-back peer matches without endpoint and keepalive", held, true, true},
+		{"a held-back peer matches with the endpoint it learned", func(p *wgtypes.Peer) { p.PersistentKeepaliveInterval = 0 }, true, true},
+		{"a fully configured peer does not match a held-back want", func(*wgtypes.Peer) {}, true, false},
+		{"a held-back peer does not match a full want", held, false, false},
+		{"a held-back peer with a missing allowed IP does not match", func(p *wgtypes.Peer) { held(p); p.AllowedIPs = p.AllowedIPs[:1] }, true, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p := same()
 			tt.mutate(&p)
-			if got := peerMatches(p, want); got != tt.want {
+			if got := peerMatches(p, want, tt.held); got != tt.want {
 				t.Errorf("peerMatches = %v, want %v", got, tt.want)
 			}
 		})

@@ -12,4 +12,6 @@ type Status struct {
 	PublicKey    string `json:"publicKey"`
 	Port         uint16 `json:"port"`
 	SocketExists bool   `json:"socketExists"`
+	// Handshakes is what the driver did for the first handshake of the pair.
+	Handshakes wireguard.HandshakeStats `json:"handshakes"`
 }

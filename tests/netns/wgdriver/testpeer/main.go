@@ -37,12 +37,16 @@ func run() error {
 	iface := flag.String("interface", "", "wireguard interface setting (empty: default)")
 	port := flag.String("port", "", "wireguard port setting (empty: default)")
 	rKey := flag.String("remote-key", "", "remote public key (base64)")
+	rDevice := flag.String("remote-device", "", "device kind the remote publishes (kernel, userspace; empty: none)")
 	flag.Parse()
 	local, remote, err := f.Endpoints()
 	if err != nil {
 		return err
 	}
 	remote.Attributes = map[string]string{wireguard.AttrPublicKey: *rKey}
+	if *rDevice != "" {
+		remote.Attributes[wireguard.AttrDevice] = *rDevice
+	}
 	settings := cable.Settings{}
 	if *iface != "" {
 		settings["interface"] = *iface
@@ -68,6 +72,7 @@ func run() error {
 			st.Connections = conns
 		}
 		st.Stats = d.Stats()
+		st.Handshakes = d.HandshakeStats()
 		_, serr := os.Stat(wireguard.UAPISocketPath(d.Interface()))
 		st.SocketExists = serr == nil
 		peer.WriteJSON(f.StatusPath, st)
