@@ -19,7 +19,9 @@
 // heartbeat), backoff.go, drivers.go (driver life cycle, MSS clamp, teardown), reconcile.go (the
 // reconcile loop), repair.go (re-asserting unhealthy connections), healthcheck.go (probes),
 // datapath.go (DNS, load balancer, counters), bpffs.go (bpffs and cgroup2), exports.go (export
-// sources and their sync), status.go (the status API) and metrics.go.
+// sources and their sync), certs.go (CA bundle, certificate renewal, a certificate refused for
+// good), guard.go (what no cable route may cover), preflight.go (the files the config names,
+// checked before anything is created), status.go (the status API) and metrics.go.
 package agent
 
 import (
@@ -91,6 +93,11 @@ type Options struct {
 	// Kubernetes is the export source used when the config sets kubernetes.enabled; it must be
 	// set then (cmd/cable-agent builds it from the in-cluster config).
 	Kubernetes ExportSource
+	// Underlay returns the network of the link that holds an address of this node (its connected
+	// prefix), which no cable route may cover; default: from the interface addresses.
+	Underlay func(netip.Addr) (netip.Prefix, error)
+	// LookupHost resolves the broker's host names (once, at start); default the system resolver.
+	LookupHost func(context.Context, string) ([]netip.Addr, error)
 }
 
 // Agent is one node's agent. Build with New, run with Run.
@@ -106,6 +113,10 @@ type Agent struct {
 	wakeWatch chan struct{} // a successful register wakes a watch loop waiting out its backoff
 	redial    func()        // makes the broker connection retry now; set before the loops start
 
+	keyring *brokerclient.Keyring // the agent's identity; set by Run before anything reads it
+	conn    *brokerConn           // the broker connection; set by Run before the loops start
+	certs   certState             // guarded by mu (its channels are set by New)
+
 	mu           sync.Mutex
 	built        []cable.Driver    // every driver built, in config order; closed when Run ends
 	running      []cable.Driver    // the built drivers whose Init succeeded, in config order
@@ -120,6 +131,7 @@ type Agent struct {
 	cached       bool // running on state loaded from disk, not yet resynced
 	lastProblems string
 
+	guard      reconcile.Guard  // what no cable route may cover; set by Run before anything reads it
 	resKey     string           // policy.Resolver cache: PolicyKey of the policies it was built from
 	res        *policy.Resolver // nil until first built
 	lastRepair map[string]time.Time
@@ -176,6 +188,12 @@ func New(opts Options) (*Agent, error) {
 	if opts.ListLinks == nil {
 		opts.ListLinks = linkIndexes
 	}
+	if opts.Underlay == nil {
+		opts.Underlay = interfaceNetwork
+	}
+	if opts.LookupHost == nil {
+		opts.LookupHost = lookupHost
+	}
 	cfg := opts.Config
 	if cfg.Kubernetes.Enabled && opts.Kubernetes == nil {
 		return nil, errors.New("agent: kubernetes.enabled is set but no Kubernetes export source was given")
@@ -192,6 +210,7 @@ func New(opts Options) (*Agent, error) {
 		lastRepair: map[string]time.Time{},
 		registry:   prometheus.NewRegistry(),
 		svcTrigger: make(chan struct{}, 1),
+		certs:      certState{refusedCh: make(chan struct{}), renewNow: make(chan struct{}, 1)},
 		exports:    exportState{config: cfg.ExportsProto(), runtime: map[string]*apiv1.ServiceExport{}, trigger: make(chan struct{}, 1)},
 	}
 	a.registry.MustRegister(&collector{a: a})
@@ -204,6 +223,12 @@ func New(opts Options) (*Agent, error) {
 // Options.CleanupOnExit, what the agent made on the host is removed.
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.stop()
+	if err := CheckFiles(a.cfg); err != nil {
+		return err
+	}
+	if p := tokenFileProblem(a.cfg.JoinTokenFile); p != "" {
+		a.log.Warn("JOIN TOKEN FILE IS READABLE BY OTHERS: "+p, "joinTokenFile", a.cfg.JoinTokenFile)
+	}
 	runtime, err := loadRuntimeExports(a.cfg.StateDir)
 	if err != nil {
 		return err
@@ -215,6 +240,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	a.keyring = brokerclient.NewKeyring(id)
+	a.logCertificate(id)
+
+	a.guard = a.buildGuard(ctx)
 
 	if st, err := brokerstate.Load(a.cfg.StateDir); err != nil {
 		a.log.Warn("ignoring unreadable broker state cache; waiting for the broker", "err", err)
@@ -267,21 +296,25 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.opts.Ready()
 	}
 
-	conn, err := brokerclient.Dial(a.cfg.Broker, id)
+	// Every handshake presents the keyring's certificate and verifies the broker with its CAs:
+	// a renewal or a new CA bundle needs no restart (certs.go).
+	cc, err := brokerclient.DialKeyring(a.cfg.Broker, a.keyring)
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	client := apiv1.NewAgentClient(conn)
+	a.conn = newBrokerConn(cc)
+	defer a.conn.Close()
+	client := apiv1.NewAgentClient(a.conn)
 	// Our loops pace the retries (watch backoff 1s..15s, heartbeat interval); gRPC's own
 	// reconnect backoff would otherwise add its wait on top and delay the resync after an outage.
-	a.redial = conn.ResetConnectBackoff
+	a.redial = a.conn.ResetConnectBackoff
 
 	var wg sync.WaitGroup
 	wg.Go(func() { a.reconcileLoop(ctx) })
 	wg.Go(func() { a.servicesLoop(ctx) })
 	wg.Go(func() { a.watchLoop(ctx, client) })
 	wg.Go(func() { a.exportsLoop(ctx, client) })
+	wg.Go(func() { a.certLoop(ctx, client) })
 	if a.cfg.Kubernetes.Enabled {
 		wg.Go(func() { a.runExportSource(ctx, a.opts.Kubernetes) })
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -19,6 +20,9 @@ import (
 func (a *Agent) identity(ctx context.Context) (*brokerclient.Identity, error) {
 	id, err := brokerclient.LoadIdentity(a.cfg.StateDir)
 	if err == nil {
+		if _, serr := os.Stat(a.cfg.JoinTokenFile); a.cfg.JoinTokenFile != "" && serr == nil {
+			a.log.Info("the node has joined: the join token file is no longer needed and can be deleted", "joinTokenFile", a.cfg.JoinTokenFile)
+		}
 		return id, nil
 	}
 	if !errors.Is(err, brokerclient.ErrNoIdentity) {
@@ -35,7 +39,8 @@ func (a *Agent) identity(ctx context.Context) (*brokerclient.Identity, error) {
 			a.mu.Lock()
 			a.joinCluster = cl
 			a.mu.Unlock()
-			a.log.Info("joined the broker; certificate stored", "stateDir", a.cfg.StateDir, "clusterID", cl.GetId())
+			a.log.Info("joined the broker; certificate stored", "stateDir", a.cfg.StateDir, "clusterID", cl.GetId(), "certificateNotAfter", id.Leaf.NotAfter.UTC().Format(time.RFC3339))
+			a.log.Info("the join token file is no longer needed and can be deleted: the agent now uses its certificate in stateDir", "joinTokenFile", a.cfg.JoinTokenFile)
 			return id, nil
 		}
 		if brokerclient.Permanent(err) {
@@ -49,14 +54,21 @@ func (a *Agent) identity(ctx context.Context) (*brokerclient.Identity, error) {
 	}
 }
 
-// watchLoop keeps one watch stream open, resuming from the last applied revision.
+// watchLoop keeps one watch stream open, resuming from the last applied revision. A stream whose
+// connection was replaced (a renewed certificate) is reopened at once on the new one; a broker
+// that refused the certificate for good ends the loop.
 func (a *Agent) watchLoop(ctx context.Context, client apiv1.AgentClient) {
 	bo := a.newBackoff()
 	var quiet repeatFilter
 	for {
+		gen := a.conn.generation()
 		got, err := a.watchOnce(ctx, client)
 		if ctx.Err() != nil {
 			return
+		}
+		if errors.Is(err, errConnMoved) {
+			a.log.Info("watch moves to the broker connection of the renewed certificate", "revision", a.revision())
+			continue
 		}
 		if got {
 			bo.reset()
@@ -65,6 +77,9 @@ func (a *Agent) watchLoop(ctx context.Context, client apiv1.AgentClient) {
 		a.mu.Lock()
 		a.watchUp = false
 		a.mu.Unlock()
+		if a.refusedForGood(err, gen) {
+			return
+		}
 		a.setBrokerError(err)
 		d := bo.next()
 		level := slog.LevelWarn
@@ -82,6 +97,9 @@ func (a *Agent) watchLoop(ctx context.Context, client apiv1.AgentClient) {
 		case <-ctx.Done():
 			t.Stop()
 			return
+		case <-a.certs.refusedCh:
+			t.Stop()
+			return
 		case <-t.C:
 		case <-a.wakeWatch:
 			t.Stop()
@@ -90,20 +108,33 @@ func (a *Agent) watchLoop(ctx context.Context, client apiv1.AgentClient) {
 	}
 }
 
-// watchOnce runs one stream until it fails. got says whether any message arrived.
+// watchOnce runs one stream until it fails, or until its connection is replaced (errConnMoved).
+// got says whether any message arrived.
 func (a *Agent) watchOnce(ctx context.Context, client apiv1.AgentClient) (got bool, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	_, _, swapped := a.conn.current()
+	moved := make(chan struct{})
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-swapped:
+			close(moved)
+			cancel()
+		case <-done:
+		}
+	}()
 	since := a.revision()
 	stream, err := client.Watch(ctx, &apiv1.WatchRequest{SinceRevision: since, WantImports: true, ImportSelector: a.cfg.Imports.EffectiveSelector()})
 	if err != nil {
-		return false, fmt.Errorf("open watch: %w", err)
+		return false, a.watchErr(moved, fmt.Errorf("open watch: %w", err))
 	}
 	var parts []*apiv1.WatchResponse
 	for {
 		resp, err := stream.Recv()
 		if err != nil {
-			return got, fmt.Errorf("watch: %w", err)
+			return got, a.watchErr(moved, fmt.Errorf("watch: %w", err))
 		}
 		// A batch too large for one message comes in parts (more set on all but the last): apply
 		// them together, never a part of a snapshot as if it were the whole state.
@@ -129,6 +160,16 @@ func (a *Agent) watchOnce(ctx context.Context, client apiv1.AgentClient) (got bo
 	}
 }
 
+// watchErr is errConnMoved when the stream ended because its connection was replaced, else err.
+func (a *Agent) watchErr(moved <-chan struct{}, err error) error {
+	select {
+	case <-moved:
+		return errConnMoved
+	default:
+		return err
+	}
+}
+
 // apply applies one watch message, persists the state and triggers a reconcile.
 func (a *Agent) apply(resp *apiv1.WatchResponse) error {
 	a.mu.Lock()
@@ -150,6 +191,9 @@ func (a *Agent) apply(resp *apiv1.WatchResponse) error {
 	a.mu.Unlock()
 	if err := next.Save(a.cfg.StateDir, time.Now()); err != nil {
 		a.log.Error("cannot persist broker state; running on memory", "err", err)
+	}
+	if ca := resp.GetCa(); ca != nil {
+		a.onCABundle(ca)
 	}
 	a.log.Debug("applied broker message", "revision", next.Revision, "snapshot", resp.GetSnapshot(), "events", len(resp.GetEvents()), "imports", resp.GetImports() != nil)
 	if resp.GetImports() != nil {

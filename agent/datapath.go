@@ -224,7 +224,7 @@ func (a *Agent) servicesOnce(ctx context.Context) {
 	if a.cfg.Gateway {
 		drivers = a.driverSet()
 	}
-	wants, problems, decisions := reconcile.Desired(st, a.cfg.Cluster, a.resolver(st), drivers)
+	wants, problems, decisions := reconcile.Desired(st, a.cfg.Cluster, a.resolver(st), drivers, a.guard)
 	if a.cfg.Gateway {
 		a.countersPass(dp, wants)
 	}
@@ -246,8 +246,8 @@ func (a *Agent) pairs(ctx context.Context, wants []reconcile.Want, problems []re
 		out[d.Cluster] = services.Pair{Connect: d.Connect, Policy: d.Policy}
 	}
 	for _, p := range problems {
-		if p.Cluster == "" {
-			continue
+		if p.Cluster == "" || p.Partial {
+			continue // a subnet left out: the pair is connected all the same
 		}
 		pr := out[p.Cluster]
 		pr.Problem = p.Message

@@ -16,12 +16,17 @@ import (
 )
 
 // registerLoop registers this gateway's endpoint and renews its lease every heartbeatInterval,
-// registering again whenever a heartbeat fails (lease lost, broker restarted without it, ...).
+// registering again whenever a heartbeat fails (lease lost, broker restarted without it, ...). It
+// ends once the broker refused the agent's certificate for good.
 func (a *Agent) registerLoop(ctx context.Context, client apiv1.AgentClient) {
 	registered := false
 	var quiet repeatFilter
 	for {
+		if a.certificateRefused() != "" {
+			return
+		}
 		var err error
+		gen := a.conn.generation()
 		if !registered {
 			err = a.register(ctx, client)
 			registered = err == nil
@@ -35,6 +40,12 @@ func (a *Agent) registerLoop(ctx context.Context, client apiv1.AgentClient) {
 			}
 		}
 		if ctx.Err() != nil {
+			return
+		}
+		if err != nil && a.refusedForGood(err, gen) {
+			a.mu.Lock()
+			a.beatOK = false
+			a.mu.Unlock()
 			return
 		}
 		a.mu.Lock()

@@ -335,9 +335,16 @@ func (a *Agent) exportsLoop(ctx context.Context, client apiv1.AgentClient) {
 		case <-a.exports.trigger:
 		}
 		for {
+			if a.certificateRefused() != "" {
+				return
+			}
 			set, _, version := a.effectiveExports()
+			gen := a.conn.generation()
 			err := a.sendExports(ctx, client, set, version)
 			if ctx.Err() != nil {
+				return
+			}
+			if err != nil && a.refusedForGood(err, gen) {
 				return
 			}
 			if err == nil {

@@ -54,6 +54,8 @@ var (
 		"1 when the agent's watch (and, on gateways, heartbeat) to the broker is working.", nil, nil)
 	descRevision = prometheus.NewDesc("cablemesh_agent_broker_revision",
 		"The last broker revision the agent applied.", nil, nil)
+	descCertExpiry = prometheus.NewDesc("cablemesh_agent_certificate_expiry_timestamp_seconds",
+		"When the agent's certificate expires (Unix time); it renews two thirds into its lifetime, so an expiry less than a third of a lifetime away means renewals fail.", nil, nil)
 	descHealthy = prometheus.NewDesc("cablemesh_agent_connection_healthy",
 		"1 when the health probes to a remote cluster's gateway answer, 0 after healthCheck.failureThreshold failures in a row (only for probed connections).",
 		[]string{"cluster", "driver"}, nil)
@@ -64,7 +66,7 @@ var (
 type collector struct{ a *Agent }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descState, descRx, descTx, descBroker, descRevision, descHealthy} {
+	for _, d := range []*prometheus.Desc{descState, descRx, descTx, descBroker, descRevision, descHealthy, descCertExpiry} {
 		ch <- d
 	}
 	c.a.metrics.describe(ch)
@@ -99,6 +101,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descBroker, prometheus.GaugeValue, b)
 	ch <- prometheus.MustNewConstMetric(descRevision, prometheus.GaugeValue, float64(s.Broker.Revision))
+	if t := s.Broker.CertificateNotAfter; t != nil {
+		ch <- prometheus.MustNewConstMetric(descCertExpiry, prometheus.GaugeValue, float64(t.Unix()))
+	}
 }
 
 // healthMetrics are the probe metrics. They are observed as probes happen (a histogram cannot be

@@ -57,7 +57,7 @@ func (a *Agent) reconcileLoop(ctx context.Context) {
 func (a *Agent) reconcileOnce(ctx context.Context) {
 	st := a.snapshot()
 	if !a.cfg.Gateway {
-		if err := a.opts.ApplyRoutes(routes.Desired(st, a.cfg.Cluster, a.resolver(st))); err != nil {
+		if err := a.opts.ApplyRoutes(routes.Desired(st, a.cfg.Cluster, a.resolver(st), a.guard)); err != nil {
 			a.log.Warn("routes via the gateway not applied", "err", err)
 		}
 		return
@@ -96,7 +96,8 @@ func (a *Agent) currentWants() map[string]reconcile.Want {
 	return out
 }
 
-// logProblems logs skipped clusters when the set changes, not at every resync.
+// logProblems logs skipped clusters and subnets left out when the set changes, not at every
+// resync.
 func (a *Agent) logProblems(problems []reconcile.Problem) {
 	var lines []string
 	for _, p := range problems {
@@ -112,6 +113,10 @@ func (a *Agent) logProblems(problems []reconcile.Problem) {
 		return
 	}
 	for _, p := range problems {
+		if p.Partial {
+			a.pairLog.Warn("remote cluster connected without one of its subnets", "cluster", p.Cluster, "driver", p.Driver, "policy", p.Policy, "reason", p.Message)
+			continue
+		}
 		a.pairLog.Warn("remote cluster not connected", "cluster", p.Cluster, "driver", p.Driver, "policy", p.Policy, "reason", p.Message)
 	}
 }
@@ -152,7 +157,7 @@ func (a *Agent) resolver(st *brokerstate.State) *policy.Resolver {
 
 // desired is the planner's view for this gateway: wanted connections, problems, decisions.
 func (a *Agent) desired(st *brokerstate.State) ([]reconcile.Want, []reconcile.Problem, []reconcile.PairDecision) {
-	return reconcile.Desired(st, a.cfg.Cluster, a.resolver(st), a.driverSet())
+	return reconcile.Desired(st, a.cfg.Cluster, a.resolver(st), a.driverSet(), a.guard)
 }
 
 // localCluster is our own cluster record: from the broker state, else from the Join answer.

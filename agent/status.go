@@ -48,11 +48,20 @@ func (a *Agent) Status(ctx context.Context) statusapi.Status {
 		t := last.UTC()
 		out.Broker.LastContact = &t
 	}
+	out.Problems = append(out.Problems, a.certStatus(&out.Broker)...)
+	if p := tokenFileProblem(a.cfg.JoinTokenFile); p != "" {
+		out.Problems = append(out.Problems, statusapi.Problem{Message: p})
+	}
 	out.Services = a.servicesStatus()
 	a.mu.Lock()
 	r := a.reconciler
 	a.mu.Unlock()
 	if !a.cfg.Gateway || r == nil {
+		if !a.cfg.Gateway {
+			// The routes via the gateway leave out what the guard refuses too.
+			_, problems, _ := reconcile.Desired(st, a.cfg.Cluster, a.resolver(st), nil, a.guard)
+			out.Problems = append(out.Problems, statusProblems(problems)...)
+		}
 		return out
 	}
 	for _, name := range a.cfg.CableDrivers {
@@ -73,7 +82,7 @@ func (a *Agent) Status(ctx context.Context) statusapi.Status {
 	octx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	observed, obsErrs := r.Observe(octx)
 	cancel()
-	out.Connections = BuildConnections(desired, problems, observed, obsErrs, r.Applied(), func(name string) uint32 {
+	out.Connections = BuildConnections(desired, problems, observed, obsErrs, r.Applied(), r.Failures(), func(name string) uint32 {
 		return st.Clusters[name].GetId()
 	})
 	for _, d := range decisions {
@@ -91,13 +100,16 @@ func (a *Agent) Status(ctx context.Context) statusapi.Status {
 			out.Connections[i].Traffic = &statusapi.Traffic{RxPackets: c.RxPackets, RxBytes: c.RxBytes, TxPackets: c.TxPackets, TxBytes: c.TxBytes}
 		}
 	}
+	out.Connections = withPartialProblems(out.Connections, problems)
+	out.Problems = append(out.Problems, statusProblems(problems)...)
 	return out
 }
 
 // BuildConnections joins what is wanted with what the drivers report. It is pure. observed has
 // an entry for every driver that could be read, obsErrs the error of those that could not;
-// applied is what this process last connected (for AppliedRevision).
-func BuildConnections(desired []reconcile.Want, problems []reconcile.Problem, observed map[string][]cable.ConnectionStatus, obsErrs map[string]error, applied map[string]reconcile.Applied, clusterID func(string) uint32) []statusapi.Connection {
+// applied is what this process last connected (for AppliedRevision), failed the pairs whose last
+// Connect failed: their state is error with the driver's own words, whatever the device shows.
+func BuildConnections(desired []reconcile.Want, problems []reconcile.Problem, observed map[string][]cable.ConnectionStatus, obsErrs map[string]error, applied map[string]reconcile.Applied, failed map[string]reconcile.Failure, clusterID func(string) uint32) []statusapi.Connection {
 	out := []statusapi.Connection{}
 	for _, w := range desired {
 		d := w.Remote
@@ -123,16 +135,7 @@ func BuildConnections(desired []reconcile.Want, problems []reconcile.Problem, ob
 				break
 			}
 		}
-		switch {
-		case obsErrs[w.Driver] != nil:
-			c.State = string(cable.StateError)
-			c.Message = "cannot read the " + w.Driver + " device: " + obsErrs[w.Driver].Error()
-		case !ok:
-			c.State = string(cable.StateError)
-			c.Message = "connection is wanted but missing on the " + w.Driver + " device"
-		default:
-			c.State = string(o.State)
-			c.Message = o.Message
+		if ok {
 			c.RxBytes, c.TxBytes, c.MTU = o.RxBytes, o.TxBytes, o.MTU
 			if o.Endpoint != "" {
 				c.Endpoint = o.Endpoint
@@ -145,10 +148,25 @@ func BuildConnections(desired []reconcile.Want, problems []reconcile.Problem, ob
 				c.LastHandshake = &t
 			}
 		}
+		f, hasFailed := failed[d.Cluster]
+		switch {
+		case hasFailed && reconcile.EqualWant(f.Want, w):
+			c.State = string(cable.StateError)
+			c.Message = w.Driver + " could not connect the pair: " + f.Err.Error()
+		case obsErrs[w.Driver] != nil:
+			c.State = string(cable.StateError)
+			c.Message = "cannot read the " + w.Driver + " device: " + obsErrs[w.Driver].Error()
+		case !ok:
+			c.State = string(cable.StateError)
+			c.Message = "connection is wanted but missing on the " + w.Driver + " device"
+		default:
+			c.State = string(o.State)
+			c.Message = o.Message
+		}
 		out = append(out, c)
 	}
 	for _, p := range problems {
-		if p.Cluster == "" {
+		if p.Cluster == "" || p.Partial {
 			continue
 		}
 		out = append(out, statusapi.Connection{
@@ -159,6 +177,35 @@ func BuildConnections(desired []reconcile.Want, problems []reconcile.Problem, ob
 			State:     string(cable.StateError),
 			Message:   p.Message,
 		})
+	}
+	return out
+}
+
+// withPartialProblems adds to each connection's message the problems of its pair that leave it
+// connected (a subnet left out), after whatever the device and the probes said.
+func withPartialProblems(conns []statusapi.Connection, problems []reconcile.Problem) []statusapi.Connection {
+	for i := range conns {
+		c := &conns[i]
+		for _, p := range problems {
+			if !p.Partial || p.Cluster != c.Cluster {
+				continue
+			}
+			if c.Message != "" {
+				c.Message += "; "
+			}
+			c.Message += p.Message
+		}
+	}
+	return conns
+}
+
+// statusProblems are the planner's problems of remote clusters as status problems.
+func statusProblems(problems []reconcile.Problem) []statusapi.Problem {
+	var out []statusapi.Problem
+	for _, p := range problems {
+		if p.Cluster != "" {
+			out = append(out, statusapi.Problem{Cluster: p.Cluster, Message: p.Message})
+		}
 	}
 	return out
 }

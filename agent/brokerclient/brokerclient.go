@@ -47,17 +47,25 @@ const (
 // ErrNoIdentity means the state dir holds no agent certificate: the agent must join first.
 var ErrNoIdentity = errors.New("state dir holds no agent certificate")
 
-// Identity is the agent's client certificate and the mesh CA it trusts.
+// Identity is the agent's client certificate and the mesh CAs it trusts (CAPEM: the bundle they
+// come from).
 type Identity struct {
-	Cert tls.Certificate
-	Leaf *x509.Certificate
-	CAs  *x509.CertPool
+	Cert  tls.Certificate
+	Leaf  *x509.Certificate
+	CAs   *x509.CertPool
+	CAPEM []byte
 }
 
 // LoadIdentity reads agent.key, agent.crt and ca.crt from stateDir. If agent.crt is absent it
-// returns ErrNoIdentity (Join writes agent.crt last, so its presence means a complete set).
+// returns ErrNoIdentity (Join writes agent.crt last, so its presence means a complete set). A
+// renewal a crash interrupted is completed first (see Renew).
 func LoadIdentity(stateDir string) (*Identity, error) {
 	certPath := filepath.Join(stateDir, CertFile)
+	if _, err := os.Stat(stateDir); err == nil {
+		if err := completePending(stateDir); err != nil {
+			return nil, fmt.Errorf("complete an interrupted certificate renewal in %s: %w", stateDir, err)
+		}
+	}
 	certPEM, err := os.ReadFile(certPath)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, ErrNoIdentity
@@ -90,7 +98,7 @@ func identityFromPEM(certPEM, keyPEM, caPEM []byte) (*Identity, error) {
 	if !pool.AppendCertsFromPEM(caPEM) {
 		return nil, errors.New("mesh CA file holds no PEM certificate")
 	}
-	return &Identity{Cert: cert, Leaf: leaf, CAs: pool}, nil
+	return &Identity{Cert: cert, Leaf: leaf, CAs: pool, CAPEM: caPEM}, nil
 }
 
 // RefusedError is the broker refusing a join (bad, expired, forged or other-cluster token, or a
@@ -313,12 +321,16 @@ func (id *Identity) TLSConfig() *tls.Config {
 // which would leave an agent blind for two minutes after a long broker outage). broker may list
 // several replicas (see SplitAddresses).
 func Dial(broker string, id *Identity, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
+	return dial(broker, id.TLSConfig(), opts)
+}
+
+func dial(broker string, tlsConf *tls.Config, opts []grpc.DialOption) (*grpc.ClientConn, error) {
 	target, topts, err := dialTarget(broker)
 	if err != nil {
 		return nil, err
 	}
 	all := append(topts, []grpc.DialOption{
-		grpc.WithTransportCredentials(credentials.NewTLS(id.TLSConfig())),
+		grpc.WithTransportCredentials(credentials.NewTLS(tlsConf)),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: time.Second, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 15 * time.Second},
 			MinConnectTimeout: 5 * time.Second,

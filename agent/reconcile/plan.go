@@ -15,9 +15,11 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
+	"strings"
 
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/api/validation"
 	"github.com/cablemesh/cablemesh/cable"
 	"github.com/cablemesh/cablemesh/policy"
 )
@@ -27,12 +29,72 @@ import (
 const DefaultDriver = policy.DefaultDriver
 
 // Problem is a remote cluster the planner had to skip or trim, with the reason (logged, shown in
-// status). Driver and Policy are those the decision named, when there is one.
+// status). Driver and Policy are those the decision named, when there is one. Partial is set when
+// the pair still connects and the problem is about a part of it (a subnet left out).
 type Problem struct {
 	Cluster string
 	Driver  string
 	Policy  string
 	Message string
+	Partial bool
+}
+
+// Guard is what no cable route may cover: the addresses this node must keep reaching over its
+// underlay (the broker's, its own advertise address) and its underlay network. A remote subnet
+// that overlaps one of them is left out of its pair's connection (the pair's other subnets are
+// still routed) and reported as a Partial problem; so is one that covers a gateway's address
+// (every endpoint's private and public IP in the broker state, which Desired reads itself) or
+// overlaps the loopback, link-local, multicast or unspecified ranges (validation.CheckClusterCIDR).
+// A pair left with no subnet at all is not connected. The zero Guard protects the gateways and
+// those ranges only.
+type Guard struct {
+	Protected []Protected
+}
+
+// Protected is one address (a /32 or /128 prefix) or network no cable route may overlap, and what
+// it is, for messages: "the broker's address 10.0.0.1", "this node's underlay network
+// 10.0.0.0/24".
+type Protected struct {
+	Prefix netip.Prefix
+	What   string
+}
+
+// ProtectAddr is a Protected single address.
+func ProtectAddr(a netip.Addr, what string) Protected {
+	return Protected{Prefix: netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()), What: what}
+}
+
+// refusal says why subnet p must not be routed over a cable ("" when it may be): the first
+// protected address or network it overlaps, in the order given.
+func refusal(p netip.Prefix, protected []Protected) string {
+	for _, x := range protected {
+		if !x.Prefix.IsValid() || !p.Overlaps(x.Prefix) {
+			continue
+		}
+		verb := "overlaps"
+		if x.Prefix.IsSingleIP() {
+			verb = "covers"
+		}
+		return fmt.Sprintf("subnet %s is not routed over the cable: it %s %s, which this node must keep reaching over its underlay", p, verb, x.What)
+	}
+	if err := validation.CheckClusterCIDR("subnet", p); err != nil {
+		return fmt.Sprintf("subnet %s is not routed over the cable: %v", p, err)
+	}
+	return ""
+}
+
+// gatewayAddrs are the private and public IPs of every endpoint in st, to protect.
+func gatewayAddrs(st *brokerstate.State) []Protected {
+	var out []Protected
+	for _, k := range slices.Sorted(maps.Keys(st.Endpoints)) {
+		e := st.Endpoints[k]
+		for _, s := range []string{e.GetPrivateIp(), e.GetPublicIp()} {
+			if a, err := netip.ParseAddr(s); err == nil {
+				out = append(out, ProtectAddr(a, fmt.Sprintf("the address %s of gateway %s", a.Unmap(), k)))
+			}
+		}
+	}
+	return out
 }
 
 // Want is one connection this node should have: to Remote over Driver with Options, as Policy
@@ -121,7 +183,8 @@ func PolicyKey(st *brokerstate.State) string {
 //
 // drivers are this node's: a decision for a driver this node does not run is a problem, not a
 // connection. A nil drivers does not check (non-gateway nodes route what their gateway connects).
-func Desired(st *brokerstate.State, local string, res *policy.Resolver, drivers Drivers) ([]Want, []Problem, []PairDecision) {
+// No subnet that guard refuses is part of a connection (see Guard).
+func Desired(st *brokerstate.State, local string, res *policy.Resolver, drivers Drivers, guard Guard) ([]Want, []Problem, []PairDecision) {
 	if st == nil {
 		return nil, nil, nil
 	}
@@ -133,6 +196,7 @@ func Desired(st *brokerstate.State, local string, res *policy.Resolver, drivers 
 		byCluster[e.GetCluster()] = append(byCluster[e.GetCluster()], e)
 	}
 	localC := policy.Cluster{Name: local, Labels: st.Clusters[local].GetLabels()}
+	protected := append(slices.Clone(guard.Protected), gatewayAddrs(st)...)
 	var out []Want
 	var problems []Problem
 	var decisions []PairDecision
@@ -195,10 +259,28 @@ func Desired(st *brokerstate.State, local string, res *policy.Resolver, drivers 
 		if len(cidrs) == 0 {
 			cidrs = chosen.GetSubnets()
 		}
-		subnets, bad := parsePrefixes(cidrs)
+		parsed, bad := parsePrefixes(cidrs)
+		var partial []Problem
 		for _, b := range bad {
-			prob(fmt.Sprintf("ignoring subnet %q: not a CIDR", b))
+			partial = append(partial, Problem{Cluster: name, Driver: driver, Policy: dec.Policy, Partial: true, Message: fmt.Sprintf("ignoring subnet %q: not a CIDR", b)})
 		}
+		var subnets []netip.Prefix
+		for _, p := range parsed {
+			if why := refusal(p, protected); why != "" {
+				partial = append(partial, Problem{Cluster: name, Driver: driver, Policy: dec.Policy, Partial: true, Message: why})
+				continue
+			}
+			subnets = append(subnets, p)
+		}
+		if len(subnets) == 0 && len(partial) > 0 {
+			var why []string
+			for _, p := range partial {
+				why = append(why, p.Message)
+			}
+			prob("not connected: no subnet left to route (" + strings.Join(why, "; ") + ")")
+			continue
+		}
+		problems = append(problems, partial...)
 		var opts cable.Options
 		if len(dec.Options) > 0 {
 			opts = cable.Options(maps.Clone(dec.Options))

@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -94,7 +95,7 @@ func TestDesired(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			wants, problems, _ := Desired(tt.st, "east", nil, Drivers{"wireguard": nil})
+			wants, problems, _ := Desired(tt.st, "east", nil, Drivers{"wireguard": nil}, Guard{})
 			var got []cable.RemoteEndpoint
 			for _, w := range wants {
 				if w.Driver != "wireguard" || w.Policy != "default" {
@@ -199,7 +200,7 @@ func TestReconcilerIsIdempotent(t *testing.T) {
 	d.Calls()
 	r := NewReconciler([]cable.Driver{d}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	st := state([]*apiv1.Cluster{cl("east", 1, "10.1.0.0/16"), cl("west", 2, "10.2.0.0/16")}, ep("west", "w1", "10.0.0.12", "KW"))
-	desired, _, _ := Desired(st, "east", nil, Drivers{"wireguard": nil})
+	desired, _, _ := Desired(st, "east", nil, Drivers{"wireguard": nil}, Guard{})
 	if _, err := r.Reconcile(context.Background(), desired, 1, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -224,4 +225,37 @@ func TestReconcilerIsIdempotent(t *testing.T) {
 // wgKey is what a wireguard node publishes: its public key.
 func wgKey(key string) map[string]*apiv1.CableAttributes {
 	return map[string]*apiv1.CableAttributes{"wireguard": {Values: map[string]string{"publicKey": key}}}
+}
+
+// TestReconcilerRemembersAFailedConnect (issue 11, defect 4): the driver's error of a pair whose
+// Connect failed is kept for status until a Connect succeeds or the pair is wanted otherwise.
+func TestReconcilerRemembersAFailedConnect(t *testing.T) {
+	d := fakedriver.New()
+	_ = d.Init(context.Background())
+	r := NewReconciler([]cable.Driver{d}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	st := state([]*apiv1.Cluster{cl("east", 1, "10.1.0.0/16"), cl("west", 2, "10.2.0.0/16")}, ep("west", "w1", "10.0.0.12", "KW"))
+	desired, _, _ := Desired(st, "east", nil, Drivers{"wireguard": nil}, Guard{})
+	d.ConnectErr = errors.New(`option "vni": 0 is out of range`)
+	if _, err := r.Reconcile(context.Background(), desired, 1, nil); err == nil {
+		t.Fatal("a failing Connect reconciled without an error")
+	}
+	if f, ok := r.Failures()["west"]; !ok || !strings.Contains(f.Err.Error(), `"vni": 0 is out of range`) || !EqualWant(f.Want, desired[0]) {
+		t.Fatalf("Failures() = %+v, want west's driver error", r.Failures())
+	}
+	d.ConnectErr = nil
+	if _, err := r.Reconcile(context.Background(), desired, 2, nil); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Failures()) != 0 {
+		t.Errorf("Failures() after a successful connect = %+v", r.Failures())
+	}
+	d.ConnectErr = errors.New("boom")
+	d.Remove("west")
+	_, _ = r.Reconcile(context.Background(), desired, 3, nil)
+	if _, err := r.Reconcile(context.Background(), nil, 4, nil); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Failures()) != 0 {
+		t.Errorf("Failures() of a pair no longer wanted = %+v", r.Failures())
+	}
 }

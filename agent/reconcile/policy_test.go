@@ -186,7 +186,7 @@ func TestDesiredFollowsPolicies(t *testing.T) {
 			if len(bad) > 0 {
 				t.Fatalf("policies rejected: %v", bad)
 			}
-			wants, problems, decisions := Desired(st, "east", res, drivers)
+			wants, problems, decisions := Desired(st, "east", res, drivers, Guard{})
 			if got := summary(wants); !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("wants = %q, want %q", got, tt.want)
 			}
@@ -211,7 +211,7 @@ func TestDesiredFollowsPolicies(t *testing.T) {
 			}
 			// Both ends reach the same decision: what west plans for east is what east plans
 			// for west.
-			wwants, _, wdec := Desired(st, "west", res, drivers)
+			wwants, _, wdec := Desired(st, "west", res, drivers, Guard{})
 			for _, d := range decisions {
 				if d.Cluster != "west" {
 					continue
@@ -229,7 +229,7 @@ func TestDesiredFollowsPolicies(t *testing.T) {
 
 func TestDesiredCarriesThePairPSK(t *testing.T) {
 	st := mesh(t)
-	wants, _, _ := Desired(st, "east", nil, Drivers{"wireguard": nil})
+	wants, _, _ := Desired(st, "east", nil, Drivers{"wireguard": nil}, Guard{})
 	for _, w := range wants {
 		switch w.Remote.Cluster {
 		case "west":
@@ -386,7 +386,7 @@ func TestReconcilerMovesAPairBetweenDrivers(t *testing.T) {
 	r := NewReconciler(list, slog.New(slog.NewTextHandler(&logs, nil)))
 	ctx := context.Background()
 	polWG := mesh(t)
-	wants, _, _ := Desired(polWG, "east", nil, Drivers{"wireguard": nil, "vxlan": nil})
+	wants, _, _ := Desired(polWG, "east", nil, Drivers{"wireguard": nil, "vxlan": nil}, Guard{})
 	if _, err := r.Reconcile(ctx, wants, 5, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -396,7 +396,7 @@ func TestReconcilerMovesAPairBetweenDrivers(t *testing.T) {
 	fakes["wireguard"].Calls()
 
 	polVX := mesh(t, policyRec(t, policy.DefaultPolicy("wireguard"), true), policyRec(t, vxlanSiteAB(), false))
-	wants, _, _ = Desired(polVX, "east", nil, Drivers{"wireguard": nil, "vxlan": nil})
+	wants, _, _ = Desired(polVX, "east", nil, Drivers{"wireguard": nil, "vxlan": nil}, Guard{})
 	if _, err := r.Reconcile(ctx, wants, 9, nil); err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,13 @@ type Applied struct {
 	At       time.Time
 }
 
+// Failure is a pair whose last Connect failed: what was wanted, and the driver's error.
+type Failure struct {
+	Want Want
+	Err  error
+	At   time.Time
+}
+
 // Reconciler applies plans through the node's drivers. It is safe for concurrent use; passes
 // are serialised.
 type Reconciler struct {
@@ -29,6 +36,7 @@ type Reconciler struct {
 
 	mu      sync.Mutex
 	applied map[string]Applied // what this process last connected, by cluster
+	failed  map[string]Failure // pairs whose last Connect failed, by cluster
 }
 
 // NewReconciler returns a reconciler over drivers (the ones that initialised).
@@ -37,7 +45,16 @@ func NewReconciler(drivers []cable.Driver, log *slog.Logger) *Reconciler {
 	for _, d := range drivers {
 		m[d.Name()] = d
 	}
-	return &Reconciler{drivers: m, log: log, now: time.Now, applied: map[string]Applied{}}
+	return &Reconciler{drivers: m, log: log, now: time.Now, applied: map[string]Applied{}, failed: map[string]Failure{}}
+}
+
+// Failures returns a copy of the pairs whose last Connect failed, by cluster: a pair is there from
+// the failed attempt until one succeeds or the pair is no longer wanted. Its status is the
+// driver's error (the device cannot show why a connection it never got is missing).
+func (r *Reconciler) Failures() map[string]Failure {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return maps.Clone(r.failed)
 }
 
 // Applied returns a copy of what this process last connected, by cluster.
@@ -88,6 +105,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, desired []Want, revision uin
 	for _, d := range desired {
 		want[d.Remote.Cluster] = true
 	}
+	for name, f := range r.failed {
+		if !want[name] || !slices.ContainsFunc(desired, func(d Want) bool { return EqualWant(d, f.Want) }) {
+			delete(r.failed, name) // no longer wanted as it failed: the next attempt decides
+		}
+	}
 	for name, a := range r.applied {
 		if _, seen := observed[a.Want.Driver]; !want[name] && seen {
 			delete(r.applied, name)
@@ -116,18 +138,22 @@ func (r *Reconciler) Reconcile(ctx context.Context, desired []Want, revision uin
 			d := a.Want
 			if failed[a.Cluster] {
 				// Connecting now would put two cables' routes on the same subnets.
-				errs = append(errs, fmt.Errorf("connect %s over %s: skipped, the old connection could not be removed", a.Cluster, a.Driver))
+				err := fmt.Errorf("connect %s over %s: skipped, the old connection could not be removed", a.Cluster, a.Driver)
+				errs = append(errs, err)
+				r.failed[a.Cluster] = Failure{Want: d, Err: err, At: r.now()}
 				continue
 			}
 			start := r.now()
 			if err := r.drivers[a.Driver].Connect(ctx, d.Remote, d.Options); err != nil {
 				r.log.Error("connect failed", "cluster", a.Cluster, "node", d.Remote.Node, "driver", a.Driver, "peer", EndpointString(d.Remote), "err", err)
 				delete(r.applied, a.Cluster)
+				r.failed[a.Cluster] = Failure{Want: d, Err: err, At: r.now()}
 				errs = append(errs, fmt.Errorf("connect %s over %s: %w", a.Cluster, a.Driver, err))
 				continue
 			}
 			end := r.now()
 			r.applied[a.Cluster] = Applied{Want: d, Revision: revision, At: end}
+			delete(r.failed, a.Cluster)
 			r.log.Info("connected", "cluster", a.Cluster, "node", d.Remote.Node, "driver", a.Driver, "peer", EndpointString(d.Remote),
 				"subnets", fmt.Sprint(d.Remote.Subnets), "policy", d.Policy, "revision", revision, "reason", a.Reason)
 			from := a.MovesFrom

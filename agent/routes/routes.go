@@ -25,8 +25,9 @@ type Route struct {
 // Desired routes every remote cluster's subnets (those of clusters the policies connect to this
 // one and that have a usable gateway, as reconcile.Desired decides; res nil means the resolver
 // built from st) via the local cluster's gateway: its endpoint with the smallest node name. With
-// no local gateway there is nothing to route via, so nothing is wanted.
-func Desired(st *brokerstate.State, local string, res *policy.Resolver) []Route {
+// no local gateway there is nothing to route via, so nothing is wanted. No subnet guard refuses
+// is routed (reconcile.Guard: the broker's addresses, the gateways', this node's underlay).
+func Desired(st *brokerstate.State, local string, res *policy.Resolver, guard reconcile.Guard) []Route {
 	if st == nil {
 		return nil
 	}
@@ -48,7 +49,7 @@ func Desired(st *brokerstate.State, local string, res *policy.Resolver) []Route 
 		return nil
 	}
 	// The local gateway's drivers are not checked here: it reports what it cannot carry.
-	remotes, _, _ := reconcile.Desired(st, local, res, nil)
+	remotes, _, _ := reconcile.Desired(st, local, res, nil, guard)
 	var out []Route
 	for _, r := range remotes {
 		for _, p := range r.Remote.Subnets {

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
+	"github.com/cablemesh/cablemesh/agent/reconcile"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/cable/route"
 )
@@ -23,12 +24,12 @@ func TestDesiredRoutesGoViaTheLocalGateway(t *testing.T) {
 	s.Endpoints["west/w1"] = ep("west", "w1", "10.0.0.31")
 	gw := netip.MustParseAddr("10.0.0.21")
 	want := []Route{{netip.MustParsePrefix("10.2.0.0/16"), gw}, {netip.MustParsePrefix("10.96.2.0/24"), gw}}
-	if got := Desired(s, "east", nil); !reflect.DeepEqual(got, want) {
+	if got := Desired(s, "east", nil, reconcile.Guard{}); !reflect.DeepEqual(got, want) {
 		t.Errorf("Desired = %v, want %v", got, want)
 	}
 	delete(s.Endpoints, "east/e1")
 	delete(s.Endpoints, "east/e2")
-	if got := Desired(s, "east", nil); got != nil {
+	if got := Desired(s, "east", nil, reconcile.Guard{}); got != nil {
 		t.Errorf("without a local gateway Desired = %v, want nothing", got)
 	}
 }

@@ -31,6 +31,18 @@ type Status struct {
 	Drivers []DriverStatus `json:"drivers,omitempty"`
 	// Services is the services datapath: exports, imports, DNS and the eBPF load balancer.
 	Services *Services `json:"services,omitempty"`
+	// Problems are what the operator should act on: a join token file others can read, a remote
+	// cluster's subnet the agent refuses to route, a pair it cannot connect, a certificate the
+	// broker no longer accepts. Those of a remote cluster name it (and are also the message of
+	// its connection).
+	Problems []Problem `json:"problems,omitempty"`
+}
+
+// Problem is one thing the operator should act on.
+type Problem struct {
+	// Cluster is the remote cluster it concerns ("" when it concerns the node).
+	Cluster string `json:"cluster,omitempty"`
+	Message string `json:"message"`
 }
 
 // Error is the body of an error answer of the agent's API.
@@ -204,6 +216,15 @@ type Broker struct {
 	Error       string     `json:"error,omitempty"`
 	// Cached is true when the agent runs on state loaded from its state dir, not yet resynced.
 	Cached bool `json:"cached"`
+	// CertificateNotAfter is when the agent's certificate expires; the agent renews it (over its
+	// current identity) at CertificateRenewAt, two thirds into its lifetime, or at once when the
+	// broker's CA bundle names another issuing CA (a CA rotation).
+	CertificateNotAfter *time.Time `json:"certificateNotAfter,omitempty"`
+	CertificateRenewAt  *time.Time `json:"certificateRenewAt,omitempty"`
+	// CertificateRefused is true once the broker refused the certificate for good (the node was
+	// revoked, or joined again elsewhere): the agent stops calling the broker and runs on its
+	// state; Error says to join again.
+	CertificateRefused bool `json:"certificateRefused,omitempty"`
 }
 
 // Connection is one remote cluster as seen from this node.

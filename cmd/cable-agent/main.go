@@ -1,7 +1,9 @@
 // Command cable-agent is the Cablemesh node agent: `cable-agent --config FILE`.
 //
 // Exit codes: 0 after a signal (SIGINT/SIGTERM), 1 when the agent cannot run (e.g. its join
-// token is refused), 2 for bad usage or a bad config file (reported before anything is created).
+// token is refused), 2 for bad usage, a bad config file or a file it names that cannot be used (a
+// stateDir that is no directory; on first start a missing or unreadable join token file),
+// reported before anything is created.
 package main
 
 import (
@@ -69,6 +71,10 @@ func run(args []string, stderr io.Writer) int {
 			return 2
 		}
 	}
+	if err := agent.CheckFiles(cfg); err != nil {
+		fmt.Fprintln(stderr, "cable-agent: agent config "+*configPath+":", err)
+		return 2
+	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level(cfg.LogLevel)}))
 	slog.SetDefault(log)
 
@@ -91,6 +97,10 @@ func run(args []string, stderr io.Writer) int {
 	if err := a.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
 		log.Error("agent stopped", "err", err)
 		fmt.Fprintln(stderr, "cable-agent:", err)
+		var fe *agent.FileError
+		if errors.As(err, &fe) {
+			return 2
+		}
 		return 1
 	}
 	log.Info("agent stopped")
@@ -133,7 +143,7 @@ func prepareBPFFS(args []string, stderr io.Writer) {
 		return
 	}
 	cfg, err := config.Load(*configPath)
-	if err != nil {
+	if err != nil || agent.CheckFiles(cfg) != nil {
 		return
 	}
 	_ = os.Setenv(bpffsPreparedEnv, "1")

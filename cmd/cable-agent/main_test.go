@@ -60,19 +60,79 @@ func TestBadInvocationsExitTwoBeforeCreatingAnything(t *testing.T) {
 	}
 }
 
-func TestAMissingJoinTokenExitsOneWithAClearMessage(t *testing.T) {
+// TestBadFilesOnFirstStartExitTwoBeforeCreatingAnything (issue 11, defect 5): a stateDir that is
+// a file, and a join token file that is missing or unreadable when the node has not joined yet,
+// are bad config: exit 2, naming the field and the path, before anything is created.
+func TestBadFilesOnFirstStartExitTwoBeforeCreatingAnything(t *testing.T) {
 	dir := t.TempDir()
-	cfg := filepath.Join(dir, "agent.yaml")
-	body := "cluster: east\nnode: e1\nbroker: 127.0.0.1:1\nstateDir: " + filepath.Join(dir, "state") +
-		"\nstatusSocket: " + filepath.Join(dir, "agent.sock") + "\njoinTokenFile: " + filepath.Join(dir, "missing-token") + "\n"
-	if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
+	sock := filepath.Join(dir, "agent.sock")
+	aFile := filepath.Join(dir, "a-file")
+	if err := os.WriteFile(aFile, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	token := filepath.Join(dir, "token")
+	if err := os.WriteFile(token, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	aDir := filepath.Join(dir, "a-dir")
+	if err := os.Mkdir(aDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	state := filepath.Join(dir, "state")
+	config := func(stateDir, tokenFile string) string {
+		body := "cluster: east\nnode: e1\nbroker: 127.0.0.1:1\nstateDir: " + stateDir + "\nstatusSocket: " + sock + "\n"
+		if tokenFile != "" {
+			body += "joinTokenFile: " + tokenFile + "\n"
+		}
+		p := filepath.Join(dir, "agent.yaml")
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	tests := []struct {
+		name, stateDir, tokenFile string
+		want                      []string
+	}{
+		{"a stateDir that is a file", aFile, token, []string{"stateDir", aFile, "not a directory"}},
+		{"a stateDir below a file", filepath.Join(aFile, "state"), token, []string{"stateDir", aFile, "not a directory"}},
+		{"a missing join token file", state, filepath.Join(dir, "missing-token"), []string{"joinTokenFile", filepath.Join(dir, "missing-token"), "no such file"}},
+		{"a join token file that cannot be read", state, aDir, []string{"joinTokenFile", aDir, "is a directory"}},
+		{"no join token file and no certificate", state, "", []string{"joinTokenFile", "required", state}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stderr bytes.Buffer
+			if code := run([]string{"--config", config(tt.stateDir, tt.tokenFile)}, &stderr); code != 2 {
+				t.Errorf("exit code %d, want 2 (stderr: %s)", code, stderr.String())
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(stderr.String(), w) {
+					t.Errorf("stderr %q does not contain %q", stderr.String(), w)
+				}
+			}
+			for _, p := range []string{state, sock} {
+				if _, err := os.Stat(p); err == nil {
+					t.Errorf("%s was created", p)
+				}
+			}
+			t.Logf("stderr: %s", strings.TrimSpace(stderr.String()))
+		})
+	}
+}
+
+// TestAWireGuardPortOfZeroIsRefused (defect 5): port 0 is not "the default".
+func TestAWireGuardPortOfZeroIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "agent.yaml")
+	body := "cluster: east\nnode: e1\nbroker: 127.0.0.1:1\nstateDir: " + filepath.Join(dir, "state") + "\nstatusSocket: " + filepath.Join(dir, "s.sock") +
+		"\ngateway: true\nadvertiseAddress: 127.0.0.1\nwireguard: {port: 0}\n"
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	var stderr bytes.Buffer
-	if code := run([]string{"--config", cfg}, &stderr); code != 1 {
-		t.Fatalf("exit code %d, want 1 (stderr: %s)", code, stderr.String())
+	if code := run([]string{"--config", p}, &stderr); code != 2 || !strings.Contains(stderr.String(), "wireguard.port: 0") {
+		t.Errorf("exit code %d, stderr %q; want 2 naming wireguard.port: 0", code, stderr.String())
 	}
-	if !strings.Contains(stderr.String(), "cannot join the mesh") || !strings.Contains(stderr.String(), "missing-token") {
-		t.Errorf("stderr = %s", stderr.String())
-	}
+	t.Logf("stderr: %s", strings.TrimSpace(stderr.String()))
 }

@@ -38,7 +38,10 @@ func newStatusCmd(g *globalFlags) *cobra.Command {
 			"one row per remote cluster (state, endpoint, RTT, bytes, last handshake), then the broker connection.\n" +
 			"RTT is the last health probe's round trip through the tunnel; -o wide adds min/avg/max, p50/p95/p99 and\n" +
 			"the probes' health; -o json and -o yaml give everything as data. A connection whose probes failed\n" +
-			"healthCheck.failureThreshold times in a row is in state error, whatever its device says.",
+			"healthCheck.failureThreshold times in a row is in state error, whatever its device says; one whose\n" +
+			"driver refused to connect it is in state error with the driver's words. Below the broker line: the\n" +
+			"agent certificate's expiry and renewal, and the node's problems (a join token file others can read, a\n" +
+			"certificate the broker refused).",
 		Example: "  cablectl status\n  cablectl status -o wide\n  cablectl status --socket /run/cablemesh/agent.sock -o json",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -187,7 +190,48 @@ func printStatus(w io.Writer, format string, s *statusapi.Status, now time.Time)
 	if _, err := fmt.Fprintf(w, "\n%s\n", line); err != nil {
 		return err
 	}
+	if b.CertificateNotAfter != nil {
+		cert := "Certificate: valid until " + b.CertificateNotAfter.UTC().Format(time.RFC3339) + " (" + statusUntil(*b.CertificateNotAfter, now) + ")"
+		switch {
+		case b.CertificateRefused:
+			cert += ", refused by the broker: join again"
+		case b.CertificateRenewAt != nil && !b.CertificateRenewAt.After(now):
+			cert += ", renewal due now"
+		case b.CertificateRenewAt != nil:
+			cert += ", renews " + b.CertificateRenewAt.UTC().Format(time.RFC3339) + " (" + statusUntil(*b.CertificateRenewAt, now) + ")"
+		}
+		fmt.Fprintln(w, cert)
+	}
+	// Problems of a remote cluster are its row's message above; the node's own are listed here.
+	first := true
+	for _, p := range s.Problems {
+		if p.Cluster != "" {
+			continue
+		}
+		if first {
+			fmt.Fprintln(w, "Problems:")
+			first = false
+		}
+		fmt.Fprintf(w, "  %s\n", p.Message)
+	}
 	return printServicesSection(w, s.Services, wide)
+}
+
+// statusUntil says how far t is from now: "in 12s", "in 3h", "in 243d", or "expired 2d ago".
+func statusUntil(t, now time.Time) string {
+	if t.Before(now) {
+		return "expired " + statusAgo(&t, now)
+	}
+	d := t.Sub(now)
+	switch {
+	case d < 2*time.Minute:
+		return "in " + strconv.Itoa(int(d/time.Second)) + "s"
+	case d < 2*time.Hour:
+		return "in " + strconv.Itoa(int(d/time.Minute)) + "m"
+	case d < 48*time.Hour:
+		return "in " + strconv.Itoa(int(d/time.Hour)) + "h"
+	}
+	return "in " + strconv.Itoa(int(d/(24*time.Hour))) + "d"
 }
 
 func statusDash(s string) string {

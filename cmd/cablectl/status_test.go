@@ -83,6 +83,30 @@ func fixtureStatusWithPolicies() *statusapi.Status {
 	return s
 }
 
+// fixtureStatusWithProblems is a gateway whose wireguard driver refused to connect west (a bad
+// option value), which routes north without a subnet that overlaps its underlay, whose driver
+// for zeta is not configured, whose certificate renews in 200 days and whose join token file
+// others can read.
+func fixtureStatusWithProblems() *statusapi.Status {
+	s := fixtureStatus()
+	notAfter, renewAt := statusNow.Add(300*24*time.Hour), statusNow.Add(200*24*time.Hour)
+	s.Broker.CertificateNotAfter, s.Broker.CertificateRenewAt = &notAfter, &renewAt
+	underlay := "subnet 172.31.0.128/25 is not routed over the cable: it overlaps this node's underlay network 172.31.0.0/24 (the link of its advertise address), which this node must keep reaching over its underlay"
+	s.Connections = []statusapi.Connection{
+		{Cluster: "north", ClusterID: 3, Node: "north-gw1", Driver: "wireguard", Policy: "default", State: "connected", Endpoint: "10.0.0.13:51820",
+			RxBytes: 4096, TxBytes: 2048, LastHandshake: ago(5 * time.Second), Subnets: []string{"10.3.0.0/16"}, Message: underlay},
+		{Cluster: "west", ClusterID: 2, Node: "west-gw1", Driver: "wireguard", Policy: "west-jumbo", State: "error", Endpoint: "10.0.0.12:51820",
+			Message: `wireguard could not connect the pair: wireguard option "mtu": 100000 is out of range (1280..65535)`},
+		{Cluster: "zeta", ClusterID: 6, Driver: "ipsec", Policy: "secure-zeta", State: "error", Message: "driver ipsec is not configured on this node (cableDrivers)"},
+	}
+	s.Problems = []statusapi.Problem{
+		{Message: "join token file /etc/cablemesh/join-token is readable by others (mode 0644): whoever reads it can join a node to this cluster while the token is valid; chmod 600 it, and delete it once the node has joined"},
+		{Cluster: "north", Message: underlay},
+		{Cluster: "zeta", Message: "driver ipsec is not configured on this node (cableDrivers)"},
+	}
+	return s
+}
+
 func TestStatusTableMatchesGolden(t *testing.T) {
 	tests := []struct {
 		name   string
@@ -105,6 +129,16 @@ func TestStatusTableMatchesGolden(t *testing.T) {
 		{"the wide table with RTT statistics and probe health", "status_wide.golden", fixtureStatusWithProbes, "wide"},
 		{"a gateway whose policies pick a driver per pair and leave one pair unconnected", "status_table_policies.golden", fixtureStatusWithPolicies, ""},
 		{"the wide table names the deciding policy and the driver that did not start", "status_wide_policies.golden", fixtureStatusWithPolicies, "wide"},
+		{"a gateway whose driver refused a pair, with a subnet not routed, a certificate to renew and a readable token", "status_table_problems.golden", fixtureStatusWithProblems, ""},
+		{"an agent whose certificate the broker revoked", "status_table_revoked.golden", func() *statusapi.Status {
+			s := fixtureStatus()
+			s.Connections = s.Connections[1:2]
+			notAfter := statusNow.Add(300 * 24 * time.Hour)
+			s.Broker = statusapi.Broker{Address: "10.0.0.1:7443", Revision: 42, LastContact: ago(2 * time.Minute), CertificateNotAfter: &notAfter,
+				CertificateRefused: true, Error: "certificate revoked: join again (the certificate of east/east-gw1 was revoked at 2026-11-21T11:58:00Z (cablectl cluster revoke-node); join again with a new token)"}
+			s.Problems = []statusapi.Problem{{Message: "the broker refused this node's certificate for good: ...; the agent no longer calls the broker and keeps its tunnels on its last state. Join again: a new token in joinTokenFile, remove agent.crt from /var/lib/cablemesh, restart the agent"}}
+			return s
+		}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

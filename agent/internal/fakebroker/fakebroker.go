@@ -1,7 +1,10 @@
 // Package fakebroker is an in-test broker: a real gRPC server over TLS on loopback that speaks
 // the Agent service of api/v1 with the agreed wire facts (serving chain [leaf, CA], leaf SAN
 // apiv1.BrokerServerName, client certs verified if given), a mesh CA, join tokens, and a store of
-// clusters and endpoints whose changes tests drive directly.
+// clusters and endpoints whose changes tests drive directly. Like the real broker it keeps, per
+// node, the certificates that are good (the newest and the one it was renewed with), renews them
+// (RenewCertificate), revokes them (Revoke), rotates its CA with an overlap (RotateCA,
+// FinishRotation) and sends the CA bundle on the watch.
 package fakebroker
 
 import (
@@ -18,6 +21,7 @@ import (
 	"fmt"
 	"math/big"
 	"net"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -28,6 +32,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/cablemesh/cablemesh/api/jointoken"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
@@ -42,14 +47,16 @@ type PKI struct {
 }
 
 // NewPKI makes a CA and a serving leaf for apiv1.BrokerServerName.
-func NewPKI() (*PKI, error) {
+func NewPKI() (*PKI, error) { return newPKI("fake mesh CA") }
+
+func newPKI(name string) (*PKI, error) {
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, err
 	}
 	caTmpl := &x509.Certificate{
 		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "fake mesh CA"},
+		Subject:               pkix.Name{CommonName: name},
 		NotBefore:             time.Now().Add(-time.Hour),
 		NotAfter:              time.Now().Add(24 * time.Hour),
 		IsCA:                  true,
@@ -112,6 +119,20 @@ type Broker struct {
 	conflicts      []*apiv1.ServiceConflict
 	watchRequests  []*apiv1.WatchRequest
 
+	// Certificates: the CA new certificates come from during a rotation (nil otherwise; PKI
+	// serves until the rotation finishes), the lifetime of agent certificates, the good serials
+	// of each node (newest first, at most two), revoked nodes, and the serial of each node's
+	// last authenticated call.
+	next         *PKI
+	certLifetime time.Duration
+	goodSerials  map[string][]string
+	revoked      map[string]bool
+	lastSerial   map[string]string
+	renewals     int
+	renewErr     error
+	joinErr      error
+	caVersion    uint64
+
 	srv  *grpc.Server
 	lis  net.Listener
 	addr string
@@ -124,7 +145,8 @@ func New() (*Broker, error) {
 		return nil, err
 	}
 	return &Broker{PKI: p, clusters: map[string]*apiv1.Cluster{}, endpoints: map[string]*apiv1.Endpoint{}, policies: map[string]*apiv1.Policy{},
-		exports: map[string][]*apiv1.ServiceExport{}, imports: map[string]*apiv1.ServiceImports{}, changed: make(chan struct{})}, nil
+		exports: map[string][]*apiv1.ServiceExport{}, imports: map[string]*apiv1.ServiceImports{}, changed: make(chan struct{}),
+		certLifetime: 24 * time.Hour, goodSerials: map[string][]string{}, revoked: map[string]bool{}, lastSerial: map[string]string{}}, nil
 }
 
 // Start serves on addr ("127.0.0.1:0" for any port; the previous address to restart).
@@ -133,13 +155,10 @@ func (b *Broker) Start(addr string) error {
 	if err != nil {
 		return err
 	}
-	pool := x509.NewCertPool()
-	pool.AddCert(b.PKI.CA)
+	// Every handshake reads the current CAs: a rotation needs no restart.
 	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{
-		Certificates: []tls.Certificate{b.PKI.Serving},
-		ClientAuth:   tls.VerifyClientCertIfGiven,
-		ClientCAs:    pool,
-		MinVersion:   tls.VersionTLS12,
+		MinVersion:         tls.VersionTLS12,
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) { return b.serverTLS(), nil },
 	})))
 	apiv1.RegisterAgentServer(srv, b)
 	b.mu.Lock()
@@ -165,6 +184,169 @@ func (b *Broker) Stop() {
 	if srv != nil {
 		srv.Stop()
 	}
+}
+
+// serverTLS is the TLS configuration of the next handshake: the serving certificate of PKI, and
+// client certificates of every trusted CA.
+func (b *Broker) serverTLS() *tls.Config {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	pool := x509.NewCertPool()
+	pool.AddCert(b.PKI.CA)
+	if b.next != nil {
+		pool.AddCert(b.next.CA)
+	}
+	return &tls.Config{
+		Certificates: []tls.Certificate{b.PKI.Serving},
+		ClientAuth:   tls.VerifyClientCertIfGiven,
+		ClientCAs:    pool,
+		MinVersion:   tls.VersionTLS12,
+	}
+}
+
+// issuingLocked is the CA new certificates come from.
+func (b *Broker) issuingLocked() *PKI {
+	if b.next != nil {
+		return b.next
+	}
+	return b.PKI
+}
+
+// bundleLocked is the CA bundle clients are told of: every trusted CA, the serving one first.
+func (b *Broker) bundleLocked() *apiv1.CABundle {
+	out := &apiv1.CABundle{Pem: append([]byte(nil), b.PKI.CAPEM...), IssuingCa: b.issuingLocked().CAHash()}
+	if b.next != nil {
+		out.Pem = append(out.Pem, b.next.CAPEM...)
+		out.PreviousTrustedUntil = timestamppb.New(time.Now().Add(time.Hour))
+	}
+	return out
+}
+
+// Bundle is the CA bundle the broker sends now.
+func (b *Broker) Bundle() *apiv1.CABundle {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.bundleLocked()
+}
+
+// SetCertLifetime sets how long the agent certificates issued from now on last (default 24h).
+func (b *Broker) SetCertLifetime(d time.Duration) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.certLifetime = d
+}
+
+// RotateCA starts a rotation: a new CA issues every certificate from now on, both are trusted,
+// the old one still serves; watches get the new bundle.
+func (b *Broker) RotateCA() error {
+	p, err := newPKI("fake mesh CA (rotated)")
+	if err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.next = p
+	b.caChangedLocked()
+	return nil
+}
+
+// FinishRotation ends the overlap: the new CA serves and is the only one trusted.
+func (b *Broker) FinishRotation() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.next == nil {
+		return
+	}
+	b.PKI, b.next = b.next, nil
+	b.caChangedLocked()
+}
+
+func (b *Broker) caChangedLocked() {
+	b.caVersion++
+	close(b.changed)
+	b.changed = make(chan struct{})
+}
+
+// Revoke revokes every certificate of cluster/node: its calls are refused, its watch ends.
+func (b *Broker) Revoke(cluster, node string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.revoked[cluster+"/"+node] = true
+	close(b.changed)
+	b.changed = make(chan struct{})
+}
+
+// Renewals is how many RenewCertificate calls succeeded.
+func (b *Broker) Renewals() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.renewals
+}
+
+// SetRenewError makes RenewCertificate fail with err (nil: succeed).
+func (b *Broker) SetRenewError(err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.renewErr = err
+}
+
+// RefuseJoins makes Join fail with err (nil: accept again).
+func (b *Broker) RefuseJoins(err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.joinErr = err
+}
+
+// LastSerial is the serial (hex) of the certificate of cluster/node's last authenticated call.
+func (b *Broker) LastSerial(cluster, node string) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.lastSerial[cluster+"/"+node]
+}
+
+// GoodSerials are the serials of cluster/node's certificates the broker accepts, newest first.
+func (b *Broker) GoodSerials(cluster, node string) []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]string(nil), b.goodSerials[cluster+"/"+node]...)
+}
+
+// issueLocked signs an agent certificate for the CSR from the issuing CA and records it as the
+// node's newest good certificate (keep: how many of the node's earlier ones stay good).
+func (b *Broker) issueLocked(csrPEM []byte, cluster, node string, keep int) (*x509.Certificate, []byte, error) {
+	blk, _ := pem.Decode(csrPEM)
+	if blk == nil {
+		return nil, nil, status.Error(codes.InvalidArgument, "csr_pem holds no PEM block")
+	}
+	csr, err := x509.ParseCertificateRequest(blk.Bytes)
+	if err == nil {
+		err = csr.CheckSignature()
+	}
+	if err != nil {
+		return nil, nil, status.Errorf(codes.InvalidArgument, "bad CSR: %v", err)
+	}
+	sn, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 96))
+	if err != nil {
+		return nil, nil, status.Error(codes.Internal, err.Error())
+	}
+	ca := b.issuingLocked()
+	now := time.Now()
+	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
+		SerialNumber: sn,
+		Subject:      pkix.Name{CommonName: node, Organization: []string{cluster}},
+		NotBefore:    now.Add(-time.Second),
+		NotAfter:     now.Add(b.certLifetime),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}, ca.CA, csr.PublicKey, ca.CAKey)
+	if err != nil {
+		return nil, nil, status.Error(codes.Internal, err.Error())
+	}
+	cert, _ := x509.ParseCertificate(der)
+	key := cluster + "/" + node
+	good := append([]string{sn.Text(16)}, b.goodSerials[key][:min(keep, len(b.goodSerials[key]))]...)
+	b.goodSerials[key] = good
+	return cert, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), nil
 }
 
 // Token returns a valid join token for cluster.
@@ -316,41 +498,55 @@ func (b *Broker) Join(_ context.Context, req *apiv1.JoinRequest) (*apiv1.JoinRes
 	if claims.Cluster != req.GetCluster() {
 		return nil, status.Errorf(codes.PermissionDenied, "token is for cluster %q, not %q", claims.Cluster, req.GetCluster())
 	}
-	blk, _ := pem.Decode(req.GetCsrPem())
-	if blk == nil {
-		return nil, status.Error(codes.InvalidArgument, "csr_pem holds no PEM block")
-	}
-	csr, err := x509.ParseCertificateRequest(blk.Bytes)
-	if err != nil || csr.CheckSignature() != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "bad CSR: %v", err)
-	}
-	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()),
-		Subject:      pkix.Name{CommonName: req.GetNode(), Organization: []string{req.GetCluster()}},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}, b.PKI.CA, csr.PublicKey, b.PKI.CAKey)
-	if err != nil {
-		return nil, status.Error(codes.Internal, err.Error())
-	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.joinErr != nil {
+		return nil, b.joinErr
+	}
+	delete(b.revoked, req.GetCluster()+"/"+req.GetNode())
+	cert, certPEM, err := b.issueLocked(req.GetCsrPem(), req.GetCluster(), req.GetNode(), 0)
+	if err != nil {
+		return nil, err
+	}
 	b.joins++
 	c := b.clusters[req.GetCluster()]
 	if c == nil {
 		c = &apiv1.Cluster{Name: req.GetCluster()}
 	}
+	bundle := b.bundleLocked()
 	return &apiv1.JoinResponse{
-		CertificatePem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		CaPem:          b.PKI.CAPEM,
+		CertificatePem: certPEM,
+		CaPem:          bundle.Pem,
 		Cluster:        proto.Clone(c).(*apiv1.Cluster),
+		NotAfter:       timestamppb.New(cert.NotAfter),
+		Ca:             bundle,
 	}, nil
 }
 
-// identity returns the cluster and node of the caller's client certificate.
-func identity(ctx context.Context) (cluster, node string, err error) {
+// RenewCertificate issues a new certificate of the caller's cluster and node from the issuing
+// CA; the certificate renewed with stays good, any older one does not.
+func (b *Broker) RenewCertificate(ctx context.Context, req *apiv1.RenewCertificateRequest) (*apiv1.RenewCertificateResponse, error) {
+	cluster, node, err := b.identity(ctx)
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.renewErr != nil {
+		return nil, b.renewErr
+	}
+	cert, certPEM, err := b.issueLocked(req.GetCsrPem(), cluster, node, 1)
+	if err != nil {
+		return nil, err
+	}
+	b.renewals++
+	bundle := b.bundleLocked()
+	return &apiv1.RenewCertificateResponse{CertificatePem: certPEM, CaPem: bundle.Pem, NotAfter: timestamppb.New(cert.NotAfter), Ca: bundle}, nil
+}
+
+// identity returns the cluster and node of the caller's client certificate, refusing it as the
+// real broker does when the node was revoked or the certificate is no longer one of its good ones.
+func (b *Broker) identity(ctx context.Context) (cluster, node string, err error) {
 	p, ok := peer.FromContext(ctx)
 	if !ok {
 		return "", "", status.Error(codes.Unauthenticated, "no peer")
@@ -363,12 +559,32 @@ func identity(ctx context.Context) (cluster, node string, err error) {
 	if len(leaf.Subject.Organization) == 0 {
 		return "", "", status.Error(codes.Unauthenticated, "certificate names no cluster")
 	}
-	return leaf.Subject.Organization[0], leaf.Subject.CommonName, nil
+	cluster, node = leaf.Subject.Organization[0], leaf.Subject.CommonName
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.checkLocked(cluster, node, leaf.SerialNumber.Text(16)); err != nil {
+		return "", "", err
+	}
+	b.lastSerial[cluster+"/"+node] = leaf.SerialNumber.Text(16)
+	return cluster, node, nil
+}
+
+// checkLocked refuses a revoked node's certificates and those it no longer lists.
+func (b *Broker) checkLocked(cluster, node, serial string) error {
+	key := cluster + "/" + node
+	switch good := b.goodSerials[key]; {
+	case b.revoked[key]:
+		return status.Errorf(codes.Unauthenticated, "the certificate of %s was revoked at %s (cablectl cluster revoke-node); join again with a new token",
+			key, time.Now().UTC().Format(time.RFC3339))
+	case len(good) > 0 && !slices.Contains(good, serial):
+		return status.Errorf(codes.Unauthenticated, "the certificate of %s (serial %s) is no longer good: the node joined again or renewed its certificate since; use its current certificate or join again with a new token", key, serial)
+	}
+	return nil
 }
 
 // RegisterEndpoint stores the caller's endpoint.
 func (b *Broker) RegisterEndpoint(ctx context.Context, req *apiv1.RegisterEndpointRequest) (*apiv1.RegisterEndpointResponse, error) {
-	cluster, node, err := identity(ctx)
+	cluster, node, err := b.identity(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -385,7 +601,7 @@ func (b *Broker) RegisterEndpoint(ctx context.Context, req *apiv1.RegisterEndpoi
 
 // Heartbeat renews the caller's endpoint; NotFound when it is not registered.
 func (b *Broker) Heartbeat(ctx context.Context, req *apiv1.HeartbeatRequest) (*apiv1.HeartbeatResponse, error) {
-	cluster, node, err := identity(ctx)
+	cluster, node, err := b.identity(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -400,10 +616,12 @@ func (b *Broker) Heartbeat(ctx context.Context, req *apiv1.HeartbeatRequest) (*a
 
 // Watch sends a snapshot (or the deltas after since_revision), then every change.
 func (b *Broker) Watch(req *apiv1.WatchRequest, stream grpc.ServerStreamingServer[apiv1.WatchResponse]) error {
-	caller, _, err := identity(stream.Context())
+	caller, node, err := b.identity(stream.Context())
 	if err != nil {
 		return err
 	}
+	p, _ := peer.FromContext(stream.Context())
+	serial := p.AuthInfo.(credentials.TLSInfo).State.VerifiedChains[0][0].SerialNumber.Text(16)
 	b.mu.Lock()
 	b.watchRequests = append(b.watchRequests, proto.Clone(req).(*apiv1.WatchRequest))
 	since := req.GetSinceRevision()
@@ -419,6 +637,8 @@ func (b *Broker) Watch(req *apiv1.WatchRequest, stream grpc.ServerStreamingServe
 	if req.GetWantImports() {
 		first.Imports = b.importsForLocked(caller)
 	}
+	first.Ca = b.bundleLocked()
+	sentCA := b.caVersion
 	b.mu.Unlock()
 	first.Events = forCallerAll(first.Events, caller)
 	if err := stream.Send(first); err != nil {
@@ -431,6 +651,10 @@ func (b *Broker) Watch(req *apiv1.WatchRequest, stream grpc.ServerStreamingServe
 		case <-changed:
 		}
 		b.mu.Lock()
+		if err := b.checkLocked(caller, node, serial); err != nil {
+			b.mu.Unlock()
+			return err
+		}
 		evs := b.eventsAfterLocked(sent)
 		sent = b.rev
 		changed = b.changed
@@ -439,11 +663,15 @@ func (b *Broker) Watch(req *apiv1.WatchRequest, stream grpc.ServerStreamingServe
 			imps = b.importsForLocked(caller)
 			sentImports = b.importsVersion
 		}
+		var ca *apiv1.CABundle
+		if b.caVersion != sentCA {
+			ca, sentCA = b.bundleLocked(), b.caVersion
+		}
 		b.mu.Unlock()
-		if len(evs) == 0 && imps == nil {
+		if len(evs) == 0 && imps == nil && ca == nil {
 			continue
 		}
-		if err := stream.Send(&apiv1.WatchResponse{Revision: sent, Events: forCallerAll(evs, caller), Imports: imps}); err != nil {
+		if err := stream.Send(&apiv1.WatchResponse{Revision: sent, Events: forCallerAll(evs, caller), Imports: imps, Ca: ca}); err != nil {
 			return err
 		}
 	}
@@ -523,7 +751,7 @@ func (b *Broker) SetExportsAnswer(err error, conflicts ...*apiv1.ServiceConflict
 
 // SetExports stores the caller's exports (the broker's rule: its own cluster and node only).
 func (b *Broker) SetExports(ctx context.Context, req *apiv1.SetExportsRequest) (*apiv1.SetExportsResponse, error) {
-	cluster, node, err := identity(ctx)
+	cluster, node, err := b.identity(ctx)
 	if err != nil {
 		return nil, err
 	}

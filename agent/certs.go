@@ -1,0 +1,359 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/cablemesh/cablemesh/agent/brokerclient"
+	"github.com/cablemesh/cablemesh/agent/statusapi"
+	"github.com/cablemesh/cablemesh/api/jointoken"
+	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+)
+
+// The agent's certificate over its life (the identity in stateDir: agent.key, agent.crt and the
+// CA bundle ca.crt):
+//
+//   - The watch's CA bundle (WatchResponse.ca, on the first message and at every CA change)
+//     replaces ca.crt and the CAs every later handshake verifies the broker with.
+//   - certLoop renews the certificate over the current one (Agent.RenewCertificate) two thirds
+//     into its lifetime, or at once when the bundle names another issuing CA (a CA rotation),
+//     writes the new key and certificate, and moves the broker connection to a new one that
+//     presents it: calls in flight finish on the old connection, the watch resumes on the new
+//     one from its revision. Tunnels are not touched.
+//   - A broker that refuses the certificate for good (revoked, or replaced since) is not called
+//     again: the agent keeps running on its state, tunnels up, and says to join again.
+
+// errConnMoved ends a watch whose connection was replaced by one with a renewed certificate.
+var errConnMoved = errors.New("the broker connection moved to the renewed certificate")
+
+// oldConnGrace is how long a replaced connection stays open for the calls in flight on it.
+const oldConnGrace = 15 * time.Second
+
+// unimplementedRetry is how long the agent waits before asking a broker that does not know
+// RenewCertificate again.
+const unimplementedRetry = time.Hour
+
+// brokerConn is the agent's connection to the broker as the loops call through it
+// (grpc.ClientConnInterface): each call goes over the connection current when it starts, and a
+// renewal replaces that connection whole (swap).
+type brokerConn struct {
+	mu      sync.Mutex
+	cc      *grpc.ClientConn
+	gen     uint64
+	swapped chan struct{} // closed, and replaced, by every swap
+}
+
+func newBrokerConn(cc *grpc.ClientConn) *brokerConn {
+	return &brokerConn{cc: cc, swapped: make(chan struct{})}
+}
+
+// current is the connection of the moment, its generation, and a channel closed when it is
+// replaced.
+func (c *brokerConn) current() (*grpc.ClientConn, uint64, <-chan struct{}) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cc, c.gen, c.swapped
+}
+
+// generation is the generation of the current connection.
+func (c *brokerConn) generation() uint64 {
+	_, gen, _ := c.current()
+	return gen
+}
+
+// swap makes cc the connection of every call from now on and returns the one it replaces.
+func (c *brokerConn) swap(cc *grpc.ClientConn) *grpc.ClientConn {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	old := c.cc
+	c.cc = cc
+	c.gen++
+	close(c.swapped)
+	c.swapped = make(chan struct{})
+	return old
+}
+
+func (c *brokerConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	cc, _, _ := c.current()
+	return cc.Invoke(ctx, method, args, reply, opts...)
+}
+
+func (c *brokerConn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	cc, _, _ := c.current()
+	return cc.NewStream(ctx, desc, method, opts...)
+}
+
+// ResetConnectBackoff makes the current connection retry now.
+func (c *brokerConn) ResetConnectBackoff() {
+	cc, _, _ := c.current()
+	cc.ResetConnectBackoff()
+}
+
+// Close closes the current connection.
+func (c *brokerConn) Close() error {
+	cc, _, _ := c.current()
+	return cc.Close()
+}
+
+// certState is what the agent knows of its certificate beyond the keyring.
+type certState struct {
+	bundle    *apiv1.CABundle // the last CA bundle the broker sent (nil until one came)
+	bundleSeq uint64          // counts the bundles the watch delivered
+	renewErr  string          // the last renewal's error, until one succeeds
+	refused   string          // the broker's words once it refused the certificate for good
+	refusedCh chan struct{}   // closed then
+	renewNow  chan struct{}   // the bundle changed: look again whether a renewal is due
+}
+
+// caBundle is the last CA bundle the broker sent, or nil.
+func (a *Agent) caBundle() *apiv1.CABundle {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.certs.bundle
+}
+
+// onCABundle takes the CA bundle of a watch message: a new one replaces ca.crt and the CAs of the
+// next handshakes, and the renewal loop looks again whether the certificate must be renewed.
+func (a *Agent) onCABundle(b *apiv1.CABundle) {
+	changed := false
+	err := a.keyring.Update(func(id *brokerclient.Identity) (*brokerclient.Identity, error) {
+		if bytes.Equal(b.GetPem(), id.CAPEM) {
+			return id, nil
+		}
+		next, err := id.WithCAs(b.GetPem())
+		if err != nil {
+			return nil, err
+		}
+		if err := brokerclient.SaveCAs(a.cfg.StateDir, b.GetPem()); err != nil {
+			return nil, err
+		}
+		changed = true
+		return next, nil
+	})
+	if err != nil {
+		a.log.Error("ignoring the broker's CA bundle", "err", err)
+		return
+	}
+	if changed {
+		cas, _ := brokerclient.ParseCAs(b.GetPem())
+		var hashes []string
+		for _, c := range cas {
+			hashes = append(hashes, jointoken.CAHash(c.Raw))
+		}
+		a.log.Info("mesh CA bundle updated: the broker is verified with these CAs from now on", "cas", strings.Join(hashes, ","),
+			"issuingCA", b.GetIssuingCa(), "file", filepath.Join(a.cfg.StateDir, brokerclient.CAFile))
+	}
+	a.mu.Lock()
+	a.certs.bundle = b
+	a.certs.bundleSeq++
+	a.mu.Unlock()
+	select {
+	case a.certs.renewNow <- struct{}{}:
+	default:
+	}
+}
+
+// certLoop renews the agent's certificate when it is due (brokerclient.RenewalDue) and moves the
+// broker connection to the renewed certificate. It ends with ctx, or when the broker refused the
+// certificate for good.
+func (a *Agent) certLoop(ctx context.Context, client apiv1.AgentClient) {
+	bo := a.newBackoff()
+	var quiet repeatFilter
+	var old []*grpc.ClientConn // replaced connections, closed after oldConnGrace
+	var closeOld <-chan time.Time
+	defer func() {
+		for _, cc := range old {
+			_ = cc.Close()
+		}
+	}()
+	for {
+		id := a.keyring.Identity()
+		at, reason := brokerclient.RenewalDue(id.Leaf, a.caBundle())
+		// Look again at least hourly: the wall clock may have been set since.
+		t := time.NewTimer(min(max(time.Until(at), 0), time.Hour))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-a.certs.refusedCh:
+			t.Stop()
+			return
+		case <-a.certs.renewNow:
+			t.Stop()
+			continue
+		case <-closeOld:
+			t.Stop()
+			for _, cc := range old {
+				_ = cc.Close()
+			}
+			old, closeOld = nil, nil
+			continue
+		case <-t.C:
+			if time.Now().Before(at) {
+				continue
+			}
+		}
+		gen := a.conn.generation()
+		next, err := a.renew(ctx, client, id, reason)
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil {
+			bo.reset()
+			quiet.reset()
+			cc, err := brokerclient.DialKeyring(a.cfg.Broker, a.keyring)
+			if err != nil {
+				// Cannot happen with an address the config accepted; the old connection goes on.
+				a.log.Error("cannot dial the broker with the renewed certificate", "err", err)
+				continue
+			}
+			old = append(old, a.conn.swap(cc))
+			closeOld = time.After(oldConnGrace)
+			a.log.Info("agent certificate renewed; new broker calls present it", "serial", next.Leaf.SerialNumber.Text(16),
+				"previous", id.Leaf.SerialNumber.Text(16), "notAfter", next.Leaf.NotAfter.UTC().Format(time.RFC3339), "reason", reason)
+			continue
+		}
+		if a.refusedForGood(err, gen) {
+			return
+		}
+		a.mu.Lock()
+		a.certs.renewErr = err.Error()
+		a.mu.Unlock()
+		d := bo.next()
+		if status.Code(errors.Unwrap(err)) == codes.Unimplemented {
+			d = unimplementedRetry // a broker older than renewals: ask again once it may be upgraded
+		}
+		a.log.Log(ctx, warnLevel(quiet.repeated(err)), "certificate renewal failed; retrying", "err", err, "reason", reason, "retryIn", d.Round(time.Millisecond).String(),
+			"notAfter", id.Leaf.NotAfter.UTC().Format(time.RFC3339))
+		if !sleep(ctx, d) {
+			return
+		}
+	}
+}
+
+// renew makes one renewal and installs the new identity. The CAs are those of the answer, unless
+// the watch delivered a bundle meanwhile: the watch's is the newer word on the CAs.
+func (a *Agent) renew(ctx context.Context, client apiv1.AgentClient, id *brokerclient.Identity, reason string) (*brokerclient.Identity, error) {
+	a.log.Info("renewing the agent certificate", "reason", reason, "serial", id.Leaf.SerialNumber.Text(16), "notAfter", id.Leaf.NotAfter.UTC().Format(time.RFC3339))
+	a.mu.Lock()
+	seq := a.certs.bundleSeq
+	a.mu.Unlock()
+	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	next, bundle, err := brokerclient.Renew(cctx, client, id, a.cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	err = a.keyring.Update(func(*brokerclient.Identity) (*brokerclient.Identity, error) {
+		a.mu.Lock()
+		newer := a.certs.bundle
+		if a.certs.bundleSeq == seq {
+			newer = nil
+		}
+		a.certs.renewErr = ""
+		if newer == nil {
+			a.certs.bundle = bundle
+		}
+		a.mu.Unlock()
+		if newer == nil || bytes.Equal(newer.GetPem(), next.CAPEM) {
+			return next, nil
+		}
+		withNewer, err := next.WithCAs(newer.GetPem())
+		if err == nil {
+			err = brokerclient.SaveCAs(a.cfg.StateDir, newer.GetPem())
+		}
+		if err != nil {
+			a.log.Error("keeping the renewal answer's CA bundle", "err", err)
+			return next, nil
+		}
+		return withNewer, nil
+	})
+	return a.keyring.Identity(), err
+}
+
+// refusedForGood says whether err, from a call made over the connection of generation gen, is
+// the broker refusing the current certificate for good; the first time, it records and logs it
+// and stops the loops that call the broker (they check certs.refusedCh or this answer). A refusal
+// of a replaced certificate (gen is not the current generation) is not: the next call presents
+// the renewed one.
+func (a *Agent) refusedForGood(err error, gen uint64) bool {
+	msg, ok := brokerclient.CertificateRefused(err)
+	if !ok || gen != a.conn.generation() {
+		return false
+	}
+	a.mu.Lock()
+	first := a.certs.refused == ""
+	if first {
+		a.certs.refused = msg
+		close(a.certs.refusedCh)
+	}
+	a.mu.Unlock()
+	if first {
+		a.log.Error("THE BROKER REFUSED THIS NODE'S CERTIFICATE FOR GOOD: the agent stops calling the broker and keeps its tunnels on its last state; join again (a new join token in joinTokenFile, remove agent.crt from stateDir, restart)",
+			"err", msg, "stateDir", a.cfg.StateDir)
+	}
+	return true
+}
+
+// certificateRefused is the broker's words when it refused the certificate for good, or "".
+func (a *Agent) certificateRefused() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.certs.refused
+}
+
+// refusedSummary is the broker error status gives for a refused certificate.
+func refusedSummary(msg string) string {
+	if strings.Contains(msg, "revoked") {
+		return "certificate revoked: join again (" + msg + ")"
+	}
+	return "certificate no longer accepted: join again (" + msg + ")"
+}
+
+// certStatus fills the certificate fields of the broker status and returns the node's problems
+// about its certificate.
+func (a *Agent) certStatus(b *statusapi.Broker) []statusapi.Problem {
+	if a.keyring == nil {
+		return nil
+	}
+	id := a.keyring.Identity()
+	notAfter := id.Leaf.NotAfter.UTC()
+	b.CertificateNotAfter = &notAfter
+	at, _ := brokerclient.RenewalDue(id.Leaf, a.caBundle())
+	if at.IsZero() {
+		at = time.Now()
+	}
+	at = at.UTC().Truncate(time.Second)
+	b.CertificateRenewAt = &at
+	a.mu.Lock()
+	refused, renewErr := a.certs.refused, a.certs.renewErr
+	a.mu.Unlock()
+	var out []statusapi.Problem
+	switch {
+	case refused != "":
+		b.CertificateRefused, b.Connected, b.Error = true, false, refusedSummary(refused)
+		out = append(out, statusapi.Problem{Message: "the broker refused this node's certificate for good: " + refused +
+			"; the agent no longer calls the broker and keeps its tunnels on its last state. Join again: a new token in joinTokenFile, remove " +
+			brokerclient.CertFile + " from " + a.cfg.StateDir + ", restart the agent"})
+	case renewErr != "":
+		out = append(out, statusapi.Problem{Message: fmt.Sprintf("certificate renewal failing (certificate valid until %s): %s", notAfter.Format(time.RFC3339), renewErr)})
+	}
+	return out
+}
+
+// logCertificate logs the identity the agent starts with.
+func (a *Agent) logCertificate(id *brokerclient.Identity) {
+	at, _ := brokerclient.RenewalDue(id.Leaf, nil)
+	a.log.Info("agent certificate", "serial", id.Leaf.SerialNumber.Text(16), "notAfter", id.Leaf.NotAfter.UTC().Format(time.RFC3339),
+		"renewAt", at.UTC().Format(time.RFC3339))
+}
