@@ -129,10 +129,12 @@ type Driver interface {
 	Connections(ctx context.Context) ([]ConnectionStatus, error)
 	// Cleanup removes every link, route, socket and file (except persistent keys) the driver made.
 	Cleanup(ctx context.Context) error
-	// Close stops everything the driver runs in this process (goroutines, sockets, supervised
-	// helper processes) and releases its handles. It leaves host state that outlives the process
-	// in place (kernel links, routes, SAs), so an agent restart does not flap tunnels; what cannot
-	// outlive the process (an in-process userspace device) ends with it. Close after Cleanup is
+	// Close stops everything the driver runs in this process (goroutines, sockets) and releases
+	// its handles. It leaves host state that outlives the process in place (kernel links, routes,
+	// SAs), so an agent restart does not flap tunnels; a helper daemon that holds host state
+	// (ipsec's charon) counts as host state: Close leaves it running for the next Init to adopt,
+	// Cleanup stops it. What cannot outlive the process (an in-process userspace device) ends with
+	// it. Close after Cleanup is
 	// allowed; nothing may be called after Close.
 	Close() error
 }

@@ -20,8 +20,10 @@ import (
 // process, and what a dead charon leaves on the host. Methods of Driver are called with d.mu
 // held unless they say otherwise.
 
-// initOwn decides the datapath and the MTU, writes strongswan.conf and starts our own charon
-// under life.
+// initOwn decides the datapath and the MTU and renders strongswan.conf; then it adopts the
+// charon an earlier run left when that is exactly the charon this run would start
+// (decideAdoption), and otherwise stops any charon of ours, writes strongswan.conf and starts a
+// new one. Either way the charon is supervised under life.
 func (d *Driver) initOwn(ctx, life context.Context) error {
 	if fi, err := os.Stat(d.cfg.Charon); err != nil || fi.IsDir() || fi.Mode().Perm()&0o111 == 0 {
 		return cable.BadSetting(Name, keyCharon, d.cfg.Charon, "is no charon executable (Debian: apt-get install strongswan-charon strongswan-swanctl libcharon-extra-plugins libstrongswan-standard-plugins): %v", err)
@@ -47,37 +49,87 @@ func (d *Driver) initOwn(ctx, life context.Context) error {
 	if err := os.Chmod(d.dir, 0o700); err != nil {
 		return err
 	}
-	socket, err := filepath.Abs(filepath.Join(d.dir, socketFile))
+	paths, err := d.charonPaths()
 	if err != nil {
 		return err
 	}
-	conf := filepath.Join(filepath.Dir(socket), confFile)
-	text := renderConf(confParams{
-		Port: d.cfg.Port, NATTPort: d.cfg.NATTPort, ViciSocket: socket,
+	text := []byte(renderConf(confParams{
+		Port: d.cfg.Port, NATTPort: d.cfg.NATTPort, ViciSocket: paths.socket,
 		Libipsec: libipsec, MTU: mtu, MSS: mssFor(mtu, d.node.LocalSubnets),
-	})
-	if err := writeFileAtomic(conf, []byte(text), 0o600); err != nil {
-		return err
-	}
-	p := &charonProcess{
-		binary: d.cfg.Charon,
-		conf:   conf,
-		socket: socket,
-		log:    d.log.With("component", "charon"),
-	}
+	}))
+	p := &charonProcess{charonPaths: paths, log: d.log.With("component", "charon")}
 	p.onStart = func(ctx context.Context) { d.replay(ctx, p) }
-	if err := p.start(ctx, life); err != nil {
+	client := d.dial(paths.socket)
+	var version map[string]any
+	found, ref := inspectCharon(ctx, paths, func(ctx context.Context) (err error) {
+		version, err = client.call(ctx, "version", nil)
 		return err
-	}
-	client := d.dial(socket)
-	version, err := client.call(ctx, "version", nil)
-	if err != nil {
-		p.stop()
-		return err
+	})
+	verdict := decideAdoption(found, paths.conf, text)
+	if verdict.Adopt {
+		p.adopt(life, ref)
+	} else {
+		if found.PID != 0 {
+			d.log.Info("not adopting the charon of an earlier run: starting a new one", "reason", verdict.Reason)
+		}
+		var stop []procRef
+		if verdict.Stop {
+			stop = append(stop, ref)
+		}
+		for _, r := range ourCharons(paths) {
+			if !slices.Contains(stop, r) {
+				stop = append(stop, r)
+			}
+		}
+		stopProcs(d.log, stop)
+		if err := writeFileAtomic(paths.conf, text, 0o600); err != nil {
+			return err
+		}
+		if err := p.start(ctx, life); err != nil {
+			return err
+		}
+		if version, err = client.call(ctx, "version", nil); err != nil {
+			p.detach()
+			stopProcs(d.log, ourCharons(paths))
+			return err
+		}
 	}
 	d.charon, d.client, d.libipsec, d.mtu = p, client, libipsec, mtu
-	d.log.Info("ipsec ready", "charon", str(version["daemon"])+" "+str(version["version"]),
+	d.underlayLink = linkName(u)
+	if verdict.Adopt {
+		d.adoptions.Add(1)
+	}
+	d.log.Info("ipsec ready", "charon", str(version["daemon"])+" "+str(version["version"]), "pid", p.PID(), "adopted", verdict.Adopt,
 		"datapath", d.datapathLocked(), "port", d.cfg.Port, "nattPort", d.cfg.NATTPort, "mtu", mtu)
+	return nil
+}
+
+// charonPaths are the files of our own charon, absolute.
+func (d *Driver) charonPaths() (charonPaths, error) {
+	dir, err := filepath.Abs(d.dir)
+	if err != nil {
+		return charonPaths{}, err
+	}
+	return charonPaths{
+		binary:  d.cfg.Charon,
+		conf:    filepath.Join(dir, confFile),
+		socket:  filepath.Join(dir, socketFile),
+		pidFile: filepath.Join(dir, pidFile),
+		logFile: filepath.Join(dir, logFile),
+	}, nil
+}
+
+// stopOwnCharon stops every charon of ours (Cleanup: it deletes its SAs, routes, rule and ipsec0
+// as it goes), whether this driver started or adopted it, or only an earlier run knew it.
+func (d *Driver) stopOwnCharon() error {
+	paths, err := d.charonPaths()
+	if err != nil {
+		return err
+	}
+	stopProcs(d.log, ourCharons(paths))
+	if left := ourCharons(paths); len(left) > 0 {
+		return fmt.Errorf("charon pids %v still run", pidsOf(left))
+	}
 	return nil
 }
 
@@ -94,17 +146,19 @@ func (d *Driver) initSystem(ctx context.Context) error {
 	d.client, d.libipsec = client, err == nil
 	u, _ := route.FindUnderlay(d.log, d.node.AdvertiseAddress)
 	d.mtu, _ = tunnelMTU(d.cfg.MTU, u.MTU, d.libipsec, d.node.AdvertiseAddress.Unmap().Is6(), true)
+	d.underlayLink = linkName(u)
 	d.log.Info("ipsec ready with the system charon", "vici", d.cfg.SystemVICI,
 		"charon", str(version["daemon"])+" "+str(version["version"]), "datapath", d.datapathLocked())
 	return nil
 }
 
 // connect makes charon hold want and its key psk: it reads first (list-conns, get-shared), lets
-// planConn decide, and loads only what differs, reading the connection back.
+// planConn decide, and loads only what differs, reading the connection back. A connection charon
+// already holds as wanted (loaded by this process, or by an earlier one whose charon was adopted)
+// is taken into the driver's record without a word to charon.
 func (d *Driver) connect(ctx context.Context, want desiredConn, psk []byte) error {
 	msg := connMessage(want)
-	fp := fingerprint(msg)
-	digest := pskDigest(psk)
+	id := keyID(want.Name, fingerprint(msg), psk)
 	log := d.log.With("cluster", want.Cluster, "node", want.Node, "peer", want.RemoteAddr.String())
 
 	loaded, err := d.listConn(ctx, want.Name)
@@ -116,26 +170,36 @@ func (d *Driver) connect(ctx context.Context, want desiredConn, psk []byte) erro
 		return err
 	}
 	old := d.conns[want.Name]
-	plan := planConn(loaded, ids, old, want, fp, digest)
-	if plan.empty() {
+	plan := planConn(loaded, ids, old, want, id)
+	if plan.empty() && old != nil && old.keyID == id {
 		return nil
 	}
-	// The key first, so an initiating connection finds it.
-	if plan.loadKey {
-		if err := d.loadShared(ctx, want, psk); err != nil {
+	// The key goes in before the connection, so an initiating connection finds it, except when
+	// the connection is loaded on top of an identical-looking one: the key id claims the
+	// connection's exact content (keyID), so it must not be in charon before that is true.
+	// Likewise a connection to be taken down goes before the new key id comes.
+	keyFirst := !(plan.loadConn && !plan.takeDown && loaded != nil)
+	if plan.takeDown {
+		if err := d.unloadConn(ctx, want.Name); err != nil {
 			return err
 		}
-		log.Info("pre-shared key loaded", "id", want.Name)
+		if err := d.terminate(ctx, want.Name); err != nil {
+			return err
+		}
+	}
+	loadKey := func() error {
+		if err := d.loadShared(ctx, want, id, psk); err != nil {
+			return err
+		}
+		log.Info("pre-shared key loaded", "id", id)
+		return nil
+	}
+	if plan.loadKey && keyFirst {
+		if err := loadKey(); err != nil {
+			return err
+		}
 	}
 	if plan.loadConn {
-		if plan.takeDown {
-			if err := d.unloadConn(ctx, want.Name); err != nil {
-				return err
-			}
-			if err := d.terminate(ctx, want.Name); err != nil {
-				return err
-			}
-		}
 		d.connLoads.Add(1)
 		if _, err := d.client.call(ctx, "load-conn", msg); err != nil {
 			return err
@@ -151,17 +215,32 @@ func (d *Driver) connect(ctx context.Context, want desiredConn, psk []byte) erro
 		log.Info("connection loaded", "name", want.Name, "initiator", want.Initiator,
 			"localTS", want.LocalTS, "remoteTS", want.RemoteTS, "remotePort", want.RemotePort)
 	}
-	lc := &loadedConn{want: want, fingerprint: fp, psk: slices.Clone(psk), digest: digest, loadedAt: d.now()}
-	if plan.loadConn {
+	if plan.loadKey && !keyFirst {
+		if err := loadKey(); err != nil {
+			return err
+		}
+	}
+	// Keys of earlier keys or configurations go once the wanted one is in.
+	for _, k := range plan.unloadKeys {
+		if err := d.unloadShared(ctx, k); err != nil {
+			return err
+		}
+	}
+	lc := &loadedConn{want: want, keyID: id, psk: slices.Clone(psk), loadedAt: d.now()}
+	switch {
+	case plan.loadConn:
 		lc.scheduleAfterLoad(d.now())
 		if want.Initiator {
 			d.kick()
 		}
-	} else {
-		// Only the key was loaded again: the connection and its SAs stay, and so does the
-		// keeper's schedule.
+	case old != nil:
+		// The connection and its SAs stay, and so does the keeper's schedule.
 		lc.loadedAt = old.loadedAt
 		lc.nextInitiate, lc.initBackoff, lc.up = old.nextInitiate, old.initBackoff, old.up
+	default:
+		// Held by charon from an earlier agent run: taken over as it is. The keeper looks at its
+		// SAs on its own clock and initiates only if it has none.
+		log.Info("connection taken over from charon unchanged", "name", want.Name, "keyID", id)
 	}
 	if old != nil {
 		clear(old.psk)
@@ -170,11 +249,19 @@ func (d *Driver) connect(ctx context.Context, want desiredConn, psk []byte) erro
 	return nil
 }
 
-func (d *Driver) loadShared(ctx context.Context, want desiredConn, psk []byte) error {
+func (d *Driver) loadShared(ctx context.Context, want desiredConn, id string, psk []byte) error {
 	d.sharedLoads.Add(1)
-	if _, err := d.client.call(ctx, "load-shared", sharedMessage(want, psk)); err != nil {
+	if _, err := d.client.call(ctx, "load-shared", sharedMessage(want, id, psk)); err != nil {
 		// The error comes from charon and names no secret; it is safe to wrap.
-		return fmt.Errorf("load shared key %s: %w", want.Name, err)
+		return fmt.Errorf("load shared key %s: %w", id, err)
+	}
+	return nil
+}
+
+func (d *Driver) unloadShared(ctx context.Context, id string) error {
+	d.unloads.Add(1)
+	if _, err := d.client.call(ctx, "unload-shared", map[string]any{"id": id}); err != nil {
+		return fmt.Errorf("unload shared key %s: %w", id, err)
 	}
 	return nil
 }
@@ -256,7 +343,7 @@ func (d *Driver) replay(ctx context.Context, p *charonProcess) {
 		return // Cleanup or Close is stopping this charon
 	}
 	for name, c := range d.conns {
-		if err := d.loadShared(ctx, c.want, c.psk); err != nil {
+		if err := d.loadShared(ctx, c.want, c.keyID, c.psk); err != nil {
 			d.log.Error("reload after charon restart", "cluster", c.want.Cluster, "err", err)
 			continue
 		}
@@ -291,10 +378,9 @@ func (d *Driver) remove(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	if slices.Contains(ids, name) {
-		d.unloads.Add(1)
-		if _, err := d.client.call(ctx, "unload-shared", map[string]any{"id": name}); err != nil {
-			return fmt.Errorf("unload shared key %s: %w", name, err)
+	for _, id := range keyIDsOf(ids, name) {
+		if err := d.unloadShared(ctx, id); err != nil {
+			return err
 		}
 	}
 	if c, ok := d.conns[name]; ok {
@@ -321,8 +407,8 @@ func (d *Driver) removeAll(ctx context.Context) error {
 		errs = append(errs, err)
 	}
 	for _, id := range ids {
-		if clusterFromConn(id) != "" && !slices.Contains(names, id) {
-			names = append(names, id)
+		if n := connOfKeyID(id); clusterFromConn(n) != "" && !slices.Contains(names, n) {
+			names = append(names, n)
 		}
 	}
 	slices.Sort(names)
@@ -334,8 +420,8 @@ func (d *Driver) removeAll(ctx context.Context) error {
 
 // removeHostLeftovers removes what a charon that died without cleaning up (SIGKILL) leaves in
 // this network namespace: the ipsec0 TUN device (with its routes), and charon's rule to table
-// 220 once that table is empty. A charon of ours stops cleanly and leaves nothing; this is for
-// the other case.
+// 220 once that table is empty. A charon of ours stopped with SIGTERM leaves nothing; this is
+// for the other case.
 func removeHostLeftovers() error {
 	var errs []error
 	if l, err := netlink.LinkByName(libipsecDevice); err == nil && l.Type() == "tuntap" {
@@ -360,7 +446,8 @@ func removeHostLeftovers() error {
 	return errors.Join(errs...)
 }
 
-// removeStateDir removes StateDir/ipsec (strongswan.conf and the socket's directory).
+// removeStateDir removes StateDir/ipsec (strongswan.conf, the pid file, the logs and the socket's
+// directory).
 func removeStateDir(dir string) error {
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("remove %s: %w", dir, err)
@@ -374,4 +461,17 @@ func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil
+}
+
+// linkName is the name of the underlay link, "" when no local link holds the advertise address
+// or it cannot be read (then no MSS clamp covers kernel ESP, as before).
+func linkName(u route.Underlay) string {
+	if !u.Found() {
+		return ""
+	}
+	l, err := netlink.LinkByIndex(u.Index)
+	if err != nil {
+		return ""
+	}
+	return l.Attrs().Name
 }

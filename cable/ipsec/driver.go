@@ -9,6 +9,13 @@
 // (kernel-libipsec), which needs UDP encapsulation. charon runs in a new mount namespace with a
 // private /run (its pid file path is compiled in) and inherits the agent's network namespace.
 //
+// charon outlives the agent process (charon.go): it is started detached, not as the agent's
+// child, logs to StateDir/ipsec/charon.log (its lines also go to the driver's log while a driver
+// follows it) and is named by StateDir/ipsec/charon.pid. Close leaves it running with its SAs,
+// ipsec0 and routes; the next Init adopts it when it is exactly the charon it would start
+// (adopt.go), so an agent restart does not touch the tunnels, and the Connects that follow find
+// everything in place (planConn) and change nothing. Cleanup stops it.
+//
 // Routes: the driver installs none itself. It relies on charon's install_routes: for every
 // installed CHILD_SA charon puts a route to each remote traffic selector into table 220 (looked
 // up by the rule "from all lookup 220", priority 220, which charon adds): via ipsec0 with
@@ -16,23 +23,27 @@
 // selector when the node holds one (so traffic the gateway itself originates matches the
 // CHILD_SA, the same reasoning as the wireguard driver's route src); with the MTU and advmss of
 // kernel-netlink's mtu and mss settings, which the driver computes for the ESP overhead. When
-// the CHILD_SA goes, charon removes its routes; when charon stops, ipsec0, the rule and all
-// routes go with it.
+// the CHILD_SA goes, charon removes its routes; when charon stops (Cleanup), ipsec0, the rule and
+// all routes go with it.
 //
 // Pre-shared keys (RemoteEndpoint.PreSharedKey) reach charon only in the VICI load-shared
 // message. They are never written to a file, passed in an environment variable or logged; the
-// driver keeps a copy in memory to load them again into a restarted charon.
+// driver keeps a copy in memory to load them again into a restarted charon. A key is loaded under
+// an id that binds it to the connection's configuration without revealing it (keyID), which is
+// how a restarted agent knows what the charon it adopted holds.
 //
 // Assumption, as for the wireguard driver: the agent process runs inside the node's network
 // namespace.
 //
-// Goroutines: the driver runs the keeper (keeper.go) and, with its own charon, the supervisor
-// (charon.go); both live under a context that Close and Cleanup cancel, and both wait for them.
+// Goroutines: the driver runs the keeper (keeper.go) and, with its own charon, the supervisor and
+// the log follower (charon.go); all live under a context that Close and Cleanup cancel, and both
+// wait for them.
 //
 // Files: settings.go validates settings and options; plan.go decides (pure); apply.go talks to
 // charon over VICI (vici.go) and to the host; status.go judges what charon reports; store.go is
 // the in-memory record of the loaded connections; conf.go renders strongswan.conf; charon.go
-// starts and supervises our charon; probe.go probes the kernel for ESP.
+// starts, adopts, supervises and stops our charon, adopt.go decides on adoption (pure); probe.go
+// probes the kernel for ESP.
 package ipsec
 
 import (
@@ -93,16 +104,18 @@ type Driver struct {
 	initialised bool
 	libipsec    bool
 	mtu         int
-	client      viciClient
-	charon      *charonProcess // nil with a system charon
-	conns       map[string]*loadedConn
+	// underlayLink is the name of the link holding the advertise address ("" when none does).
+	underlayLink string
+	client       viciClient
+	charon       *charonProcess // nil with a system charon
+	conns        map[string]*loadedConn
 	// stop cancels the context the keeper and our charon's supervisor run under; wg waits for
 	// the keeper (charon.stop for the supervisor). kickKeeper makes the keeper look at once.
 	stop       context.CancelFunc
 	wg         sync.WaitGroup
 	kickKeeper chan struct{}
 
-	connLoads, sharedLoads, unloads, terminates, initiates atomic.Uint64
+	connLoads, sharedLoads, unloads, terminates, initiates, adoptions atomic.Uint64
 }
 
 // Stats counts the changes the driver made to charon since New. A Connect that finds everything
@@ -116,8 +129,10 @@ type Stats struct {
 	Unloads uint64
 	// Terminates counts terminate requests.
 	Terminates uint64
-	// CharonStarts counts launches of our own charon, restarts included.
+	// CharonStarts counts launches of our own charon, restarts included (adoptions are none).
 	CharonStarts uint64
+	// CharonAdoptions counts the times Init adopted a running charon an earlier run left.
+	CharonAdoptions uint64
 	// Initiates counts the keeper's initiate requests (not changes of configuration: the keeper
 	// runs on its own clock, so idempotence checks leave it out).
 	Initiates uint64
@@ -158,6 +173,8 @@ func (d *Driver) Stats() Stats {
 		Unloads:     d.unloads.Load(),
 		Terminates:  d.terminates.Load(),
 		Initiates:   d.initiates.Load(),
+
+		CharonAdoptions: d.adoptions.Load(),
 	}
 	d.mu.Lock()
 	if d.charon != nil {
@@ -192,7 +209,8 @@ func (d *Driver) ViciSocket() string {
 	return filepath.Join(d.dir, socketFile)
 }
 
-// CharonPID is the pid of our own charon, 0 when none runs (or with a system charon).
+// CharonPID is the pid of our own charon, 0 when none runs (or with a system charon, or after
+// Close).
 func (d *Driver) CharonPID() int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -209,8 +227,8 @@ func (d *Driver) MTU() int {
 	return d.mtu
 }
 
-// Init decides the datapath, writes strongswan.conf and starts charon (or checks that the
-// system charon answers), then starts the keeper.
+// Init decides the datapath and adopts the charon an earlier run left running or starts a new one
+// (or checks that the system charon answers), then starts the keeper.
 func (d *Driver) Init(ctx context.Context) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -242,11 +260,21 @@ func (d *Driver) LocalEndpoint() cable.LocalEndpoint {
 	return cable.LocalEndpoint{Port: uint16(d.cfg.Port)}
 }
 
-// Links is kernel-libipsec's TUN device when ESP runs in charon; with kernel ESP the traffic
-// leaves through the underlay link and there is no link of the driver's own.
+// Links is kernel-libipsec's TUN device when ESP runs in charon. With kernel ESP the tunnelled
+// packets leave through the underlay link, their route being the xfrm bundle whose MTU is the
+// tunnel's: the MSS clamp on that link (`rt mtu`) lowers their MSS to the tunnel's and leaves
+// every other SYN leaving there as it is (the route MTU of plain traffic is the link's, and the
+// clamp only ever lowers).
 func (d *Driver) Links() []string {
-	if d.Datapath() == DatapathLibipsec {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch {
+	case !d.initialised:
+		return nil
+	case d.libipsec:
 		return []string{libipsecDevice}
+	case d.underlayLink != "":
+		return []string{d.underlayLink}
 	}
 	return nil
 }
@@ -332,8 +360,9 @@ func (d *Driver) Connections(ctx context.Context) ([]cable.ConnectionStatus, err
 }
 
 // Cleanup removes every connection, SA and key of ours from charon; stops the keeper and our own
-// charon (which takes ipsec0, its routes and its rule with it) and removes StateDir/ipsec. With a
-// system charon only our connections and keys go.
+// charon (which takes ipsec0, its routes and its rule with it), also one an earlier run left when
+// this driver never initialised, and removes StateDir/ipsec. With a system charon only our
+// connections and keys go.
 func (d *Driver) Cleanup(ctx context.Context) error {
 	d.mu.Lock()
 	var errs []error
@@ -345,7 +374,7 @@ func (d *Driver) Cleanup(ctx context.Context) error {
 
 	d.wait(stop, p)
 	if d.cfg.SystemVICI == "" {
-		errs = append(errs, removeHostLeftovers(), removeStateDir(d.dir))
+		errs = append(errs, d.stopOwnCharon(), removeHostLeftovers(), removeStateDir(d.dir))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("ipsec cleanup: %w", err)
@@ -354,9 +383,11 @@ func (d *Driver) Cleanup(ctx context.Context) error {
 	return nil
 }
 
-// Close stops the keeper and our own charon without removing connections from the configuration,
-// as a process exit does: with our charon its SAs, ipsec0 and routes go with it, while a system
-// charon keeps them; the next Init starts afresh and the agent's reconcile connects again.
+// Close stops the driver's goroutines (the keeper, our charon's supervisor and log follower) and
+// forgets what it holds in memory, and changes nothing in charon or on the host: our charon keeps
+// running with its connections, SAs, ipsec0 and routes, as a system charon does, so the tunnels
+// outlive an agent restart. The next Init adopts it, and the agent's Connects find everything in
+// place.
 func (d *Driver) Close() error {
 	d.mu.Lock()
 	stop, p := d.release()
@@ -374,14 +405,15 @@ func (d *Driver) release() (context.CancelFunc, *charonProcess) {
 	return stop, p
 }
 
-// wait stops the keeper and the charon supervisor that release handed over and waits for them.
-// Called without d.mu: the supervisor may be waiting for it in replay, the keeper in keep.
+// wait stops the keeper and the charon supervisor that release handed over and waits for them;
+// charon itself keeps running. Called without d.mu: the supervisor may be waiting for it in
+// replay, the keeper in keep.
 func (d *Driver) wait(stop context.CancelFunc, p *charonProcess) {
 	if stop != nil {
 		stop()
 	}
 	d.wg.Wait()
 	if p != nil {
-		p.stop()
+		p.detach()
 	}
 }

@@ -198,8 +198,8 @@ func TestConnectIsIdempotentAndReadsBeforeWriting(t *testing.T) {
 	if err := d.Connect(ctx, remote, nil); err != nil {
 		t.Fatal(err)
 	}
-	if st := d.Stats(); st.SharedLoads != 2 || st.Terminates != 2 || f.shared["cbl-west"] != string(remote.PreSharedKey) {
-		t.Errorf("after a key change: %+v", st)
+	if st := d.Stats(); st.SharedLoads != 3 || st.Terminates != 2 || len(f.shared) != 1 || f.shared[d.conns["cbl-west"].keyID] != string(remote.PreSharedKey) {
+		t.Errorf("after a key change: %+v, charon holds %d keys", st, len(f.shared))
 	}
 
 	// Disconnect removes connection, SA and key; a second Disconnect and an unknown cluster

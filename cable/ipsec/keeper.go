@@ -7,7 +7,8 @@ import (
 )
 
 // The keeper re-initiates the connections this node initiates when they have no IKE_SA (see
-// keep). It is the one goroutine the driver runs itself besides our charon's supervisor.
+// keep). It is the one goroutine the driver runs itself besides our charon's supervisor and log
+// follower.
 
 // The keeper's clock. keepEvery is its period while every connection it watches is established
 // (or charon is still working on one): it bounds how late the keeper notices that the peer

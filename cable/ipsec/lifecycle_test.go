@@ -3,7 +3,10 @@ package ipsec
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"errors"
+	"net/netip"
+	"reflect"
 	"runtime"
 	"strings"
 	"testing"
@@ -130,38 +133,88 @@ func TestPlanConn(t *testing.T) {
 		t.Fatal(err)
 	}
 	msg := connMessage(want)
-	fp, digest := fingerprint(msg), pskDigest(testKey)
+	fp := fingerprint(msg)
+	id := keyID(want.Name, fp, testKey)
+	oldKeyID := keyID(want.Name, fp, []byte("the-key-before-this-one-0123456"))
+	oldConnID := keyID(want.Name, "fingerprint of another configuration", testKey)
 	loaded := map[string]any{}
 	for _, ev := range mustList(t, msg) {
 		loaded = ev
 	}
 	other := want
-	other.RemoteTS = nil
+	other.RemoteTS = []netip.Prefix{netip.MustParsePrefix("10.9.0.0/16")}
+	changed := map[string]any{}
+	for _, ev := range mustList(t, connMessage(other)) {
+		changed = ev
+	}
 	tests := []struct {
 		name   string
 		loaded map[string]any
 		ids    []string
 		old    *loadedConn
-		digest [32]byte
 		want   connPlan
 	}{
-		{"everything in place needs nothing", loaded, []string{want.Name}, &loadedConn{fingerprint: fp, digest: digest}, digest, connPlan{}},
-		{"a first Connect loads key and connection", nil, nil, nil, digest, connPlan{loadKey: true, loadConn: true}},
-		{"a connection charon lost is loaded again", nil, []string{want.Name}, &loadedConn{fingerprint: fp, digest: digest}, digest, connPlan{loadConn: true}},
-		{"a key charon lost is loaded again alone", loaded, nil, &loadedConn{fingerprint: fp, digest: digest}, digest, connPlan{loadKey: true}},
-		{"a new key takes the connection down and loads both", loaded, []string{want.Name}, &loadedConn{fingerprint: fp, digest: pskDigest([]byte("old"))}, digest,
-			connPlan{loadKey: true, loadConn: true, takeDown: true}},
-		{"a changed connection is taken down and loaded", loaded, []string{want.Name}, &loadedConn{fingerprint: "old", digest: digest}, digest,
+		{"everything in place needs nothing", loaded, []string{id}, &loadedConn{keyID: id}, connPlan{}},
+		{"everything in place after an agent restart (adopted charon, nothing in memory) needs nothing", loaded, []string{id}, nil, connPlan{}},
+		{"a first Connect loads key and connection", nil, nil, nil, connPlan{loadKey: true, loadConn: true}},
+		{"a connection charon lost is loaded again", nil, []string{id}, &loadedConn{keyID: id}, connPlan{loadConn: true}},
+		{"a connection charon lost is loaded again after an agent restart", nil, []string{id}, nil, connPlan{loadConn: true}},
+		{"a key charon lost is loaded again alone", loaded, nil, &loadedConn{keyID: id}, connPlan{loadKey: true}},
+		{"a new key takes the connection down and loads both", loaded, []string{oldKeyID}, &loadedConn{keyID: oldKeyID},
+			connPlan{loadKey: true, loadConn: true, takeDown: true, unloadKeys: []string{oldKeyID}}},
+		{"a new key found after an agent restart takes the connection down and loads both", loaded, []string{oldKeyID}, nil,
+			connPlan{loadKey: true, loadConn: true, takeDown: true, unloadKeys: []string{oldKeyID}}},
+		{"a configuration change list-conns cannot show (proposals) found after an agent restart is loaded afresh", loaded, []string{oldConnID}, nil,
+			connPlan{loadKey: true, loadConn: true, takeDown: true, unloadKeys: []string{oldConnID}}},
+		{"changed subnets are taken down and loaded", changed, []string{oldConnID}, &loadedConn{keyID: oldConnID},
+			connPlan{loadKey: true, loadConn: true, takeDown: true, unloadKeys: []string{oldConnID}}},
+		{"a connection changed behind our back under our key id is taken down and loaded", changed, []string{id}, nil,
 			connPlan{loadConn: true, takeDown: true}},
-		{"an identical connection another process loaded is loaded on top", loaded, nil, nil, digest, connPlan{loadKey: true, loadConn: true}},
+		{"an identical connection another process loaded is loaded on top", loaded, nil, nil, connPlan{loadKey: true, loadConn: true}},
+		{"a key an older driver loaded under the bare name is replaced, the connection loaded on top", loaded, []string{want.Name}, nil,
+			connPlan{loadKey: true, loadConn: true, unloadKeys: []string{want.Name}}},
+		{"a stale key id beside the wanted one is unloaded alone", loaded, []string{oldKeyID, id}, nil, connPlan{unloadKeys: []string{oldKeyID}}},
+		{"key ids of other connections are left alone", loaded, []string{id, "cbl-westside#00", "cbl-wes#11"}, nil, connPlan{}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := planConn(tt.loaded, tt.ids, tt.old, want, fp, tt.digest); got != tt.want {
+			if got := planConn(tt.loaded, tt.ids, tt.old, want, id); !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("planConn = %+v, want %+v", got, tt.want)
 			}
 		})
 	}
+}
+
+func TestKeyIDBindsTheKeyAndTheConfiguration(t *testing.T) {
+	fp := fingerprint(connMessage(mustDesired(t)))
+	id := keyID("cbl-west", fp, testKey)
+	if connOfKeyID(id) != "cbl-west" || !strings.HasPrefix(id, "cbl-west#") || len(id) != len("cbl-west#")+24 {
+		t.Errorf("key id %q, want cbl-west#<24 hex digits>", id)
+	}
+	if keyID("cbl-west", fp, testKey) != id {
+		t.Error("the key id is not stable")
+	}
+	if keyID("cbl-west", fp, []byte("another-key-0123456789abcdef")) == id {
+		t.Error("another key gives the same key id")
+	}
+	if keyID("cbl-west", "another fingerprint", testKey) == id {
+		t.Error("another configuration gives the same key id")
+	}
+	if strings.Contains(id, hex.EncodeToString(testKey)[:8]) || strings.Contains(id, string(testKey[:4])) {
+		t.Errorf("key id %q shows the key", id)
+	}
+	if connOfKeyID("cbl-west") != "cbl-west" || connOfKeyID("cbl-a.b#x") != "cbl-a.b" {
+		t.Error("connOfKeyID")
+	}
+}
+
+func mustDesired(t *testing.T) desiredConn {
+	t.Helper()
+	want, err := desiredFromRemote(testLocal, testRemote(), defaultOpts(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return want
 }
 
 // mustList is what list-conns reports for the load-conn message msg (as the fake charon does).

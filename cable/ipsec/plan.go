@@ -1,6 +1,7 @@
 package ipsec
 
 import (
+	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -231,11 +232,12 @@ func connMessage(want desiredConn) map[string]any {
 func localID(want desiredConn) string  { return want.LocalAddr.String() }
 func remoteID(want desiredConn) string { return want.RemoteAddr.String() }
 
-// sharedMessage is the body of VICI load-shared for want's key. It holds the secret: it is built
-// only right before the call and never logged, hashed into fingerprints or stored.
-func sharedMessage(want desiredConn, psk []byte) map[string]any {
+// sharedMessage is the body of VICI load-shared for want's key, loaded under id (keyID). It holds
+// the secret: it is built only right before the call and never logged, hashed into fingerprints
+// or stored.
+func sharedMessage(want desiredConn, id string, psk []byte) map[string]any {
 	return map[string]any{
-		"id":     want.Name,
+		"id":     id,
 		"type":   "IKE",
 		"data":   string(psk),
 		"owners": []string{localID(want), remoteID(want)},
@@ -254,35 +256,100 @@ func fingerprint(msg map[string]any) string {
 	return hex.EncodeToString(sum[:])
 }
 
+// keyIDSep separates the connection name from the tag in a key id. Cluster names cannot hold it.
+const keyIDSep = "#"
+
+// keyID is the id under which the pre-shared key of the connection name is loaded into charon:
+// the name, keyIDSep and a tag, an HMAC keyed with the key over the fingerprint of the
+// connection's load-conn message. charon lists the ids of its keys (get-shared), never the keys,
+// and list-conns shows only part of a connection (no proposals, no encap), so the tag is how a
+// driver that did not load them itself (after an agent restart, its charon adopted) tells that
+// the key and the connection charon holds are exactly the ones it wants, with nothing of either
+// on disk. 96 bits of an HMAC say nothing usable about a key of 16 bytes or more.
+func keyID(name, fp string, psk []byte) string {
+	mac := hmac.New(sha256.New, psk)
+	mac.Write([]byte("cablemesh ipsec key id v1\x00" + fp))
+	return name + keyIDSep + hex.EncodeToString(mac.Sum(nil)[:12])
+}
+
+// connOfKeyID is the connection name of a key id (the id itself for a key loaded under the bare
+// name by an earlier version of the driver).
+func connOfKeyID(id string) string {
+	name, _, _ := strings.Cut(id, keyIDSep)
+	return name
+}
+
+// keyIDsOf are the ids of ids that belong to the connection name.
+func keyIDsOf(ids []string, name string) []string {
+	var out []string
+	for _, id := range ids {
+		if connOfKeyID(id) == name {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
 // connPlan is what Connect does to charon for one connection.
 type connPlan struct {
-	// loadKey loads the pre-shared key (load-shared).
+	// loadKey loads the pre-shared key (load-shared) under the wanted key id.
 	loadKey bool
+	// unloadKeys are the other key ids of the connection to unload once the wanted one is in.
+	unloadKeys []string
 	// loadConn loads the connection (load-conn); takeDown first unloads it and terminates its
 	// SAs, which keep the old selectors (or the old key's authentication) otherwise.
 	loadConn, takeDown bool
 }
 
-func (p connPlan) empty() bool { return !p.loadKey && !p.loadConn }
+func (p connPlan) empty() bool { return !p.loadKey && !p.loadConn && len(p.unloadKeys) == 0 }
 
-// planConn decides what makes charon hold want (whose load-conn fingerprint is fp) and its key
-// (digest): loaded is charon's list-conns section for it (nil when none), ids the shared key ids
-// charon holds, old what this driver loaded before (nil when nothing). A connection charon holds
-// as wanted but that this process did not load (an agent restart with a system charon) is loaded
-// again on top without taking it down, which charon treats as no change: its SAs stay up.
-func planConn(loaded map[string]any, ids []string, old *loadedConn, want desiredConn, fp string, digest [sha256.Size]byte) connPlan {
-	connOK := loaded != nil && old != nil && old.fingerprint == fp && loadedMatches(loaded, want)
-	keyOK := old != nil && old.digest == digest && slices.Contains(ids, want.Name)
-	keyChanged := old != nil && old.digest != digest
-	p := connPlan{loadKey: !keyOK, loadConn: !connOK || keyChanged}
-	p.takeDown = p.loadConn && loaded != nil &&
-		(keyChanged || !loadedMatches(loaded, want) || old != nil && old.fingerprint != fp)
+// planConn decides what makes charon hold want and its key, loaded under id (keyID of want's
+// load-conn fingerprint and the key): loaded is charon's list-conns section for want (nil when
+// none), ids the key ids charon holds, old what this process loaded before (nil when nothing).
+//
+// charon is the record: the key id charon holds says which key and which connection message were
+// loaded, by this process or by an earlier one whose charon it adopted. So:
+//   - the wanted id and a matching connection: nothing to do, also right after an agent restart;
+//   - the wanted id without the connection (unloaded behind our back): load the connection;
+//   - another id of ours for the connection: the key or the connection changed since it was
+//     loaded: load the key, take the connection down (its SAs were negotiated under the old key
+//     or configuration) and load it again;
+//   - no id for it: charon lost the key, or it was loaded by an older driver under the bare name
+//     (a system charon): load the key, and the connection on top when it matches as far as
+//     list-conns shows, which charon treats as no change (its SAs stay up); when this process
+//     knows it loaded exactly this connection, the key alone.
+func planConn(loaded map[string]any, ids []string, old *loadedConn, want desiredConn, id string) connPlan {
+	matches := loaded != nil && loadedMatches(loaded, want)
+	var others []string
+	tagged, hasOldTag := false, false
+	for _, k := range keyIDsOf(ids, want.Name) {
+		switch {
+		case k == id:
+			tagged = true
+		default:
+			others = append(others, k)
+			hasOldTag = hasOldTag || k != want.Name
+		}
+	}
+	p := connPlan{unloadKeys: others}
+	switch {
+	case tagged && matches:
+	case tagged && loaded == nil:
+		p.loadConn = true
+	case tagged:
+		// charon holds the connection otherwise than it was loaded with this key id.
+		p.loadConn, p.takeDown = true, true
+	case loaded == nil:
+		p.loadKey, p.loadConn = true, true
+	case hasOldTag || !matches:
+		p.loadKey, p.loadConn, p.takeDown = true, true, true
+	case old != nil && old.keyID == id:
+		p.loadKey = true
+	default:
+		p.loadKey, p.loadConn = true, true
+	}
 	return p
 }
-
-// pskDigest lets Connect tell whether the key in charon is still the one it was given, without
-// keeping a second copy of the key around in a comparable form. It lives in memory only.
-func pskDigest(psk []byte) [sha256.Size]byte { return sha256.Sum256(psk) }
 
 // loadedMatches compares what charon's list-conns reports for our connection (one "list-conn"
 // event section, as nested maps) with want: addresses and traffic selectors, the parts charon

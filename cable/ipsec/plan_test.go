@@ -138,8 +138,8 @@ func TestConnMessageForInitiatorAndResponder(t *testing.T) {
 	if strings.Contains(fingerprintInput(msg), string(testKey)) {
 		t.Errorf("load-conn message contains the key")
 	}
-	shared := sharedMessage(want, testKey)
-	if shared["data"] != string(testKey) || shared["type"] != "IKE" || shared["id"] != "cbl-west" ||
+	shared := sharedMessage(want, "cbl-west#0123", testKey)
+	if shared["data"] != string(testKey) || shared["type"] != "IKE" || shared["id"] != "cbl-west#0123" ||
 		!reflect.DeepEqual(shared["owners"], []string{"10.0.0.1", "10.0.0.2"}) {
 		t.Errorf("load-shared message %v", redact(shared))
 	}

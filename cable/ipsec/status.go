@@ -16,7 +16,7 @@ import (
 type connInfo struct {
 	Cluster   string
 	Node      string
-	Endpoint  string // configured remote address:port
+	Endpoint  string // configured remote address and IKE port, as reported in ConnectionStatus
 	Subnets   []netip.Prefix
 	Initiator bool
 	LoadedAt  time.Time
@@ -95,10 +95,10 @@ var ikeUsable = []string{"ESTABLISHED", "REKEYING", "REKEYED"}
 
 // connectionStatuses computes one status per connection from what charon reports: loaded are
 // the connections this driver loaded, with what it knows about them; foreign are names of ours
-// (ConnPrefix) that charon holds but this driver did not load (left by an earlier agent run on a
-// system charon); sas is what list-sas says. Anything of ours the driver does not know is
-// reported with an error, so the agent can Disconnect it. Pure, so it is table-tested; mtu is
-// the tunnel MTU.
+// (ConnPrefix) that charon holds but this driver did not load (left by an earlier agent run, in a
+// system charon or in our own, which Init adopted, until the agent Connects or Disconnects
+// them); sas is what list-sas says. Anything of ours the driver does not know is reported with an
+// error, so the agent can Disconnect it. Pure, so it is table-tested; mtu is the tunnel MTU.
 func connectionStatuses(loaded map[string]connInfo, foreign []string, sas map[string][]ikeSA, now time.Time, mtu int) []cable.ConnectionStatus {
 	names := map[string]bool{}
 	for n := range loaded {
@@ -126,10 +126,15 @@ func connectionStatuses(loaded map[string]connInfo, foreign []string, sas map[st
 		}
 		st.State, st.Message = judge(info, known, sas[name], now)
 		if sa, ok := best(sas[name]); ok {
-			if sa.RemoteHost != "" {
-				if a, err := netip.ParseAddr(sa.RemoteHost); err == nil {
-					st.Endpoint = netip.AddrPortFrom(a, parsePort(sa.RemotePort)).String()
+			// Endpoint stays the configured one (the agent compares it with the endpoint it
+			// wants, as it does for every driver): the IKE_SA's live port is the peer's NAT-T port
+			// (4500) as soon as UDP encapsulation is on, always with encap=yes. Only a live address
+			// other than the configured one (a NAT rewriting the peer's) is worth a word.
+			if note := liveEndpointNote(info.Endpoint, sa); note != "" {
+				if st.Message != "" {
+					st.Message += "; "
 				}
+				st.Message += note
 			}
 			for _, c := range sa.Children {
 				if c.State == "INSTALLED" || c.State == "REKEYING" || c.State == "REKEYED" || c.State == "DELETING" {
@@ -151,6 +156,20 @@ func connectionStatuses(loaded map[string]connInfo, foreign []string, sas map[st
 func parsePort(s string) uint16 {
 	p, _ := strconv.ParseUint(s, 10, 16)
 	return uint16(p)
+}
+
+// liveEndpointNote says where the IKE_SA's peer really is when that is another address than the
+// configured endpoint's ("" when it is the same address, whatever the port, or unknown).
+func liveEndpointNote(configured string, sa ikeSA) string {
+	want, err := netip.ParseAddrPort(configured)
+	if err != nil {
+		return ""
+	}
+	a, err := netip.ParseAddr(sa.RemoteHost)
+	if err != nil || a.Unmap() == want.Addr().Unmap() {
+		return ""
+	}
+	return fmt.Sprintf("IKE_SA peer is %s, not the configured %s (a NAT between?)", netip.AddrPortFrom(a, parsePort(sa.RemotePort)), configured)
 }
 
 // best picks the IKE_SA that says most about the connection: a usable one with an installed

@@ -45,10 +45,24 @@ func TestConnectionStatuses(t *testing.T) {
 		wantRx    uint64
 		wantTx    uint64
 		endpoint  string
+		wantNoMsg bool
 	}{
-		{name: "an established IKE_SA with an installed CHILD_SA is connected, with its counters",
+		// The endpoint is the configured one (remote address, IKE port 500), not the IKE_SA's
+		// live 10.0.0.2:4500: charon floats IKE to the NAT-T port as soon as UDP encapsulation is
+		// on (always, with encap=yes), and the agent compares Endpoint with the endpoint it wants
+		// (address and published IKE port), as for every driver. Reporting the live port made it
+		// see a changed endpoint and run Connect again on every resync.
+		{name: "an established IKE_SA with an installed CHILD_SA is connected, with its counters and the configured endpoint",
 			info: info, events: []map[string]any{saEvent("cbl-west", "ESTABLISHED", "42", map[string]any{"cbl-west-1": child("INSTALLED", "1000", "2000")})},
-			wantState: cable.StateConnected, wantRx: 1000, wantTx: 2000, endpoint: "10.0.0.2:4500"},
+			wantState: cable.StateConnected, wantRx: 1000, wantTx: 2000, endpoint: "10.0.0.2:500", wantNoMsg: true},
+		{name: "a peer answering from another address than configured (a NAT) keeps the configured endpoint and says so",
+			info: info, events: []map[string]any{func() map[string]any {
+				ev := saEvent("cbl-west", "ESTABLISHED", "42", map[string]any{"cbl-west-1": child("INSTALLED", "1", "2")})
+				ev["cbl-west"].(map[string]any)["remote-host"] = "192.0.2.7"
+				ev["cbl-west"].(map[string]any)["remote-port"] = "31337"
+				return ev
+			}()},
+			wantState: cable.StateConnected, wantMsg: "IKE_SA peer is 192.0.2.7:31337, not the configured 10.0.0.2:500", wantRx: 1, wantTx: 2, endpoint: "10.0.0.2:500"},
 		{name: "during a rekey the bytes of both CHILD_SAs count",
 			info: info, events: []map[string]any{saEvent("cbl-west", "ESTABLISHED", "42", map[string]any{"cbl-west-1": child("REKEYED", "10", "20"), "cbl-west-2": child("INSTALLED", "1", "2")})},
 			wantState: cable.StateConnected, wantRx: 11, wantTx: 22},
@@ -93,6 +107,9 @@ func TestConnectionStatuses(t *testing.T) {
 			}
 			if tt.endpoint != "" && s.Endpoint != tt.endpoint {
 				t.Errorf("endpoint %s, want %s", s.Endpoint, tt.endpoint)
+			}
+			if tt.wantNoMsg && s.Message != "" {
+				t.Errorf("message %q, want none", s.Message)
 			}
 			if s.State == cable.StateConnected && tt.name[0] == 'a' && s.LastHandshake != now.Add(-42*time.Second) {
 				t.Errorf("last handshake %v, want 42s before now", s.LastHandshake)

@@ -3,16 +3,17 @@ package ipsec
 import "time"
 
 // The driver persists no connection: the pre-shared keys must never reach a file, and charon
-// itself (list-conns, get-shared) is the record of what is loaded. What the driver keeps is in
+// itself (list-conns, and the key ids of get-shared, see keyID) is the record of what is loaded,
+// also for a driver that adopted a charon an earlier agent run left. What the driver keeps is in
 // memory, to load it again into a restarted charon and to judge what charon reports.
 
 // loadedConn is a connection this driver loaded into charon.
 type loadedConn struct {
-	want        desiredConn
-	fingerprint string
-	psk         []byte // kept to load it again into a restarted charon; never logged
-	digest      [32]byte
-	loadedAt    time.Time
+	want desiredConn
+	// keyID is the id the key was loaded under: it binds the key and the load-conn message.
+	keyID    string
+	psk      []byte // kept to load it again into a restarted charon; never logged
+	loadedAt time.Time
 	// The keeper's schedule for this connection (see keep): next initiate not before
 	// nextInitiate; initBackoff is the wait after the last initiate (nextInitBackoff); up says
 	// the keeper last saw an established IKE_SA.

@@ -11,11 +11,13 @@ import (
 // (Connect, Disconnect, Cleanup).
 type Status struct {
 	peer.Status[ipsec.Stats]
-	CharonPID        int    `json:"charonPID"`
-	Datapath         string `json:"datapath"`
-	MTU              int    `json:"mtu"`
-	ViciSocket       string `json:"viciSocket"`
-	ConnectionsError string `json:"connectionsError,omitempty"`
+	CharonPID  int    `json:"charonPID"`
+	Datapath   string `json:"datapath"`
+	MTU        int    `json:"mtu"`
+	ViciSocket string `json:"viciSocket"`
+	// Links is the driver's Links() after Init (the agent clamps the TCP MSS on them).
+	Links            []string `json:"links"`
+	ConnectionsError string   `json:"connectionsError,omitempty"`
 	// With -hold: Ready once Init is done and the testpeer waits for SIGUSR1 to Connect;
 	// ConnectReturned when the first Connect returned; Installed when the testpeer first saw the
 	// connection connected (zero if not within 30s).

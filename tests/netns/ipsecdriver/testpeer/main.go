@@ -3,7 +3,8 @@
 // one line of hex from standard input (so it is in no file, argument or environment variable),
 // then calls New, Init and Connect (twice, to record that the second changes nothing), and
 // serves until a signal as package tests/netns/nstest/peer describes (SIGTERM and SIGINT Close
-// the driver, which stops charon, without cleanup, as an agent exit does).
+// the driver without cleanup, as an agent exit does: charon keeps running, for the next testpeer
+// to adopt; SIGUSR2 cleans up, which stops it).
 //
 // It writes a JSON Status to -status every 200ms and after every action.
 //
@@ -85,7 +86,7 @@ func run() error {
 	if err := d.Init(ctx); err != nil {
 		return err
 	}
-	st.Datapath, st.MTU, st.ViciSocket = string(d.Datapath()), d.MTU(), d.ViciSocket()
+	st.Datapath, st.MTU, st.ViciSocket, st.Links = string(d.Datapath()), d.MTU(), d.ViciSocket(), d.Links()
 	if *hold {
 		// Caught before Ready is written: SIGUSR1's default action would end the process.
 		sigs := make(chan os.Signal, 1)
