@@ -341,7 +341,9 @@ func checkPathMTU(t *testing.T, m *harness.Mesh, a, b *harness.Cluster, driver s
 				t.Errorf("%s: route mtu %d is not in (%d, %d]: above the kernel's ESP ceiling drops, at or below libipsec's cap wastes", driver, rt.MTU, ipsec.LibipsecMTU, ceil)
 			}
 		}
-		if r := m.PingDF(from.PodNS, to.PodIP, rt.MTU, 3); r.Err != nil || r.Received != 3 {
+		// One reply proves a packet of exactly the route MTU crosses: a black hole drops every
+		// one. Under TCG on a loaded host one of three may be lost to the probes' load alone.
+		if r := m.PingDF(from.PodNS, to.PodIP, rt.MTU, 3); r.Err != nil || r.Received == 0 {
 			t.Errorf("%s: %d-byte DF ping %s pod -> %s pod: %d/%d replies: %v %s", driver, rt.MTU, from.Name, to.Name, r.Received, r.Transmitted, r.Err, r.Output)
 		}
 		out, received := oversizePing(m, from.PodNS, to.PodIP, rt.MTU+1)

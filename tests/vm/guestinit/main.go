@@ -76,11 +76,15 @@ func run() error {
 	}
 	rep.RootMounted = uptime()
 	logf("root: host / over 9p (read-only) under a tmpfs overlay")
-	if err := lateMounts(); err != nil {
-		return err
-	}
 	var plan guest.Plan
 	if err := guest.ReadJSON(filepath.Join(guest.ShareMount, guest.PlanFile), &plan); err != nil {
+		return err
+	}
+	var dirs []string
+	for _, c := range plan.Commands {
+		dirs = append(dirs, c.Dir)
+	}
+	if err := lateMounts(dirs); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(filepath.Join(guest.ShareMount, guest.OutDir), 0o755); err != nil {
@@ -209,8 +213,15 @@ func mountRoot() error {
 }
 
 // lateMounts give the new root what a booted system has: fresh /run and /tmp (not the host's
-// files), devpts, shm, bpffs, cgroup2 (unified, at /sys/fs/cgroup), debugfs.
-func lateMounts() error {
+// files), devpts, shm, bpffs, cgroup2 (unified, at /sys/fs/cgroup), debugfs. The commands'
+// working directories stay visible even when they are under a directory that gets a fresh
+// tmpfs: a clone under /tmp (as CI's may be) would otherwise vanish and every command fail with
+// "fork/exec ...: no such file or directory" (the chdir's error).
+func lateMounts(commandDirs []string) error {
+	kept, err := holdDirs(commandDirs, "/tmp", "/var/tmp")
+	if err != nil {
+		return err
+	}
 	for _, m := range []struct {
 		src, target, fstype string
 		flags               uintptr
@@ -229,8 +240,58 @@ func lateMounts() error {
 			return err
 		}
 	}
+	if err := restoreDirs(kept); err != nil {
+		return err
+	}
 	// ip netns keeps its namespaces under /run/netns, as on the host.
 	return os.MkdirAll("/run/netns", 0o755)
+}
+
+// heldDir is a host directory held open across the tmpfs mount that hides it.
+type heldDir struct {
+	path string
+	fd   int
+}
+
+// holdDirs opens, for every dir under one of the hidden roots, the top directory below that
+// root (/tmp/ci for /tmp/ci/tests/netns: the tests also read files of the rest of the tree).
+func holdDirs(dirs []string, hidden ...string) ([]heldDir, error) {
+	var held []heldDir
+	seen := map[string]bool{}
+	for _, d := range dirs {
+		for _, root := range hidden {
+			rel, err := filepath.Rel(root, filepath.Clean(d))
+			if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
+				continue
+			}
+			top := filepath.Join(root, strings.Split(rel, string(filepath.Separator))[0])
+			if seen[top] {
+				continue
+			}
+			seen[top] = true
+			fd, err := unix.Open(top, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return nil, fmt.Errorf("hold %s across the fresh %s: %w", top, root, err)
+			}
+			held = append(held, heldDir{path: top, fd: fd})
+		}
+	}
+	return held, nil
+}
+
+// restoreDirs bind-mounts the held directories back at their paths, on the fresh tmpfs.
+func restoreDirs(held []heldDir) error {
+	for _, h := range held {
+		if err := os.MkdirAll(h.path, 0o755); err != nil {
+			return fmt.Errorf("mkdir %s: %w", h.path, err)
+		}
+		src := fmt.Sprintf("/proc/self/fd/%d", h.fd)
+		if err := unix.Mount(src, h.path, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind the host's %s back over the fresh tmpfs: %w", h.path, err)
+		}
+		_ = unix.Close(h.fd)
+	}
+	return nil
 }
 
 // setupHost names the guest and brings loopback up.
