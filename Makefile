@@ -13,13 +13,16 @@ NETNS_TIMEOUT ?= 40m
 # kernel fails instead of skipping.
 VM_TIMEOUT ?= 45m
 
-.PHONY: all build deps test lint check-bpf unit-test netns-test vm-test demo demo-down bench bench-services bench-dns fuzz generate fmt vet clean
+.PHONY: all build deps test lint check-bpf unit-test netns-test vm-test demo demo-down bench bench-services bench-dns bench-scale bench-xds fuzz generate fmt vet clean
 
 all: build
 
+# VERSION is the build `cablectl version` and the status report (internal/version).
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo unknown)
+
 build:
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(BINARIES))
+	$(GO) build -ldflags "-X github.com/cablemesh/cablemesh/internal/version.Version=$(VERSION)" -o $(BIN)/ $(addprefix ./cmd/,$(BINARIES))
 
 deps:
 	./scripts/install-deps.sh
@@ -58,6 +61,8 @@ bench: deps build
 	./bench/throughput.sh
 	$(MAKE) bench-services
 	$(MAKE) bench-dns
+	$(MAKE) bench-scale
+	$(MAKE) bench-xds
 
 # Services (root): connect latency and request/response rate through a VIP vs the same backend
 # directly, and failover time over 10 trials; results in bench/results/services-<date>.*.
@@ -68,6 +73,16 @@ bench-services: deps build
 bench-dns: deps
 	$(GO) test -tags bench -run '^TestDNS$$' -v -count=1 -timeout 30m ./bench/dns/
 
+# The broker under a fleet of simulated agents starting at once (no root): 1,000 and 5,000 agents,
+# bbolt and etcd; results in bench/results/scale-<date>.*. Knobs: CABLEMESH_SCALE_* (bench/scale/doc.go).
+bench-scale: deps build
+	CABLEMESH_BIN=$(abspath $(BIN)) $(GO) test -tags bench -run '^TestScale$$' -v -count=1 -timeout 120m ./bench/scale/
+
+# The agent's xDS server: export change to client ACK at 10, 100 and 1,000 services against a
+# prebuilt-snapshot anchor, and the snapshot build at 1,000 x 10; results in bench/results/xds-<date>.*.
+bench-xds: deps
+	$(GO) test -tags bench -run '^TestXDS$$' -v -count=1 -timeout 30m ./bench/xds/
+
 # Fuzz the parsers of outside input for FUZZTIME each (not part of make test).
 FUZZTIME ?= 60s
 fuzz:
@@ -75,6 +90,10 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzBuildZone$$' -fuzztime $(FUZZTIME) ./agent/dns/
 	$(GO) test -run '^$$' -fuzz '^FuzzNormalize$$' -fuzztime $(FUZZTIME) ./mcs/
 	$(GO) test -run '^$$' -fuzz '^FuzzPlanSync$$' -fuzztime $(FUZZTIME) ./bpf/
+	$(GO) test -run '^$$' -fuzz '^FuzzAgentManifests$$' -fuzztime $(FUZZTIME) ./deploy/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseXDSListen$$' -fuzztime $(FUZZTIME) ./agent/config/
+	$(GO) test -run '^$$' -fuzz '^FuzzParsePortRange$$' -fuzztime $(FUZZTIME) ./agent/config/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./agent/ingressport/
 
 # Regenerates the protobuf Go code (needs protoc, protoc-gen-go and protoc-gen-go-grpc) and the
 # eBPF objects with bpf2go (needs clang and llvm-strip; the objects are committed, so `go build`
@@ -83,6 +102,21 @@ generate:
 	$(GO) generate ./bpf/
 	cd api/v1 && PATH="$$PATH:$$($(GO) env GOPATH)/bin" protoc --go_out=. --go_opt=paths=source_relative \
 		--go-grpc_out=. --go-grpc_opt=paths=source_relative cablemesh.proto
+
+# Universal hosts (as root, or with DESTDIR for packaging): the binaries into
+# $(DESTDIR)/usr/local/bin, the systemd units of deploy/systemd into $(DESTDIR)/etc/systemd/system
+# and a config skeleton into $(DESTDIR)/etc/cablemesh/agent.yaml, never over an existing one.
+.PHONY: install image
+install: build
+	DESTDIR='$(DESTDIR)' ./scripts/install.sh '$(BIN)'
+
+# OCI images of cable-agent, cable-broker and cablectl, the names deploy/ uses: static binaries
+# on an empty base, built offline with buildah (scripts/image.sh). Not part of make test.
+# IMAGE_ARCHIVE_DIR=DIR also writes them as OCI archives (kind load image-archive, ctr import).
+IMAGE_REPO ?= cablemesh
+IMAGE_TAG ?= v0.1.0
+image:
+	IMAGE_REPO='$(IMAGE_REPO)' IMAGE_TAG='$(IMAGE_TAG)' IMAGE_ARCHIVE_DIR='$(IMAGE_ARCHIVE_DIR)' GO='$(GO)' ./scripts/image.sh
 
 fmt:
 	gofmt -l -w $$(git ls-files '*.go')

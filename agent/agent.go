@@ -144,6 +144,13 @@ type Agent struct {
 	dp         *datapath            // the services datapath, once Run started it
 	svcTrigger chan struct{}
 	exports    exportState
+	clock      brokerClock // brokerclock.go: the broker's clock and build from its last reply
+
+	clusterPolicies clusterPolicyState // cluster-scoped policies and their sync (clusterpolicies.go)
+
+	ingress ingressState // ingress ports and the xDS server (ingress.go)
+
+	ready readiness // the first full sync, for /readyz (metrics.go)
 }
 
 // New checks options; it creates nothing.
@@ -212,6 +219,7 @@ func New(opts Options) (*Agent, error) {
 		svcTrigger: make(chan struct{}, 1),
 		certs:      certState{refusedCh: make(chan struct{}), renewNow: make(chan struct{}, 1)},
 		exports:    exportState{config: cfg.ExportsProto(), runtime: map[string]*apiv1.ServiceExport{}, trigger: make(chan struct{}, 1)},
+		ingress:    ingressState{trigger: make(chan struct{}, 1)},
 	}
 	a.registry.MustRegister(&collector{a: a})
 	return a, nil
@@ -236,6 +244,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.exports.mu.Lock()
 	a.exports.runtime = runtime
 	a.exports.mu.Unlock()
+	if err := a.loadIngressPorts(); err != nil {
+		return err
+	}
 	id, err := a.identity(ctx)
 	if err != nil {
 		return err
@@ -279,6 +290,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	defer statusSrv.close()
+	stopIngress, err := a.startIngress(ctx)
+	if err != nil {
+		return err
+	}
+	defer stopIngress()
 	if a.cfg.MetricsAddress != "" {
 		m, err := a.serveMetrics(ctx)
 		if err != nil {
@@ -315,6 +331,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	wg.Go(func() { a.watchLoop(ctx, client) })
 	wg.Go(func() { a.exportsLoop(ctx, client) })
 	wg.Go(func() { a.certLoop(ctx, client) })
+	wg.Go(func() { a.runClusterPolicies(ctx, client) })
 	if a.cfg.Kubernetes.Enabled {
 		wg.Go(func() { a.runExportSource(ctx, a.opts.Kubernetes) })
 	}

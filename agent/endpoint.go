@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/cablemesh/cablemesh/agent/brokerclient"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 )
 
@@ -21,6 +22,11 @@ import (
 func (a *Agent) registerLoop(ctx context.Context, client apiv1.AgentClient) {
 	registered := false
 	var quiet repeatFilter
+	// A fleet that starts together would otherwise register in one instant, and heartbeat in
+	// that same instant every interval after (brokerclient.HeartbeatDelay).
+	if !sleep(ctx, brokerclient.FirstRegistrationDelay(a.cfg.HeartbeatInterval)) {
+		return
+	}
 	for {
 		if a.certificateRefused() != "" {
 			return
@@ -75,7 +81,7 @@ func (a *Agent) registerLoop(ctx context.Context, client apiv1.AgentClient) {
 				}
 			}
 		}
-		if !sleep(ctx, a.cfg.HeartbeatInterval) {
+		if !sleep(ctx, brokerclient.HeartbeatDelay(a.cfg.HeartbeatInterval)) {
 			return
 		}
 		if err != nil {
@@ -88,10 +94,12 @@ func (a *Agent) register(ctx context.Context, client apiv1.AgentClient) error {
 	ep := a.endpoint()
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	_, err := client.RegisterEndpoint(cctx, &apiv1.RegisterEndpointRequest{Endpoint: ep, LeaseSeconds: int64(a.cfg.LeaseSeconds)})
+	sent := time.Now()
+	resp, err := client.RegisterEndpoint(cctx, &apiv1.RegisterEndpointRequest{Endpoint: ep, LeaseSeconds: int64(a.cfg.LeaseSeconds)})
 	if err != nil {
 		return fmt.Errorf("register endpoint: %w", err)
 	}
+	a.clock.observe(sent, time.Now(), resp.GetBrokerTime(), resp.GetBrokerVersion())
 	a.log.Info("endpoint registered", "drivers", strings.Join(ep.GetDrivers(), ","), "address", ep.GetPrivateIp(), "subnets", strings.Join(ep.GetSubnets(), ","))
 	return nil
 }
@@ -99,10 +107,12 @@ func (a *Agent) register(ctx context.Context, client apiv1.AgentClient) error {
 func (a *Agent) heartbeat(ctx context.Context, client apiv1.AgentClient) error {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	_, err := client.Heartbeat(cctx, &apiv1.HeartbeatRequest{Node: a.cfg.Node})
+	sent := time.Now()
+	resp, err := client.Heartbeat(cctx, &apiv1.HeartbeatRequest{Node: a.cfg.Node})
 	if err != nil {
 		return fmt.Errorf("heartbeat: %w", err)
 	}
+	a.clock.observe(sent, time.Now(), resp.GetBrokerTime(), resp.GetBrokerVersion())
 	return nil
 }
 

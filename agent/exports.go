@@ -201,6 +201,7 @@ func (a *Agent) effectiveExports() ([]*apiv1.ServiceExport, []statusapi.NodeExpo
 		e.Cluster, e.Node = a.cfg.Cluster, a.cfg.Node
 		out[i] = e
 	}
+	a.stampIngressPorts(out)
 	return out, rows, version
 }
 
@@ -208,6 +209,7 @@ func (a *Agent) effectiveExports() ([]*apiv1.ServiceExport, []statusapi.NodeExpo
 func (a *Agent) exportsChangedLocked() {
 	a.exports.version++
 	a.TriggerExports()
+	a.triggerIngress()
 }
 
 // TriggerExports asks the sync loop to send the node's exports to the broker.

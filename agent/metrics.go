@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -14,16 +16,14 @@ import (
 	"github.com/cablemesh/cablemesh/cable"
 )
 
-// serveMetrics serves Prometheus metrics on metricsAddress at /metrics.
+// serveMetrics serves Prometheus metrics on metricsAddress at /metrics, and the probes /healthz
+// and /readyz.
 func (a *Agent) serveMetrics(ctx context.Context) (*server, error) {
-	reg := a.registry
 	lis, err := net.Listen("tcp", a.cfg.MetricsAddress)
 	if err != nil {
 		return nil, fmt.Errorf("metricsAddress %s: %w", a.cfg.MetricsAddress, err)
 	}
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
+	srv := &http.Server{Handler: a.metricsHandler(), ReadHeaderTimeout: 5 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -38,6 +38,57 @@ func (a *Agent) serveMetrics(ctx context.Context) (*server, error) {
 		_ = srv.Shutdown(sctx)
 		<-done
 	}}, nil
+}
+
+// metricsHandler serves /metrics, /healthz and /readyz.
+func (a *Agent) metricsHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{}))
+	// Liveness: the process serves. Nothing else is asked of it: a broker outage or a failed
+	// tunnel is no reason to restart an agent that keeps the last state (DESIGN.md, Sync).
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	// Readiness: true once the agent has applied a full state, the broker's snapshot or its
+	// cached copy, and stays true through broker outages (cilium/cilium#43561: a pod marked ready
+	// before its first sync took traffic it could not route; one marked unready when the broker
+	// went away rolled a DaemonSet for nothing).
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		ok, rev := a.Synced()
+		if !ok {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = io.WriteString(w, "not ready: no full sync yet (no broker snapshot received and no cached state applied)\n")
+			return
+		}
+		_, _ = fmt.Fprintf(w, "ok: synced at broker revision %d\n", rev)
+	})
+	return mux
+}
+
+// readiness records the first reconcile pass over a full state.
+type readiness struct {
+	synced   atomic.Bool
+	revision atomic.Uint64 // the revision of that first pass
+}
+
+// markSynced is called after every reconcile pass with the revision of the state it planned
+// from. A revision above 0 means a full state: the agent loads a cached state whole, and without
+// one it asks the broker from revision 0, which answers with a snapshot; deltas only ever come on
+// top of one of the two.
+func (a *Agent) markSynced(rev uint64) {
+	if rev == 0 || a.ready.synced.Load() {
+		return
+	}
+	a.ready.revision.Store(rev)
+	a.ready.synced.Store(true)
+	a.log.Info("first full sync applied: ready", "revision", rev)
+}
+
+// Synced reports whether the agent is ready (/readyz), and the broker revision it became ready at.
+func (a *Agent) Synced() (bool, uint64) {
+	return a.ready.synced.Load(), a.ready.revision.Load()
 }
 
 var (

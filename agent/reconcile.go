@@ -56,6 +56,8 @@ func (a *Agent) reconcileLoop(ctx context.Context) {
 // reconcileOnce is one observe → desire → diff → apply pass.
 func (a *Agent) reconcileOnce(ctx context.Context) {
 	st := a.snapshot()
+	// A pass over a full state (cached, or the broker's snapshot) makes the agent ready (/readyz).
+	defer a.markSynced(st.Revision)
 	if !a.cfg.Gateway {
 		if err := a.opts.ApplyRoutes(routes.Desired(st, a.cfg.Cluster, a.resolver(st), a.guard)); err != nil {
 			a.log.Warn("routes via the gateway not applied", "err", err)

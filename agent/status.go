@@ -15,6 +15,7 @@ import (
 	"github.com/cablemesh/cablemesh/agent/reconcile"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 	"github.com/cablemesh/cablemesh/cable"
+	"github.com/cablemesh/cablemesh/internal/version"
 )
 
 // Status builds the status document. Connection state, counters and handshakes come from the
@@ -30,6 +31,7 @@ func (a *Agent) Status(ctx context.Context) statusapi.Status {
 		Cluster: a.cfg.Cluster,
 		Node:    a.cfg.Node,
 		Gateway: a.cfg.Gateway,
+		Version: version.String(),
 		Broker: statusapi.Broker{
 			Address:   a.cfg.Broker,
 			Connected: connected,
@@ -48,11 +50,15 @@ func (a *Agent) Status(ctx context.Context) statusapi.Status {
 		t := last.UTC()
 		out.Broker.LastContact = &t
 	}
+	a.clock.fill(&out.Broker)
 	out.Problems = append(out.Problems, a.certStatus(&out.Broker)...)
+	out.Problems = append(out.Problems, a.clusterPolicyProblems()...)
 	if p := tokenFileProblem(a.cfg.JoinTokenFile); p != "" {
 		out.Problems = append(out.Problems, statusapi.Problem{Message: p})
 	}
 	out.Services = a.servicesStatus()
+	out.Ingress = a.ingressStatus()
+	out.Problems = append(out.Problems, ingressProblems(out.Ingress)...)
 	a.mu.Lock()
 	r := a.reconciler
 	a.mu.Unlock()
@@ -74,6 +80,9 @@ func (a *Agent) Status(ctx context.Context) statusapi.Status {
 		for _, d := range a.runningDrivers() {
 			if d.Name() == name {
 				ds.Port = int(d.LocalEndpoint().Port)
+				if cd, ok := d.(charonDriver); ok {
+					ds.Daemon = charonStatus(ctx, cd.CharonPID(), cd.ViciSocket())
+				}
 			}
 		}
 		out.Drivers = append(out.Drivers, ds)

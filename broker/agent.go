@@ -7,14 +7,18 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/apimachinery/pkg/labels"
 
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/broker/admission"
 	"github.com/cablemesh/cablemesh/broker/pki"
 	"github.com/cablemesh/cablemesh/broker/store"
+	"github.com/cablemesh/cablemesh/internal/version"
 	"github.com/cablemesh/cablemesh/mcs"
 )
 
@@ -130,7 +134,10 @@ func (a *agentService) RegisterEndpoint(ctx context.Context, req *apiv1.Register
 		return nil, rpcError("register endpoint", err)
 	}
 	a.s.log.Info("endpoint registered", "cluster", e.Cluster, "node", e.Node, "privateIP", e.PrivateIp, "revision", stored.Revision)
-	return &apiv1.RegisterEndpointResponse{Endpoint: stored, LeaseSeconds: leaseSeconds}, nil
+	// The broker's clock at the answer (not at the request) and build: the agent's clock skew
+	// and `cablectl version` come from them.
+	return &apiv1.RegisterEndpointResponse{Endpoint: stored, LeaseSeconds: leaseSeconds,
+		BrokerTime: timestamppb.New(a.s.cfg.Now()), BrokerVersion: version.String()}, nil
 }
 
 func (a *agentService) Heartbeat(ctx context.Context, req *apiv1.HeartbeatRequest) (*apiv1.HeartbeatResponse, error) {
@@ -163,6 +170,7 @@ func (a *agentService) Heartbeat(ctx context.Context, req *apiv1.HeartbeatReques
 	if err != nil {
 		return nil, rpcError("heartbeat", err)
 	}
+	resp.BrokerTime, resp.BrokerVersion = timestamppb.New(a.s.cfg.Now()), version.String()
 	return resp, nil
 }
 
@@ -241,6 +249,9 @@ func (a *agentService) Watch(req *apiv1.WatchRequest, stream apiv1.Agent_WatchSe
 				}
 				return rpcError("watch", err)
 			}
+			if !b.Snapshot {
+				b = coalesce(b, w.C())
+			}
 			// A revocation (or a join that replaced this certificate) ends the stream before
 			// the batch that made it is delivered.
 			if admission.WatcherCertificate(id, b.Events) {
@@ -250,7 +261,9 @@ func (a *agentService) Watch(req *apiv1.WatchRequest, stream apiv1.Agent_WatchSe
 				}
 			}
 			evs, touches := agentEvents(b.Events)
-			// The batch is this watcher's own copy, so the PSKs of its pairs can go straight in.
+			// The store shares a batch's events between watchers: the clusters get copies of
+			// their own before the PSKs of this agent's pairs go in.
+			ownClusters(evs)
 			a.s.addPairPSKs(id.Cluster, id.ClusterUID, evs)
 			resp := &apiv1.WatchResponse{Snapshot: b.Snapshot, Events: evs, Revision: b.Revision}
 			if req.WantImports && (first || b.Snapshot || touches) {
@@ -271,7 +284,23 @@ func (a *agentService) Watch(req *apiv1.WatchRequest, stream apiv1.Agent_WatchSe
 				continue
 			}
 			first = false
-			if err := a.s.sendBatch(stream, resp, log); err != nil {
+			// A snapshot waits for one of a few slots: a thousand agents starting at once
+			// would otherwise each hold its snapshot, encoded, in the broker's memory at the
+			// same time, and crowd out the commits that register them.
+			if b.Snapshot {
+				select {
+				case a.s.snapshotSends <- struct{}{}:
+				case <-ctx.Done():
+					return rpcError("watch", ctx.Err())
+				case <-a.s.stopping:
+					return rpcError("watch", unavailableError{errStopping})
+				}
+			}
+			err := a.s.sendBatch(stream, resp, log)
+			if b.Snapshot {
+				<-a.s.snapshotSends
+			}
+			if err != nil {
 				return err
 			}
 			lastRev = b.Revision
@@ -298,4 +327,40 @@ func (s *Server) recheckAgent(ctx context.Context, id pki.Identity) error {
 		return err
 	})
 	return rpcError("watch", err)
+}
+
+// maxCoalescedEvents bounds how many events coalesce gathers into one batch: a message of a few
+// tens of kilobytes. gRPC holds every stream's encoded message until it is written, so a
+// thousand watchers sent much larger ones at once cost the broker that much memory each.
+const maxCoalescedEvents = 256
+
+// coalesce appends to delta batch b the batches already waiting in ch (not more than
+// maxCoalescedEvents events in all): a watcher that fell behind, as every watcher does while a
+// fleet registers at once, catches up in one message instead of one per commit, and the work per
+// agent stays bounded by what it is sent, not by how many commits there were. The result carries
+// the revision of the last batch taken. Only batches already buffered are taken (len(ch)), so
+// the close of ch is never consumed here.
+func coalesce(b store.Batch, ch <-chan store.Batch) store.Batch {
+	n := len(ch)
+	if n == 0 {
+		return b
+	}
+	evs := slices.Clone(b.Events)
+	for ; n > 0 && len(evs) < maxCoalescedEvents; n-- {
+		nb := <-ch
+		evs = append(evs, nb.Events...)
+		b.Revision = nb.Revision
+	}
+	b.Events = evs
+	return b
+}
+
+// ownClusters replaces, in evs, every cluster upsert by a copy the caller may modify.
+func ownClusters(evs []*apiv1.Event) {
+	for i, ev := range evs {
+		if c := ev.GetResource().GetCluster(); c != nil && ev.Type == apiv1.Event_UPSERT {
+			evs[i] = &apiv1.Event{Type: ev.Type, Kind: ev.Kind, Key: ev.Key, Revision: ev.Revision,
+				Resource: &apiv1.Resource{Kind: &apiv1.Resource_Cluster{Cluster: proto.Clone(c).(*apiv1.Cluster)}}}
+		}
+	}
 }

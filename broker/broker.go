@@ -29,6 +29,9 @@ import (
 	"github.com/cablemesh/cablemesh/broker/store"
 )
 
+// maxSnapshotSends is how many watch snapshots the broker sends at once (see agentService.Watch).
+const maxSnapshotSends = 32
+
 // Defaults, as DESIGN.md and the agreed wire facts give them.
 const (
 	DefaultListen        = "0.0.0.0:7443"
@@ -107,6 +110,10 @@ type Server struct {
 	ready chan struct{}
 	// watchBudget is Config.WatchMessageBytes (watchsend.go).
 	watchBudget int
+	// snapshotSends are the slots of the watch snapshots being sent (agent.go).
+	snapshotSends chan struct{}
+	// metrics are served by MetricsHandler (metrics.go).
+	metrics *metrics
 }
 
 // New loads or creates the broker's PKI, mesh secret and store in cfg.DataDir, creates the mesh
@@ -203,6 +210,7 @@ func New(cfg Config) (_ *Server, err error) {
 	s := &Server{cfg: cfg, log: cfg.Logger, pki: p, store: st, ha: ha, meshSecret: secret, stopping: make(chan struct{}), ready: make(chan struct{})}
 	s.imports = newImportTracker(cfg.Logger, s.stopping)
 	s.watchBudget = cfg.WatchMessageBytes
+	s.snapshotSends = make(chan struct{}, maxSnapshotSends)
 	if err := s.ensureDefaultPolicy(context.Background(), cfg.DefaultCableDriver); err != nil {
 		return nil, err
 	}
@@ -215,16 +223,20 @@ func New(cfg Config) (_ *Server, err error) {
 	// The TLS configuration follows the PKI, which a CA rotation replaces (certs.go).
 	s.certs = newCertState(p, ips)
 	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12, GetConfigForClient: s.certs.tlsConfig}
+	// Metrics first, so refused calls are counted with their code; watches after auth, which
+	// names the agent (metrics.go).
+	s.metrics = newMetrics(s)
 	s.grpc = grpc.NewServer(
 		grpc.Creds(credentials.NewTLS(tlsCfg)),
-		grpc.ChainUnaryInterceptor(s.unaryAuth),
-		grpc.ChainStreamInterceptor(s.streamAuth),
+		grpc.ChainUnaryInterceptor(s.metrics.grpc.UnaryServerInterceptor(), s.unaryAuth),
+		grpc.ChainStreamInterceptor(s.metrics.grpc.StreamServerInterceptor(), s.streamAuth, s.metrics.watchStream),
 		// Pings find dead peers (a watcher whose host vanished) so their streams end.
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 20 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 	)
 	apiv1.RegisterAdminServer(s.grpc, &adminService{s: s})
 	apiv1.RegisterAgentServer(s.grpc, &agentService{s: s})
+	s.metrics.grpc.InitializeMetrics(s.grpc) // every method's series from the start, at 0
 	return s, nil
 }
 

@@ -488,6 +488,13 @@ func TestLeaseExpiryWithdrawsTheEndpoint(t *testing.T) {
 	if want := clk.Now().Add(2 * time.Second); !hb.LeaseExpires.AsTime().Equal(want) {
 		t.Fatalf("heartbeat lease expires %v, want %v", hb.LeaseExpires.AsTime(), want)
 	}
+	// The agent measures its clock skew with the broker's clock in the reply.
+	if !hb.BrokerTime.AsTime().Equal(clk.Now()) || hb.BrokerVersion == "" {
+		t.Fatalf("heartbeat broker time %v version %q, want the broker clock %v and a version", hb.BrokerTime.AsTime(), hb.BrokerVersion, clk.Now())
+	}
+	if r.BrokerTime == nil || r.BrokerVersion == "" {
+		t.Fatalf("register reply carries no broker time (%v) or version (%q)", r.BrokerTime, r.BrokerVersion)
+	}
 	clk.Advance(1500 * time.Millisecond)
 	b.reap()
 	if got := b.list(); len(got.Endpoints) != 1 {

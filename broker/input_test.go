@@ -123,7 +123,7 @@ func TestUnknownDriversAndBadOptionsAreRefusedNamingThem(t *testing.T) {
 		name, driver, options string
 		fragments             []string
 	}{
-		{"an unknown driver", "gre", "", []string{`policy "p"`, "spec.cableDriver.name", `"gre" is not a cable driver`, "ipsec, vxlan, wireguard"}},
+		{"an unknown driver", "gre", "", []string{`policy "p"`, "spec.cableDriver.name", `"gre" is not a cable driver`, "ipsec, vxlan, vxlan+ipsec, wireguard"}},
 		{"vni 0", "vxlan", "{vni: \"0\"}", []string{`policy "p"`, "spec.cableDriver.options", `vni="0"`}},
 		{"an mtu of 100000", "vxlan", "{mtu: \"100000\"}", []string{"spec.cableDriver.options", `mtu="100000"`}},
 		{"an option the driver does not know", "wireguard", "{foo: bar}", []string{"spec.cableDriver.options", `foo="bar"`, "unknown key"}},

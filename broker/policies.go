@@ -90,6 +90,9 @@ func (a *adminService) ApplyPolicies(ctx context.Context, req *apiv1.ApplyPolici
 		if err != nil {
 			return nil, err
 		}
+		if err := admission.CheckAdminOverwrite(ps, stored); err != nil {
+			return nil, err
+		}
 		return admission.PlanApply(ps, stored)
 	}
 	report := func(applied []admission.Applied) {
@@ -233,4 +236,64 @@ func (a *adminService) ExplainConnection(ctx context.Context, req *apiv1.Explain
 		return nil, rpcError("encode explanation", err)
 	}
 	return &apiv1.ExplainConnectionResponse{Json: b}, nil
+}
+
+// SetClusterPolicies replaces the cluster-scoped policies (seed 003) of the caller's cluster, the
+// one its certificate names, with the request's complete set: a node writes only its own
+// cluster's policies, under that cluster's naming and labels, never a mesh policy or another
+// cluster's (admission.ParseClusterPolicies, PlanClusterPolicies). The stored copies reach every
+// agent through the watch, so both ends of a pair resolve with the same policies. An unchanged
+// set writes nothing.
+func (a *agentService) SetClusterPolicies(ctx context.Context, req *apiv1.SetClusterPoliciesRequest) (*apiv1.SetClusterPoliciesResponse, error) {
+	id := identityFrom(ctx)
+	if id.Cluster == "" || id.Admin {
+		return nil, rpcError("set cluster policies", &admission.ForbiddenError{Caller: id.String(), Target: "cluster policies",
+			Err: fmt.Errorf("cluster policies are written by a cluster's agent; the caller is %s", id)})
+	}
+	ps, err := admission.ParseClusterPolicies(req.GetPolicies(), id.Cluster)
+	if err != nil {
+		return nil, rpcError("set cluster policies", err)
+	}
+	resp := &apiv1.SetClusterPoliciesResponse{}
+	var changed int
+	_, err = a.s.store.Update(ctx, func(tx store.Tx) error {
+		resp.Policies, resp.Outcomes, resp.Deleted, changed = nil, nil, nil, 0
+		stored, err := tx.Policies()
+		if err != nil {
+			return err
+		}
+		plan, err := admission.PlanClusterPolicies(id.Cluster, ps, stored)
+		if err != nil {
+			return err
+		}
+		for _, ap := range plan.Applied {
+			if ap.Outcome != admission.OutcomeUnchanged {
+				changed++
+				if err := tx.PutPolicy(ap.Policy); err != nil {
+					return err
+				}
+				if ap.Policy, err = tx.Policy(ap.Policy.Name); err != nil {
+					return err
+				}
+			}
+			resp.Policies = append(resp.Policies, ap.Policy)
+			resp.Outcomes = append(resp.Outcomes, ap.Outcome)
+		}
+		for _, n := range plan.Delete {
+			if err := tx.DeletePolicy(n); err != nil {
+				return err
+			}
+		}
+		resp.Deleted = plan.Delete
+		resp.Revision = tx.Revision()
+		return nil
+	})
+	if err != nil {
+		return nil, rpcError("set cluster policies", err)
+	}
+	if changed > 0 || len(resp.Deleted) > 0 {
+		a.s.log.Info("cluster policies set", "cluster", id.Cluster, "node", id.Node, "policies", len(resp.Policies),
+			"changed", changed, "deleted", strings.Join(resp.Deleted, ","), "revision", resp.Revision)
+	}
+	return resp, nil
 }

@@ -107,9 +107,9 @@ func splitBatch(resp *apiv1.WatchResponse, budget int, log *slog.Logger) []*apiv
 			m.More, m.Revision = false, resp.Revision
 		case resp.Snapshot:
 			m.Revision = 0
+			// New events around the same resources: the store shares them between watchers.
 			for j, ev := range m.Events {
-				m.Events[j] = proto.Clone(ev).(*apiv1.Event)
-				m.Events[j].Revision = 0
+				m.Events[j] = &apiv1.Event{Type: ev.Type, Kind: ev.Kind, Key: ev.Key, Resource: ev.Resource}
 			}
 		default:
 			m.Revision = resp.Revision

@@ -165,6 +165,10 @@ type Registration struct {
 	// private mount namespace for its UAPI sockets). It reports parentDone with the exit code
 	// when the process only waited for its re-executed child, which then did the work.
 	PrepareProcess func() (parentDone bool, exitCode int, err error)
+	// OptIn drivers run only where the agent config names them in cableDrivers: they need
+	// kernel support many nodes lack (vxlan+ipsec needs ESP in the kernel), and a default that
+	// fails on those nodes would only be noise in every gateway's status.
+	OptIn bool
 }
 
 var (
@@ -262,6 +266,21 @@ func Names() []string {
 	names := make([]string, 0, len(registrations))
 	for n := range registrations {
 		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// DefaultNames are the registered drivers an agent runs when its config does not list
+// cableDrivers: every driver but the opt-in ones, sorted.
+func DefaultNames() []string {
+	mu.RLock()
+	defer mu.RUnlock()
+	var names []string
+	for n, r := range registrations {
+		if !r.OptIn {
+			names = append(names, n)
+		}
 	}
 	sort.Strings(names)
 	return names

@@ -58,7 +58,10 @@
 //     default does not cover a pair either (it has a selector), the pair does
 //     not connect. An invalid default connects nothing.
 //   - Origin: a policy applied by a cluster (Origin = its name; see seed 003)
-//     covers only pairs that include that cluster.
+//     covers only pairs that include that cluster, and at equal priority a
+//     mesh policy outranks it: it votes on a pair only when no mesh policy of
+//     its priority covers that pair. Its local name, labels and the synced
+//     name <name>-<hash> are in origin.go.
 //   - The seed's two client-server examples indent `priority: 3` at column 4,
 //     between spec's children (column 3) and cableDriver's (column 7): not
 //     valid YAML. DecodeYAML parses the file as written first; only if that

@@ -57,6 +57,8 @@ func (d Decision) Equal(o Decision) bool {
 //   - A connect policy connects the pairs it covers that its topology
 //     connects; a no-connect policy decides no-connect for every pair it covers.
 //   - A policy with a cluster origin covers only pairs that include that cluster.
+//   - At equal priority a mesh policy outranks a cluster's (seed 003): a cluster policy
+//     votes on a pair only when no mesh policy of its priority covers it.
 //   - The covering policies of the highest priority decide. If they disagree
 //     (connect vs no-connect, or different driver or options), no-connect wins,
 //     then the lexically smallest name; the others are reported as Conflicts.
@@ -123,6 +125,11 @@ func NewResolver(policies []ClusterConnectionPolicy, defaultPolicy ClusterConnec
 		a, b := r.sorted[i], r.sorted[j]
 		if a.prio != b.prio {
 			return a.prio > b.prio
+		}
+		// At equal priority the mesh's policies come first and outrank a cluster's (seed 003):
+		// the scan stops below the first rank that covers a pair (see outranks).
+		if (a.origin == "") != (b.origin == "") {
+			return a.origin == ""
 		}
 		if a.name != b.name {
 			return a.name < b.name
@@ -228,6 +235,13 @@ func decide(a, b string, votes []vote, isDefault bool) (Decision, int, []int) {
 	return d, w, losers
 }
 
+// outranks reports whether v ranks above c: a higher priority, or the same priority with v a
+// mesh policy and c a cluster's. Only the policies of the top rank that covers a pair vote on it,
+// so at equal priority a mesh policy beats a cluster-scoped one outright, whatever they say.
+func (v *compiled) outranks(c *compiled) bool {
+	return c.prio < v.prio || (c.prio == v.prio && v.origin == "" && c.origin != "")
+}
+
 func (c *compiled) coversOrigin(a, b string) bool {
 	return c.origin == "" || c.origin == a || c.origin == b
 }
@@ -245,7 +259,8 @@ type Candidate struct {
 	Connect  bool   `json:"connect"`
 	Driver   string `json:"driver,omitempty"`
 	// Outcome is "decided", "agrees" (same verdict as the winner at the same
-	// priority), "lost conflict" or "lower priority".
+	// priority), "lost conflict", "lower priority" or, for a cluster's policy
+	// outranked by a mesh policy of its priority, "mesh policy of equal priority wins".
 	Outcome string `json:"outcome"`
 }
 
@@ -288,7 +303,7 @@ func (r *Resolver) explain(a, b Cluster, all bool) (Decision, []Candidate) {
 		cands []Candidate
 	)
 	for _, c := range r.sorted {
-		if len(votes) > 0 && c.prio < votes[0].c.prio && !all {
+		if len(votes) > 0 && votes[0].c.outranks(c) && !all {
 			break
 		}
 		if !c.coversOrigin(a.Name, b.Name) {
@@ -300,11 +315,15 @@ func (r *Resolver) explain(a, b Cluster, all bool) (Decision, []Candidate) {
 		if !covers {
 			continue
 		}
-		if len(votes) == 0 || c.prio == votes[0].c.prio {
+		if len(votes) == 0 || !votes[0].c.outranks(c) {
 			votes = append(votes, vote{c: c, connect: connect, la: la, lb: lb})
 		}
 		if all {
-			cands = append(cands, Candidate{Policy: c.name, Priority: c.prio, Connect: connect, Driver: driverIf(connect, c.driver), Outcome: "lower priority"})
+			outcome := "lower priority"
+			if len(votes) > 0 && c.prio == votes[0].c.prio && votes[0].c.outranks(c) {
+				outcome = "mesh policy of equal priority wins"
+			}
+			cands = append(cands, Candidate{Policy: c.name, Priority: c.prio, Connect: connect, Driver: driverIf(connect, c.driver), Outcome: outcome})
 		}
 	}
 	isDefault := false
@@ -468,7 +487,7 @@ func (r *Resolver) ResolveAll(clusters []Cluster) *Result {
 					p := w*64 + bits.TrailingZeros64(x)
 					x &= x - 1
 					c := r.sorted[p]
-					if len(votes) > 0 && c.prio < votes[0].c.prio {
+					if len(votes) > 0 && votes[0].c.outranks(c) {
 						break scan
 					}
 					if o := origin[p]; o >= 0 && o != i && o != j {

@@ -117,11 +117,17 @@ func (s *Spec) validate() error {
 	return joinErrs(errs)
 }
 
-// validateDriverName accepts the names a cable.Register would use: a DNS
-// label. Whether a node has that driver is the agent's business, not ours.
+// validateDriverName accepts the names a cable.Register would use: DNS labels joined by '+'
+// (a combined cable, "vxlan+ipsec"), at most 63 characters. Whether a node has that driver is
+// the agent's business, not ours.
 func validateDriverName(field, name string) error {
-	if msgs := validation.IsDNS1123Label(name); len(msgs) > 0 {
-		return fieldErr(field, "%q is not a valid driver name: %s", name, msgs[0])
+	if len(name) > 63 {
+		return fieldErr(field, "%q is not a valid driver name: %d characters, at most 63", name, len(name))
+	}
+	for _, part := range strings.Split(name, "+") {
+		if msgs := validation.IsDNS1123Label(part); len(msgs) > 0 {
+			return fieldErr(field, "%q is not a valid driver name: %s", name, msgs[0])
+		}
 	}
 	return nil
 }

@@ -41,6 +41,12 @@ command -v qemu-system-x86_64 >/dev/null 2>&1 || need+=(qemu-system-x86)
 command -v depmod >/dev/null 2>&1 || need+=(kmod)
 command -v wg >/dev/null 2>&1 || need+=(wireguard-tools)
 
+# The deploy tests: kubectl (apply --dry-run=client of the install output), systemd-analyze
+# (verify the units), iptables (the diagnose netns test firewalls a cable port with it).
+command -v kubectl >/dev/null 2>&1 || need+=(kubernetes-client)
+command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+command -v iptables >/dev/null 2>&1 || need+=(iptables)
+
 if [ ${#need[@]} -gt 0 ]; then
 	if [ "$(id -u)" -ne 0 ]; then
 		echo "install-deps: missing ${need[*]}; run as root (or install them) to continue" >&2

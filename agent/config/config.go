@@ -14,7 +14,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -46,7 +45,7 @@ const (
 
 // DefaultCableDrivers are the drivers a gateway runs when cableDrivers is not set: every driver
 // registered in the binary, sorted.
-func DefaultCableDrivers() []string { return cable.Names() }
+func DefaultCableDrivers() []string { return cable.DefaultNames() }
 
 // Config is the whole agent configuration file.
 type Config struct {
@@ -138,6 +137,14 @@ type Config struct {
 	Exports []Export `yaml:"exports" json:"exports,omitempty"`
 	// Kubernetes turns on exports from MCS ServiceExport objects.
 	Kubernetes Kubernetes `yaml:"kubernetes" json:"kubernetes"`
+	// PolicyDir holds this cluster's cluster-scoped ClusterConnectionPolicies (seed 003), one or
+	// more YAML documents per *.yaml, *.yml or *.json file, watched for changes: each must carry
+	// the label cablemesh.io/origin: cluster, decides only pairs that include this cluster, and
+	// is synced to the broker as <name>-<hash>. Run it on one node of the cluster (a gateway).
+	// Default: none.
+	PolicyDir string `yaml:"policyDir" json:"policyDir,omitempty"`
+	// Ingress is the gateway's ingress: ingress ports, data plane, xDS server (ingress.go).
+	Ingress Ingress `yaml:"ingress" json:"ingress"`
 
 	// nodeFromHost is the host name Node was defaulted from ("" when the file set it), so that
 	// an invalid node name says where it came from.
@@ -261,6 +268,7 @@ func (c *Config) ApplyDefaults(host func() string) {
 		c.HealthCheck.Window = DefaultHealthCheckWindow
 	}
 	c.applyServicesDefaults()
+	c.applyIngressDefaults()
 }
 
 // Validate checks every field; the error names the first bad field and its value.
@@ -311,6 +319,9 @@ func (c *Config) Validate() error {
 	if !strings.HasPrefix(c.StatusSocket, "/") {
 		return fmt.Errorf("statusSocket: %q is not an absolute path", c.StatusSocket)
 	}
+	if c.PolicyDir != "" && !strings.HasPrefix(c.PolicyDir, "/") {
+		return fmt.Errorf("policyDir: %q is not an absolute path", c.PolicyDir)
+	}
 	// sun_path holds 108 bytes including the terminating NUL.
 	if len(c.StatusSocket) > 107 {
 		return fmt.Errorf("statusSocket: %q is longer than the 107 bytes a unix socket path may have", c.StatusSocket)
@@ -343,7 +354,10 @@ func (c *Config) Validate() error {
 	if err := c.HealthCheck.validate(); err != nil {
 		return err
 	}
-	return c.validateServices()
+	if err := c.validateServices(); err != nil {
+		return err
+	}
+	return c.validateIngress()
 }
 
 // validateNode checks the node name with the broker's rule, saying where an invalid one came
@@ -362,8 +376,6 @@ func (c *Config) validateNode() error {
 	return fmt.Errorf("node: %q, set in the agent config, is not a valid node name: %w", c.Node, err)
 }
 
-var driverNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,31}$`)
-
 // validateDrivers checks cableDrivers against the registry and has every driver named there or
 // given a block validate its settings.
 func (c *Config) validateDrivers() error {
@@ -372,7 +384,7 @@ func (c *Config) validateDrivers() error {
 	}
 	registered := cable.Names()
 	for i, d := range c.CableDrivers {
-		if !driverNameRE.MatchString(d) {
+		if validation.ValidateDriverName("cableDrivers", d) != nil {
 			return fmt.Errorf("cableDrivers[%d]: %q is not a driver name", i, d)
 		}
 		if slices.Index(c.CableDrivers, d) != i {

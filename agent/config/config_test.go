@@ -70,6 +70,7 @@ heartbeatInterval: 5s
 resyncInterval: 1m
 metricsAddress: 127.0.0.1:9400
 logLevel: debug
+policyDir: /etc/cablemesh/policies
 `
 	c, err := Parse([]byte(full))
 	if err != nil {
@@ -77,7 +78,7 @@ logLevel: debug
 	}
 	if !maps.Equal(c.Drivers["wireguard"], cable.Settings{"interface": "cbl-west", "port": "51821", "mtu": "1380"}) || c.LeaseSeconds != 20 ||
 		c.HeartbeatInterval != 5*time.Second || c.ResyncInterval != time.Minute ||
-		c.MetricsAddress != "127.0.0.1:9400" || c.LogLevel != "debug" || len(c.ServiceCIDRs) != 1 {
+		c.MetricsAddress != "127.0.0.1:9400" || c.LogLevel != "debug" || len(c.ServiceCIDRs) != 1 || c.PolicyDir != "/etc/cablemesh/policies" {
 		t.Errorf("decoded %+v", c)
 	}
 }
@@ -165,6 +166,7 @@ func TestBadConfigsFailNamingTheField(t *testing.T) {
 		{"a heartbeat not shorter than the lease is refused", base + "leaseSeconds: 10\nheartbeatInterval: 10s\n", []string{"heartbeatInterval", "leaseSeconds"}},
 		{"a bare number for a duration is refused", base + "heartbeatInterval: 10\n", []string{"line 4", "10"}},
 		{"a relative stateDir is refused", base + "stateDir: var/lib\n", []string{`stateDir: "var/lib"`}},
+		{"a relative policyDir is refused", base + "policyDir: policies\n", []string{`policyDir: "policies"`, "absolute"}},
 		{"a bad log level names the value", base + "logLevel: loud\n", []string{`logLevel: "loud"`}},
 		{"a bad metrics address names the value", base + "metricsAddress: nope\n", []string{`metricsAddress: "nope"`}},
 		{"a wrong type names the line", base + "gateway: maybe\n", []string{"line 4"}},

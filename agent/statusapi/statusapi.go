@@ -18,10 +18,12 @@ const ServicesPath = "/v1/services"
 const ExportsPath = "/v1/exports/"
 
 type Status struct {
-	Cluster     string       `json:"cluster"`
-	ClusterID   uint32       `json:"clusterID"`
-	Node        string       `json:"node"`
-	Gateway     bool         `json:"gateway"`
+	Cluster   string `json:"cluster"`
+	ClusterID uint32 `json:"clusterID"`
+	Node      string `json:"node"`
+	Gateway   bool   `json:"gateway"`
+	// Version is the agent's build (cablectl version).
+	Version     string       `json:"version,omitempty"`
 	Broker      Broker       `json:"broker"`
 	Connections []Connection `json:"connections"`
 	// Decisions are the connection policies' verdicts for every remote cluster with a live
@@ -31,6 +33,8 @@ type Status struct {
 	Drivers []DriverStatus `json:"drivers,omitempty"`
 	// Services is the services datapath: exports, imports, DNS and the eBPF load balancer.
 	Services *Services `json:"services,omitempty"`
+	// Ingress is the gateway's ingress: ingress ports and the xDS server (gateways only).
+	Ingress *Ingress `json:"ingress,omitempty"`
 	// Problems are what the operator should act on: a join token file others can read, a remote
 	// cluster's subnet the agent refuses to route, a pair it cannot connect, a certificate the
 	// broker no longer accepts. Those of a remote cluster name it (and are also the message of
@@ -205,6 +209,22 @@ type DriverStatus struct {
 	Running bool   `json:"running"`
 	Port    int    `json:"port,omitempty"`
 	Error   string `json:"error,omitempty"`
+	// Daemon is the process the driver depends on (ipsec: charon), as the agent found it when
+	// it built this status; absent for drivers without one.
+	Daemon *Daemon `json:"daemon,omitempty"`
+}
+
+// Daemon is a process a cable driver depends on.
+type Daemon struct {
+	Name string `json:"name"`
+	PID  int    `json:"pid,omitempty"`
+	// State is running, stopped (SIGSTOP: alive but doing nothing) or "not running".
+	State string `json:"state"`
+	// Control is the daemon's control socket (charon: vici); Answering says it answered a
+	// request just now, Error why not.
+	Control   string `json:"control,omitempty"`
+	Answering bool   `json:"answering"`
+	Error     string `json:"error,omitempty"`
 }
 
 type Broker struct {
@@ -225,6 +245,14 @@ type Broker struct {
 	// revoked, or joined again elsewhere): the agent stops calling the broker and runs on its
 	// state; Error says to join again.
 	CertificateRefused bool `json:"certificateRefused,omitempty"`
+	// Version is the broker's build, from its last register or heartbeat reply (gateways).
+	Version string `json:"version,omitempty"`
+	// ClockSkewMs is the broker's clock minus this node's, measured on the last register or
+	// heartbeat reply (gateways only), good to ClockSkewUncertaintyMs (half the round trip);
+	// ClockMeasuredAt is when. Absent until measured.
+	ClockSkewMs            *float64   `json:"clockSkewMs,omitempty"`
+	ClockSkewUncertaintyMs *float64   `json:"clockSkewUncertaintyMs,omitempty"`
+	ClockMeasuredAt        *time.Time `json:"clockMeasuredAt,omitempty"`
 }
 
 // Connection is one remote cluster as seen from this node.

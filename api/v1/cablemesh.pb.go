@@ -3312,9 +3312,13 @@ func (x *RegisterEndpointRequest) GetLeaseSeconds() int64 {
 }
 
 type RegisterEndpointResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Endpoint      *Endpoint              `protobuf:"bytes,1,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
-	LeaseSeconds  int64                  `protobuf:"varint,2,opt,name=lease_seconds,json=leaseSeconds,proto3" json:"lease_seconds,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Endpoint     *Endpoint              `protobuf:"bytes,1,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	LeaseSeconds int64                  `protobuf:"varint,2,opt,name=lease_seconds,json=leaseSeconds,proto3" json:"lease_seconds,omitempty"`
+	// broker_time is the broker's clock when it answered and broker_version its build: the agent
+	// measures its clock skew against the broker with them (cablectl diagnose, cablectl version).
+	BrokerTime    *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=broker_time,json=brokerTime,proto3" json:"broker_time,omitempty"`
+	BrokerVersion string                 `protobuf:"bytes,4,opt,name=broker_version,json=brokerVersion,proto3" json:"broker_version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3363,6 +3367,20 @@ func (x *RegisterEndpointResponse) GetLeaseSeconds() int64 {
 	return 0
 }
 
+func (x *RegisterEndpointResponse) GetBrokerTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.BrokerTime
+	}
+	return nil
+}
+
+func (x *RegisterEndpointResponse) GetBrokerVersion() string {
+	if x != nil {
+		return x.BrokerVersion
+	}
+	return ""
+}
+
 type HeartbeatRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
@@ -3408,9 +3426,12 @@ func (x *HeartbeatRequest) GetNode() string {
 }
 
 type HeartbeatResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	LeaseExpires  *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=lease_expires,json=leaseExpires,proto3" json:"lease_expires,omitempty"`
-	Revision      uint64                 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	LeaseExpires *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=lease_expires,json=leaseExpires,proto3" json:"lease_expires,omitempty"`
+	Revision     uint64                 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	// broker_time and broker_version: as in RegisterEndpointResponse.
+	BrokerTime    *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=broker_time,json=brokerTime,proto3" json:"broker_time,omitempty"`
+	BrokerVersion string                 `protobuf:"bytes,4,opt,name=broker_version,json=brokerVersion,proto3" json:"broker_version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3457,6 +3478,20 @@ func (x *HeartbeatResponse) GetRevision() uint64 {
 		return x.Revision
 	}
 	return 0
+}
+
+func (x *HeartbeatResponse) GetBrokerTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.BrokerTime
+	}
+	return nil
+}
+
+func (x *HeartbeatResponse) GetBrokerVersion() string {
+	if x != nil {
+		return x.BrokerVersion
+	}
+	return ""
 }
 
 type WatchRequest struct {
@@ -3721,6 +3756,125 @@ func (x *SetExportsResponse) GetConflicts() []*ServiceConflict {
 }
 
 func (x *SetExportsResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+// SetClusterPoliciesRequest: the complete set of the calling node's cluster's cluster-scoped
+// policies (seed 003), each as the agent synced it: named <name>-<hash>, labelled
+// cablemesh.io/origin: cluster and cablemesh.io/cluster: <the caller's cluster>. The broker
+// replaces that cluster's cluster-scoped policies with them (those not given are deleted).
+type SetClusterPoliciesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Policies      []*Policy              `protobuf:"bytes,1,rep,name=policies,proto3" json:"policies,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetClusterPoliciesRequest) Reset() {
+	*x = SetClusterPoliciesRequest{}
+	mi := &file_cablemesh_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetClusterPoliciesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetClusterPoliciesRequest) ProtoMessage() {}
+
+func (x *SetClusterPoliciesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetClusterPoliciesRequest.ProtoReflect.Descriptor instead.
+func (*SetClusterPoliciesRequest) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *SetClusterPoliciesRequest) GetPolicies() []*Policy {
+	if x != nil {
+		return x.Policies
+	}
+	return nil
+}
+
+type SetClusterPoliciesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// policies as stored, in request order, with the outcome of each ("created", "configured",
+	// "unchanged").
+	Policies []*Policy `protobuf:"bytes,1,rep,name=policies,proto3" json:"policies,omitempty"`
+	Outcomes []string  `protobuf:"bytes,2,rep,name=outcomes,proto3" json:"outcomes,omitempty"`
+	// deleted: names of the cluster's policies removed because the request no longer has them.
+	Deleted       []string `protobuf:"bytes,3,rep,name=deleted,proto3" json:"deleted,omitempty"`
+	Revision      uint64   `protobuf:"varint,4,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetClusterPoliciesResponse) Reset() {
+	*x = SetClusterPoliciesResponse{}
+	mi := &file_cablemesh_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetClusterPoliciesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetClusterPoliciesResponse) ProtoMessage() {}
+
+func (x *SetClusterPoliciesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetClusterPoliciesResponse.ProtoReflect.Descriptor instead.
+func (*SetClusterPoliciesResponse) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *SetClusterPoliciesResponse) GetPolicies() []*Policy {
+	if x != nil {
+		return x.Policies
+	}
+	return nil
+}
+
+func (x *SetClusterPoliciesResponse) GetOutcomes() []string {
+	if x != nil {
+		return x.Outcomes
+	}
+	return nil
+}
+
+func (x *SetClusterPoliciesResponse) GetDeleted() []string {
+	if x != nil {
+		return x.Deleted
+	}
+	return nil
+}
+
+func (x *SetClusterPoliciesResponse) GetRevision() uint64 {
 	if x != nil {
 		return x.Revision
 	}
@@ -3997,15 +4151,21 @@ const file_cablemesh_proto_rawDesc = "" +
 	"\x02ca\x18\x05 \x01(\v2\x16.cablemesh.v1.CABundleR\x02ca\"r\n" +
 	"\x17RegisterEndpointRequest\x122\n" +
 	"\bendpoint\x18\x01 \x01(\v2\x16.cablemesh.v1.EndpointR\bendpoint\x12#\n" +
-	"\rlease_seconds\x18\x02 \x01(\x03R\fleaseSeconds\"s\n" +
+	"\rlease_seconds\x18\x02 \x01(\x03R\fleaseSeconds\"\xd7\x01\n" +
 	"\x18RegisterEndpointResponse\x122\n" +
 	"\bendpoint\x18\x01 \x01(\v2\x16.cablemesh.v1.EndpointR\bendpoint\x12#\n" +
-	"\rlease_seconds\x18\x02 \x01(\x03R\fleaseSeconds\"&\n" +
+	"\rlease_seconds\x18\x02 \x01(\x03R\fleaseSeconds\x12;\n" +
+	"\vbroker_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"brokerTime\x12%\n" +
+	"\x0ebroker_version\x18\x04 \x01(\tR\rbrokerVersion\"&\n" +
 	"\x10HeartbeatRequest\x12\x12\n" +
-	"\x04node\x18\x01 \x01(\tR\x04node\"p\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\"\xd4\x01\n" +
 	"\x11HeartbeatResponse\x12?\n" +
 	"\rlease_expires\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\fleaseExpires\x12\x1a\n" +
-	"\brevision\x18\x02 \x01(\x04R\brevision\"\x81\x01\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\x12;\n" +
+	"\vbroker_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"brokerTime\x12%\n" +
+	"\x0ebroker_version\x18\x04 \x01(\tR\rbrokerVersion\"\x81\x01\n" +
 	"\fWatchRequest\x12%\n" +
 	"\x0esince_revision\x18\x01 \x01(\x04R\rsinceRevision\x12'\n" +
 	"\x0fimport_selector\x18\x02 \x01(\tR\x0eimportSelector\x12!\n" +
@@ -4022,7 +4182,14 @@ const file_cablemesh_proto_rawDesc = "" +
 	"\x12SetExportsResponse\x125\n" +
 	"\aexports\x18\x01 \x03(\v2\x1b.cablemesh.v1.ServiceExportR\aexports\x12;\n" +
 	"\tconflicts\x18\x02 \x03(\v2\x1d.cablemesh.v1.ServiceConflictR\tconflicts\x12\x1a\n" +
-	"\brevision\x18\x03 \x01(\x04R\brevision2\x94\t\n" +
+	"\brevision\x18\x03 \x01(\x04R\brevision\"M\n" +
+	"\x19SetClusterPoliciesRequest\x120\n" +
+	"\bpolicies\x18\x01 \x03(\v2\x14.cablemesh.v1.PolicyR\bpolicies\"\xa0\x01\n" +
+	"\x1aSetClusterPoliciesResponse\x120\n" +
+	"\bpolicies\x18\x01 \x03(\v2\x14.cablemesh.v1.PolicyR\bpolicies\x12\x1a\n" +
+	"\boutcomes\x18\x02 \x03(\tR\boutcomes\x12\x18\n" +
+	"\adeleted\x18\x03 \x03(\tR\adeleted\x12\x1a\n" +
+	"\brevision\x18\x04 \x01(\x04R\brevision2\x94\t\n" +
 	"\x05Admin\x12U\n" +
 	"\fListClusters\x12!.cablemesh.v1.ListClustersRequest\x1a\".cablemesh.v1.ListClustersResponse\x12H\n" +
 	"\fLabelCluster\x12!.cablemesh.v1.LabelClusterRequest\x1a\x15.cablemesh.v1.Cluster\x12X\n" +
@@ -4037,14 +4204,15 @@ const file_cablemesh_proto_rawDesc = "" +
 	"RevokeNode\x12\x1f.cablemesh.v1.RevokeNodeRequest\x1a .cablemesh.v1.RevokeNodeResponse\x12a\n" +
 	"\x10ListCertificates\x12%.cablemesh.v1.ListCertificatesRequest\x1a&.cablemesh.v1.ListCertificatesResponse\x12f\n" +
 	"\x15RenewAdminCertificate\x12%.cablemesh.v1.RenewCertificateRequest\x1a&.cablemesh.v1.RenewCertificateResponse\x12I\n" +
-	"\bRotateCA\x12\x1d.cablemesh.v1.RotateCARequest\x1a\x1e.cablemesh.v1.RotateCAResponse2\xef\x03\n" +
+	"\bRotateCA\x12\x1d.cablemesh.v1.RotateCARequest\x1a\x1e.cablemesh.v1.RotateCAResponse2\xd8\x04\n" +
 	"\x05Agent\x12=\n" +
 	"\x04Join\x12\x19.cablemesh.v1.JoinRequest\x1a\x1a.cablemesh.v1.JoinResponse\x12a\n" +
 	"\x10RegisterEndpoint\x12%.cablemesh.v1.RegisterEndpointRequest\x1a&.cablemesh.v1.RegisterEndpointResponse\x12L\n" +
 	"\tHeartbeat\x12\x1e.cablemesh.v1.HeartbeatRequest\x1a\x1f.cablemesh.v1.HeartbeatResponse\x12B\n" +
 	"\x05Watch\x12\x1a.cablemesh.v1.WatchRequest\x1a\x1b.cablemesh.v1.WatchResponse0\x01\x12O\n" +
 	"\n" +
-	"SetExports\x12\x1f.cablemesh.v1.SetExportsRequest\x1a .cablemesh.v1.SetExportsResponse\x12a\n" +
+	"SetExports\x12\x1f.cablemesh.v1.SetExportsRequest\x1a .cablemesh.v1.SetExportsResponse\x12g\n" +
+	"\x12SetClusterPolicies\x12'.cablemesh.v1.SetClusterPoliciesRequest\x1a(.cablemesh.v1.SetClusterPoliciesResponse\x12a\n" +
 	"\x10RenewCertificate\x12%.cablemesh.v1.RenewCertificateRequest\x1a&.cablemesh.v1.RenewCertificateResponseB-Z+github.com/cablemesh/cablemesh/api/v1;apiv1b\x06proto3"
 
 var (
@@ -4060,81 +4228,83 @@ func file_cablemesh_proto_rawDescGZIP() []byte {
 }
 
 var file_cablemesh_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_cablemesh_proto_msgTypes = make([]protoimpl.MessageInfo, 62)
+var file_cablemesh_proto_msgTypes = make([]protoimpl.MessageInfo, 64)
 var file_cablemesh_proto_goTypes = []any{
-	(Event_Type)(0),                   // 0: cablemesh.v1.Event.Type
-	(*Cluster)(nil),                   // 1: cablemesh.v1.Cluster
-	(*Endpoint)(nil),                  // 2: cablemesh.v1.Endpoint
-	(*CableAttributes)(nil),           // 3: cablemesh.v1.CableAttributes
-	(*Resource)(nil),                  // 4: cablemesh.v1.Resource
-	(*Policy)(nil),                    // 5: cablemesh.v1.Policy
-	(*Event)(nil),                     // 6: cablemesh.v1.Event
-	(*ServicePort)(nil),               // 7: cablemesh.v1.ServicePort
-	(*ServiceEndpoint)(nil),           // 8: cablemesh.v1.ServiceEndpoint
-	(*ServiceExport)(nil),             // 9: cablemesh.v1.ServiceExport
-	(*ServiceVIP)(nil),                // 10: cablemesh.v1.ServiceVIP
-	(*ServiceConflict)(nil),           // 11: cablemesh.v1.ServiceConflict
-	(*ImportedCluster)(nil),           // 12: cablemesh.v1.ImportedCluster
-	(*ServiceImport)(nil),             // 13: cablemesh.v1.ServiceImport
-	(*ServiceImports)(nil),            // 14: cablemesh.v1.ServiceImports
-	(*ListClustersRequest)(nil),       // 15: cablemesh.v1.ListClustersRequest
-	(*ListClustersResponse)(nil),      // 16: cablemesh.v1.ListClustersResponse
-	(*LabelClusterRequest)(nil),       // 17: cablemesh.v1.LabelClusterRequest
-	(*RemoveClusterRequest)(nil),      // 18: cablemesh.v1.RemoveClusterRequest
-	(*RemoveClusterResponse)(nil),     // 19: cablemesh.v1.RemoveClusterResponse
-	(*CreateJoinTokenRequest)(nil),    // 20: cablemesh.v1.CreateJoinTokenRequest
-	(*CreateJoinTokenResponse)(nil),   // 21: cablemesh.v1.CreateJoinTokenResponse
-	(*JoinTokenRecord)(nil),           // 22: cablemesh.v1.JoinTokenRecord
-	(*IssuedCertificate)(nil),         // 23: cablemesh.v1.IssuedCertificate
-	(*NodeCertificate)(nil),           // 24: cablemesh.v1.NodeCertificate
-	(*CAInfo)(nil),                    // 25: cablemesh.v1.CAInfo
-	(*CABundle)(nil),                  // 26: cablemesh.v1.CABundle
-	(*RevokeNodeRequest)(nil),         // 27: cablemesh.v1.RevokeNodeRequest
-	(*RevokeNodeResponse)(nil),        // 28: cablemesh.v1.RevokeNodeResponse
-	(*ListCertificatesRequest)(nil),   // 29: cablemesh.v1.ListCertificatesRequest
-	(*ListCertificatesResponse)(nil),  // 30: cablemesh.v1.ListCertificatesResponse
-	(*RotateCARequest)(nil),           // 31: cablemesh.v1.RotateCARequest
-	(*RotateCAResponse)(nil),          // 32: cablemesh.v1.RotateCAResponse
-	(*RenewCertificateRequest)(nil),   // 33: cablemesh.v1.RenewCertificateRequest
-	(*RenewCertificateResponse)(nil),  // 34: cablemesh.v1.RenewCertificateResponse
-	(*ApplyPoliciesRequest)(nil),      // 35: cablemesh.v1.ApplyPoliciesRequest
-	(*ApplyPoliciesResponse)(nil),     // 36: cablemesh.v1.ApplyPoliciesResponse
-	(*DeletePoliciesRequest)(nil),     // 37: cablemesh.v1.DeletePoliciesRequest
-	(*DeletePoliciesResponse)(nil),    // 38: cablemesh.v1.DeletePoliciesResponse
-	(*ListPoliciesRequest)(nil),       // 39: cablemesh.v1.ListPoliciesRequest
-	(*ListPoliciesResponse)(nil),      // 40: cablemesh.v1.ListPoliciesResponse
-	(*ExplainConnectionRequest)(nil),  // 41: cablemesh.v1.ExplainConnectionRequest
-	(*ExplainConnectionResponse)(nil), // 42: cablemesh.v1.ExplainConnectionResponse
-	(*ListServicesRequest)(nil),       // 43: cablemesh.v1.ListServicesRequest
-	(*ListServicesResponse)(nil),      // 44: cablemesh.v1.ListServicesResponse
-	(*JoinRequest)(nil),               // 45: cablemesh.v1.JoinRequest
-	(*JoinResponse)(nil),              // 46: cablemesh.v1.JoinResponse
-	(*RegisterEndpointRequest)(nil),   // 47: cablemesh.v1.RegisterEndpointRequest
-	(*RegisterEndpointResponse)(nil),  // 48: cablemesh.v1.RegisterEndpointResponse
-	(*HeartbeatRequest)(nil),          // 49: cablemesh.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),         // 50: cablemesh.v1.HeartbeatResponse
-	(*WatchRequest)(nil),              // 51: cablemesh.v1.WatchRequest
-	(*WatchResponse)(nil),             // 52: cablemesh.v1.WatchResponse
-	(*SetExportsRequest)(nil),         // 53: cablemesh.v1.SetExportsRequest
-	(*SetExportsResponse)(nil),        // 54: cablemesh.v1.SetExportsResponse
-	nil,                               // 55: cablemesh.v1.Cluster.LabelsEntry
-	nil,                               // 56: cablemesh.v1.Endpoint.CablePortsEntry
-	nil,                               // 57: cablemesh.v1.Endpoint.CableAttributesEntry
-	nil,                               // 58: cablemesh.v1.CableAttributes.ValuesEntry
-	nil,                               // 59: cablemesh.v1.ServiceExport.LabelsEntry
-	nil,                               // 60: cablemesh.v1.ImportedCluster.LabelsEntry
-	nil,                               // 61: cablemesh.v1.LabelClusterRequest.SetEntry
-	nil,                               // 62: cablemesh.v1.CreateJoinTokenRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),     // 63: google.protobuf.Timestamp
+	(Event_Type)(0),                    // 0: cablemesh.v1.Event.Type
+	(*Cluster)(nil),                    // 1: cablemesh.v1.Cluster
+	(*Endpoint)(nil),                   // 2: cablemesh.v1.Endpoint
+	(*CableAttributes)(nil),            // 3: cablemesh.v1.CableAttributes
+	(*Resource)(nil),                   // 4: cablemesh.v1.Resource
+	(*Policy)(nil),                     // 5: cablemesh.v1.Policy
+	(*Event)(nil),                      // 6: cablemesh.v1.Event
+	(*ServicePort)(nil),                // 7: cablemesh.v1.ServicePort
+	(*ServiceEndpoint)(nil),            // 8: cablemesh.v1.ServiceEndpoint
+	(*ServiceExport)(nil),              // 9: cablemesh.v1.ServiceExport
+	(*ServiceVIP)(nil),                 // 10: cablemesh.v1.ServiceVIP
+	(*ServiceConflict)(nil),            // 11: cablemesh.v1.ServiceConflict
+	(*ImportedCluster)(nil),            // 12: cablemesh.v1.ImportedCluster
+	(*ServiceImport)(nil),              // 13: cablemesh.v1.ServiceImport
+	(*ServiceImports)(nil),             // 14: cablemesh.v1.ServiceImports
+	(*ListClustersRequest)(nil),        // 15: cablemesh.v1.ListClustersRequest
+	(*ListClustersResponse)(nil),       // 16: cablemesh.v1.ListClustersResponse
+	(*LabelClusterRequest)(nil),        // 17: cablemesh.v1.LabelClusterRequest
+	(*RemoveClusterRequest)(nil),       // 18: cablemesh.v1.RemoveClusterRequest
+	(*RemoveClusterResponse)(nil),      // 19: cablemesh.v1.RemoveClusterResponse
+	(*CreateJoinTokenRequest)(nil),     // 20: cablemesh.v1.CreateJoinTokenRequest
+	(*CreateJoinTokenResponse)(nil),    // 21: cablemesh.v1.CreateJoinTokenResponse
+	(*JoinTokenRecord)(nil),            // 22: cablemesh.v1.JoinTokenRecord
+	(*IssuedCertificate)(nil),          // 23: cablemesh.v1.IssuedCertificate
+	(*NodeCertificate)(nil),            // 24: cablemesh.v1.NodeCertificate
+	(*CAInfo)(nil),                     // 25: cablemesh.v1.CAInfo
+	(*CABundle)(nil),                   // 26: cablemesh.v1.CABundle
+	(*RevokeNodeRequest)(nil),          // 27: cablemesh.v1.RevokeNodeRequest
+	(*RevokeNodeResponse)(nil),         // 28: cablemesh.v1.RevokeNodeResponse
+	(*ListCertificatesRequest)(nil),    // 29: cablemesh.v1.ListCertificatesRequest
+	(*ListCertificatesResponse)(nil),   // 30: cablemesh.v1.ListCertificatesResponse
+	(*RotateCARequest)(nil),            // 31: cablemesh.v1.RotateCARequest
+	(*RotateCAResponse)(nil),           // 32: cablemesh.v1.RotateCAResponse
+	(*RenewCertificateRequest)(nil),    // 33: cablemesh.v1.RenewCertificateRequest
+	(*RenewCertificateResponse)(nil),   // 34: cablemesh.v1.RenewCertificateResponse
+	(*ApplyPoliciesRequest)(nil),       // 35: cablemesh.v1.ApplyPoliciesRequest
+	(*ApplyPoliciesResponse)(nil),      // 36: cablemesh.v1.ApplyPoliciesResponse
+	(*DeletePoliciesRequest)(nil),      // 37: cablemesh.v1.DeletePoliciesRequest
+	(*DeletePoliciesResponse)(nil),     // 38: cablemesh.v1.DeletePoliciesResponse
+	(*ListPoliciesRequest)(nil),        // 39: cablemesh.v1.ListPoliciesRequest
+	(*ListPoliciesResponse)(nil),       // 40: cablemesh.v1.ListPoliciesResponse
+	(*ExplainConnectionRequest)(nil),   // 41: cablemesh.v1.ExplainConnectionRequest
+	(*ExplainConnectionResponse)(nil),  // 42: cablemesh.v1.ExplainConnectionResponse
+	(*ListServicesRequest)(nil),        // 43: cablemesh.v1.ListServicesRequest
+	(*ListServicesResponse)(nil),       // 44: cablemesh.v1.ListServicesResponse
+	(*JoinRequest)(nil),                // 45: cablemesh.v1.JoinRequest
+	(*JoinResponse)(nil),               // 46: cablemesh.v1.JoinResponse
+	(*RegisterEndpointRequest)(nil),    // 47: cablemesh.v1.RegisterEndpointRequest
+	(*RegisterEndpointResponse)(nil),   // 48: cablemesh.v1.RegisterEndpointResponse
+	(*HeartbeatRequest)(nil),           // 49: cablemesh.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),          // 50: cablemesh.v1.HeartbeatResponse
+	(*WatchRequest)(nil),               // 51: cablemesh.v1.WatchRequest
+	(*WatchResponse)(nil),              // 52: cablemesh.v1.WatchResponse
+	(*SetExportsRequest)(nil),          // 53: cablemesh.v1.SetExportsRequest
+	(*SetExportsResponse)(nil),         // 54: cablemesh.v1.SetExportsResponse
+	(*SetClusterPoliciesRequest)(nil),  // 55: cablemesh.v1.SetClusterPoliciesRequest
+	(*SetClusterPoliciesResponse)(nil), // 56: cablemesh.v1.SetClusterPoliciesResponse
+	nil,                                // 57: cablemesh.v1.Cluster.LabelsEntry
+	nil,                                // 58: cablemesh.v1.Endpoint.CablePortsEntry
+	nil,                                // 59: cablemesh.v1.Endpoint.CableAttributesEntry
+	nil,                                // 60: cablemesh.v1.CableAttributes.ValuesEntry
+	nil,                                // 61: cablemesh.v1.ServiceExport.LabelsEntry
+	nil,                                // 62: cablemesh.v1.ImportedCluster.LabelsEntry
+	nil,                                // 63: cablemesh.v1.LabelClusterRequest.SetEntry
+	nil,                                // 64: cablemesh.v1.CreateJoinTokenRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),      // 65: google.protobuf.Timestamp
 }
 var file_cablemesh_proto_depIdxs = []int32{
-	55, // 0: cablemesh.v1.Cluster.labels:type_name -> cablemesh.v1.Cluster.LabelsEntry
-	63, // 1: cablemesh.v1.Cluster.joined_at:type_name -> google.protobuf.Timestamp
-	56, // 2: cablemesh.v1.Endpoint.cable_ports:type_name -> cablemesh.v1.Endpoint.CablePortsEntry
-	63, // 3: cablemesh.v1.Endpoint.last_heartbeat:type_name -> google.protobuf.Timestamp
-	63, // 4: cablemesh.v1.Endpoint.lease_expires:type_name -> google.protobuf.Timestamp
-	57, // 5: cablemesh.v1.Endpoint.cable_attributes:type_name -> cablemesh.v1.Endpoint.CableAttributesEntry
-	58, // 6: cablemesh.v1.CableAttributes.values:type_name -> cablemesh.v1.CableAttributes.ValuesEntry
+	57, // 0: cablemesh.v1.Cluster.labels:type_name -> cablemesh.v1.Cluster.LabelsEntry
+	65, // 1: cablemesh.v1.Cluster.joined_at:type_name -> google.protobuf.Timestamp
+	58, // 2: cablemesh.v1.Endpoint.cable_ports:type_name -> cablemesh.v1.Endpoint.CablePortsEntry
+	65, // 3: cablemesh.v1.Endpoint.last_heartbeat:type_name -> google.protobuf.Timestamp
+	65, // 4: cablemesh.v1.Endpoint.lease_expires:type_name -> google.protobuf.Timestamp
+	59, // 5: cablemesh.v1.Endpoint.cable_attributes:type_name -> cablemesh.v1.Endpoint.CableAttributesEntry
+	60, // 6: cablemesh.v1.CableAttributes.values:type_name -> cablemesh.v1.CableAttributes.ValuesEntry
 	1,  // 7: cablemesh.v1.Resource.cluster:type_name -> cablemesh.v1.Cluster
 	2,  // 8: cablemesh.v1.Resource.endpoint:type_name -> cablemesh.v1.Endpoint
 	5,  // 9: cablemesh.v1.Resource.policy:type_name -> cablemesh.v1.Policy
@@ -4144,40 +4314,40 @@ var file_cablemesh_proto_depIdxs = []int32{
 	0,  // 13: cablemesh.v1.Event.type:type_name -> cablemesh.v1.Event.Type
 	4,  // 14: cablemesh.v1.Event.resource:type_name -> cablemesh.v1.Resource
 	7,  // 15: cablemesh.v1.ServiceExport.ports:type_name -> cablemesh.v1.ServicePort
-	59, // 16: cablemesh.v1.ServiceExport.labels:type_name -> cablemesh.v1.ServiceExport.LabelsEntry
+	61, // 16: cablemesh.v1.ServiceExport.labels:type_name -> cablemesh.v1.ServiceExport.LabelsEntry
 	8,  // 17: cablemesh.v1.ServiceExport.endpoints:type_name -> cablemesh.v1.ServiceEndpoint
-	63, // 18: cablemesh.v1.ServiceExport.created:type_name -> google.protobuf.Timestamp
-	63, // 19: cablemesh.v1.ServiceVIP.allocated:type_name -> google.protobuf.Timestamp
+	65, // 18: cablemesh.v1.ServiceExport.created:type_name -> google.protobuf.Timestamp
+	65, // 19: cablemesh.v1.ServiceVIP.allocated:type_name -> google.protobuf.Timestamp
 	8,  // 20: cablemesh.v1.ImportedCluster.endpoints:type_name -> cablemesh.v1.ServiceEndpoint
 	7,  // 21: cablemesh.v1.ImportedCluster.ports:type_name -> cablemesh.v1.ServicePort
-	60, // 22: cablemesh.v1.ImportedCluster.labels:type_name -> cablemesh.v1.ImportedCluster.LabelsEntry
+	62, // 22: cablemesh.v1.ImportedCluster.labels:type_name -> cablemesh.v1.ImportedCluster.LabelsEntry
 	7,  // 23: cablemesh.v1.ServiceImport.ports:type_name -> cablemesh.v1.ServicePort
 	12, // 24: cablemesh.v1.ServiceImport.clusters:type_name -> cablemesh.v1.ImportedCluster
 	11, // 25: cablemesh.v1.ServiceImport.conflicts:type_name -> cablemesh.v1.ServiceConflict
 	13, // 26: cablemesh.v1.ServiceImports.imports:type_name -> cablemesh.v1.ServiceImport
 	1,  // 27: cablemesh.v1.ListClustersResponse.clusters:type_name -> cablemesh.v1.Cluster
 	2,  // 28: cablemesh.v1.ListClustersResponse.endpoints:type_name -> cablemesh.v1.Endpoint
-	61, // 29: cablemesh.v1.LabelClusterRequest.set:type_name -> cablemesh.v1.LabelClusterRequest.SetEntry
+	63, // 29: cablemesh.v1.LabelClusterRequest.set:type_name -> cablemesh.v1.LabelClusterRequest.SetEntry
 	1,  // 30: cablemesh.v1.RemoveClusterResponse.cluster:type_name -> cablemesh.v1.Cluster
-	62, // 31: cablemesh.v1.CreateJoinTokenRequest.labels:type_name -> cablemesh.v1.CreateJoinTokenRequest.LabelsEntry
+	64, // 31: cablemesh.v1.CreateJoinTokenRequest.labels:type_name -> cablemesh.v1.CreateJoinTokenRequest.LabelsEntry
 	1,  // 32: cablemesh.v1.CreateJoinTokenResponse.cluster:type_name -> cablemesh.v1.Cluster
-	63, // 33: cablemesh.v1.CreateJoinTokenResponse.expires:type_name -> google.protobuf.Timestamp
-	63, // 34: cablemesh.v1.JoinTokenRecord.expires:type_name -> google.protobuf.Timestamp
-	63, // 35: cablemesh.v1.JoinTokenRecord.created:type_name -> google.protobuf.Timestamp
-	63, // 36: cablemesh.v1.IssuedCertificate.not_before:type_name -> google.protobuf.Timestamp
-	63, // 37: cablemesh.v1.IssuedCertificate.not_after:type_name -> google.protobuf.Timestamp
+	65, // 33: cablemesh.v1.CreateJoinTokenResponse.expires:type_name -> google.protobuf.Timestamp
+	65, // 34: cablemesh.v1.JoinTokenRecord.expires:type_name -> google.protobuf.Timestamp
+	65, // 35: cablemesh.v1.JoinTokenRecord.created:type_name -> google.protobuf.Timestamp
+	65, // 36: cablemesh.v1.IssuedCertificate.not_before:type_name -> google.protobuf.Timestamp
+	65, // 37: cablemesh.v1.IssuedCertificate.not_after:type_name -> google.protobuf.Timestamp
 	23, // 38: cablemesh.v1.NodeCertificate.certificates:type_name -> cablemesh.v1.IssuedCertificate
-	63, // 39: cablemesh.v1.NodeCertificate.revoked_at:type_name -> google.protobuf.Timestamp
-	63, // 40: cablemesh.v1.CAInfo.not_before:type_name -> google.protobuf.Timestamp
-	63, // 41: cablemesh.v1.CAInfo.not_after:type_name -> google.protobuf.Timestamp
-	63, // 42: cablemesh.v1.CAInfo.trusted_until:type_name -> google.protobuf.Timestamp
-	63, // 43: cablemesh.v1.CABundle.previous_trusted_until:type_name -> google.protobuf.Timestamp
+	65, // 39: cablemesh.v1.NodeCertificate.revoked_at:type_name -> google.protobuf.Timestamp
+	65, // 40: cablemesh.v1.CAInfo.not_before:type_name -> google.protobuf.Timestamp
+	65, // 41: cablemesh.v1.CAInfo.not_after:type_name -> google.protobuf.Timestamp
+	65, // 42: cablemesh.v1.CAInfo.trusted_until:type_name -> google.protobuf.Timestamp
+	65, // 43: cablemesh.v1.CABundle.previous_trusted_until:type_name -> google.protobuf.Timestamp
 	24, // 44: cablemesh.v1.RevokeNodeResponse.node:type_name -> cablemesh.v1.NodeCertificate
 	24, // 45: cablemesh.v1.ListCertificatesResponse.nodes:type_name -> cablemesh.v1.NodeCertificate
 	25, // 46: cablemesh.v1.ListCertificatesResponse.cas:type_name -> cablemesh.v1.CAInfo
 	23, // 47: cablemesh.v1.ListCertificatesResponse.admin:type_name -> cablemesh.v1.IssuedCertificate
 	25, // 48: cablemesh.v1.RotateCAResponse.cas:type_name -> cablemesh.v1.CAInfo
-	63, // 49: cablemesh.v1.RenewCertificateResponse.not_after:type_name -> google.protobuf.Timestamp
+	65, // 49: cablemesh.v1.RenewCertificateResponse.not_after:type_name -> google.protobuf.Timestamp
 	26, // 50: cablemesh.v1.RenewCertificateResponse.ca:type_name -> cablemesh.v1.CABundle
 	5,  // 51: cablemesh.v1.ApplyPoliciesRequest.policies:type_name -> cablemesh.v1.Policy
 	5,  // 52: cablemesh.v1.ApplyPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
@@ -4185,61 +4355,67 @@ var file_cablemesh_proto_depIdxs = []int32{
 	13, // 54: cablemesh.v1.ListServicesResponse.imports:type_name -> cablemesh.v1.ServiceImport
 	9,  // 55: cablemesh.v1.ListServicesResponse.exports:type_name -> cablemesh.v1.ServiceExport
 	1,  // 56: cablemesh.v1.JoinResponse.cluster:type_name -> cablemesh.v1.Cluster
-	63, // 57: cablemesh.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
+	65, // 57: cablemesh.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
 	26, // 58: cablemesh.v1.JoinResponse.ca:type_name -> cablemesh.v1.CABundle
 	2,  // 59: cablemesh.v1.RegisterEndpointRequest.endpoint:type_name -> cablemesh.v1.Endpoint
 	2,  // 60: cablemesh.v1.RegisterEndpointResponse.endpoint:type_name -> cablemesh.v1.Endpoint
-	63, // 61: cablemesh.v1.HeartbeatResponse.lease_expires:type_name -> google.protobuf.Timestamp
-	6,  // 62: cablemesh.v1.WatchResponse.events:type_name -> cablemesh.v1.Event
-	14, // 63: cablemesh.v1.WatchResponse.imports:type_name -> cablemesh.v1.ServiceImports
-	26, // 64: cablemesh.v1.WatchResponse.ca:type_name -> cablemesh.v1.CABundle
-	9,  // 65: cablemesh.v1.SetExportsRequest.exports:type_name -> cablemesh.v1.ServiceExport
-	9,  // 66: cablemesh.v1.SetExportsResponse.exports:type_name -> cablemesh.v1.ServiceExport
-	11, // 67: cablemesh.v1.SetExportsResponse.conflicts:type_name -> cablemesh.v1.ServiceConflict
-	3,  // 68: cablemesh.v1.Endpoint.CableAttributesEntry.value:type_name -> cablemesh.v1.CableAttributes
-	15, // 69: cablemesh.v1.Admin.ListClusters:input_type -> cablemesh.v1.ListClustersRequest
-	17, // 70: cablemesh.v1.Admin.LabelCluster:input_type -> cablemesh.v1.LabelClusterRequest
-	18, // 71: cablemesh.v1.Admin.RemoveCluster:input_type -> cablemesh.v1.RemoveClusterRequest
-	20, // 72: cablemesh.v1.Admin.CreateJoinToken:input_type -> cablemesh.v1.CreateJoinTokenRequest
-	35, // 73: cablemesh.v1.Admin.ApplyPolicies:input_type -> cablemesh.v1.ApplyPoliciesRequest
-	37, // 74: cablemesh.v1.Admin.DeletePolicies:input_type -> cablemesh.v1.DeletePoliciesRequest
-	39, // 75: cablemesh.v1.Admin.ListPolicies:input_type -> cablemesh.v1.ListPoliciesRequest
-	41, // 76: cablemesh.v1.Admin.ExplainConnection:input_type -> cablemesh.v1.ExplainConnectionRequest
-	43, // 77: cablemesh.v1.Admin.ListServices:input_type -> cablemesh.v1.ListServicesRequest
-	27, // 78: cablemesh.v1.Admin.RevokeNode:input_type -> cablemesh.v1.RevokeNodeRequest
-	29, // 79: cablemesh.v1.Admin.ListCertificates:input_type -> cablemesh.v1.ListCertificatesRequest
-	33, // 80: cablemesh.v1.Admin.RenewAdminCertificate:input_type -> cablemesh.v1.RenewCertificateRequest
-	31, // 81: cablemesh.v1.Admin.RotateCA:input_type -> cablemesh.v1.RotateCARequest
-	45, // 82: cablemesh.v1.Agent.Join:input_type -> cablemesh.v1.JoinRequest
-	47, // 83: cablemesh.v1.Agent.RegisterEndpoint:input_type -> cablemesh.v1.RegisterEndpointRequest
-	49, // 84: cablemesh.v1.Agent.Heartbeat:input_type -> cablemesh.v1.HeartbeatRequest
-	51, // 85: cablemesh.v1.Agent.Watch:input_type -> cablemesh.v1.WatchRequest
-	53, // 86: cablemesh.v1.Agent.SetExports:input_type -> cablemesh.v1.SetExportsRequest
-	33, // 87: cablemesh.v1.Agent.RenewCertificate:input_type -> cablemesh.v1.RenewCertificateRequest
-	16, // 88: cablemesh.v1.Admin.ListClusters:output_type -> cablemesh.v1.ListClustersResponse
-	1,  // 89: cablemesh.v1.Admin.LabelCluster:output_type -> cablemesh.v1.Cluster
-	19, // 90: cablemesh.v1.Admin.RemoveCluster:output_type -> cablemesh.v1.RemoveClusterResponse
-	21, // 91: cablemesh.v1.Admin.CreateJoinToken:output_type -> cablemesh.v1.CreateJoinTokenResponse
-	36, // 92: cablemesh.v1.Admin.ApplyPolicies:output_type -> cablemesh.v1.ApplyPoliciesResponse
-	38, // 93: cablemesh.v1.Admin.DeletePolicies:output_type -> cablemesh.v1.DeletePoliciesResponse
-	40, // 94: cablemesh.v1.Admin.ListPolicies:output_type -> cablemesh.v1.ListPoliciesResponse
-	42, // 95: cablemesh.v1.Admin.ExplainConnection:output_type -> cablemesh.v1.ExplainConnectionResponse
-	44, // 96: cablemesh.v1.Admin.ListServices:output_type -> cablemesh.v1.ListServicesResponse
-	28, // 97: cablemesh.v1.Admin.RevokeNode:output_type -> cablemesh.v1.RevokeNodeResponse
-	30, // 98: cablemesh.v1.Admin.ListCertificates:output_type -> cablemesh.v1.ListCertificatesResponse
-	34, // 99: cablemesh.v1.Admin.RenewAdminCertificate:output_type -> cablemesh.v1.RenewCertificateResponse
-	32, // 100: cablemesh.v1.Admin.RotateCA:output_type -> cablemesh.v1.RotateCAResponse
-	46, // 101: cablemesh.v1.Agent.Join:output_type -> cablemesh.v1.JoinResponse
-	48, // 102: cablemesh.v1.Agent.RegisterEndpoint:output_type -> cablemesh.v1.RegisterEndpointResponse
-	50, // 103: cablemesh.v1.Agent.Heartbeat:output_type -> cablemesh.v1.HeartbeatResponse
-	52, // 104: cablemesh.v1.Agent.Watch:output_type -> cablemesh.v1.WatchResponse
-	54, // 105: cablemesh.v1.Agent.SetExports:output_type -> cablemesh.v1.SetExportsResponse
-	34, // 106: cablemesh.v1.Agent.RenewCertificate:output_type -> cablemesh.v1.RenewCertificateResponse
-	88, // [88:107] is the sub-list for method output_type
-	69, // [69:88] is the sub-list for method input_type
-	69, // [69:69] is the sub-list for extension type_name
-	69, // [69:69] is the sub-list for extension extendee
-	0,  // [0:69] is the sub-list for field type_name
+	65, // 61: cablemesh.v1.RegisterEndpointResponse.broker_time:type_name -> google.protobuf.Timestamp
+	65, // 62: cablemesh.v1.HeartbeatResponse.lease_expires:type_name -> google.protobuf.Timestamp
+	65, // 63: cablemesh.v1.HeartbeatResponse.broker_time:type_name -> google.protobuf.Timestamp
+	6,  // 64: cablemesh.v1.WatchResponse.events:type_name -> cablemesh.v1.Event
+	14, // 65: cablemesh.v1.WatchResponse.imports:type_name -> cablemesh.v1.ServiceImports
+	26, // 66: cablemesh.v1.WatchResponse.ca:type_name -> cablemesh.v1.CABundle
+	9,  // 67: cablemesh.v1.SetExportsRequest.exports:type_name -> cablemesh.v1.ServiceExport
+	9,  // 68: cablemesh.v1.SetExportsResponse.exports:type_name -> cablemesh.v1.ServiceExport
+	11, // 69: cablemesh.v1.SetExportsResponse.conflicts:type_name -> cablemesh.v1.ServiceConflict
+	5,  // 70: cablemesh.v1.SetClusterPoliciesRequest.policies:type_name -> cablemesh.v1.Policy
+	5,  // 71: cablemesh.v1.SetClusterPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
+	3,  // 72: cablemesh.v1.Endpoint.CableAttributesEntry.value:type_name -> cablemesh.v1.CableAttributes
+	15, // 73: cablemesh.v1.Admin.ListClusters:input_type -> cablemesh.v1.ListClustersRequest
+	17, // 74: cablemesh.v1.Admin.LabelCluster:input_type -> cablemesh.v1.LabelClusterRequest
+	18, // 75: cablemesh.v1.Admin.RemoveCluster:input_type -> cablemesh.v1.RemoveClusterRequest
+	20, // 76: cablemesh.v1.Admin.CreateJoinToken:input_type -> cablemesh.v1.CreateJoinTokenRequest
+	35, // 77: cablemesh.v1.Admin.ApplyPolicies:input_type -> cablemesh.v1.ApplyPoliciesRequest
+	37, // 78: cablemesh.v1.Admin.DeletePolicies:input_type -> cablemesh.v1.DeletePoliciesRequest
+	39, // 79: cablemesh.v1.Admin.ListPolicies:input_type -> cablemesh.v1.ListPoliciesRequest
+	41, // 80: cablemesh.v1.Admin.ExplainConnection:input_type -> cablemesh.v1.ExplainConnectionRequest
+	43, // 81: cablemesh.v1.Admin.ListServices:input_type -> cablemesh.v1.ListServicesRequest
+	27, // 82: cablemesh.v1.Admin.RevokeNode:input_type -> cablemesh.v1.RevokeNodeRequest
+	29, // 83: cablemesh.v1.Admin.ListCertificates:input_type -> cablemesh.v1.ListCertificatesRequest
+	33, // 84: cablemesh.v1.Admin.RenewAdminCertificate:input_type -> cablemesh.v1.RenewCertificateRequest
+	31, // 85: cablemesh.v1.Admin.RotateCA:input_type -> cablemesh.v1.RotateCARequest
+	45, // 86: cablemesh.v1.Agent.Join:input_type -> cablemesh.v1.JoinRequest
+	47, // 87: cablemesh.v1.Agent.RegisterEndpoint:input_type -> cablemesh.v1.RegisterEndpointRequest
+	49, // 88: cablemesh.v1.Agent.Heartbeat:input_type -> cablemesh.v1.HeartbeatRequest
+	51, // 89: cablemesh.v1.Agent.Watch:input_type -> cablemesh.v1.WatchRequest
+	53, // 90: cablemesh.v1.Agent.SetExports:input_type -> cablemesh.v1.SetExportsRequest
+	55, // 91: cablemesh.v1.Agent.SetClusterPolicies:input_type -> cablemesh.v1.SetClusterPoliciesRequest
+	33, // 92: cablemesh.v1.Agent.RenewCertificate:input_type -> cablemesh.v1.RenewCertificateRequest
+	16, // 93: cablemesh.v1.Admin.ListClusters:output_type -> cablemesh.v1.ListClustersResponse
+	1,  // 94: cablemesh.v1.Admin.LabelCluster:output_type -> cablemesh.v1.Cluster
+	19, // 95: cablemesh.v1.Admin.RemoveCluster:output_type -> cablemesh.v1.RemoveClusterResponse
+	21, // 96: cablemesh.v1.Admin.CreateJoinToken:output_type -> cablemesh.v1.CreateJoinTokenResponse
+	36, // 97: cablemesh.v1.Admin.ApplyPolicies:output_type -> cablemesh.v1.ApplyPoliciesResponse
+	38, // 98: cablemesh.v1.Admin.DeletePolicies:output_type -> cablemesh.v1.DeletePoliciesResponse
+	40, // 99: cablemesh.v1.Admin.ListPolicies:output_type -> cablemesh.v1.ListPoliciesResponse
+	42, // 100: cablemesh.v1.Admin.ExplainConnection:output_type -> cablemesh.v1.ExplainConnectionResponse
+	44, // 101: cablemesh.v1.Admin.ListServices:output_type -> cablemesh.v1.ListServicesResponse
+	28, // 102: cablemesh.v1.Admin.RevokeNode:output_type -> cablemesh.v1.RevokeNodeResponse
+	30, // 103: cablemesh.v1.Admin.ListCertificates:output_type -> cablemesh.v1.ListCertificatesResponse
+	34, // 104: cablemesh.v1.Admin.RenewAdminCertificate:output_type -> cablemesh.v1.RenewCertificateResponse
+	32, // 105: cablemesh.v1.Admin.RotateCA:output_type -> cablemesh.v1.RotateCAResponse
+	46, // 106: cablemesh.v1.Agent.Join:output_type -> cablemesh.v1.JoinResponse
+	48, // 107: cablemesh.v1.Agent.RegisterEndpoint:output_type -> cablemesh.v1.RegisterEndpointResponse
+	50, // 108: cablemesh.v1.Agent.Heartbeat:output_type -> cablemesh.v1.HeartbeatResponse
+	52, // 109: cablemesh.v1.Agent.Watch:output_type -> cablemesh.v1.WatchResponse
+	54, // 110: cablemesh.v1.Agent.SetExports:output_type -> cablemesh.v1.SetExportsResponse
+	56, // 111: cablemesh.v1.Agent.SetClusterPolicies:output_type -> cablemesh.v1.SetClusterPoliciesResponse
+	34, // 112: cablemesh.v1.Agent.RenewCertificate:output_type -> cablemesh.v1.RenewCertificateResponse
+	93, // [93:113] is the sub-list for method output_type
+	73, // [73:93] is the sub-list for method input_type
+	73, // [73:73] is the sub-list for extension type_name
+	73, // [73:73] is the sub-list for extension extendee
+	0,  // [0:73] is the sub-list for field type_name
 }
 
 func init() { file_cablemesh_proto_init() }
@@ -4261,7 +4437,7 @@ func file_cablemesh_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cablemesh_proto_rawDesc), len(file_cablemesh_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   62,
+			NumMessages:   64,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

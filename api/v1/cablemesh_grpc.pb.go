@@ -600,12 +600,13 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Agent_Join_FullMethodName             = "/cablemesh.v1.Agent/Join"
-	Agent_RegisterEndpoint_FullMethodName = "/cablemesh.v1.Agent/RegisterEndpoint"
-	Agent_Heartbeat_FullMethodName        = "/cablemesh.v1.Agent/Heartbeat"
-	Agent_Watch_FullMethodName            = "/cablemesh.v1.Agent/Watch"
-	Agent_SetExports_FullMethodName       = "/cablemesh.v1.Agent/SetExports"
-	Agent_RenewCertificate_FullMethodName = "/cablemesh.v1.Agent/RenewCertificate"
+	Agent_Join_FullMethodName               = "/cablemesh.v1.Agent/Join"
+	Agent_RegisterEndpoint_FullMethodName   = "/cablemesh.v1.Agent/RegisterEndpoint"
+	Agent_Heartbeat_FullMethodName          = "/cablemesh.v1.Agent/Heartbeat"
+	Agent_Watch_FullMethodName              = "/cablemesh.v1.Agent/Watch"
+	Agent_SetExports_FullMethodName         = "/cablemesh.v1.Agent/SetExports"
+	Agent_SetClusterPolicies_FullMethodName = "/cablemesh.v1.Agent/SetClusterPolicies"
+	Agent_RenewCertificate_FullMethodName   = "/cablemesh.v1.Agent/RenewCertificate"
 )
 
 // AgentClient is the client API for Agent service.
@@ -617,6 +618,9 @@ type AgentClient interface {
 	Heartbeat(ctx context.Context, in *HeartbeatRequest, opts ...grpc.CallOption) (*HeartbeatResponse, error)
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error)
 	SetExports(ctx context.Context, in *SetExportsRequest, opts ...grpc.CallOption) (*SetExportsResponse, error)
+	// SetClusterPolicies replaces the caller's cluster's cluster-scoped policies; a node writes only
+	// its own cluster's, under that naming, never a mesh policy.
+	SetClusterPolicies(ctx context.Context, in *SetClusterPoliciesRequest, opts ...grpc.CallOption) (*SetClusterPoliciesResponse, error)
 	// RenewCertificate issues a new certificate of the caller's cluster and node (authenticated by
 	// its current certificate; refused once revoked). The caller keeps working with the certificate
 	// it renewed with until it switches.
@@ -690,6 +694,16 @@ func (c *agentClient) SetExports(ctx context.Context, in *SetExportsRequest, opt
 	return out, nil
 }
 
+func (c *agentClient) SetClusterPolicies(ctx context.Context, in *SetClusterPoliciesRequest, opts ...grpc.CallOption) (*SetClusterPoliciesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetClusterPoliciesResponse)
+	err := c.cc.Invoke(ctx, Agent_SetClusterPolicies_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *agentClient) RenewCertificate(ctx context.Context, in *RenewCertificateRequest, opts ...grpc.CallOption) (*RenewCertificateResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(RenewCertificateResponse)
@@ -709,6 +723,9 @@ type AgentServer interface {
 	Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatResponse, error)
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error
 	SetExports(context.Context, *SetExportsRequest) (*SetExportsResponse, error)
+	// SetClusterPolicies replaces the caller's cluster's cluster-scoped policies; a node writes only
+	// its own cluster's, under that naming, never a mesh policy.
+	SetClusterPolicies(context.Context, *SetClusterPoliciesRequest) (*SetClusterPoliciesResponse, error)
 	// RenewCertificate issues a new certificate of the caller's cluster and node (authenticated by
 	// its current certificate; refused once revoked). The caller keeps working with the certificate
 	// it renewed with until it switches.
@@ -737,6 +754,9 @@ func (UnimplementedAgentServer) Watch(*WatchRequest, grpc.ServerStreamingServer[
 }
 func (UnimplementedAgentServer) SetExports(context.Context, *SetExportsRequest) (*SetExportsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetExports not implemented")
+}
+func (UnimplementedAgentServer) SetClusterPolicies(context.Context, *SetClusterPoliciesRequest) (*SetClusterPoliciesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetClusterPolicies not implemented")
 }
 func (UnimplementedAgentServer) RenewCertificate(context.Context, *RenewCertificateRequest) (*RenewCertificateResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RenewCertificate not implemented")
@@ -845,6 +865,24 @@ func _Agent_SetExports_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Agent_SetClusterPolicies_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetClusterPoliciesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).SetClusterPolicies(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_SetClusterPolicies_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).SetClusterPolicies(ctx, req.(*SetClusterPoliciesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Agent_RenewCertificate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(RenewCertificateRequest)
 	if err := dec(in); err != nil {
@@ -885,6 +923,10 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetExports",
 			Handler:    _Agent_SetExports_Handler,
+		},
+		{
+			MethodName: "SetClusterPolicies",
+			Handler:    _Agent_SetClusterPolicies_Handler,
 		},
 		{
 			MethodName: "RenewCertificate",

@@ -106,7 +106,7 @@ func validateEndpoint(e *apiv1.Endpoint) error {
 		}
 	}
 	for _, d := range slices.Sorted(maps.Keys(e.CablePorts)) {
-		if err := validation.ValidateLabelValue("cable_ports", d); err != nil || d == "" {
+		if err := validation.ValidateDriverName("cable_ports", d); err != nil {
 			return invalidf("cable_ports", d, "endpoint %s: cable_ports key %q is not a driver name", key, d)
 		}
 		if p := e.CablePorts[d]; p == 0 || p > 65535 {
@@ -114,7 +114,7 @@ func validateEndpoint(e *apiv1.Endpoint) error {
 		}
 	}
 	for _, d := range e.Drivers {
-		if err := validation.ValidateLabelValue("drivers", d); err != nil || d == "" {
+		if err := validation.ValidateDriverName("drivers", d); err != nil {
 			return invalidf("drivers", d, "endpoint %s: drivers entry %q is not a driver name", key, d)
 		}
 	}

@@ -49,7 +49,7 @@ func TestAdmitEndpointRefusesBadFieldsNamingThem(t *testing.T) {
 		{"a port above 65535", mod(func(e *apiv1.Endpoint) { e.CablePorts["wireguard"] = 70000 }), 0, "cable_ports", "70000"},
 		{"a port key that is no driver name", mod(func(e *apiv1.Endpoint) { e.CablePorts["a b"] = 1 }), 0, "cable_ports", `cable_ports key "a b" is not a driver name`},
 		{"an empty driver", mod(func(e *apiv1.Endpoint) { e.Drivers = []string{""} }), 0, "drivers", `drivers entry "" is not a driver name`},
-		{"attributes of an unknown driver", mod(func(e *apiv1.Endpoint) { e.SetAttributes("gre", map[string]string{"a": "b"}) }), 0, "cable_attributes", `cable_attributes key "gre" is not a registered cable driver (have ipsec, vxlan, wireguard)`},
+		{"attributes of an unknown driver", mod(func(e *apiv1.Endpoint) { e.SetAttributes("gre", map[string]string{"a": "b"}) }), 0, "cable_attributes", `cable_attributes key "gre" is not a registered cable driver (have ipsec, vxlan, vxlan+ipsec, wireguard)`},
 		{"a bad WireGuard key", mod(func(e *apiv1.Endpoint) { e.SetAttributes("wireguard", map[string]string{"publicKey": "abc"}) }), 0, "cable_attributes", `wireguard publicKey "abc"`},
 		{"a malformed subnet", mod(func(e *apiv1.Endpoint) { e.Subnets = []string{"10.1.0.1/16"} }), 0, "subnets", "host bits"},
 		{"a negative lease of the endpoint", mod(func(e *apiv1.Endpoint) { e.LeaseSeconds = -1 }), 0, "lease_seconds", "endpoint east/gw1: lease_seconds -1 is negative"},

@@ -108,7 +108,20 @@ type Canonical struct {
 // ParsePolicies validates every policy of an apply request, and refuses the whole request with
 // one *InvalidError that lists every problem, naming the policy and the field, when any is bad:
 // one bad policy fails the whole call.
+//
+// These are the mesh admin's: a policy labelled cablemesh.io/origin: cluster is refused (only a
+// cluster's agent writes those, with SetClusterPolicies).
 func ParsePolicies(in []*apiv1.Policy) ([]Canonical, error) {
+	return parsePolicies(in, "")
+}
+
+// parsePolicies is ParsePolicies for the mesh admin (cluster "") or for a node of cluster, whose
+// policies must each be that cluster's, as policy.CheckSyncedClusterPolicy says, and are stored
+// with that cluster as their origin.
+func parsePolicies(in []*apiv1.Policy, cluster string) ([]Canonical, error) {
+	if len(in) == 0 && cluster != "" {
+		return nil, nil // a cluster with no policies of its own
+	}
 	if len(in) == 0 {
 		return nil, invalid("policies", "", errors.New("no policies to apply"))
 	}
@@ -166,10 +179,21 @@ func ParsePolicies(in []*apiv1.Policy) ([]Canonical, error) {
 			errs = append(errs, fmt.Sprintf("%s: metadata.name %q is also the name of policy %d of the request", label, p.Metadata.Name, first))
 			continue
 		}
+		origin := policy.OriginMesh
+		if cluster == "" && p.IsClusterScoped() {
+			errs = append(errs, fmt.Sprintf("%s: metadata.labels.%s: %q marks a policy applied in a cluster; apply it in that cluster (a ClusterConnectionPolicy object, or a file in the agent's policyDir), or remove the label to apply it to the whole mesh",
+				label, policy.LabelOrigin, policy.OriginClusterLabel))
+			continue
+		}
+		if cluster != "" {
+			if err := policy.CheckSyncedClusterPolicy(p, cluster); err != nil {
+				errs = append(errs, label+": "+err.Error())
+				continue
+			}
+			origin = cluster
+		}
 		names[p.Metadata.Name] = i + 1
-		// Origin: these come from the mesh admin. A policy applied by a cluster (seed 003) would
-		// get that cluster's name here.
-		cp, b, err := CanonicalPolicy(p, policy.OriginMesh)
+		cp, b, err := CanonicalPolicy(p, origin)
 		if err != nil {
 			errs = append(errs, fmt.Sprintf("%s: encode: %v", label, err))
 			continue
@@ -377,4 +401,89 @@ func policyLabel(i int, name string) string {
 		return fmt.Sprintf("policy %d (no name)", i+1)
 	}
 	return fmt.Sprintf("policy %q", name)
+}
+
+// CheckAdminOverwrite refuses an admin apply that would replace a policy a cluster applied
+// (seed 003): that policy is its cluster's, and changes where it was applied.
+func CheckAdminOverwrite(ps []Canonical, stored []*apiv1.Policy) error {
+	for _, c := range ps {
+		name := c.Policy.Metadata.Name
+		i := slices.IndexFunc(stored, func(sp *apiv1.Policy) bool { return sp.Name == name })
+		if i < 0 {
+			continue
+		}
+		old, err := StoredPolicy(stored[i])
+		if err != nil {
+			return err
+		}
+		if cl := old.ClusterOf(); cl != "" {
+			return &ConflictError{Kind: "policy", Name: name,
+				Err: fmt.Errorf("policy %q was applied in cluster %q and is changed there (its ClusterConnectionPolicy object or policyDir file); nothing applied", name, cl)}
+		}
+	}
+	return nil
+}
+
+// ParseClusterPolicies validates the policies a node of cluster sends (SetClusterPolicies): each
+// must be a valid policy labelled as cluster's, under cluster's naming; a node cannot write a mesh
+// policy or another cluster's. One bad policy refuses the whole set, naming it and the field.
+func ParseClusterPolicies(in []*apiv1.Policy, cluster string) ([]Canonical, error) {
+	if cluster == "" {
+		return nil, errors.New("cluster policies: no cluster")
+	}
+	return parsePolicies(in, cluster)
+}
+
+// ClusterPlan is what SetClusterPolicies of one cluster writes.
+type ClusterPlan struct {
+	Applied []Applied
+	// Delete names the cluster's stored policies the new set no longer has.
+	Delete []string
+}
+
+// PlanClusterPolicies plans replacing cluster's cluster-scoped policies among stored with ps
+// (from ParseClusterPolicies). A name held by a mesh policy or by another cluster's is refused
+// (*ConflictError): a node never overwrites what is not its cluster's.
+func PlanClusterPolicies(cluster string, ps []Canonical, stored []*apiv1.Policy) (ClusterPlan, error) {
+	var plan ClusterPlan
+	want := map[string]bool{}
+	for _, c := range ps {
+		name := c.Policy.Metadata.Name
+		want[name] = true
+		i := slices.IndexFunc(stored, func(sp *apiv1.Policy) bool { return sp.Name == name })
+		if i < 0 {
+			continue
+		}
+		old, err := StoredPolicy(stored[i])
+		if err != nil {
+			return plan, err
+		}
+		if old.ClusterOf() != cluster || stored[i].IsDefault {
+			owner := "the mesh"
+			if cl := old.ClusterOf(); cl != "" {
+				owner = "cluster " + cl
+			}
+			return plan, &ConflictError{Kind: "policy", Name: name,
+				Err: fmt.Errorf("policy %q is %s's; cluster %q may not replace it; nothing applied", name, owner, cluster)}
+		}
+	}
+	applied, err := PlanApply(ps, stored)
+	if err != nil {
+		return plan, err
+	}
+	plan.Applied = applied
+	for _, sp := range stored {
+		if want[sp.Name] {
+			continue
+		}
+		p, err := StoredPolicy(sp)
+		if err != nil {
+			return plan, err
+		}
+		if p.ClusterOf() == cluster {
+			plan.Delete = append(plan.Delete, sp.Name)
+		}
+	}
+	slices.Sort(plan.Delete)
+	return plan, nil
 }

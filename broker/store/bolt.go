@@ -11,16 +11,46 @@ import (
 )
 
 // Bolt is the embedded store: one bbolt file.
+//
+// Its writes are committed in groups: Update hands fn to one committer goroutine, which runs every
+// fn waiting at that moment in one bbolt transaction (each fn in a transaction of its own over
+// it, in turn, so each sees the ones before it) and syncs the file once for all of them. A
+// fleet of gateways that register, heartbeat and join at once would otherwise wait for one fsync
+// each, in a line. The hub's lock is held only to publish a group's events, not across the commit,
+// so watchers start (and read their snapshots) while the file syncs.
 type Bolt struct {
 	db   *bolt.DB
 	opts Options
 	hub  hub
+
+	reqs chan *boltReq // to the committer; unbuffered, so a request is either taken or refused
+	stop chan struct{} // closed by Close: the committer stops taking requests
+	done chan struct{} // closed when the committer has stopped
 }
+
+// boltReq is one Update waiting for the committer.
+type boltReq struct {
+	ctx    context.Context
+	fn     func(Tx) error
+	commit Commit
+	err    error
+	done   chan struct{}
+}
+
+// initialMmapSize is the address space bbolt maps at open (see OpenBolt).
+const initialMmapSize = 1 << 30
+
+// maxGroup bounds how many Updates one bbolt transaction commits.
+const maxGroup = 512
 
 // OpenBolt opens (creating if needed) the store at path.
 func OpenBolt(path string, opts Options) (*Bolt, error) {
 	opts = opts.withDefaults()
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
+	// A file that grows is mapped again, and bbolt's remap waits for every read transaction to
+	// end: with a large initial mapping a commit never waits for the snapshots being read (a
+	// fleet starting at once reads many while its registrations grow the file). It is address
+	// space, not memory: only the pages of the file are ever touched.
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second, InitialMmapSize: initialMmapSize})
 	if err != nil {
 		if errors.Is(err, bolterrors.ErrTimeout) {
 			return nil, fmt.Errorf("open store %s: locked by another process (is another cable-broker running on this data dir?)", path)
@@ -39,10 +69,12 @@ func OpenBolt(path string, opts Options) (*Bolt, error) {
 		db.Close()
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
-	return &Bolt{db: db, opts: opts, hub: newHub(opts.WatchBuffer)}, nil
+	s := &Bolt{db: db, opts: opts, hub: newHub(opts.WatchBuffer), reqs: make(chan *boltReq), stop: make(chan struct{}), done: make(chan struct{})}
+	go s.commitLoop()
+	return s, nil
 }
 
-// Close ends every watch and closes the file.
+// Close ends every watch, waits for the commit in progress and closes the file.
 func (s *Bolt) Close() error {
 	s.hub.mu.Lock()
 	first := s.hub.closeLocked()
@@ -50,6 +82,8 @@ func (s *Bolt) Close() error {
 	if !first {
 		return nil
 	}
+	close(s.stop)
+	<-s.done
 	return s.db.Close()
 }
 
@@ -68,27 +102,127 @@ func (s *Bolt) Update(ctx context.Context, fn func(Tx) error) (Commit, error) {
 	if err := ctx.Err(); err != nil {
 		return Commit{}, err
 	}
-	s.hub.mu.Lock()
-	defer s.hub.mu.Unlock()
-	if s.hub.closed {
+	r := &boltReq{ctx: ctx, fn: fn, done: make(chan struct{})}
+	select {
+	case s.reqs <- r:
+	case <-s.stop:
 		return Commit{}, ErrClosed
+	case <-ctx.Done():
+		return Commit{}, ctx.Err()
 	}
-	var t *txn
-	err := s.db.Update(func(btx *bolt.Tx) error {
-		t = newTxn(boltKV{btx}, true)
-		if err := fn(t); err != nil {
-			return err
+	// Once taken, the request is committed or refused by the committer: its caller must learn
+	// which, so it waits even if its context ends meanwhile.
+	<-r.done
+	return r.commit, r.err
+}
+
+// commitLoop is the committer: it takes the Updates that wait, commits them as one group, and
+// goes on until Close.
+func (s *Bolt) commitLoop() {
+	defer close(s.done)
+	for {
+		var group []*boltReq
+		select {
+		case r := <-s.reqs:
+			group = append(group, r)
+		case <-s.stop:
+			return
 		}
-		return t.finish(s.opts.LogSize)
-	})
-	if err != nil {
-		return Commit{}, err
+	take:
+		for len(group) < maxGroup {
+			select {
+			case r := <-s.reqs:
+				group = append(group, r)
+			default:
+				break take
+			}
+		}
+		s.commitGroup(group)
 	}
-	c := Commit{Revision: t.rev, Events: t.events}
-	if len(c.Events) > 0 {
-		s.hub.publishLocked(Batch{Events: c.Events, Revision: c.Revision})
+}
+
+// commitGroup commits group in one bbolt transaction. When one fn fails the transaction is rolled
+// back, that fn runs again alone (its error goes to its caller), and the others are committed
+// without it: fn may run more than once (Store.Update says so).
+func (s *Bolt) commitGroup(group []*boltReq) {
+	finish := func(r *boltReq, c Commit, err error) {
+		r.commit, r.err = c, err
+		close(r.done)
 	}
-	return c, nil
+	for len(group) > 0 {
+		// A request whose caller gave up before its turn is not run.
+		live := group[:0]
+		for _, r := range group {
+			if err := r.ctx.Err(); err != nil {
+				finish(r, Commit{}, err)
+			} else {
+				live = append(live, r)
+			}
+		}
+		group = live
+		if len(group) == 0 {
+			return
+		}
+		s.hub.mu.Lock()
+		closed := s.hub.closed
+		s.hub.mu.Unlock()
+		if closed {
+			for _, r := range group {
+				finish(r, Commit{}, ErrClosed)
+			}
+			return
+		}
+		var (
+			txns   []*txn
+			failed = -1
+		)
+		err := s.db.Update(func(btx *bolt.Tx) error {
+			txns = txns[:0]
+			for i, r := range group {
+				t := newTxn(boltKV{btx}, true)
+				err := r.fn(t)
+				if err == nil {
+					err = t.finish(s.opts.LogSize)
+				}
+				if err != nil {
+					failed = i
+					return err
+				}
+				txns = append(txns, t)
+			}
+			return nil
+		})
+		if failed >= 0 && len(group) > 1 {
+			// The ones before it succeeded on the same state: they commit again as a group
+			// (their fns run again), then the failed one alone, then the rest as a group of
+			// their own. Each failure costs one run of the group at most, not one per fn.
+			r, rest := group[failed], group[failed+1:]
+			if failed > 0 {
+				s.commitGroup(group[:failed])
+			}
+			s.commitGroup([]*boltReq{r})
+			group = rest
+			continue
+		}
+		if err != nil {
+			for _, r := range group {
+				finish(r, Commit{}, err)
+			}
+			return
+		}
+		s.hub.mu.Lock()
+		s.hub.bumpLocked()
+		for _, t := range txns {
+			if len(t.events) > 0 {
+				s.hub.publishLocked(Batch{Events: t.events, Revision: t.rev})
+			}
+		}
+		s.hub.mu.Unlock()
+		for i, r := range group {
+			finish(r, Commit{Revision: txns[i].rev, Events: txns[i].events}, nil)
+		}
+		return
+	}
 }
 
 // Watch implements Store.
@@ -97,21 +231,22 @@ func (s *Bolt) Watch(ctx context.Context, since uint64, opts ...WatchOption) (Wa
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	s.hub.mu.Lock()
-	defer s.hub.mu.Unlock()
-	if s.hub.closed {
+	w, err := s.hub.subscribe(ctx, since, o, func() (Batch, error) {
+		var first Batch
+		err := s.db.View(func(btx *bolt.Tx) error {
+			var err error
+			first, err = newTxn(boltKV{btx}, false).firstBatch(since, o)
+			return err
+		})
+		return first, err
+	})
+	if errors.Is(err, ErrClosed) {
 		return nil, ErrClosed
 	}
-	var first Batch
-	err := s.db.View(func(btx *bolt.Tx) error {
-		var err error
-		first, err = newTxn(boltKV{btx}, false).firstBatch(since, o)
-		return err
-	})
 	if err != nil {
 		return nil, fmt.Errorf("start watch from revision %d: %w", since, err)
 	}
-	return s.hub.subscribeLocked(ctx, first, o), nil
+	return w, nil
 }
 
 // boltKV is the kv of one bbolt transaction; every bucket exists (OpenBolt creates them).

@@ -240,16 +240,14 @@ func (s *Etcd) Watch(ctx context.Context, since uint64, opts ...WatchOption) (Wa
 	if _, err := s.fresh(ctx); err != nil {
 		return nil, err
 	}
-	s.hub.mu.Lock()
-	defer s.hub.mu.Unlock()
-	if s.hub.closed {
+	w, err := s.hub.subscribe(ctx, since, o, func() (Batch, error) { return newTxn(s.readKV(s.state.Load()), false).firstBatch(since, o) })
+	if errors.Is(err, ErrClosed) {
 		return nil, ErrClosed
 	}
-	first, err := newTxn(s.readKV(s.state.Load()), false).firstBatch(since, o)
 	if err != nil {
 		return nil, fmt.Errorf("start watch from revision %d: %w", since, err)
 	}
-	return s.hub.subscribeLocked(ctx, first, o), nil
+	return w, nil
 }
 
 // Update implements Store. fn may run more than once (see Etcd).
@@ -594,6 +592,7 @@ func (s *Etcd) apply(evs []*clientv3.Event) {
 	snap := s.working.Clone()
 	s.hub.mu.Lock()
 	s.setState(&etcdState{tree: snap, rev: last})
+	s.hub.bumpLocked() // heartbeats included: they change what a snapshot holds
 	for _, b := range batches {
 		if b.Events[0].Revision != s.published+1 {
 			// Not expected (commits are serialized on meta/revision); a watcher that missed
@@ -640,6 +639,7 @@ func (s *Etcd) reload(ctx context.Context) error {
 	s.hub.mu.Lock()
 	defer s.hub.mu.Unlock()
 	s.setState(snap)
+	s.hub.bumpLocked()
 	switch {
 	case rev == s.published:
 	case complete && rev > s.published:
@@ -660,6 +660,8 @@ func (s *Etcd) setState(st *etcdState) {
 }
 
 func (s *Etcd) dropWatchersLocked(err error) {
+	// The published sequence has a gap (or ends here): later watchers read afresh.
+	s.hub.forgetLocked()
 	for w := range s.hub.subs {
 		s.hub.dropLocked(w, err)
 	}

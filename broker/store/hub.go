@@ -2,22 +2,59 @@ package store
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"sync"
-
-	"google.golang.org/protobuf/proto"
 
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 )
 
-// hub hands every commit of a store to its watchers. A store holds mu across a commit and the
-// publishing of its events, and across reading a new watcher's first batch and registering it,
-// so that a watcher sees every revision exactly once and in order.
+// hub hands every commit of a store to its watchers. A store publishes a commit's events under
+// mu, in revision order, after the commit. A new watcher's first batch is read without mu (a
+// snapshot of a large mesh takes milliseconds, and a thousand agents starting at once would hold
+// every commit behind theirs), then the watcher subscribes under mu and gets first the batches
+// published since the revision it read (recent keeps them); a commit that is published after it
+// subscribed but that its first batch already holds (the store committed, and had not yet
+// published, when the first batch was read) it skips (watch.from). So a watcher sees every
+// revision exactly once and in order.
+//
+// The events of a published batch are shared by every watcher (and so is a snapshot, see
+// snapshotLocked): at a thousand watchers, a copy per watcher of every event was most of the
+// broker's work and memory when a fleet started at once. Watchers must not modify them.
 type hub struct {
 	mu     sync.Mutex
 	buffer int // batches a watcher may lag behind before it is dropped
 	subs   map[*watch]struct{}
 	closed bool
+	// gen counts the store's commits, quiet ones included (bumpLocked): a snapshot read at one
+	// gen is the state until the next commit.
+	gen uint64
+	// snaps are the snapshots read since the last commit, by the kinds their watchers omit, to
+	// share between the watchers that start in between.
+	snaps map[string]Batch
+	// published is the revision of the last batch published; recent the last batches published
+	// (at most maxRecent, ascending, contiguous), for watchers whose first batch is older.
+	published uint64
+	recent    []Batch
+	// reading are the snapshot reads in flight, by the kinds their watchers omit: a watcher
+	// that starts meanwhile waits for one and shares it instead of reading its own (while a
+	// fleet registers, commits come too fast for snaps to serve many).
+	reading map[string]*snapshotRead
 }
+
+// snapshotRead is one snapshot read in flight; b and err are set before done is closed.
+type snapshotRead struct {
+	done chan struct{}
+	b    Batch
+	err  error
+}
+
+// maxRecent is how many published batches the hub keeps for watchers that subscribe after them.
+const maxRecent = 256
+
+// firstReadAttempts is how often subscribe reads a first batch without the lock before it reads
+// one under it (when commits came faster than recent could cover).
+const firstReadAttempts = 3
 
 func newHub(buffer int) hub {
 	return hub{buffer: buffer, subs: map[*watch]struct{}{}}
@@ -26,7 +63,8 @@ func newHub(buffer int) hub {
 type watch struct {
 	ch   chan Batch
 	opts watchOptions
-	err  error // written under hub.mu before ch is closed; read after ch is closed
+	from uint64 // the revision of the first batch: later batches up to it are not sent
+	err  error  // written under hub.mu before ch is closed; read after ch is closed
 }
 
 func (w *watch) C() <-chan Batch { return w.ch }
@@ -35,16 +73,156 @@ func (w *watch) Err() error      { return w.err }
 // publishLocked sends b to every watcher and drops those whose buffer is full: a slow watcher
 // never blocks writers.
 func (h *hub) publishLocked(b Batch) {
+	h.bumpLocked()
+	h.published = b.Revision
+	if len(h.recent) == maxRecent {
+		h.recent = append(h.recent[:0:0], h.recent[1:]...)
+	}
+	h.recent = append(h.recent, b)
+	// One copy of the events for the watchers that want every resource, one bare copy per set of
+	// omitted kinds: never one per watcher.
+	var bare map[string][]*apiv1.Event
 	for w := range h.subs {
-		// Each watcher gets its own copies: the hub must not share mutable messages between
-		// goroutines.
-		cp := Batch{Snapshot: b.Snapshot, Revision: b.Revision, Events: cloneEvents(b.Events, w.opts)}
+		if b.Revision <= w.from {
+			continue // its first batch holds this commit already
+		}
+		evs := b.Events
+		if len(w.opts.omit) > 0 && omitsAny(b.Events, w.opts) {
+			sig := w.opts.signature()
+			if evs = bare[sig]; evs == nil {
+				if bare == nil {
+					bare = map[string][]*apiv1.Event{}
+				}
+				evs = omitEvents(b.Events, w.opts)
+				bare[sig] = evs
+			}
+		}
 		select {
-		case w.ch <- cp:
+		case w.ch <- Batch{Snapshot: b.Snapshot, Revision: b.Revision, Events: evs}:
 		default:
 			h.dropLocked(w, ErrWatcherTooSlow)
 		}
 	}
+}
+
+// bumpLocked records a commit (quiet ones too: they change what a snapshot holds): the shared
+// snapshots are out of date.
+func (h *hub) bumpLocked() {
+	h.gen++
+	h.snaps = nil
+}
+
+// forgetLocked empties recent: the store could not publish a contiguous sequence (Etcd), so the
+// next watchers read their first batch afresh.
+func (h *hub) forgetLocked() {
+	h.recent = nil
+}
+
+// subscribe starts a watch: read reads its first batch from the store, without the hub's lock
+// (a snapshot for a watcher from revision 0 is shared with the other watchers that start before
+// the next commit); then, under the lock, the watcher registers and gets the batches published
+// since. It returns ErrClosed once the hub is closed.
+func (h *hub) subscribe(ctx context.Context, since uint64, opts watchOptions, read func() (Batch, error)) (*watch, error) {
+	sig := opts.signature()
+	for attempt := 0; ; attempt++ {
+		h.mu.Lock()
+		if h.closed {
+			h.mu.Unlock()
+			return nil, ErrClosed
+		}
+		if attempt == firstReadAttempts {
+			// Commits keep outrunning recent: read under the lock, which holds them back.
+			defer h.mu.Unlock()
+			first, err := read()
+			if err != nil {
+				return nil, err
+			}
+			return h.subscribeLocked(ctx, first, opts), nil
+		}
+		gen := h.gen
+		first, cached := h.snaps[sig]
+		cached = cached && since == 0
+		var (
+			shared *snapshotRead // a read of another watcher, to wait for
+			own    *snapshotRead // this watcher's read, for others to share
+		)
+		if !cached && since == 0 {
+			if shared = h.reading[sig]; shared == nil {
+				own = &snapshotRead{done: make(chan struct{})}
+				if h.reading == nil {
+					h.reading = map[string]*snapshotRead{}
+				}
+				h.reading[sig] = own
+			}
+		}
+		h.mu.Unlock()
+		var err error
+		switch {
+		case cached:
+		case shared != nil:
+			<-shared.done
+			first, err = shared.b, shared.err
+		default:
+			first, err = read()
+		}
+		h.mu.Lock()
+		if own != nil {
+			own.b, own.err = first, err
+			delete(h.reading, sig)
+			close(own.done)
+		}
+		if err != nil {
+			h.mu.Unlock()
+			return nil, err
+		}
+		if h.closed {
+			h.mu.Unlock()
+			return nil, ErrClosed
+		}
+		if own != nil && first.Snapshot && h.gen == gen {
+			if h.snaps == nil {
+				h.snaps = map[string]Batch{}
+			}
+			h.snaps[sig] = first
+		}
+		backlog, ok := h.sinceLocked(first.Revision)
+		if ok && len(backlog)+1 <= h.buffer {
+			w := h.subscribeLocked(ctx, first, opts)
+			for _, b := range backlog {
+				w.ch <- h.forWatcher(w, b)
+			}
+			h.mu.Unlock()
+			return w, nil
+		}
+		h.mu.Unlock()
+	}
+}
+
+// sinceLocked returns the published batches after rev; ok is false when recent no longer holds
+// all of them.
+func (h *hub) sinceLocked(rev uint64) (out []Batch, ok bool) {
+	if rev >= h.published {
+		return nil, true
+	}
+	i := len(h.recent)
+	for i > 0 && h.recent[i-1].Revision > rev {
+		i--
+	}
+	if i == 0 {
+		// The oldest batch kept must begin right after rev.
+		if len(h.recent) == 0 || len(h.recent[0].Events) == 0 || h.recent[0].Events[0].Revision > rev+1 {
+			return nil, false
+		}
+	}
+	return h.recent[i:], true
+}
+
+// forWatcher is b as watcher w receives it: without the resources of the kinds it omits.
+func (h *hub) forWatcher(w *watch, b Batch) Batch {
+	if len(w.opts.omit) > 0 && omitsAny(b.Events, w.opts) {
+		b.Events = omitEvents(b.Events, w.opts)
+	}
+	return b
 }
 
 func (h *hub) dropLocked(w *watch, err error) {
@@ -58,7 +236,7 @@ func (h *hub) dropLocked(w *watch, err error) {
 
 // subscribeLocked registers a watcher that starts with first and ends with ctx.
 func (h *hub) subscribeLocked(ctx context.Context, first Batch, opts watchOptions) *watch {
-	w := &watch{ch: make(chan Batch, h.buffer+1), opts: opts}
+	w := &watch{ch: make(chan Batch, h.buffer+1), opts: opts, from: first.Revision}
 	w.ch <- first
 	h.subs[w] = struct{}{}
 	// The watch's context owns this goroutine; it also ends when the watch is dropped for another
@@ -84,17 +262,40 @@ func (h *hub) closeLocked() bool {
 	return true
 }
 
-// cloneEvents copies evs for one watcher: the events of kinds it omits without their resources.
-func cloneEvents(evs []*apiv1.Event, opts watchOptions) []*apiv1.Event {
+// omitsAny reports whether evs holds an event of a kind opts omits.
+func omitsAny(evs []*apiv1.Event, opts watchOptions) bool {
+	for _, e := range evs {
+		if opts.omit[e.Kind] {
+			return true
+		}
+	}
+	return false
+}
+
+// omitEvents is evs with the events of kinds opts omits without their resources (new events;
+// the others are evs's own).
+func omitEvents(evs []*apiv1.Event, opts watchOptions) []*apiv1.Event {
 	out := make([]*apiv1.Event, len(evs))
 	for i, e := range evs {
 		if opts.omit[e.Kind] {
 			out[i] = withoutResource(e)
 		} else {
-			out[i] = proto.Clone(e).(*apiv1.Event)
+			out[i] = e
 		}
 	}
 	return out
+}
+
+// signature names the set of omitted kinds (the key of shared copies).
+func (o watchOptions) signature() string {
+	ks := make([]string, 0, len(o.omit))
+	for k, on := range o.omit {
+		if on {
+			ks = append(ks, k)
+		}
+	}
+	slices.Sort(ks)
+	return strings.Join(ks, ",")
 }
 
 func withoutResource(e *apiv1.Event) *apiv1.Event {

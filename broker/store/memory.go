@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -82,6 +83,7 @@ func (m *Memory) Update(ctx context.Context, fn func(Tx) error) (Commit, error) 
 		m.data.Store(&s.next)
 	}
 	c := Commit{Revision: t.rev, Events: t.events}
+	m.hub.bumpLocked()
 	if len(c.Events) > 0 {
 		m.hub.publishLocked(Batch{Events: c.Events, Revision: c.Revision})
 	}
@@ -94,17 +96,20 @@ func (m *Memory) Watch(ctx context.Context, since uint64, opts ...WatchOption) (
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	m.hub.mu.Lock()
-	defer m.hub.mu.Unlock()
-	d := m.data.Load()
-	if d == nil {
+	w, err := m.hub.subscribe(ctx, since, o, func() (Batch, error) {
+		d := m.data.Load()
+		if d == nil {
+			return Batch{}, ErrClosed
+		}
+		return newTxn(&memKV{base: *d}, false).firstBatch(since, o)
+	})
+	if errors.Is(err, ErrClosed) {
 		return nil, ErrClosed
 	}
-	first, err := newTxn(&memKV{base: *d}, false).firstBatch(since, o)
 	if err != nil {
 		return nil, fmt.Errorf("start watch from revision %d: %w", since, err)
 	}
-	return m.hub.subscribeLocked(ctx, first, o), nil
+	return w, nil
 }
 
 // memKV is the kv of one Memory transaction. Writes go to next, a copy of base made at the first

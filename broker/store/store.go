@@ -121,13 +121,17 @@ type Tx interface {
 	DeleteNodeCertificate(cluster, node string) error
 }
 
-// Commit is the outcome of an Update.
+// Commit is the outcome of an Update. Its events are shared with the store's watchers: read
+// them, do not modify them.
 type Commit struct {
 	Revision uint64
 	Events   []*apiv1.Event
 }
 
-// Batch is one message of a watch: a snapshot (every resource as an UPSERT) or deltas.
+// Batch is one message of a watch: a snapshot (every resource as an UPSERT) or deltas. Its
+// events, and the resources in them, are shared with the store's other watchers (and with the
+// Commit of the Update that made them): a watcher must not modify them, and copies what it
+// changes.
 type Batch struct {
 	Snapshot bool
 	Events   []*apiv1.Event

@@ -3,7 +3,8 @@
 package drivers
 
 import (
-	_ "github.com/cablemesh/cablemesh/cable/ipsec"     // registers "ipsec"
-	_ "github.com/cablemesh/cablemesh/cable/vxlan"     // registers "vxlan"
-	_ "github.com/cablemesh/cablemesh/cable/wireguard" // registers "wireguard"
+	_ "github.com/cablemesh/cablemesh/cable/ipsec"      // registers "ipsec"
+	_ "github.com/cablemesh/cablemesh/cable/vxlan"      // registers "vxlan"
+	_ "github.com/cablemesh/cablemesh/cable/vxlanipsec" // registers "vxlan+ipsec"
+	_ "github.com/cablemesh/cablemesh/cable/wireguard"  // registers "wireguard"
 )

@@ -33,6 +33,12 @@ func TestSettingsErrorsReadAsOperatorsSeeThem(t *testing.T) {
 		{"ipsec", cable.Settings{"useSystemCharon": "/run/charon.vici", "port": "500"}, "ipsec.port: must be unset with ipsec.useSystemCharon"},
 		{"ipsec", cable.Settings{"useSystemCharon": "/run/charon.vici", "nattPort": "4500"}, "ipsec.nattPort: must be unset with ipsec.useSystemCharon"},
 		{"ipsec", cable.Settings{"mtu": "1000"}, "ipsec.mtu: 1000 is out of range"},
+		{"vxlan+ipsec", cable.Settings{"vxlanPort": "65535"}, "vxlan+ipsec.vxlanPort: 65535 is out of range (1..65534)"},
+		{"vxlan+ipsec", cable.Settings{"ikePort": "4511"}, "vxlan+ipsec.nattPort: 4511 equals vxlan+ipsec.ikePort"},
+		{"vxlan+ipsec", cable.Settings{"interfacePrefix": "cbl-vx"}, `vxlan+ipsec.interfacePrefix: "cbl-vx" overlaps the vxlan driver's link prefix`},
+		{"vxlan+ipsec", cable.Settings{"mtu": "100"}, "vxlan+ipsec.mtu: 100 is out of range"},
+		{"vxlan+ipsec", cable.Settings{"charon": "charon"}, `vxlan+ipsec.charon: "charon" is not an absolute path`},
+		{"vxlan+ipsec", cable.Settings{"port": "4799"}, `vxlan+ipsec.port: 4799 is refused: unknown field "port" (known: charon, ikePort, interfacePrefix, mtu, nattPort, vni, vxlanPort)`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.want, func(t *testing.T) {
@@ -55,6 +61,8 @@ func TestTheIssue3ExampleBlocksAreAccepted(t *testing.T) {
 		"wireguard": {"interface": "cbl-wg0", "port": "51820", "mtu": "0"},
 		"vxlan":     {"port": "4789", "vni": "100", "mtu": "0"},
 		"ipsec":     {"port": "500", "nattPort": "4500", "mtu": "0", "charon": "/usr/lib/ipsec/charon", "useSystemCharon": ""},
+		"vxlan+ipsec": {"vxlanPort": "4799", "vni": "100", "mtu": "0", "interfacePrefix": "cbl-vi", "ikePort": "4510", "nattPort": "4511",
+			"charon": "/usr/lib/ipsec/charon"},
 	} {
 		if err := cable.ParseSettings(driver, s); err != nil {
 			t.Errorf("%s %v: %v", driver, s, err)

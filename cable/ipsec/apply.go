@@ -55,7 +55,7 @@ func (d *Driver) initOwn(ctx, life context.Context) error {
 	}
 	text := []byte(renderConf(confParams{
 		Port: d.cfg.Port, NATTPort: d.cfg.NATTPort, ViciSocket: paths.socket,
-		Libipsec: libipsec, MTU: mtu, MSS: mssFor(mtu, d.node.LocalSubnets),
+		Libipsec: libipsec, MTU: mtu, MSS: mssFor(mtu, d.node.LocalSubnets), NoRoutes: d.transport != nil,
 	}))
 	p := &charonProcess{charonPaths: paths, log: d.log.With("component", "charon")}
 	p.onStart = func(ctx context.Context) { d.replay(ctx, p) }

@@ -13,6 +13,10 @@ type confParams struct {
 	Libipsec   bool
 	MTU        int
 	MSS        int
+	// NoRoutes turns charon's install_routes off: a charon of transport-mode connections
+	// (NewEmbedded) needs no routes, and must not add the rule to table 220 the ipsec driver's
+	// charon owns.
+	NoRoutes bool
 }
 
 // renderConf is the strongswan.conf of our own charon. It loads an explicit, minimal plugin list
@@ -26,6 +30,12 @@ func renderConf(p confParams) string {
 	if p.Libipsec {
 		plugins = "random nonce openssl kdf kernel-libipsec kernel-netlink socket-default vici"
 	}
+	routes, table := "yes", ""
+	if p.NoRoutes {
+		// routing_table = 0 also keeps charon from adding (and, stopping, deleting) the rule
+		// "from all lookup 220", which is the ipsec driver's charon's when both run.
+		routes, table = "no", "\n      routing_table = 0"
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, `# Written by the cablemesh ipsec cable driver; rewritten at every start.
 charon {
@@ -34,7 +44,7 @@ charon {
   port_nat_t = %d
   # Routes for every CHILD_SA go into table 220 (rule priority 220), via ipsec0 with libipsec,
   # with a source address inside the local traffic selector when the node has one.
-  install_routes = yes
+  install_routes = %s
   install_virtual_ip = no
   # Give up on a silent peer within about 35s (2 + 3 + 4.5 + 6.75 + 10.1 + ...), not 165s.
   retransmit_tries = 4
@@ -60,10 +70,10 @@ charon {
     }
     kernel-netlink {
       mtu = %d
-      mss = %d
+      mss = %d%s
     }
   }
 }
-`, plugins, p.Port, p.NATTPort, p.ViciSocket, p.MTU, p.MSS)
+`, plugins, p.Port, p.NATTPort, routes, p.ViciSocket, p.MTU, p.MSS, table)
 	return b.String()
 }

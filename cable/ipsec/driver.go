@@ -116,6 +116,51 @@ type Driver struct {
 	kickKeeper chan struct{}
 
 	connLoads, sharedLoads, unloads, terminates, initiates, adoptions atomic.Uint64
+
+	// transport is set when another driver embeds this one for transport-mode connections
+	// (NewEmbedded); nil for the ipsec driver itself.
+	transport *Transport
+}
+
+// Transport makes an embedded driver's connections transport mode between the two gateways'
+// underlay addresses, protecting only one protocol's traffic between them (cable/vxlanipsec:
+// UDP from the local VXLAN port to the remote's). Such a driver installs no routes (charon's
+// install_routes is off: transport mode needs none), never uses kernel-libipsec (it has no
+// transport mode) and sends ESP without UDP encapsulation.
+type Transport struct {
+	// Name replaces "ipsec" in the state directory (StateDir/<Name>) and the logs, so the
+	// embedding driver's charon is its own.
+	Name string
+	// Proto is the IP protocol of the traffic selectors, e.g. "udp".
+	Proto string
+}
+
+// TransportPorts are the ports of one transport-mode connection's traffic selectors: Local on
+// this gateway's underlay address, Remote on the remote's.
+type TransportPorts struct {
+	Local, Remote uint16
+}
+
+// NewEmbedded builds a driver for another driver's transport-mode connections (see Transport),
+// with its own charon under StateDir/<t.Name>. It is not registered; Connect refuses, the
+// embedding driver calls ConnectTransport. settings are this package's (port, nattPort, charon,
+// mtu); datapath is forced to kernel.
+func NewEmbedded(node cable.LocalNode, settings cable.Settings, t Transport) (*Driver, error) {
+	if t.Name == "" || t.Proto == "" {
+		return nil, fmt.Errorf("ipsec: embedded transport driver without a name or protocol (%+v)", t)
+	}
+	d, err := NewDriver(node, settings)
+	if err != nil {
+		return nil, err
+	}
+	if d.cfg.SystemVICI != "" {
+		return nil, fmt.Errorf("%s: a system charon cannot be used for transport-mode connections", t.Name)
+	}
+	d.cfg.Datapath = DatapathKernel
+	d.transport = &t
+	d.dir = filepath.Join(node.StateDir, t.Name)
+	d.log = node.Logger(t.Name).With("component", "ipsec")
+	return d, nil
 }
 
 // Stats counts the changes the driver made to charon since New. A Connect that finds everything
@@ -283,6 +328,9 @@ func (d *Driver) Links() []string {
 // loaded connection from list-conns, the key ids from get-shared) and changes nothing when
 // everything already matches.
 func (d *Driver) Connect(ctx context.Context, remote cable.RemoteEndpoint, opts cable.Options) error {
+	if d.transport != nil {
+		return fmt.Errorf("ipsec connect to cluster %s: this driver is embedded by %s for transport mode (ConnectTransport)", remote.Cluster, d.transport.Name)
+	}
 	o, err := parseOptions(opts)
 	if err != nil {
 		return err
@@ -291,6 +339,32 @@ func (d *Driver) Connect(ctx context.Context, remote cable.RemoteEndpoint, opts 
 	if err != nil {
 		return err
 	}
+	return d.connectWant(ctx, want, remote.PreSharedKey)
+}
+
+// ConnectTransport is Connect for an embedded driver (NewEmbedded): a transport-mode connection
+// between the two underlay addresses whose traffic selectors are the Transport protocol on
+// ports. ESP goes without UDP encapsulation (opts may not set encap).
+func (d *Driver) ConnectTransport(ctx context.Context, remote cable.RemoteEndpoint, opts cable.Options, ports TransportPorts) error {
+	if d.transport == nil {
+		return fmt.Errorf("ipsec connect to cluster %s: transport mode needs an embedded driver (NewEmbedded)", remote.Cluster)
+	}
+	if _, ok := opts[optEncap]; ok {
+		return fmt.Errorf("%s option %s=%q: not taken (transport-mode ESP goes without UDP encapsulation)", d.transport.Name, optEncap, opts[optEncap])
+	}
+	o, err := parseOptions(opts)
+	if err != nil {
+		return err
+	}
+	o.Encap = false
+	want, err := desiredTransport(d.node, remote, o, d.transport.Proto, ports)
+	if err != nil {
+		return err
+	}
+	return d.connectWant(ctx, want, remote.PreSharedKey)
+}
+
+func (d *Driver) connectWant(ctx context.Context, want desiredConn, psk []byte) error {
 	where := "ipsec connect to cluster " + want.Cluster
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -300,7 +374,7 @@ func (d *Driver) Connect(ctx context.Context, remote cable.RemoteEndpoint, opts 
 	if err := checkConflicts(want, d.libipsec, d.conns); err != nil {
 		return fmt.Errorf("%s: %w", where, err)
 	}
-	if err := d.connect(ctx, want, remote.PreSharedKey); err != nil {
+	if err := d.connect(ctx, want, psk); err != nil {
 		return fmt.Errorf("%s: %w", where, err)
 	}
 	return nil
@@ -374,7 +448,13 @@ func (d *Driver) Cleanup(ctx context.Context) error {
 
 	d.wait(stop, p)
 	if d.cfg.SystemVICI == "" {
-		errs = append(errs, d.stopOwnCharon(), removeHostLeftovers(), removeStateDir(d.dir))
+		errs = append(errs, d.stopOwnCharon())
+		if d.transport == nil {
+			// ipsec0 and the rule to table 220 are the ipsec driver's; an embedded driver's
+			// charon makes neither, and must not remove the ipsec driver's.
+			errs = append(errs, removeHostLeftovers())
+		}
+		errs = append(errs, removeStateDir(d.dir))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("ipsec cleanup: %w", err)

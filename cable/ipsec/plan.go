@@ -53,6 +53,52 @@ type desiredConn struct {
 	RemoteTS   []netip.Prefix
 	Initiator  bool
 	Opts       options
+	// Proto is set for a transport-mode connection (NewEmbedded): its traffic selectors are
+	// LocalTS and RemoteTS (the two underlay addresses) narrowed to this protocol and Ports.
+	Proto string
+	Ports TransportPorts
+}
+
+// transport reports whether want is a transport-mode connection.
+func (want desiredConn) transport() bool { return want.Proto != "" }
+
+// localTS and remoteTS are the traffic selectors as charon takes and reports them: a prefix, and
+// for transport mode "[proto/port]" after it (strongSwan prints ports it finds no service name
+// for as numbers; the VXLAN ports we use have none in /etc/services).
+func (want desiredConn) localTS() []string  { return want.tsStrings(want.LocalTS, want.Ports.Local) }
+func (want desiredConn) remoteTS() []string { return want.tsStrings(want.RemoteTS, want.Ports.Remote) }
+
+func (want desiredConn) tsStrings(ps []netip.Prefix, port uint16) []string {
+	out := prefixStrings(ps)
+	if want.transport() {
+		for i := range out {
+			out[i] += fmt.Sprintf("[%s/%d]", want.Proto, port)
+		}
+	}
+	return out
+}
+
+// desiredTransport builds a transport-mode connection to remote: the traffic selectors are the
+// two underlay addresses (host prefixes) narrowed to proto and ports. The remote's subnets are
+// not part of it: what travels inside the protected traffic is the embedding driver's business.
+func desiredTransport(local cable.LocalNode, remote cable.RemoteEndpoint, opts options, proto string, ports TransportPorts) (desiredConn, error) {
+	// desiredFromRemote checks everything but the subnets; give it the local and remote host
+	// prefixes to carry, which cannot overlap (the addresses differ).
+	la, ra := local.AdvertiseAddress.Unmap(), remote.Address.Unmap()
+	if !la.IsValid() || !ra.IsValid() {
+		return desiredFromRemote(local, remote, opts) // reports the bad address
+	}
+	local.LocalSubnets = []netip.Prefix{netip.PrefixFrom(la, la.BitLen())}
+	remote.Subnets = []netip.Prefix{netip.PrefixFrom(ra, ra.BitLen())}
+	want, err := desiredFromRemote(local, remote, opts)
+	if err != nil {
+		return desiredConn{}, err
+	}
+	if ports.Local == 0 || ports.Remote == 0 {
+		return desiredConn{}, fmt.Errorf("ipsec connect to cluster %s: transport ports %d/%d: want both set", remote.Cluster, ports.Local, ports.Remote)
+	}
+	want.Proto, want.Ports = proto, ports
+	return want, nil
 }
 
 // desiredFromRemote validates remote against the local node and builds the connection. Errors
@@ -189,10 +235,14 @@ func connMessage(want desiredConn) map[string]any {
 	if want.Initiator {
 		startAction, dpdAction = "start", "restart"
 	}
+	mode := "tunnel"
+	if want.transport() {
+		mode = "transport"
+	}
 	child := map[string]any{
-		"mode":          "tunnel",
-		"local_ts":      prefixStrings(want.LocalTS),
-		"remote_ts":     prefixStrings(want.RemoteTS),
+		"mode":          mode,
+		"local_ts":      want.localTS(),
+		"remote_ts":     want.remoteTS(),
 		"esp_proposals": slices.Clone(want.Opts.ESPProposals),
 		"start_action":  startAction,
 		"dpd_action":    dpdAction,
@@ -364,8 +414,8 @@ func loadedMatches(loaded map[string]any, want desiredConn) bool {
 	if !ok {
 		return false
 	}
-	return sameStrings(listOf(child["local-ts"]), prefixStrings(want.LocalTS)) &&
-		sameStrings(listOf(child["remote-ts"]), prefixStrings(want.RemoteTS))
+	return sameStrings(listOf(child["local-ts"]), want.localTS()) &&
+		sameStrings(listOf(child["remote-ts"]), want.remoteTS())
 }
 
 func listOf(v any) []string {

@@ -157,7 +157,7 @@ func readDevice(name string) (netlink.Link, *deviceSpec, error) {
 	}
 	spec := &deviceSpec{
 		VNI: v.VxlanId, Port: v.Port, Learning: v.Learning, MTU: v.MTU, MAC: v.HardwareAddr.String(),
-		Up: v.Flags&net.FlagUp != 0,
+		Up: v.Flags&net.FlagUp != 0, SrcPorts: [2]int{v.PortLow, v.PortHigh},
 	}
 	if src, ok := netip.AddrFromSlice(v.SrcAddr); ok {
 		spec.Src = src.Unmap()
@@ -181,6 +181,9 @@ func readDevice(name string) (netlink.Link, *deviceSpec, error) {
 func (d *Driver) ensureDevice(c conn) (netlink.Link, error) {
 	want := deviceSpec{VNI: c.VNI, Port: c.Port, Src: d.src, MTU: d.mtu, MAC: d.mac.String(), Up: true,
 		Addrs: []netip.Prefix{netip.PrefixFrom(d.vtep, VTEPPrefix.Bits())}}
+	if d.embed.PinSourcePort {
+		want.SrcPorts = [2]int{c.Port, c.Port + 1}
+	}
 	log := d.log.With("interface", c.Device)
 	for attempt := 0; attempt < 2; attempt++ {
 		link, have, err := readDevice(c.Device)
@@ -214,7 +217,8 @@ func (d *Driver) createDevice(c conn, want deviceSpec) error {
 	la.Name = c.Device
 	la.MTU = want.MTU
 	la.HardwareAddr = d.mac
-	v := &netlink.Vxlan{LinkAttrs: la, VxlanId: c.VNI, Port: c.Port, Learning: false, VtepDevIndex: d.underlayIndex}
+	v := &netlink.Vxlan{LinkAttrs: la, VxlanId: c.VNI, Port: c.Port, Learning: false, VtepDevIndex: d.underlayIndex,
+		PortLow: want.SrcPorts[0], PortHigh: want.SrcPorts[1]}
 	if d.src.IsValid() {
 		v.SrcAddr = d.src.AsSlice()
 	}

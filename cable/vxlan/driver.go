@@ -46,6 +46,7 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"sync/atomic"
 
@@ -55,6 +56,43 @@ import (
 
 // Name is the registry key of this driver.
 const Name = "vxlan"
+
+// Embedding is how another driver (cable/vxlanipsec) runs this driver's datapath under its own
+// name, with its own links (settings' interfacePrefix) and state.
+type Embedding struct {
+	// Name replaces "vxlan" in the state directory (StateDir/<Name>) and the logs.
+	Name string
+	// PinSourcePort makes every link send from its own UDP port (the kernel's srcport range
+	// [port, port+1)), so that a pair's VXLAN packets go port to port both ways and a
+	// transport-mode IPsec traffic selector can name both ports. It costs the source-port
+	// entropy ECMP on the underlay would hash on, which two gateways talking to each other do
+	// not need.
+	PinSourcePort bool
+	// ExtraOverhead is subtracted from the default MTU (underlay MTU - Overhead) for what the
+	// embedding driver adds around the VXLAN packets (ESP).
+	ExtraOverhead int
+}
+
+// NewEmbedded builds the driver for an embedding driver (see Embedding). It is not registered.
+func NewEmbedded(node cable.LocalNode, settings cable.Settings, e Embedding) (*Driver, error) {
+	if e.Name == "" || e.ExtraOverhead < 0 {
+		return nil, fmt.Errorf("vxlan: embedding %+v: want a name and a non-negative overhead", e)
+	}
+	d, err := NewDriver(node, settings)
+	if err != nil {
+		return nil, err
+	}
+	if e.PinSourcePort && d.cfg.Port == MaxPinnedPort+1 {
+		return nil, cable.BadSetting(e.Name, keyPort, strconv.Itoa(d.cfg.Port), "cannot be pinned as the source port (the kernel's range ends one above it): at most %d", MaxPinnedPort)
+	}
+	d.embed = e
+	d.dir = filepath.Join(node.StateDir, e.Name)
+	d.log = node.Logger(e.Name).With("component", "vxlan")
+	return d, nil
+}
+
+// MaxPinnedPort is the largest port Embedding.PinSourcePort takes.
+const MaxPinnedPort = 65534
 
 func init() {
 	cable.Register(cable.Registration{
@@ -87,6 +125,9 @@ type Driver struct {
 	src           netip.Addr // underlay source of the devices; invalid when no local link holds it
 	underlayIndex int        // link holding src, 0 when none
 	conns         map[string]conn
+
+	// embed is how another driver embeds this one (NewEmbedded); zero for the vxlan driver.
+	embed Embedding
 
 	linkChanges  atomic.Uint64
 	addrChanges  atomic.Uint64
@@ -192,7 +233,7 @@ func (d *Driver) Init(ctx context.Context) error {
 	}
 	d.mtu = d.cfg.MTU
 	if d.mtu == 0 {
-		d.mtu = defaultMTU(u.MTU)
+		d.mtu = max(defaultMTU(u.MTU)-d.embed.ExtraOverhead, MinMTU)
 	}
 	d.conns = conns
 	if err := d.prune(); err != nil {

@@ -177,6 +177,9 @@ type deviceSpec struct {
 	MAC      string
 	Up       bool
 	Addrs    []netip.Prefix // IPv4 addresses
+	// SrcPorts is the source port range [low, high) the link sends from; zero: the kernel's
+	// default (not compared).
+	SrcPorts [2]int
 }
 
 // devicePlan is what to do to make a link match a deviceSpec.
@@ -201,7 +204,7 @@ func planDevice(have *deviceSpec, want deviceSpec) devicePlan {
 		return devicePlan{Create: true}
 	}
 	if have.VNI != want.VNI || have.Port != want.Port || have.Learning != want.Learning ||
-		(want.Src.IsValid() && have.Src != want.Src) {
+		(want.Src.IsValid() && have.Src != want.Src) || (want.SrcPorts != [2]int{} && have.SrcPorts != want.SrcPorts) {
 		return devicePlan{Recreate: true}
 	}
 	p := devicePlan{

@@ -380,3 +380,23 @@ func FuzzDecodeStore(f *testing.F) {
 		}
 	})
 }
+
+// TestPinnedSourcePortIsPartOfTheDevice: an embedding driver that pins the source port gets a
+// link recreated when its range differs; the plain driver (no range wanted) never compares it.
+func TestPinnedSourcePortIsPartOfTheDevice(t *testing.T) {
+	have := &deviceSpec{VNI: 100, Port: 4799, MTU: 1413, MAC: "02:cb:f0:00:00:01", Up: true}
+	pinned := *have
+	pinned.SrcPorts = [2]int{4799, 4800}
+	if p := planDevice(have, pinned); !p.Recreate {
+		t.Errorf("an unpinned link kept for a pinned want: %+v", p)
+	}
+	same := pinned
+	if p := planDevice(&same, pinned); !p.empty() {
+		t.Errorf("a pinned link as wanted changes: %+v", p)
+	}
+	other := *have
+	other.SrcPorts = [2]int{32768, 61000}
+	if p := planDevice(&other, *have); !p.empty() {
+		t.Errorf("the plain driver compares the source ports: %+v", p)
+	}
+}

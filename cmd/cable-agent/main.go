@@ -17,11 +17,13 @@ import (
 	"os/signal"
 	"syscall"
 
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	mcsclient "sigs.k8s.io/mcs-api/pkg/client/clientset/versioned"
 
 	"github.com/cablemesh/cablemesh/agent"
+	"github.com/cablemesh/cablemesh/agent/clusterpolicy"
 	"github.com/cablemesh/cablemesh/agent/config"
 	"github.com/cablemesh/cablemesh/agent/kube"
 	"github.com/cablemesh/cablemesh/cable"
@@ -29,6 +31,9 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "envoy-bootstrap" { // prints a file: no bpffs, no re-exec
+		os.Exit(envoyBootstrap(os.Args[2:], os.Stdout, os.Stderr))
+	}
 	// Before anything else changes the mount namespace: bpffs for the services datapath's pins.
 	prepareBPFFS(os.Args[1:], os.Stderr)
 	// Then: a driver may re-execute the agent (without kernel WireGuard, the wireguard driver
@@ -91,6 +96,19 @@ func run(args []string, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintln(stderr, "cable-agent:", err)
 		return 2
+	}
+	if cfg.Kubernetes.Enabled && cfg.PolicyDir == "" {
+		// The cluster's ClusterConnectionPolicy objects are its cluster-scoped policies (seed 003).
+		rc, err := rest.InClusterConfig()
+		var dc dynamic.Interface
+		if err == nil {
+			dc, err = dynamic.NewForConfig(rc)
+		}
+		if err != nil {
+			fmt.Fprintln(stderr, "cable-agent: kubernetes.enabled: ClusterConnectionPolicy client:", err)
+			return 1
+		}
+		a.SetClusterPolicySource(&clusterpolicy.KubeSource{Client: dc, Cluster: cfg.Cluster, Log: log.With("component", "clusterpolicies")})
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

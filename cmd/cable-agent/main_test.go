@@ -33,7 +33,7 @@ func TestBadInvocationsExitTwoBeforeCreatingAnything(t *testing.T) {
 		{"a bad CIDR is reported with the field", []string{"--config", write("b.yaml", good+"podCIDRs: [10.0.0.0/40]\n")}, `podCIDRs[0]: "10.0.0.0/40" is not a CIDR`},
 		{"a bad --log-level is reported", []string{"--config", write("c.yaml", good), "--log-level", "loud"}, `logLevel: "loud"`},
 		{"an unregistered cable driver is reported", []string{"--config", write("d.yaml", good+gw+"cableDrivers: [wireguard, gre]\n")},
-			`cableDrivers[1]: "gre" is not a registered cable driver (have ipsec, vxlan, wireguard)`},
+			`cableDrivers[1]: "gre" is not a registered cable driver (have ipsec, vxlan, vxlan+ipsec, wireguard)`},
 		{"a VNI out of range is reported with the field", []string{"--config", write("e.yaml", good+gw+"vxlan: {vni: 0x1000000}\n")}, "vxlan.vni: 16777216 is out of range"},
 		{"an ipsec port with a system charon is reported", []string{"--config", write("f.yaml", good+gw+"ipsec: {useSystemCharon: /run/charon.vici, nattPort: 4500}\n")},
 			"ipsec.nattPort: must be unset with ipsec.useSystemCharon"},

@@ -2,7 +2,7 @@
 // certificates, served over gRPC with mTLS.
 //
 //	cable-broker --data-dir DIR [--listen 0.0.0.0:7443] [--lease 30s] [--log-level info]
-//	             [--default-cable-driver ipsec|vxlan|wireguard]
+//	             [--default-cable-driver ipsec|vxlan|wireguard] [--metrics-listen HOST:PORT]
 //	             [--service-vip-range 241.0.0.0/8[,IPv6 CIDR]]
 //	             [--etcd-endpoints URL[,URL...] [--etcd-prefix /cablemesh/] [--secret-key-file FILE]
 //	              [--advertise-address HOST:PORT] [--etcd-cacert F --etcd-cert F --etcd-key F]]
@@ -25,6 +25,9 @@
 // and several replicas serve the mesh at once. The first replica creates the key file; copy it
 // (mode 0600) into every other replica's data dir before starting it. Each replica's
 // DIR/admin.yaml lists every replica (--advertise-address, or --listen when it names an IP).
+//
+// With --metrics-listen the broker serves Prometheus metrics at /metrics, /healthz (the process
+// serves) and /readyz (gRPC is serving and the store answers) there, over plain HTTP.
 package main
 
 import (
@@ -69,6 +72,7 @@ func run(args []string, stderr io.Writer) int {
 	etcdCA := fs.String("etcd-cacert", "", "CA bundle verifying etcd's serving certificates (https endpoints)")
 	etcdCert := fs.String("etcd-cert", "", "client certificate for etcd")
 	etcdKey := fs.String("etcd-key", "", "client key for etcd")
+	metricsListen := fs.String("metrics-listen", "", "address to serve /metrics, /healthz and /readyz on over plain HTTP, e.g. 127.0.0.1:9465 (default: none)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -134,6 +138,25 @@ func run(args []string, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	if *metricsListen != "" {
+		mlis, err := net.Listen("tcp", *metricsListen)
+		if err != nil {
+			log.Error("listen", "metricsListen", *metricsListen, "err", err)
+			return 1
+		}
+		mctx, stopMetrics := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if err := srv.ServeMetrics(mctx, mlis); err != nil {
+				log.Error("metrics", "err", err)
+			}
+		}()
+		defer func() {
+			stopMetrics()
+			<-done
+		}()
+	}
 	if err := srv.Serve(ctx, lis); err != nil {
 		log.Error("serve", "err", err)
 		return 1

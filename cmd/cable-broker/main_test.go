@@ -12,7 +12,7 @@ func TestBadUsageExitsTwoBeforeTouchingTheDataDir(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"an unknown default cable driver", []string{"--data-dir", "/nonexistent/x", "--default-cable-driver", "gre"}, `default cable driver "gre" is not one of ipsec, vxlan, wireguard`},
+		{"an unknown default cable driver", []string{"--data-dir", "/nonexistent/x", "--default-cable-driver", "gre"}, `default cable driver "gre" is not one of ipsec, vxlan, vxlan+ipsec, wireguard`},
 		{"no data dir", []string{"--default-cable-driver", "vxlan"}, "--data-dir is required"},
 		{"a lease under a second", []string{"--data-dir", "/nonexistent/x", "--lease", "10ms"}, "shorter than 1s"},
 		{"a VIP range that is not a CIDR", []string{"--data-dir", "/nonexistent/x", "--service-vip-range", "241.0.0.0"}, `--service-vip-range: service VIP range "241.0.0.0" is not a CIDR`},

@@ -54,8 +54,9 @@ that joined this node before).`,
 				if resp.ExportsRemoved > 0 {
 					extra += fmt.Sprintf(", %d service export(s) withdrawn", resp.ExportsRemoved)
 				}
-				_, err = fmt.Fprintf(cmd.OutOrStdout(), "node %s/%s revoked at %s%s\n", args[0], args[1], formatTime(resp.Node.GetRevokedAt()), extra)
-				return err
+				return printResult(cmd.OutOrStdout(), f.output, fmt.Sprintf("node %s/%s revoked at %s%s", args[0], args[1], formatTime(resp.Node.GetRevokedAt()), extra),
+					map[string]any{"cluster": args[0], "node": args[1], "revokedAt": formatTime(resp.Node.GetRevokedAt()),
+						"endpointRemoved": resp.EndpointRemoved, "exportsRemoved": resp.ExportsRemoved})
 			})
 		},
 	}

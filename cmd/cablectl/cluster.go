@@ -162,8 +162,7 @@ revoke-node). Delete the token file once the node has joined.`,
 				if err != nil {
 					return rpcError("create join token", err)
 				}
-				_, err = fmt.Fprintln(cmd.OutOrStdout(), resp.Token)
-				return err
+				return printResult(cmd.OutOrStdout(), f.output, resp.Token, map[string]any{"cluster": name, "token": resp.Token})
 			})
 		},
 	}
@@ -311,8 +310,8 @@ pairs: see the effect with "cablectl connection-policy list" and "... explain A 
 				if err != nil {
 					return rpcError("label cluster", err)
 				}
-				_, err = fmt.Fprintf(cmd.OutOrStdout(), "cluster %s labels: %s\n", c.Name, orNone(formatLabels(c.Labels)))
-				return err
+				return printResult(cmd.OutOrStdout(), f.output, fmt.Sprintf("cluster %s labels: %s", c.Name, orNone(formatLabels(c.Labels))),
+					map[string]any{"cluster": c.Name, "labels": c.Labels})
 			})
 		},
 	}
@@ -332,8 +331,8 @@ func newClusterRemoveCmd(f *adminFlags) *cobra.Command {
 				if err != nil {
 					return rpcError("remove cluster", err)
 				}
-				_, err = fmt.Fprintf(cmd.OutOrStdout(), "cluster %s (id %d) removed\n", resp.Cluster.Name, resp.Cluster.Id)
-				return err
+				return printResult(cmd.OutOrStdout(), f.output, fmt.Sprintf("cluster %s (id %d) removed", resp.Cluster.Name, resp.Cluster.Id),
+					map[string]any{"cluster": resp.Cluster.Name, "id": resp.Cluster.Id, "removed": true})
 			})
 		},
 	}

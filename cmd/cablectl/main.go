@@ -40,6 +40,9 @@ func newRoot() *cobra.Command {
 	addServiceAgentCommands(svc, g) // service_agent.go: export, unexport (local agent)
 	root.AddCommand(newClusterCmd(g), newStatusCmd(g), newConnectionPolicyCmd(g), newApplyCmd(g), newDeleteCmd(g), svc)
 	root.AddCommand(newCertCmd(g), newAdminCmd(g), newCACmd(g)) // certs.go
+	root.AddCommand(newInstallCmd(g), newUninstallCmd(g))       // install.go
+	root.AddCommand(newLinksCmd(g), newDiagnoseCmd(g), newVersionCmd(g))
+	finishTree(root) // commands.go: completion, exit 2 for unknown subcommands; keep it last
 	return root
 }
 
@@ -56,9 +59,17 @@ func main() {
 		return
 	}
 	fmt.Fprintln(os.Stderr, "Error:", err)
+	os.Exit(exitCode(err))
+}
+
+// exitCode is 0 for no error, 2 for bad usage, 1 for any other failure.
+func exitCode(err error) int {
 	var ue usageError
-	if errors.As(err, &ue) || isCobraUsageError(err) {
-		os.Exit(2)
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ue) || isCobraUsageError(err):
+		return 2
 	}
-	os.Exit(1)
+	return 1
 }

@@ -86,7 +86,7 @@ ends (client-server: left = servers, right = clients), or --cluster-selector for
 	fs.StringVar(&fl.Topology, "topology", "", "full-mesh | point-to-point | client-server (default: point-to-point with left/right selectors, else full-mesh)")
 	fs.IntVar(&priority, "priority", 0, "priority; the covering policies of the highest priority decide a pair")
 	fs.StringVar(&fl.ConnectionPolicy, "connection-policy", "", "connect | no-connect (default connect)")
-	fs.StringVar(&fl.CableDriver, "cable-driver", "", "cable driver of the connected pairs: wireguard | vxlan | ipsec (default: the mesh default policy's)")
+	fs.StringVar(&fl.CableDriver, "cable-driver", "", "cable driver of the connected pairs: wireguard | vxlan | ipsec | vxlan+ipsec (default: the mesh default policy's)")
 	fs.StringVar(&fl.CableConfig, "cable-config", "", "cable driver options k=v,k=v (e.g. vxlan: vni=100,port=4789,mtu=1450)")
 	fs.BoolVar(&dryRun, "dry-run", false, "have the broker validate and report without storing")
 	return cmd
@@ -205,10 +205,8 @@ func printPolicies(w io.Writer, format string, resp *apiv1.ListPoliciesResponse)
 		if r.status.Error != "" {
 			conflicts = "invalid"
 		}
-		origin := r.p.Origin
-		if origin == "" {
-			origin = policy.OriginMesh
-		}
+		// "mesh", or "cluster/<name>" for a policy applied in that cluster (seed 003).
+		origin := r.p.OriginString()
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", name, r.p.EffectivePriority(), r.p.Spec.EffectiveTopology(),
 			connectionPolicy(r.p.Spec), driverColumn(r.p.Spec), selectorsColumn(r.p.Spec), r.status.PairsDecided, conflicts, origin)
 	}
@@ -315,7 +313,8 @@ func newPolicyExportCmd(f *adminFlags) *cobra.Command {
 		Short: "Print policies as multi-document YAML that cablectl apply -f reads back",
 		Long: `Prints every policy (or the named ones) as multi-document YAML, without status, in the form
 "cablectl apply -f" reads: "cablectl connection-policy export > mesh.yaml" backs them up, and
-applying that file again reports every policy unchanged.`,
+applying that file again reports every policy unchanged. Policies applied in a cluster (ORIGIN
+cluster/<name>) are left out unless named: they are changed in their cluster.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			names, err := policyNames(name, args)
 			if err != nil {
@@ -334,7 +333,11 @@ applying that file again reports every policy unchanged.`,
 			for _, r := range rows {
 				r.p.Status = nil
 				byName[r.raw.Name] = r.p
-				all = append(all, r.p)
+				// A cluster's policies (seed 003) are that cluster's to change, and apply refuses
+				// them: a backup of the mesh's policies leaves them out.
+				if r.p.ClusterOf() == "" {
+					all = append(all, r.p)
+				}
 			}
 			if len(names) > 0 {
 				all = all[:0]

@@ -270,8 +270,8 @@ where it is defined.`,
 			if err := agentCall(ctx, socket, http.MethodDelete, statusapi.ExportsPath+namespace+"/"+args[0], nil, nil); err != nil {
 				return fmt.Errorf("unexport %s/%s: %w", namespace, args[0], err)
 			}
-			_, err := fmt.Fprintf(cmd.OutOrStdout(), "service %s/%s unexported\n", namespace, args[0])
-			return err
+			return printResult(cmd.OutOrStdout(), g.output, fmt.Sprintf("service %s/%s unexported", namespace, args[0]),
+				map[string]any{"namespace": namespace, "name": args[0], "unexported": true})
 		},
 	}
 	cmd.Flags().StringVarP(&namespace, "namespace", "n", "default", "namespace of the service")

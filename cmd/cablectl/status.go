@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -8,8 +9,10 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -30,7 +33,8 @@ func defaultStatusSocket() string {
 
 func newStatusCmd(g *globalFlags) *cobra.Command {
 	var socket string
-	var timeout time.Duration
+	var timeout, interval time.Duration
+	var watch bool
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show this node's tunnels to every remote cluster and its broker connection (from the local agent)",
@@ -42,7 +46,7 @@ func newStatusCmd(g *globalFlags) *cobra.Command {
 			"driver refused to connect it is in state error with the driver's words. Below the broker line: the\n" +
 			"agent certificate's expiry and renewal, and the node's problems (a join token file others can read, a\n" +
 			"certificate the broker refused).",
-		Example: "  cablectl status\n  cablectl status -o wide\n  cablectl status --socket /run/cablemesh/agent.sock -o json",
+		Example: "  cablectl status\n  cablectl status -o wide\n  cablectl status --socket /run/cablemesh/agent.sock -o json\n  cablectl status --watch --interval 2s",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			switch g.output {
@@ -50,17 +54,37 @@ func newStatusCmd(g *globalFlags) *cobra.Command {
 			default:
 				return usagef("--output %q: want table, wide, json or yaml", g.output)
 			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
-			defer cancel()
-			s, err := fetchStatus(ctx, socket)
-			if err != nil {
-				return fmt.Errorf("cannot reach agent at %s: %w", socket, err)
+			render := func(ctx context.Context) ([]byte, error) {
+				ctx, cancel := context.WithTimeout(ctx, timeout)
+				defer cancel()
+				s, err := fetchStatus(ctx, socket)
+				if err != nil {
+					return nil, fmt.Errorf("cannot reach agent at %s: %w", socket, err)
+				}
+				var b bytes.Buffer
+				err = printStatus(&b, g.output, s, time.Now())
+				return b.Bytes(), err
 			}
-			return printStatus(cmd.OutOrStdout(), g.output, s, time.Now())
+			if watch {
+				if interval < 100*time.Millisecond {
+					return usagef("--interval %s: want at least 100ms", interval)
+				}
+				ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+				defer stop()
+				return watchStatus(ctx, cmd.OutOrStdout(), g.output, interval, render)
+			}
+			out, err := render(cmd.Context())
+			if err != nil {
+				return err
+			}
+			_, err = cmd.OutOrStdout().Write(out)
+			return err
 		},
 	}
 	cmd.Flags().StringVar(&socket, "socket", defaultStatusSocket(), "the agent's status socket (its statusSocket setting); env CABLEMESH_AGENT_SOCKET")
 	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Second, "how long to wait for the agent")
+	cmd.Flags().BoolVarP(&watch, "watch", "w", false, "keep asking the agent every --interval and redraw when the status changes (until Ctrl-C)")
+	cmd.Flags().DurationVar(&interval, "interval", 2*time.Second, "with --watch: how often to ask the agent")
 	return cmd
 }
 

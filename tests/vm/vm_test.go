@@ -29,8 +29,9 @@ const (
 )
 
 // GuestRun is the set of netns tests run in the guest: the kernel-datapath tests
-// (tests/netns/kernel_datapaths_test.go), which skip on a kernel without WireGuard or ESP and
-// so only run here.
+// (tests/netns/kernel_datapaths_test.go, and kernel_vxlanipsec_test.go's TestKernelVxlanIPsec,
+// the combined cable vxlan+ipsec over kernel ESP), which skip on a kernel without WireGuard or
+// ESP and so only run here.
 const GuestRun = "^TestKernel"
 
 // GuestModules are loaded in the guest before the tests run: the datapaths the host kernel lacks

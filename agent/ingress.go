@@ -1,0 +1,303 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cablemesh/cablemesh/agent/brokerclient"
+	"github.com/cablemesh/cablemesh/agent/config"
+	"github.com/cablemesh/cablemesh/agent/ingressport"
+	"github.com/cablemesh/cablemesh/agent/statusapi"
+	"github.com/cablemesh/cablemesh/agent/xds"
+	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+)
+
+// The ingress on gateways (issue 9): every exported service port gets an ingress port from
+// ingress.portRange (agent/ingressport: stable across restarts in stateDir/ingress-ports.json),
+// stamped on the exports sent to the broker (ServicePort.ingress_port). With ingress.xds.listen
+// set, the agent serves the ingress Envoy's and proxyless gRPC clients' configuration over xDS
+// (agent/xds), rebuilt whenever the exports change and when the node's certificate files change
+// (the secrets rotate without an Envoy restart); an unchanged state keeps its versions.
+
+// certPollInterval is how often the certificate files are compared with what the snapshot holds:
+// they are replaced (renewal, CA rotation) by rename, and a 1 s poll of three small files is
+// simpler and as timely as a directory watch.
+const certPollInterval = time.Second
+
+// ingressState is the agent's ingress.
+type ingressState struct {
+	mu       sync.Mutex
+	loaded   bool // ports holds the file's allocations
+	ports    map[ingressport.Key]uint16
+	allocErr string
+	buildErr string
+
+	srv     *xds.Server // nil without ingress.xds.listen
+	trigger chan struct{}
+	certs   *xds.Certs // what the last snapshot was built with
+}
+
+// ingressEnabled: ingress ports are a gateway's, since the ingress runs there.
+func (a *Agent) ingressEnabled() bool { return a.cfg.Gateway }
+
+// loadIngressPorts reads the allocations; a damaged file stops the agent (silently starting over
+// would move every service to another port).
+func (a *Agent) loadIngressPorts() error {
+	if !a.ingressEnabled() {
+		return nil
+	}
+	ports, err := ingressport.Load(a.cfg.StateDir)
+	if err != nil {
+		return err
+	}
+	a.ingress.mu.Lock()
+	a.ingress.ports, a.ingress.loaded = ports, true
+	a.ingress.mu.Unlock()
+	return nil
+}
+
+// stampIngressPorts gives every TCP and UDP port of the set its ingress port (the set's exports
+// are this node's own copies), allocating and persisting new ones.
+func (a *Agent) stampIngressPorts(set []*apiv1.ServiceExport) {
+	if !a.ingressEnabled() {
+		return
+	}
+	x := &a.ingress
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if !x.loaded {
+		return // before Run loaded the file: allocating now could hand out a taken port
+	}
+	var wanted []ingressport.Key
+	for _, e := range set {
+		for _, p := range e.GetPorts() {
+			wanted = append(wanted, ingressport.Key{Namespace: e.GetNamespace(), Name: e.GetName(), Port: p.GetPort(), Protocol: p.GetProtocol()})
+		}
+	}
+	first, last, _ := config.ParsePortRange(a.cfg.Ingress.PortRange) // validated with the config
+	next, err := ingressport.Assign(x.ports, wanted, ingressport.Range{First: first, Last: last})
+	x.allocErr = ""
+	if err != nil {
+		x.allocErr = err.Error()
+	}
+	if !ingressport.Equal(next, x.ports) {
+		if err := ingressport.Save(a.cfg.StateDir, next); err != nil {
+			// Without the file the ports would not survive a restart: keep serving the old
+			// ones and say so, the next change retries.
+			x.allocErr = err.Error()
+			a.log.Error("cannot save the ingress ports", "err", err)
+		} else {
+			x.ports = next
+		}
+	}
+	for _, e := range set {
+		for _, p := range e.GetPorts() {
+			p.IngressPort = uint32(x.ports[ingressport.Key{Namespace: e.GetNamespace(), Name: e.GetName(), Port: p.GetPort(), Protocol: p.GetProtocol()}])
+		}
+	}
+}
+
+// triggerIngress asks the ingress loop to rebuild the xDS snapshot.
+func (a *Agent) triggerIngress() {
+	select {
+	case a.ingress.trigger <- struct{}{}:
+	default:
+	}
+}
+
+// startIngress opens the xDS server when ingress.xds.listen is set; the returned stop ends it
+// and its goroutines and removes its socket.
+func (a *Agent) startIngress(ctx context.Context) (stop func(), err error) {
+	if a.cfg.Ingress.XDS.Listen == "" {
+		return func() {}, nil
+	}
+	srv := xds.NewServer(a.log)
+	lis, err := srv.Listen(a.cfg.Ingress.XDS.Listen)
+	if err != nil {
+		return nil, err
+	}
+	a.ingress.mu.Lock()
+	a.ingress.srv = srv
+	a.ingress.mu.Unlock()
+	a.updateXDS(ctx) // the first snapshot before any client can ask
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := srv.Serve(lis); err != nil {
+			a.log.Error("xDS server stopped", "err", err)
+		}
+	})
+	wg.Go(func() { a.ingressLoop(ctx) })
+	a.log.Info("xDS server listening", "listen", a.cfg.Ingress.XDS.Listen, "mode", a.cfg.Ingress.Mode)
+	return func() {
+		cancel()
+		srv.Close()
+		wg.Wait()
+	}, nil
+}
+
+// ingressLoop rebuilds the snapshot on every export change and certificate change.
+func (a *Agent) ingressLoop(ctx context.Context) {
+	t := time.NewTicker(certPollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.ingress.trigger:
+		case <-t.C:
+			// A rebuild costs ~0.1 s of CPU at 1,000 services: only when the files changed.
+			cur := readCerts(a.cfg.StateDir)
+			a.ingress.mu.Lock()
+			same := sameCerts(a.ingress.certs, cur)
+			a.ingress.mu.Unlock()
+			if same {
+				continue
+			}
+			a.log.Info("node certificate files changed; serving the new ingress certificate over SDS")
+		}
+		a.updateXDS(ctx)
+	}
+}
+
+// xdsState is the xDS snapshot's input from the agent's state.
+func (a *Agent) xdsState() xds.State {
+	set, _, _ := a.effectiveExports()
+	st := xds.State{
+		Cluster: a.cfg.Cluster, MeshDomain: a.cfg.Ingress.MeshDomain,
+		SNIPort: uint32(a.cfg.Ingress.SNIPort), HTTPPort: uint32(a.cfg.Ingress.HTTPPort),
+		Certs: readCerts(a.cfg.StateDir),
+	}
+	for _, e := range set {
+		svc := xds.Service{Namespace: e.GetNamespace(), Name: e.GetName()}
+		for _, p := range e.GetPorts() {
+			svc.Ports = append(svc.Ports, xds.Port{Name: p.GetName(), Port: p.GetPort(), TargetPort: p.GetTargetPort(), Protocol: p.GetProtocol(), IngressPort: p.GetIngressPort()})
+		}
+		for _, ep := range e.GetEndpoints() {
+			svc.Endpoints = append(svc.Endpoints, xds.Endpoint{IP: ep.GetIp(), Ready: ep.GetReady()})
+		}
+		st.Services = append(st.Services, svc)
+	}
+	return st
+}
+
+// sameCerts reports whether two certificate sets hold the same bytes.
+func sameCerts(a, b *xds.Certs) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return bytes.Equal(a.CertPEM, b.CertPEM) && bytes.Equal(a.KeyPEM, b.KeyPEM) && bytes.Equal(a.CAPEM, b.CAPEM)
+}
+
+// readCerts reads the node's certificate, key and CA bundle; nil until the node has all three.
+func readCerts(dir string) *xds.Certs {
+	var c xds.Certs
+	for _, f := range []struct {
+		name string
+		dst  *[]byte
+	}{{brokerclient.CertFile, &c.CertPEM}, {brokerclient.KeyFile, &c.KeyPEM}, {brokerclient.CAFile, &c.CAPEM}} {
+		b, err := os.ReadFile(filepath.Join(dir, f.name))
+		if err != nil || len(bytes.TrimSpace(b)) == 0 {
+			return nil
+		}
+		*f.dst = b
+	}
+	return &c
+}
+
+// updateXDS serves the snapshot of the current state (nothing when its versions are unchanged).
+func (a *Agent) updateXDS(ctx context.Context) {
+	a.ingress.mu.Lock()
+	srv := a.ingress.srv
+	a.ingress.mu.Unlock()
+	if srv == nil {
+		return
+	}
+	st := a.xdsState()
+	changed, err := srv.Update(ctx, st)
+	a.ingress.mu.Lock()
+	a.ingress.certs = st.Certs
+	prev := a.ingress.buildErr
+	a.ingress.buildErr = ""
+	if err != nil {
+		a.ingress.buildErr = err.Error()
+	}
+	a.ingress.mu.Unlock()
+	switch {
+	case err != nil && err.Error() != prev:
+		a.log.Error("xDS snapshot not built; the last one stays", "err", err)
+	case changed:
+		a.log.Debug("xDS snapshot updated", "versions", srv.Versions())
+	}
+}
+
+// IngressPorts are the ingress ports allocated to this node's exported service ports (a copy;
+// empty on non-gateways): what both ingress data planes serve.
+func (a *Agent) IngressPorts() map[ingressport.Key]uint16 {
+	a.ingress.mu.Lock()
+	defer a.ingress.mu.Unlock()
+	return maps.Clone(a.ingress.ports)
+}
+
+// ingressStatus is the status's ingress section (gateways, and nodes serving xDS).
+func (a *Agent) ingressStatus() *statusapi.Ingress {
+	x := &a.ingress
+	x.mu.Lock()
+	if !a.ingressEnabled() && x.srv == nil {
+		x.mu.Unlock()
+		return nil
+	}
+	out := &statusapi.Ingress{Mode: a.cfg.Ingress.Mode, Ports: []statusapi.IngressPort{}, Error: joinMsgs(x.allocErr, x.buildErr)}
+	for _, k := range slices.SortedFunc(maps.Keys(x.ports), func(p, q ingressport.Key) int { return int(x.ports[p]) - int(x.ports[q]) }) {
+		out.Ports = append(out.Ports, statusapi.IngressPort{Namespace: k.Namespace, Name: k.Name, Port: k.Port, Protocol: k.Protocol, IngressPort: uint32(x.ports[k])})
+	}
+	srv := x.srv
+	x.mu.Unlock()
+	if srv == nil {
+		return out
+	}
+	xs := &statusapi.XDSStatus{Listen: a.cfg.Ingress.XDS.Listen, Versions: map[string]string{}, Nodes: []statusapi.XDSNode{}}
+	for url, v := range srv.Versions() {
+		xs.Versions[xds.ShortType(url)] = v
+	}
+	for _, n := range srv.Status() {
+		node := statusapi.XDSNode{Node: n.Node, Types: []statusapi.XDSType{}}
+		for _, t := range n.Types {
+			u := t.Updated.UTC()
+			node.Types = append(node.Types, statusapi.XDSType{Type: t.Type, Sent: t.Sent, Acked: t.Acked, NackError: t.NackError, NackVersion: t.NackVersion, Updated: &u})
+		}
+		xs.Nodes = append(xs.Nodes, node)
+	}
+	out.XDS = xs
+	return out
+}
+
+// joinMsgs joins the non-empty messages with "; ".
+func joinMsgs(msgs ...string) string {
+	return strings.Join(slices.DeleteFunc(msgs, func(m string) bool { return m == "" }), "; ")
+}
+
+// ingressProblems are the xDS NACKs: a client (Envoy) refused the agent's configuration and
+// runs an older one, with Envoy's own reason.
+func ingressProblems(in *statusapi.Ingress) []statusapi.Problem {
+	if in == nil || in.XDS == nil {
+		return nil
+	}
+	var out []statusapi.Problem
+	for _, n := range in.XDS.Nodes {
+		for _, t := range n.Types {
+			if t.NackError != "" {
+				out = append(out, statusapi.Problem{Message: fmt.Sprintf("xDS client %s refused %s version %s: %s", n.Node, t.Type, t.NackVersion, t.NackError)})
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,125 @@
+package agent
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	listener "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	client "github.com/envoyproxy/go-control-plane/pkg/client/sotw/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/cablemesh/cablemesh/agent/config"
+	"github.com/cablemesh/cablemesh/agent/ingressport"
+	"github.com/cablemesh/cablemesh/agent/internal/fakedriver"
+	"github.com/cablemesh/cablemesh/agent/xds"
+	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+)
+
+func ingressPortsAtBroker(b interface {
+	Exports(cluster, node string) ([]*apiv1.ServiceExport, int)
+}) map[string]uint32 {
+	got, _ := b.Exports("east", "east-gw1")
+	out := map[string]uint32{}
+	for _, e := range got {
+		for _, p := range e.GetPorts() {
+			out[e.GetName()+"/"+p.GetProtocol()] = p.GetIngressPort()
+		}
+	}
+	return out
+}
+
+// TestIngressPortsAndXDS: a gateway gives every exported service port an ingress port, publishes
+// it with the export, keeps it across a restart, and serves the ingress over xDS, with a new
+// secrets version when the certificate files change.
+func TestIngressPortsAndXDS(t *testing.T) {
+	b := newBroker(t)
+	sock := filepath.Join(t.TempDir(), "xds.sock")
+	r, cfg, _, _ := servicesAgent(t, b, &switchPinger{}, func(c *config.Config, _ *Options) {
+		c.Ingress.XDS.Listen = sock
+		c.Exports = []config.Export{{Name: "web", Namespace: "shop", Ports: []config.ExportPort{{Name: "http", Port: 80, Protocol: "TCP"}, {Name: "dns", Port: 53, Protocol: "UDP"}},
+			Endpoints: []config.ExportEndpoint{{IP: "10.1.0.10"}}}}
+	})
+	want := map[string]uint32{"web/TCP": 15001, "web/UDP": 15000} // key order: 53/UDP before 80/TCP
+	eventually(t, "the ingress ports at the broker", func() bool {
+		got := ingressPortsAtBroker(b)
+		return got["web/TCP"] == want["web/TCP"] && got["web/UDP"] == want["web/UDP"]
+	})
+	st, _ := getStatus(t, cfg.StatusSocket)
+	if st.Ingress == nil || st.Ingress.Mode != "kernel" || len(st.Ingress.Ports) != 2 || st.Ingress.XDS == nil || st.Ingress.XDS.Listen != sock {
+		t.Fatalf("ingress status %+v", st.Ingress)
+	}
+
+	// The xDS server serves the TCP listener of the TCP port.
+	cc, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c := client.NewADSClient(ctx, &core.Node{Id: "unit-envoy"}, resourcev3.ListenerType)
+	if err := c.InitConnect(cc); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := c.Fetch()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, a := range resp.Resources {
+		var l listener.Listener
+		if err := a.UnmarshalTo(&l); err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, l.Name)
+	}
+	if !slices.Contains(names, xds.TCPListenerName(15001)) || !slices.Contains(names, xds.HTTPListener) {
+		t.Errorf("listeners %v, want %s and %s", names, xds.TCPListenerName(15001), xds.HTTPListener)
+	}
+	if err := c.Ack(); err != nil {
+		t.Fatal(err)
+	}
+
+	// A rotated certificate file: new secrets, the other types unchanged.
+	before, _ := getStatus(t, cfg.StatusSocket)
+	ca := filepath.Join(cfg.StateDir, "ca.crt")
+	data, err := os.ReadFile(ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(ca, append(data, []byte("# rotated\n")...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a new secrets version", func() bool {
+		s, _ := getStatus(t, cfg.StatusSocket)
+		return s.Ingress.XDS.Versions["secrets"] != before.Ingress.XDS.Versions["secrets"]
+	})
+	after, _ := getStatus(t, cfg.StatusSocket)
+	if after.Ingress.XDS.Versions["listeners"] != before.Ingress.XDS.Versions["listeners"] {
+		t.Errorf("listeners version changed with the certificate: %v -> %v", before.Ingress.XDS.Versions, after.Ingress.XDS.Versions)
+	}
+	cancel()
+
+	// A restart keeps the ports, and the file holds them.
+	r.stop()
+	ports, err := ingressport.Load(cfg.StateDir)
+	if err != nil || len(ports) != 2 {
+		t.Fatalf("ingress-ports.json: %v %v", ports, err)
+	}
+	cfg.Exports = append([]config.Export{{Name: "api", Namespace: "aaa", Ports: []config.ExportPort{{Name: "grpc", Port: 9000, Protocol: "TCP"}}}}, cfg.Exports...)
+	for i := range cfg.Exports {
+		cfg.Exports[i].Endpoints = []config.ExportEndpoint{{IP: "10.1.0.10"}}
+	}
+	r2 := startAgentWith(t, cfg, fakedriver.New(), func(o *Options) { fakeDatapath(o, nil, nil, nil) })
+	<-r2.ready
+	eventually(t, "the new export's port at the broker, the old ones unchanged", func() bool {
+		got := ingressPortsAtBroker(b)
+		return got["web/TCP"] == want["web/TCP"] && got["web/UDP"] == want["web/UDP"] && got["api/TCP"] == 15002
+	})
+}

@@ -1,0 +1,55 @@
+package statusapi
+
+import "time"
+
+// Ingress is the gateway's ingress: the ports of the exported services and, with an xDS server,
+// what every xDS client (the ingress Envoy, proxyless gRPC clients) accepted.
+type Ingress struct {
+	// Mode is the data plane, kernel or envoy (ingress.mode).
+	Mode string `json:"mode"`
+	// Ports are the ingress ports allocated to this node's exported service ports.
+	Ports []IngressPort `json:"ports"`
+	// Error says why a port could not be allocated, or why the last snapshot was not built.
+	Error string `json:"error,omitempty"`
+	// XDS is the xDS server; nil when ingress.xds.listen is unset.
+	XDS *XDSStatus `json:"xds,omitempty"`
+}
+
+// IngressPort is one exported service port and its ingress port.
+type IngressPort struct {
+	Namespace   string `json:"namespace"`
+	Name        string `json:"name"`
+	Port        uint32 `json:"port"`
+	Protocol    string `json:"protocol"`
+	IngressPort uint32 `json:"ingressPort"`
+}
+
+// XDSStatus is the agent's xDS server.
+type XDSStatus struct {
+	Listen string `json:"listen"`
+	// Versions are the current snapshot's versions by resource type (listeners, routes,
+	// clusters, endpoints, secrets): hashes of the content, unchanged while nothing changes.
+	Versions map[string]string `json:"versions"`
+	// Nodes are the xDS clients that connected, by node ID.
+	Nodes []XDSNode `json:"nodes"`
+}
+
+// XDSNode is one xDS client's state per resource type.
+type XDSNode struct {
+	Node  string    `json:"node"`
+	Types []XDSType `json:"types"`
+}
+
+// XDSType is one resource type of one xDS client.
+type XDSType struct {
+	Type string `json:"type"`
+	// Sent is the last version sent to the client; Acked the last one it accepted. Acked equal
+	// to the current version means the client runs the agent's current configuration.
+	Sent  string `json:"sent,omitempty"`
+	Acked string `json:"acked,omitempty"`
+	// NackError is the error_detail of the client's last NACK (Envoy's reason for refusing
+	// NackVersion), shown until it ACKs a later version.
+	NackError   string     `json:"nackError,omitempty"`
+	NackVersion string     `json:"nackVersion,omitempty"`
+	Updated     *time.Time `json:"updated,omitempty"`
+}
