@@ -24,6 +24,19 @@ func TestAJoinTokenIsOneTime(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, east.Agent.Log())
 	}
+	// The gateway registers up to a second after it joined (the first registration's jitter):
+	// wait for its endpoint, so that "kept its endpoint" below means kept, not not yet there.
+	err = harness.WaitFor(30*time.Second, 100*time.Millisecond, func() (bool, string) {
+		for _, cv := range clusterList(t, m) {
+			if cv.Name == "east" && len(cv.Gateways) == 1 && cv.Gateways[0].Node == east.Node {
+				return true, ""
+			}
+		}
+		return false, "east's gateway has not registered"
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, east.Agent.Log())
+	}
 	token, err := os.ReadFile(east.TokenPath)
 	if err != nil {
 		t.Fatal(err)
