@@ -48,7 +48,7 @@ func newDiagnoseCmd(g *globalFlags) *cobra.Command {
 			defer cancel()
 			s, err := fetchStatus(ctx, socket)
 			if err != nil {
-				return fmt.Errorf("cannot reach agent at %s: %w", socket, err)
+				return err
 			}
 			results := diagnose.Run(s, runProbes(ctx, s), time.Now())
 			if err := printDiagnose(cmd.OutOrStdout(), g.output, results); err != nil {

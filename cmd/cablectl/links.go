@@ -46,7 +46,7 @@ func newLinksCmd(g *globalFlags) *cobra.Command {
 			defer cancel()
 			s, err := fetchStatus(ctx, socket)
 			if err != nil {
-				return fmt.Errorf("cannot reach agent at %s: %w", socket, err)
+				return err
 			}
 			return printLinks(cmd.OutOrStdout(), g.output, linkItems(s))
 		},

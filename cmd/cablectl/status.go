@@ -59,7 +59,7 @@ func newStatusCmd(g *globalFlags) *cobra.Command {
 				defer cancel()
 				s, err := fetchStatus(ctx, socket)
 				if err != nil {
-					return nil, fmt.Errorf("cannot reach agent at %s: %w", socket, err)
+					return nil, err
 				}
 				var b bytes.Buffer
 				err = printStatus(&b, g.output, s, time.Now())
@@ -88,8 +88,17 @@ func newStatusCmd(g *globalFlags) *cobra.Command {
 	return cmd
 }
 
-// fetchStatus GETs the status document over the unix socket.
+// fetchStatus GETs the status document over the unix socket; its errors name the socket, as
+// every command that asks the agent shows them.
 func fetchStatus(ctx context.Context, socket string) (*statusapi.Status, error) {
+	s, err := getStatus(ctx, socket)
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach agent at %s: %w", socket, err)
+	}
+	return s, nil
+}
+
+func getStatus(ctx context.Context, socket string) (*statusapi.Status, error) {
 	client := &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer

@@ -46,7 +46,7 @@ func newVersionCmd(g *globalFlags) *cobra.Command {
 				defer cancel()
 				s, err := fetchStatus(ctx, socket)
 				if err != nil {
-					agentErr = fmt.Errorf("cannot reach agent at %s: %w", socket, err)
+					agentErr = err
 					v.AgentError = agentErr.Error()
 				} else {
 					v.Agent, v.Broker, v.BrokerAddress = s.Version, s.Broker.Version, s.Broker.Address
