@@ -13,6 +13,7 @@ import (
 
 	"github.com/cablemesh/cablemesh/agent/brokerclient"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/internal/retry"
 )
 
 // identity loads the agent's certificate or joins to get one. Transient failures (broker not
@@ -48,7 +49,7 @@ func (a *Agent) identity(ctx context.Context) (*brokerclient.Identity, error) {
 		}
 		a.setBrokerError(err)
 		a.log.Warn("join failed; retrying", "broker", a.cfg.Broker, "err", err)
-		if !sleep(ctx, bo.next()) {
+		if !retry.Sleep(ctx, bo.Next()) {
 			return nil, ctx.Err() // stopped while waiting for the broker: not a failure
 		}
 	}
@@ -71,7 +72,7 @@ func (a *Agent) watchLoop(ctx context.Context, client apiv1.AgentClient) {
 			continue
 		}
 		if got {
-			bo.reset()
+			bo.Reset()
 			quiet.reset()
 		}
 		a.mu.Lock()
@@ -81,7 +82,7 @@ func (a *Agent) watchLoop(ctx context.Context, client apiv1.AgentClient) {
 			return
 		}
 		a.setBrokerError(err)
-		d := bo.next()
+		d := bo.Next()
 		level := slog.LevelWarn
 		if quiet.repeated(err) {
 			level = slog.LevelDebug

@@ -18,6 +18,7 @@ import (
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 	"github.com/cablemesh/cablemesh/api/jointoken"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/internal/retry"
 )
 
 // The agent's certificate over its life (the identity in stateDir: agent.key, agent.crt and the
@@ -209,7 +210,7 @@ func (a *Agent) certLoop(ctx context.Context, client apiv1.AgentClient) {
 			return
 		}
 		if err == nil {
-			bo.reset()
+			bo.Reset()
 			quiet.reset()
 			cc, err := brokerclient.DialKeyring(a.cfg.Broker, a.keyring)
 			if err != nil {
@@ -229,13 +230,13 @@ func (a *Agent) certLoop(ctx context.Context, client apiv1.AgentClient) {
 		a.mu.Lock()
 		a.certs.renewErr = err.Error()
 		a.mu.Unlock()
-		d := bo.next()
+		d := bo.Next()
 		if status.Code(errors.Unwrap(err)) == codes.Unimplemented {
 			d = unimplementedRetry // a broker older than renewals: ask again once it may be upgraded
 		}
 		a.log.Log(ctx, warnLevel(quiet.repeated(err)), "certificate renewal failed; retrying", "err", err, "reason", reason, "retryIn", d.Round(time.Millisecond).String(),
 			"notAfter", id.Leaf.NotAfter.UTC().Format(time.RFC3339))
-		if !sleep(ctx, d) {
+		if !retry.Sleep(ctx, d) {
 			return
 		}
 	}

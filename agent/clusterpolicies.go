@@ -15,6 +15,7 @@ import (
 	"github.com/cablemesh/cablemesh/agent/clusterpolicy"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/internal/retry"
 )
 
 // Cluster-scoped policies (seed 003): the agent reads this cluster's policies from its policyDir
@@ -82,9 +83,9 @@ func (a *Agent) runClusterPolicies(ctx context.Context, client apiv1.AgentClient
 			if ctx.Err() != nil {
 				return
 			}
-			d := bo.next()
+			d := bo.Next()
 			a.log.Error("cluster policy source stopped; restarting", "err", err, "retryIn", d.Round(time.Millisecond).String())
-			if !sleep(ctx, d) {
+			if !retry.Sleep(ctx, d) {
 				return
 			}
 		}
@@ -128,7 +129,7 @@ func (a *Agent) clusterPoliciesLoop(ctx context.Context, client apiv1.AgentClien
 				return
 			}
 			if err == nil {
-				bo.reset()
+				bo.Reset()
 				quiet.reset()
 				break
 			}
@@ -138,7 +139,7 @@ func (a *Agent) clusterPoliciesLoop(ctx context.Context, client apiv1.AgentClien
 				a.log.Log(ctx, level, "broker refused this cluster's policies", "err", err)
 				break
 			}
-			d := bo.next()
+			d := bo.Next()
 			a.log.Log(ctx, level, "could not send this cluster's policies to the broker; retrying", "err", err, "retryIn", d.Round(time.Millisecond).String())
 			t := time.NewTimer(d)
 			select {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/cablemesh/cablemesh/agent/brokerclient"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/internal/retry"
 )
 
 // registerLoop registers this gateway's endpoint and renews its lease every heartbeatInterval,
@@ -24,7 +25,7 @@ func (a *Agent) registerLoop(ctx context.Context, client apiv1.AgentClient) {
 	var quiet repeatFilter
 	// A fleet that starts together would otherwise register in one instant, and heartbeat in
 	// that same instant every interval after (brokerclient.HeartbeatDelay).
-	if !sleep(ctx, brokerclient.FirstRegistrationDelay(a.cfg.HeartbeatInterval)) {
+	if !retry.Sleep(ctx, brokerclient.FirstRegistrationDelay(a.cfg.HeartbeatInterval)) {
 		return
 	}
 	for {
@@ -81,7 +82,7 @@ func (a *Agent) registerLoop(ctx context.Context, client apiv1.AgentClient) {
 				}
 			}
 		}
-		if !sleep(ctx, brokerclient.HeartbeatDelay(a.cfg.HeartbeatInterval)) {
+		if !retry.Sleep(ctx, brokerclient.HeartbeatDelay(a.cfg.HeartbeatInterval)) {
 			return
 		}
 		if err != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/cablemesh/cablemesh/agent/config"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/internal/retry"
 	"github.com/cablemesh/cablemesh/internal/statefile"
 	"github.com/cablemesh/cablemesh/mcs"
 )
@@ -350,7 +351,7 @@ func (a *Agent) exportsLoop(ctx context.Context, client apiv1.AgentClient) {
 				return
 			}
 			if err == nil {
-				bo.reset()
+				bo.Reset()
 				quiet.reset()
 				break
 			}
@@ -360,7 +361,7 @@ func (a *Agent) exportsLoop(ctx context.Context, client apiv1.AgentClient) {
 				a.log.Log(ctx, level, "broker refused this node's exports", "err", err)
 				break
 			}
-			d := bo.next()
+			d := bo.Next()
 			a.log.Log(ctx, level, "could not send this node's exports to the broker; retrying", "err", err, "retryIn", d.Round(time.Millisecond).String())
 			t := time.NewTimer(d)
 			select {
@@ -416,9 +417,9 @@ func (a *Agent) runExportSource(ctx context.Context, src ExportSource) {
 		if ctx.Err() != nil {
 			return
 		}
-		d := bo.next()
+		d := bo.Next()
 		a.log.Error("Kubernetes export source stopped; restarting", "err", err, "retryIn", d.Round(time.Millisecond).String())
-		if !sleep(ctx, d) {
+		if !retry.Sleep(ctx, d) {
 			return
 		}
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 
+	"github.com/cablemesh/cablemesh/internal/retry"
 	"github.com/cablemesh/cablemesh/policy"
 )
 
@@ -130,7 +131,7 @@ func (d *DirSource) Run(ctx context.Context, onChange func(Set)) error {
 		emit()
 		if err != nil {
 			log.Debug("policyDir not watched; looking again", "policyDir", d.Dir, "err", err)
-			if !sleep(ctx, dirRetry) {
+			if !retry.Sleep(ctx, dirRetry) {
 				return nil
 			}
 			continue
@@ -180,17 +181,6 @@ func (d *DirSource) read() Set {
 		return Set{Problems: []Problem{{Source: d.Dir, Message: oneLine(err.Error())}}}
 	}
 	return Build(d.Cluster, items)
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 func mustJSON(v any) string {

@@ -9,7 +9,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	mrand "math/rand/v2"
 	"os"
 	"path/filepath"
 	"sync"
@@ -26,6 +25,7 @@ import (
 
 	"github.com/cablemesh/cablemesh/agent/brokerclient"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/internal/retry"
 	"github.com/cablemesh/cablemesh/mcs"
 )
 
@@ -256,7 +256,7 @@ func (a *simAgent) run(ctx context.Context) {
 
 // join is agent.identity: join, retrying transient failures with the agent's backoff.
 func (a *simAgent) join(ctx context.Context) error {
-	bo := backoff{min: minBackoff, max: maxBackoff}
+	bo := retry.Backoff{Min: minBackoff, Max: maxBackoff}
 	a.joinStart = time.Now()
 	for {
 		a.joinAttempts++
@@ -276,7 +276,7 @@ func (a *simAgent) join(ctx context.Context) error {
 		if brokerclient.Permanent(err) {
 			return err
 		}
-		if !sleep(ctx, bo.next()) {
+		if !retry.Sleep(ctx, bo.Next()) {
 			return ctx.Err()
 		}
 	}
@@ -392,7 +392,7 @@ func (a *simAgent) setExports(ctx context.Context) {
 // watchLoop is agent.watchLoop: one stream at a time, resumed from the revision held, with the
 // agent's backoff, cut short when a registration or heartbeat succeeds.
 func (a *simAgent) watchLoop(ctx context.Context) {
-	bo := backoff{min: minBackoff, max: maxBackoff}
+	bo := retry.Backoff{Min: minBackoff, Max: maxBackoff}
 	for {
 		got, err := a.watchOnce(ctx)
 		if ctx.Err() != nil {
@@ -402,13 +402,13 @@ func (a *simAgent) watchLoop(ctx context.Context) {
 		a.f.calls.watchErrors.Add(1)
 		_ = err
 		if got {
-			bo.reset()
+			bo.Reset()
 		}
 		select {
 		case <-a.wake:
 		default:
 		}
-		t := time.NewTimer(bo.next())
+		t := time.NewTimer(bo.Next())
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -684,31 +684,6 @@ func setBit(set []uint64, i int, on bool) int {
 		return -1
 	}
 	return 0
-}
-
-// backoff is agent/backoff.go's: exponential with up to half a step of jitter.
-type backoff struct{ min, max, cur time.Duration }
-
-func (b *backoff) next() time.Duration {
-	if b.cur == 0 {
-		b.cur = b.min
-	} else {
-		b.cur = min(b.cur*2, b.max)
-	}
-	return min(b.cur+time.Duration(mrand.Int64N(int64(b.cur/2)+1)), b.max)
-}
-
-func (b *backoff) reset() { b.cur = 0 }
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 func writeTokenFile(dir, cluster, token string) (string, error) {
