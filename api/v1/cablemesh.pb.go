@@ -91,7 +91,12 @@ type Cluster struct {
 	// pair_psk is set only in the watch stream to an agent, on every cluster other than the agent's
 	// own: the pre-shared key of the pair (agent's cluster, this cluster), derived by the broker from
 	// the mesh secret. The same pair gets the same key at both ends; no other cluster receives it.
-	PairPsk       []byte `protobuf:"bytes,9,opt,name=pair_psk,json=pairPsk,proto3" json:"pair_psk,omitempty"`
+	PairPsk []byte `protobuf:"bytes,9,opt,name=pair_psk,json=pairPsk,proto3" json:"pair_psk,omitempty"`
+	// gateway_mode: the cluster joined in gateway mode (cablectl cluster join-token --gateway-mode).
+	// Its pairs never exchange pod IPs: each pair's cable carries only traffic between the two
+	// gateways' mesh addresses (Endpoint.mesh_address), and services are reached through the remote
+	// gateway's ingress. Its pod CIDRs may overlap another gateway-mode cluster's.
+	GatewayMode   bool `protobuf:"varint,10,opt,name=gateway_mode,json=gatewayMode,proto3" json:"gateway_mode,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -189,6 +194,13 @@ func (x *Cluster) GetPairPsk() []byte {
 	return nil
 }
 
+func (x *Cluster) GetGatewayMode() bool {
+	if x != nil {
+		return x.GatewayMode
+	}
+	return false
+}
+
 // Endpoint is one gateway node of a cluster, registered by its agent and kept alive by heartbeats.
 type Endpoint struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -218,8 +230,13 @@ type Endpoint struct {
 	// set by the broker. A RegisterEndpoint or Heartbeat for this node from a certificate that is
 	// not this one, nor another live certificate of the same node (a renewal), is refused.
 	CertificateSerial string `protobuf:"bytes,15,opt,name=certificate_serial,json=certificateSerial,proto3" json:"certificate_serial,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// mesh_address: this gateway's address in the mesh address range (cable-broker
+	// --mesh-address-range), allocated by the broker at registration, unique in the mesh and kept
+	// for the node while its cluster exists. Gateway-mode pairs carry only traffic between their
+	// gateways' mesh addresses.
+	MeshAddress   string `protobuf:"bytes,16,opt,name=mesh_address,json=meshAddress,proto3" json:"mesh_address,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Endpoint) Reset() {
@@ -346,6 +363,13 @@ func (x *Endpoint) GetCableAttributes() map[string]*CableAttributes {
 func (x *Endpoint) GetCertificateSerial() string {
 	if x != nil {
 		return x.CertificateSerial
+	}
+	return ""
+}
+
+func (x *Endpoint) GetMeshAddress() string {
+	if x != nil {
+		return x.MeshAddress
 	}
 	return ""
 }
@@ -1127,13 +1151,17 @@ func (x *ServiceConflict) GetMessage() string {
 
 // ImportedCluster is one exporting cluster's part of a service import.
 type ImportedCluster struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Cluster       string                 `protobuf:"bytes,1,opt,name=cluster,proto3" json:"cluster,omitempty"`
-	ClusterId     uint32                 `protobuf:"varint,2,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
-	Endpoints     []*ServiceEndpoint     `protobuf:"bytes,3,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
-	Ports         []*ServicePort         `protobuf:"bytes,4,rep,name=ports,proto3" json:"ports,omitempty"`
-	Labels        map[string]string      `protobuf:"bytes,5,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Affinity      string                 `protobuf:"bytes,6,opt,name=affinity,proto3" json:"affinity,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Cluster   string                 `protobuf:"bytes,1,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	ClusterId uint32                 `protobuf:"varint,2,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	Endpoints []*ServiceEndpoint     `protobuf:"bytes,3,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
+	Ports     []*ServicePort         `protobuf:"bytes,4,rep,name=ports,proto3" json:"ports,omitempty"`
+	Labels    map[string]string      `protobuf:"bytes,5,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Affinity  string                 `protobuf:"bytes,6,opt,name=affinity,proto3" json:"affinity,omitempty"`
+	// ingresses: the exporting cluster's gateways that serve this service on their ingress, one per
+	// gateway node with a mesh address: a cluster whose pair with the importer is in gateway mode is
+	// reached through one of them, never at its endpoints' pod IPs.
+	Ingresses     []*GatewayIngress `protobuf:"bytes,7,rep,name=ingresses,proto3" json:"ingresses,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1210,6 +1238,75 @@ func (x *ImportedCluster) GetAffinity() string {
 	return ""
 }
 
+func (x *ImportedCluster) GetIngresses() []*GatewayIngress {
+	if x != nil {
+		return x.Ingresses
+	}
+	return nil
+}
+
+// GatewayIngress is one gateway's ingress for one exported service: its mesh address and, per
+// service port (name, port, protocol), the ingress port it serves it on.
+type GatewayIngress struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	MeshAddress   string                 `protobuf:"bytes,2,opt,name=mesh_address,json=meshAddress,proto3" json:"mesh_address,omitempty"`
+	Ports         []*ServicePort         `protobuf:"bytes,3,rep,name=ports,proto3" json:"ports,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GatewayIngress) Reset() {
+	*x = GatewayIngress{}
+	mi := &file_cablemesh_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GatewayIngress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GatewayIngress) ProtoMessage() {}
+
+func (x *GatewayIngress) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GatewayIngress.ProtoReflect.Descriptor instead.
+func (*GatewayIngress) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *GatewayIngress) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *GatewayIngress) GetMeshAddress() string {
+	if x != nil {
+		return x.MeshAddress
+	}
+	return ""
+}
+
+func (x *GatewayIngress) GetPorts() []*ServicePort {
+	if x != nil {
+		return x.Ports
+	}
+	return nil
+}
+
 // ServiceImport is the merge of every cluster's export of namespace/name (MCS ServiceImport).
 type ServiceImport struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -1229,7 +1326,7 @@ type ServiceImport struct {
 
 func (x *ServiceImport) Reset() {
 	*x = ServiceImport{}
-	mi := &file_cablemesh_proto_msgTypes[12]
+	mi := &file_cablemesh_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1241,7 +1338,7 @@ func (x *ServiceImport) String() string {
 func (*ServiceImport) ProtoMessage() {}
 
 func (x *ServiceImport) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[12]
+	mi := &file_cablemesh_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1254,7 +1351,7 @@ func (x *ServiceImport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceImport.ProtoReflect.Descriptor instead.
 func (*ServiceImport) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{12}
+	return file_cablemesh_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ServiceImport) GetNamespace() string {
@@ -1316,7 +1413,7 @@ type ServiceImports struct {
 
 func (x *ServiceImports) Reset() {
 	*x = ServiceImports{}
-	mi := &file_cablemesh_proto_msgTypes[13]
+	mi := &file_cablemesh_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1328,7 +1425,7 @@ func (x *ServiceImports) String() string {
 func (*ServiceImports) ProtoMessage() {}
 
 func (x *ServiceImports) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[13]
+	mi := &file_cablemesh_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1341,7 +1438,7 @@ func (x *ServiceImports) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceImports.ProtoReflect.Descriptor instead.
 func (*ServiceImports) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{13}
+	return file_cablemesh_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ServiceImports) GetImports() []*ServiceImport {
@@ -1359,7 +1456,7 @@ type ListClustersRequest struct {
 
 func (x *ListClustersRequest) Reset() {
 	*x = ListClustersRequest{}
-	mi := &file_cablemesh_proto_msgTypes[14]
+	mi := &file_cablemesh_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1371,7 +1468,7 @@ func (x *ListClustersRequest) String() string {
 func (*ListClustersRequest) ProtoMessage() {}
 
 func (x *ListClustersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[14]
+	mi := &file_cablemesh_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1384,7 +1481,7 @@ func (x *ListClustersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListClustersRequest.ProtoReflect.Descriptor instead.
 func (*ListClustersRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{14}
+	return file_cablemesh_proto_rawDescGZIP(), []int{15}
 }
 
 type ListClustersResponse struct {
@@ -1398,7 +1495,7 @@ type ListClustersResponse struct {
 
 func (x *ListClustersResponse) Reset() {
 	*x = ListClustersResponse{}
-	mi := &file_cablemesh_proto_msgTypes[15]
+	mi := &file_cablemesh_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1410,7 +1507,7 @@ func (x *ListClustersResponse) String() string {
 func (*ListClustersResponse) ProtoMessage() {}
 
 func (x *ListClustersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[15]
+	mi := &file_cablemesh_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1423,7 +1520,7 @@ func (x *ListClustersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListClustersResponse.ProtoReflect.Descriptor instead.
 func (*ListClustersResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{15}
+	return file_cablemesh_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListClustersResponse) GetClusters() []*Cluster {
@@ -1459,7 +1556,7 @@ type LabelClusterRequest struct {
 
 func (x *LabelClusterRequest) Reset() {
 	*x = LabelClusterRequest{}
-	mi := &file_cablemesh_proto_msgTypes[16]
+	mi := &file_cablemesh_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1471,7 +1568,7 @@ func (x *LabelClusterRequest) String() string {
 func (*LabelClusterRequest) ProtoMessage() {}
 
 func (x *LabelClusterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[16]
+	mi := &file_cablemesh_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1484,7 +1581,7 @@ func (x *LabelClusterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LabelClusterRequest.ProtoReflect.Descriptor instead.
 func (*LabelClusterRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{16}
+	return file_cablemesh_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LabelClusterRequest) GetName() string {
@@ -1517,7 +1614,7 @@ type RemoveClusterRequest struct {
 
 func (x *RemoveClusterRequest) Reset() {
 	*x = RemoveClusterRequest{}
-	mi := &file_cablemesh_proto_msgTypes[17]
+	mi := &file_cablemesh_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1529,7 +1626,7 @@ func (x *RemoveClusterRequest) String() string {
 func (*RemoveClusterRequest) ProtoMessage() {}
 
 func (x *RemoveClusterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[17]
+	mi := &file_cablemesh_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1542,7 +1639,7 @@ func (x *RemoveClusterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveClusterRequest.ProtoReflect.Descriptor instead.
 func (*RemoveClusterRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{17}
+	return file_cablemesh_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RemoveClusterRequest) GetName() string {
@@ -1561,7 +1658,7 @@ type RemoveClusterResponse struct {
 
 func (x *RemoveClusterResponse) Reset() {
 	*x = RemoveClusterResponse{}
-	mi := &file_cablemesh_proto_msgTypes[18]
+	mi := &file_cablemesh_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1573,7 +1670,7 @@ func (x *RemoveClusterResponse) String() string {
 func (*RemoveClusterResponse) ProtoMessage() {}
 
 func (x *RemoveClusterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[18]
+	mi := &file_cablemesh_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1586,7 +1683,7 @@ func (x *RemoveClusterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveClusterResponse.ProtoReflect.Descriptor instead.
 func (*RemoveClusterResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{18}
+	return file_cablemesh_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RemoveClusterResponse) GetCluster() *Cluster {
@@ -1606,14 +1703,17 @@ type CreateJoinTokenRequest struct {
 	ValidForSeconds int64 `protobuf:"varint,5,opt,name=valid_for_seconds,json=validForSeconds,proto3" json:"valid_for_seconds,omitempty"`
 	// max_nodes: how many distinct nodes the token may join (0 means 1). The broker counts the
 	// nodes it served in the store, with the token's nonce, so the count survives restarts.
-	MaxNodes      uint32 `protobuf:"varint,6,opt,name=max_nodes,json=maxNodes,proto3" json:"max_nodes,omitempty"`
+	MaxNodes uint32 `protobuf:"varint,6,opt,name=max_nodes,json=maxNodes,proto3" json:"max_nodes,omitempty"`
+	// gateway_mode: the cluster joins in gateway mode (Cluster.gateway_mode); its pod CIDRs may then
+	// overlap another gateway-mode cluster's.
+	GatewayMode   bool `protobuf:"varint,7,opt,name=gateway_mode,json=gatewayMode,proto3" json:"gateway_mode,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateJoinTokenRequest) Reset() {
 	*x = CreateJoinTokenRequest{}
-	mi := &file_cablemesh_proto_msgTypes[19]
+	mi := &file_cablemesh_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1625,7 +1725,7 @@ func (x *CreateJoinTokenRequest) String() string {
 func (*CreateJoinTokenRequest) ProtoMessage() {}
 
 func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[19]
+	mi := &file_cablemesh_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1638,7 +1738,7 @@ func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{19}
+	return file_cablemesh_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CreateJoinTokenRequest) GetCluster() string {
@@ -1683,6 +1783,13 @@ func (x *CreateJoinTokenRequest) GetMaxNodes() uint32 {
 	return 0
 }
 
+func (x *CreateJoinTokenRequest) GetGatewayMode() bool {
+	if x != nil {
+		return x.GatewayMode
+	}
+	return false
+}
+
 type CreateJoinTokenResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Token         string                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
@@ -1695,7 +1802,7 @@ type CreateJoinTokenResponse struct {
 
 func (x *CreateJoinTokenResponse) Reset() {
 	*x = CreateJoinTokenResponse{}
-	mi := &file_cablemesh_proto_msgTypes[20]
+	mi := &file_cablemesh_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1707,7 +1814,7 @@ func (x *CreateJoinTokenResponse) String() string {
 func (*CreateJoinTokenResponse) ProtoMessage() {}
 
 func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[20]
+	mi := &file_cablemesh_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1720,7 +1827,7 @@ func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{20}
+	return file_cablemesh_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CreateJoinTokenResponse) GetToken() string {
@@ -1769,7 +1876,7 @@ type JoinTokenRecord struct {
 
 func (x *JoinTokenRecord) Reset() {
 	*x = JoinTokenRecord{}
-	mi := &file_cablemesh_proto_msgTypes[21]
+	mi := &file_cablemesh_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1781,7 +1888,7 @@ func (x *JoinTokenRecord) String() string {
 func (*JoinTokenRecord) ProtoMessage() {}
 
 func (x *JoinTokenRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[21]
+	mi := &file_cablemesh_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1794,7 +1901,7 @@ func (x *JoinTokenRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinTokenRecord.ProtoReflect.Descriptor instead.
 func (*JoinTokenRecord) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{21}
+	return file_cablemesh_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *JoinTokenRecord) GetNonce() string {
@@ -1865,7 +1972,7 @@ type IssuedCertificate struct {
 
 func (x *IssuedCertificate) Reset() {
 	*x = IssuedCertificate{}
-	mi := &file_cablemesh_proto_msgTypes[22]
+	mi := &file_cablemesh_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1877,7 +1984,7 @@ func (x *IssuedCertificate) String() string {
 func (*IssuedCertificate) ProtoMessage() {}
 
 func (x *IssuedCertificate) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[22]
+	mi := &file_cablemesh_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1890,7 +1997,7 @@ func (x *IssuedCertificate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IssuedCertificate.ProtoReflect.Descriptor instead.
 func (*IssuedCertificate) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{22}
+	return file_cablemesh_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *IssuedCertificate) GetSerial() string {
@@ -1955,7 +2062,7 @@ type NodeCertificate struct {
 
 func (x *NodeCertificate) Reset() {
 	*x = NodeCertificate{}
-	mi := &file_cablemesh_proto_msgTypes[23]
+	mi := &file_cablemesh_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1967,7 +2074,7 @@ func (x *NodeCertificate) String() string {
 func (*NodeCertificate) ProtoMessage() {}
 
 func (x *NodeCertificate) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[23]
+	mi := &file_cablemesh_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1980,7 +2087,7 @@ func (x *NodeCertificate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeCertificate.ProtoReflect.Descriptor instead.
 func (*NodeCertificate) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{23}
+	return file_cablemesh_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *NodeCertificate) GetCluster() string {
@@ -2054,7 +2161,7 @@ type CAInfo struct {
 
 func (x *CAInfo) Reset() {
 	*x = CAInfo{}
-	mi := &file_cablemesh_proto_msgTypes[24]
+	mi := &file_cablemesh_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2066,7 +2173,7 @@ func (x *CAInfo) String() string {
 func (*CAInfo) ProtoMessage() {}
 
 func (x *CAInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[24]
+	mi := &file_cablemesh_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2079,7 +2186,7 @@ func (x *CAInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CAInfo.ProtoReflect.Descriptor instead.
 func (*CAInfo) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{24}
+	return file_cablemesh_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CAInfo) GetHash() string {
@@ -2153,7 +2260,7 @@ type CABundle struct {
 
 func (x *CABundle) Reset() {
 	*x = CABundle{}
-	mi := &file_cablemesh_proto_msgTypes[25]
+	mi := &file_cablemesh_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2165,7 +2272,7 @@ func (x *CABundle) String() string {
 func (*CABundle) ProtoMessage() {}
 
 func (x *CABundle) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[25]
+	mi := &file_cablemesh_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2178,7 +2285,7 @@ func (x *CABundle) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CABundle.ProtoReflect.Descriptor instead.
 func (*CABundle) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{25}
+	return file_cablemesh_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CABundle) GetPem() []byte {
@@ -2212,7 +2319,7 @@ type RevokeNodeRequest struct {
 
 func (x *RevokeNodeRequest) Reset() {
 	*x = RevokeNodeRequest{}
-	mi := &file_cablemesh_proto_msgTypes[26]
+	mi := &file_cablemesh_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2224,7 +2331,7 @@ func (x *RevokeNodeRequest) String() string {
 func (*RevokeNodeRequest) ProtoMessage() {}
 
 func (x *RevokeNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[26]
+	mi := &file_cablemesh_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2237,7 +2344,7 @@ func (x *RevokeNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeNodeRequest.ProtoReflect.Descriptor instead.
 func (*RevokeNodeRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{26}
+	return file_cablemesh_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RevokeNodeRequest) GetCluster() string {
@@ -2267,7 +2374,7 @@ type RevokeNodeResponse struct {
 
 func (x *RevokeNodeResponse) Reset() {
 	*x = RevokeNodeResponse{}
-	mi := &file_cablemesh_proto_msgTypes[27]
+	mi := &file_cablemesh_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2279,7 +2386,7 @@ func (x *RevokeNodeResponse) String() string {
 func (*RevokeNodeResponse) ProtoMessage() {}
 
 func (x *RevokeNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[27]
+	mi := &file_cablemesh_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2292,7 +2399,7 @@ func (x *RevokeNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeNodeResponse.ProtoReflect.Descriptor instead.
 func (*RevokeNodeResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{27}
+	return file_cablemesh_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RevokeNodeResponse) GetNode() *NodeCertificate {
@@ -2324,7 +2431,7 @@ type ListCertificatesRequest struct {
 
 func (x *ListCertificatesRequest) Reset() {
 	*x = ListCertificatesRequest{}
-	mi := &file_cablemesh_proto_msgTypes[28]
+	mi := &file_cablemesh_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2336,7 +2443,7 @@ func (x *ListCertificatesRequest) String() string {
 func (*ListCertificatesRequest) ProtoMessage() {}
 
 func (x *ListCertificatesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[28]
+	mi := &file_cablemesh_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2349,7 +2456,7 @@ func (x *ListCertificatesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCertificatesRequest.ProtoReflect.Descriptor instead.
 func (*ListCertificatesRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{28}
+	return file_cablemesh_proto_rawDescGZIP(), []int{29}
 }
 
 type ListCertificatesResponse struct {
@@ -2365,7 +2472,7 @@ type ListCertificatesResponse struct {
 
 func (x *ListCertificatesResponse) Reset() {
 	*x = ListCertificatesResponse{}
-	mi := &file_cablemesh_proto_msgTypes[29]
+	mi := &file_cablemesh_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2377,7 +2484,7 @@ func (x *ListCertificatesResponse) String() string {
 func (*ListCertificatesResponse) ProtoMessage() {}
 
 func (x *ListCertificatesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[29]
+	mi := &file_cablemesh_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2390,7 +2497,7 @@ func (x *ListCertificatesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCertificatesResponse.ProtoReflect.Descriptor instead.
 func (*ListCertificatesResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{29}
+	return file_cablemesh_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListCertificatesResponse) GetNodes() []*NodeCertificate {
@@ -2433,7 +2540,7 @@ type RotateCARequest struct {
 
 func (x *RotateCARequest) Reset() {
 	*x = RotateCARequest{}
-	mi := &file_cablemesh_proto_msgTypes[30]
+	mi := &file_cablemesh_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2445,7 +2552,7 @@ func (x *RotateCARequest) String() string {
 func (*RotateCARequest) ProtoMessage() {}
 
 func (x *RotateCARequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[30]
+	mi := &file_cablemesh_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2458,7 +2565,7 @@ func (x *RotateCARequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotateCARequest.ProtoReflect.Descriptor instead.
 func (*RotateCARequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{30}
+	return file_cablemesh_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RotateCARequest) GetOverlapSeconds() int64 {
@@ -2484,7 +2591,7 @@ type RotateCAResponse struct {
 
 func (x *RotateCAResponse) Reset() {
 	*x = RotateCAResponse{}
-	mi := &file_cablemesh_proto_msgTypes[31]
+	mi := &file_cablemesh_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2496,7 +2603,7 @@ func (x *RotateCAResponse) String() string {
 func (*RotateCAResponse) ProtoMessage() {}
 
 func (x *RotateCAResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[31]
+	mi := &file_cablemesh_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2509,7 +2616,7 @@ func (x *RotateCAResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotateCAResponse.ProtoReflect.Descriptor instead.
 func (*RotateCAResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{31}
+	return file_cablemesh_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RotateCAResponse) GetCas() []*CAInfo {
@@ -2531,7 +2638,7 @@ type RenewCertificateRequest struct {
 
 func (x *RenewCertificateRequest) Reset() {
 	*x = RenewCertificateRequest{}
-	mi := &file_cablemesh_proto_msgTypes[32]
+	mi := &file_cablemesh_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2543,7 +2650,7 @@ func (x *RenewCertificateRequest) String() string {
 func (*RenewCertificateRequest) ProtoMessage() {}
 
 func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[32]
+	mi := &file_cablemesh_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2556,7 +2663,7 @@ func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewCertificateRequest.ProtoReflect.Descriptor instead.
 func (*RenewCertificateRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{32}
+	return file_cablemesh_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RenewCertificateRequest) GetCsrPem() []byte {
@@ -2579,7 +2686,7 @@ type RenewCertificateResponse struct {
 
 func (x *RenewCertificateResponse) Reset() {
 	*x = RenewCertificateResponse{}
-	mi := &file_cablemesh_proto_msgTypes[33]
+	mi := &file_cablemesh_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2591,7 +2698,7 @@ func (x *RenewCertificateResponse) String() string {
 func (*RenewCertificateResponse) ProtoMessage() {}
 
 func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[33]
+	mi := &file_cablemesh_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2604,7 +2711,7 @@ func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewCertificateResponse.ProtoReflect.Descriptor instead.
 func (*RenewCertificateResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{33}
+	return file_cablemesh_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RenewCertificateResponse) GetCertificatePem() []byte {
@@ -2647,7 +2754,7 @@ type ApplyPoliciesRequest struct {
 
 func (x *ApplyPoliciesRequest) Reset() {
 	*x = ApplyPoliciesRequest{}
-	mi := &file_cablemesh_proto_msgTypes[34]
+	mi := &file_cablemesh_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2659,7 +2766,7 @@ func (x *ApplyPoliciesRequest) String() string {
 func (*ApplyPoliciesRequest) ProtoMessage() {}
 
 func (x *ApplyPoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[34]
+	mi := &file_cablemesh_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2672,7 +2779,7 @@ func (x *ApplyPoliciesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyPoliciesRequest.ProtoReflect.Descriptor instead.
 func (*ApplyPoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{34}
+	return file_cablemesh_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ApplyPoliciesRequest) GetPolicies() []*Policy {
@@ -2700,7 +2807,7 @@ type ApplyPoliciesResponse struct {
 
 func (x *ApplyPoliciesResponse) Reset() {
 	*x = ApplyPoliciesResponse{}
-	mi := &file_cablemesh_proto_msgTypes[35]
+	mi := &file_cablemesh_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2712,7 +2819,7 @@ func (x *ApplyPoliciesResponse) String() string {
 func (*ApplyPoliciesResponse) ProtoMessage() {}
 
 func (x *ApplyPoliciesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[35]
+	mi := &file_cablemesh_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2725,7 +2832,7 @@ func (x *ApplyPoliciesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyPoliciesResponse.ProtoReflect.Descriptor instead.
 func (*ApplyPoliciesResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{35}
+	return file_cablemesh_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ApplyPoliciesResponse) GetPolicies() []*Policy {
@@ -2751,7 +2858,7 @@ type DeletePoliciesRequest struct {
 
 func (x *DeletePoliciesRequest) Reset() {
 	*x = DeletePoliciesRequest{}
-	mi := &file_cablemesh_proto_msgTypes[36]
+	mi := &file_cablemesh_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2763,7 +2870,7 @@ func (x *DeletePoliciesRequest) String() string {
 func (*DeletePoliciesRequest) ProtoMessage() {}
 
 func (x *DeletePoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[36]
+	mi := &file_cablemesh_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2776,7 +2883,7 @@ func (x *DeletePoliciesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePoliciesRequest.ProtoReflect.Descriptor instead.
 func (*DeletePoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{36}
+	return file_cablemesh_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DeletePoliciesRequest) GetNames() []string {
@@ -2795,7 +2902,7 @@ type DeletePoliciesResponse struct {
 
 func (x *DeletePoliciesResponse) Reset() {
 	*x = DeletePoliciesResponse{}
-	mi := &file_cablemesh_proto_msgTypes[37]
+	mi := &file_cablemesh_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2807,7 +2914,7 @@ func (x *DeletePoliciesResponse) String() string {
 func (*DeletePoliciesResponse) ProtoMessage() {}
 
 func (x *DeletePoliciesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[37]
+	mi := &file_cablemesh_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2820,7 +2927,7 @@ func (x *DeletePoliciesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePoliciesResponse.ProtoReflect.Descriptor instead.
 func (*DeletePoliciesResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{37}
+	return file_cablemesh_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *DeletePoliciesResponse) GetDeleted() []string {
@@ -2838,7 +2945,7 @@ type ListPoliciesRequest struct {
 
 func (x *ListPoliciesRequest) Reset() {
 	*x = ListPoliciesRequest{}
-	mi := &file_cablemesh_proto_msgTypes[38]
+	mi := &file_cablemesh_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2850,7 +2957,7 @@ func (x *ListPoliciesRequest) String() string {
 func (*ListPoliciesRequest) ProtoMessage() {}
 
 func (x *ListPoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[38]
+	mi := &file_cablemesh_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2863,7 +2970,7 @@ func (x *ListPoliciesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoliciesRequest.ProtoReflect.Descriptor instead.
 func (*ListPoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{38}
+	return file_cablemesh_proto_rawDescGZIP(), []int{39}
 }
 
 type ListPoliciesResponse struct {
@@ -2876,7 +2983,7 @@ type ListPoliciesResponse struct {
 
 func (x *ListPoliciesResponse) Reset() {
 	*x = ListPoliciesResponse{}
-	mi := &file_cablemesh_proto_msgTypes[39]
+	mi := &file_cablemesh_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2888,7 +2995,7 @@ func (x *ListPoliciesResponse) String() string {
 func (*ListPoliciesResponse) ProtoMessage() {}
 
 func (x *ListPoliciesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[39]
+	mi := &file_cablemesh_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2901,7 +3008,7 @@ func (x *ListPoliciesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoliciesResponse.ProtoReflect.Descriptor instead.
 func (*ListPoliciesResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{39}
+	return file_cablemesh_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListPoliciesResponse) GetPolicies() []*Policy {
@@ -2928,7 +3035,7 @@ type ExplainConnectionRequest struct {
 
 func (x *ExplainConnectionRequest) Reset() {
 	*x = ExplainConnectionRequest{}
-	mi := &file_cablemesh_proto_msgTypes[40]
+	mi := &file_cablemesh_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2940,7 +3047,7 @@ func (x *ExplainConnectionRequest) String() string {
 func (*ExplainConnectionRequest) ProtoMessage() {}
 
 func (x *ExplainConnectionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[40]
+	mi := &file_cablemesh_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2953,7 +3060,7 @@ func (x *ExplainConnectionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainConnectionRequest.ProtoReflect.Descriptor instead.
 func (*ExplainConnectionRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{40}
+	return file_cablemesh_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ExplainConnectionRequest) GetClusterA() string {
@@ -2980,7 +3087,7 @@ type ExplainConnectionResponse struct {
 
 func (x *ExplainConnectionResponse) Reset() {
 	*x = ExplainConnectionResponse{}
-	mi := &file_cablemesh_proto_msgTypes[41]
+	mi := &file_cablemesh_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2992,7 +3099,7 @@ func (x *ExplainConnectionResponse) String() string {
 func (*ExplainConnectionResponse) ProtoMessage() {}
 
 func (x *ExplainConnectionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[41]
+	mi := &file_cablemesh_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3005,7 +3112,7 @@ func (x *ExplainConnectionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainConnectionResponse.ProtoReflect.Descriptor instead.
 func (*ExplainConnectionResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{41}
+	return file_cablemesh_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ExplainConnectionResponse) GetJson() []byte {
@@ -3023,7 +3130,7 @@ type ListServicesRequest struct {
 
 func (x *ListServicesRequest) Reset() {
 	*x = ListServicesRequest{}
-	mi := &file_cablemesh_proto_msgTypes[42]
+	mi := &file_cablemesh_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3035,7 +3142,7 @@ func (x *ListServicesRequest) String() string {
 func (*ListServicesRequest) ProtoMessage() {}
 
 func (x *ListServicesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[42]
+	mi := &file_cablemesh_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3048,7 +3155,7 @@ func (x *ListServicesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListServicesRequest.ProtoReflect.Descriptor instead.
 func (*ListServicesRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{42}
+	return file_cablemesh_proto_rawDescGZIP(), []int{43}
 }
 
 type ListServicesResponse struct {
@@ -3062,7 +3169,7 @@ type ListServicesResponse struct {
 
 func (x *ListServicesResponse) Reset() {
 	*x = ListServicesResponse{}
-	mi := &file_cablemesh_proto_msgTypes[43]
+	mi := &file_cablemesh_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3074,7 +3181,7 @@ func (x *ListServicesResponse) String() string {
 func (*ListServicesResponse) ProtoMessage() {}
 
 func (x *ListServicesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[43]
+	mi := &file_cablemesh_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3087,7 +3194,7 @@ func (x *ListServicesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListServicesResponse.ProtoReflect.Descriptor instead.
 func (*ListServicesResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{43}
+	return file_cablemesh_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListServicesResponse) GetImports() []*ServiceImport {
@@ -3124,7 +3231,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_cablemesh_proto_msgTypes[44]
+	mi := &file_cablemesh_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3136,7 +3243,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[44]
+	mi := &file_cablemesh_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3149,7 +3256,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{44}
+	return file_cablemesh_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *JoinRequest) GetToken() string {
@@ -3195,7 +3302,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_cablemesh_proto_msgTypes[45]
+	mi := &file_cablemesh_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3207,7 +3314,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[45]
+	mi := &file_cablemesh_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3220,7 +3327,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{45}
+	return file_cablemesh_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *JoinResponse) GetCertificatePem() []byte {
@@ -3269,7 +3376,7 @@ type RegisterEndpointRequest struct {
 
 func (x *RegisterEndpointRequest) Reset() {
 	*x = RegisterEndpointRequest{}
-	mi := &file_cablemesh_proto_msgTypes[46]
+	mi := &file_cablemesh_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3281,7 +3388,7 @@ func (x *RegisterEndpointRequest) String() string {
 func (*RegisterEndpointRequest) ProtoMessage() {}
 
 func (x *RegisterEndpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[46]
+	mi := &file_cablemesh_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3294,7 +3401,7 @@ func (x *RegisterEndpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterEndpointRequest.ProtoReflect.Descriptor instead.
 func (*RegisterEndpointRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{46}
+	return file_cablemesh_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *RegisterEndpointRequest) GetEndpoint() *Endpoint {
@@ -3325,7 +3432,7 @@ type RegisterEndpointResponse struct {
 
 func (x *RegisterEndpointResponse) Reset() {
 	*x = RegisterEndpointResponse{}
-	mi := &file_cablemesh_proto_msgTypes[47]
+	mi := &file_cablemesh_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3337,7 +3444,7 @@ func (x *RegisterEndpointResponse) String() string {
 func (*RegisterEndpointResponse) ProtoMessage() {}
 
 func (x *RegisterEndpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[47]
+	mi := &file_cablemesh_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3350,7 +3457,7 @@ func (x *RegisterEndpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterEndpointResponse.ProtoReflect.Descriptor instead.
 func (*RegisterEndpointResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{47}
+	return file_cablemesh_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RegisterEndpointResponse) GetEndpoint() *Endpoint {
@@ -3390,7 +3497,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_cablemesh_proto_msgTypes[48]
+	mi := &file_cablemesh_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3402,7 +3509,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[48]
+	mi := &file_cablemesh_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3415,7 +3522,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{48}
+	return file_cablemesh_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *HeartbeatRequest) GetNode() string {
@@ -3438,7 +3545,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_cablemesh_proto_msgTypes[49]
+	mi := &file_cablemesh_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3450,7 +3557,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[49]
+	mi := &file_cablemesh_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3463,7 +3570,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{49}
+	return file_cablemesh_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *HeartbeatResponse) GetLeaseExpires() *timestamppb.Timestamp {
@@ -3510,7 +3617,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_cablemesh_proto_msgTypes[50]
+	mi := &file_cablemesh_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3522,7 +3629,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[50]
+	mi := &file_cablemesh_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3535,7 +3642,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{50}
+	return file_cablemesh_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *WatchRequest) GetSinceRevision() uint64 {
@@ -3584,7 +3691,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_cablemesh_proto_msgTypes[51]
+	mi := &file_cablemesh_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3596,7 +3703,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[51]
+	mi := &file_cablemesh_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3609,7 +3716,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{51}
+	return file_cablemesh_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *WatchResponse) GetSnapshot() bool {
@@ -3665,7 +3772,7 @@ type SetExportsRequest struct {
 
 func (x *SetExportsRequest) Reset() {
 	*x = SetExportsRequest{}
-	mi := &file_cablemesh_proto_msgTypes[52]
+	mi := &file_cablemesh_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3677,7 +3784,7 @@ func (x *SetExportsRequest) String() string {
 func (*SetExportsRequest) ProtoMessage() {}
 
 func (x *SetExportsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[52]
+	mi := &file_cablemesh_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3690,7 +3797,7 @@ func (x *SetExportsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetExportsRequest.ProtoReflect.Descriptor instead.
 func (*SetExportsRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{52}
+	return file_cablemesh_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *SetExportsRequest) GetExports() []*ServiceExport {
@@ -3713,7 +3820,7 @@ type SetExportsResponse struct {
 
 func (x *SetExportsResponse) Reset() {
 	*x = SetExportsResponse{}
-	mi := &file_cablemesh_proto_msgTypes[53]
+	mi := &file_cablemesh_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3725,7 +3832,7 @@ func (x *SetExportsResponse) String() string {
 func (*SetExportsResponse) ProtoMessage() {}
 
 func (x *SetExportsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[53]
+	mi := &file_cablemesh_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3738,7 +3845,7 @@ func (x *SetExportsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetExportsResponse.ProtoReflect.Descriptor instead.
 func (*SetExportsResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{53}
+	return file_cablemesh_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *SetExportsResponse) GetExports() []*ServiceExport {
@@ -3775,7 +3882,7 @@ type SetClusterPoliciesRequest struct {
 
 func (x *SetClusterPoliciesRequest) Reset() {
 	*x = SetClusterPoliciesRequest{}
-	mi := &file_cablemesh_proto_msgTypes[54]
+	mi := &file_cablemesh_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3787,7 +3894,7 @@ func (x *SetClusterPoliciesRequest) String() string {
 func (*SetClusterPoliciesRequest) ProtoMessage() {}
 
 func (x *SetClusterPoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[54]
+	mi := &file_cablemesh_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3800,7 +3907,7 @@ func (x *SetClusterPoliciesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetClusterPoliciesRequest.ProtoReflect.Descriptor instead.
 func (*SetClusterPoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{54}
+	return file_cablemesh_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *SetClusterPoliciesRequest) GetPolicies() []*Policy {
@@ -3825,7 +3932,7 @@ type SetClusterPoliciesResponse struct {
 
 func (x *SetClusterPoliciesResponse) Reset() {
 	*x = SetClusterPoliciesResponse{}
-	mi := &file_cablemesh_proto_msgTypes[55]
+	mi := &file_cablemesh_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3837,7 +3944,7 @@ func (x *SetClusterPoliciesResponse) String() string {
 func (*SetClusterPoliciesResponse) ProtoMessage() {}
 
 func (x *SetClusterPoliciesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[55]
+	mi := &file_cablemesh_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3850,7 +3957,7 @@ func (x *SetClusterPoliciesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetClusterPoliciesResponse.ProtoReflect.Descriptor instead.
 func (*SetClusterPoliciesResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{55}
+	return file_cablemesh_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *SetClusterPoliciesResponse) GetPolicies() []*Policy {
@@ -3885,7 +3992,7 @@ var File_cablemesh_proto protoreflect.FileDescriptor
 
 const file_cablemesh_proto_rawDesc = "" +
 	"\n" +
-	"\x0fcablemesh.proto\x12\fcablemesh.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe7\x02\n" +
+	"\x0fcablemesh.proto\x12\fcablemesh.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8a\x03\n" +
 	"\aCluster\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\rR\x02id\x129\n" +
@@ -3895,10 +4002,12 @@ const file_cablemesh_proto_rawDesc = "" +
 	"\tjoined_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\bjoinedAt\x12\x10\n" +
 	"\x03uid\x18\a \x01(\tR\x03uid\x12\x1a\n" +
 	"\brevision\x18\b \x01(\x04R\brevision\x12\x19\n" +
-	"\bpair_psk\x18\t \x01(\fR\apairPsk\x1a9\n" +
+	"\bpair_psk\x18\t \x01(\fR\apairPsk\x12!\n" +
+	"\fgateway_mode\x18\n" +
+	" \x01(\bR\vgatewayMode\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa3\x06\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc6\x06\n" +
 	"\bEndpoint\x12\x18\n" +
 	"\acluster\x18\x01 \x01(\tR\acluster\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1d\n" +
@@ -3916,7 +4025,8 @@ const file_cablemesh_proto_rawDesc = "" +
 	"\brevision\x18\f \x01(\x04R\brevision\x12#\n" +
 	"\rlease_seconds\x18\r \x01(\x03R\fleaseSeconds\x12V\n" +
 	"\x10cable_attributes\x18\x0e \x03(\v2+.cablemesh.v1.Endpoint.CableAttributesEntryR\x0fcableAttributes\x12-\n" +
-	"\x12certificate_serial\x18\x0f \x01(\tR\x11certificateSerial\x1a=\n" +
+	"\x12certificate_serial\x18\x0f \x01(\tR\x11certificateSerial\x12!\n" +
+	"\fmesh_address\x18\x10 \x01(\tR\vmeshAddress\x1a=\n" +
 	"\x0fCablePortsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\x1aa\n" +
@@ -3993,7 +4103,7 @@ const file_cablemesh_proto_rawDesc = "" +
 	"\x0fServiceConflict\x12\x18\n" +
 	"\acluster\x18\x01 \x01(\tR\acluster\x12\x14\n" +
 	"\x05field\x18\x02 \x01(\tR\x05field\x12\x18\n" +
-	"\amessage\x18\x03 \x01(\tR\amessage\"\xd2\x02\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"\x8e\x03\n" +
 	"\x0fImportedCluster\x12\x18\n" +
 	"\acluster\x18\x01 \x01(\tR\acluster\x12\x1d\n" +
 	"\n" +
@@ -4001,10 +4111,15 @@ const file_cablemesh_proto_rawDesc = "" +
 	"\tendpoints\x18\x03 \x03(\v2\x1d.cablemesh.v1.ServiceEndpointR\tendpoints\x12/\n" +
 	"\x05ports\x18\x04 \x03(\v2\x19.cablemesh.v1.ServicePortR\x05ports\x12A\n" +
 	"\x06labels\x18\x05 \x03(\v2).cablemesh.v1.ImportedCluster.LabelsEntryR\x06labels\x12\x1a\n" +
-	"\baffinity\x18\x06 \x01(\tR\baffinity\x1a9\n" +
+	"\baffinity\x18\x06 \x01(\tR\baffinity\x12:\n" +
+	"\tingresses\x18\a \x03(\v2\x1c.cablemesh.v1.GatewayIngressR\tingresses\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x92\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"x\n" +
+	"\x0eGatewayIngress\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12!\n" +
+	"\fmesh_address\x18\x02 \x01(\tR\vmeshAddress\x12/\n" +
+	"\x05ports\x18\x03 \x03(\v2\x19.cablemesh.v1.ServicePortR\x05ports\"\x92\x02\n" +
 	"\rServiceImport\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
@@ -4030,14 +4145,15 @@ const file_cablemesh_proto_rawDesc = "" +
 	"\x14RemoveClusterRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"H\n" +
 	"\x15RemoveClusterResponse\x12/\n" +
-	"\acluster\x18\x01 \x01(\v2\x15.cablemesh.v1.ClusterR\acluster\"\xc2\x02\n" +
+	"\acluster\x18\x01 \x01(\v2\x15.cablemesh.v1.ClusterR\acluster\"\xe5\x02\n" +
 	"\x16CreateJoinTokenRequest\x12\x18\n" +
 	"\acluster\x18\x01 \x01(\tR\acluster\x12\x1b\n" +
 	"\tpod_cidrs\x18\x02 \x03(\tR\bpodCidrs\x12#\n" +
 	"\rservice_cidrs\x18\x03 \x03(\tR\fserviceCidrs\x12H\n" +
 	"\x06labels\x18\x04 \x03(\v20.cablemesh.v1.CreateJoinTokenRequest.LabelsEntryR\x06labels\x12*\n" +
 	"\x11valid_for_seconds\x18\x05 \x01(\x03R\x0fvalidForSeconds\x12\x1b\n" +
-	"\tmax_nodes\x18\x06 \x01(\rR\bmaxNodes\x1a9\n" +
+	"\tmax_nodes\x18\x06 \x01(\rR\bmaxNodes\x12!\n" +
+	"\fgateway_mode\x18\a \x01(\bR\vgatewayMode\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb3\x01\n" +
@@ -4228,7 +4344,7 @@ func file_cablemesh_proto_rawDescGZIP() []byte {
 }
 
 var file_cablemesh_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_cablemesh_proto_msgTypes = make([]protoimpl.MessageInfo, 64)
+var file_cablemesh_proto_msgTypes = make([]protoimpl.MessageInfo, 65)
 var file_cablemesh_proto_goTypes = []any{
 	(Event_Type)(0),                    // 0: cablemesh.v1.Event.Type
 	(*Cluster)(nil),                    // 1: cablemesh.v1.Cluster
@@ -4243,179 +4359,182 @@ var file_cablemesh_proto_goTypes = []any{
 	(*ServiceVIP)(nil),                 // 10: cablemesh.v1.ServiceVIP
 	(*ServiceConflict)(nil),            // 11: cablemesh.v1.ServiceConflict
 	(*ImportedCluster)(nil),            // 12: cablemesh.v1.ImportedCluster
-	(*ServiceImport)(nil),              // 13: cablemesh.v1.ServiceImport
-	(*ServiceImports)(nil),             // 14: cablemesh.v1.ServiceImports
-	(*ListClustersRequest)(nil),        // 15: cablemesh.v1.ListClustersRequest
-	(*ListClustersResponse)(nil),       // 16: cablemesh.v1.ListClustersResponse
-	(*LabelClusterRequest)(nil),        // 17: cablemesh.v1.LabelClusterRequest
-	(*RemoveClusterRequest)(nil),       // 18: cablemesh.v1.RemoveClusterRequest
-	(*RemoveClusterResponse)(nil),      // 19: cablemesh.v1.RemoveClusterResponse
-	(*CreateJoinTokenRequest)(nil),     // 20: cablemesh.v1.CreateJoinTokenRequest
-	(*CreateJoinTokenResponse)(nil),    // 21: cablemesh.v1.CreateJoinTokenResponse
-	(*JoinTokenRecord)(nil),            // 22: cablemesh.v1.JoinTokenRecord
-	(*IssuedCertificate)(nil),          // 23: cablemesh.v1.IssuedCertificate
-	(*NodeCertificate)(nil),            // 24: cablemesh.v1.NodeCertificate
-	(*CAInfo)(nil),                     // 25: cablemesh.v1.CAInfo
-	(*CABundle)(nil),                   // 26: cablemesh.v1.CABundle
-	(*RevokeNodeRequest)(nil),          // 27: cablemesh.v1.RevokeNodeRequest
-	(*RevokeNodeResponse)(nil),         // 28: cablemesh.v1.RevokeNodeResponse
-	(*ListCertificatesRequest)(nil),    // 29: cablemesh.v1.ListCertificatesRequest
-	(*ListCertificatesResponse)(nil),   // 30: cablemesh.v1.ListCertificatesResponse
-	(*RotateCARequest)(nil),            // 31: cablemesh.v1.RotateCARequest
-	(*RotateCAResponse)(nil),           // 32: cablemesh.v1.RotateCAResponse
-	(*RenewCertificateRequest)(nil),    // 33: cablemesh.v1.RenewCertificateRequest
-	(*RenewCertificateResponse)(nil),   // 34: cablemesh.v1.RenewCertificateResponse
-	(*ApplyPoliciesRequest)(nil),       // 35: cablemesh.v1.ApplyPoliciesRequest
-	(*ApplyPoliciesResponse)(nil),      // 36: cablemesh.v1.ApplyPoliciesResponse
-	(*DeletePoliciesRequest)(nil),      // 37: cablemesh.v1.DeletePoliciesRequest
-	(*DeletePoliciesResponse)(nil),     // 38: cablemesh.v1.DeletePoliciesResponse
-	(*ListPoliciesRequest)(nil),        // 39: cablemesh.v1.ListPoliciesRequest
-	(*ListPoliciesResponse)(nil),       // 40: cablemesh.v1.ListPoliciesResponse
-	(*ExplainConnectionRequest)(nil),   // 41: cablemesh.v1.ExplainConnectionRequest
-	(*ExplainConnectionResponse)(nil),  // 42: cablemesh.v1.ExplainConnectionResponse
-	(*ListServicesRequest)(nil),        // 43: cablemesh.v1.ListServicesRequest
-	(*ListServicesResponse)(nil),       // 44: cablemesh.v1.ListServicesResponse
-	(*JoinRequest)(nil),                // 45: cablemesh.v1.JoinRequest
-	(*JoinResponse)(nil),               // 46: cablemesh.v1.JoinResponse
-	(*RegisterEndpointRequest)(nil),    // 47: cablemesh.v1.RegisterEndpointRequest
-	(*RegisterEndpointResponse)(nil),   // 48: cablemesh.v1.RegisterEndpointResponse
-	(*HeartbeatRequest)(nil),           // 49: cablemesh.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),          // 50: cablemesh.v1.HeartbeatResponse
-	(*WatchRequest)(nil),               // 51: cablemesh.v1.WatchRequest
-	(*WatchResponse)(nil),              // 52: cablemesh.v1.WatchResponse
-	(*SetExportsRequest)(nil),          // 53: cablemesh.v1.SetExportsRequest
-	(*SetExportsResponse)(nil),         // 54: cablemesh.v1.SetExportsResponse
-	(*SetClusterPoliciesRequest)(nil),  // 55: cablemesh.v1.SetClusterPoliciesRequest
-	(*SetClusterPoliciesResponse)(nil), // 56: cablemesh.v1.SetClusterPoliciesResponse
-	nil,                                // 57: cablemesh.v1.Cluster.LabelsEntry
-	nil,                                // 58: cablemesh.v1.Endpoint.CablePortsEntry
-	nil,                                // 59: cablemesh.v1.Endpoint.CableAttributesEntry
-	nil,                                // 60: cablemesh.v1.CableAttributes.ValuesEntry
-	nil,                                // 61: cablemesh.v1.ServiceExport.LabelsEntry
-	nil,                                // 62: cablemesh.v1.ImportedCluster.LabelsEntry
-	nil,                                // 63: cablemesh.v1.LabelClusterRequest.SetEntry
-	nil,                                // 64: cablemesh.v1.CreateJoinTokenRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),      // 65: google.protobuf.Timestamp
+	(*GatewayIngress)(nil),             // 13: cablemesh.v1.GatewayIngress
+	(*ServiceImport)(nil),              // 14: cablemesh.v1.ServiceImport
+	(*ServiceImports)(nil),             // 15: cablemesh.v1.ServiceImports
+	(*ListClustersRequest)(nil),        // 16: cablemesh.v1.ListClustersRequest
+	(*ListClustersResponse)(nil),       // 17: cablemesh.v1.ListClustersResponse
+	(*LabelClusterRequest)(nil),        // 18: cablemesh.v1.LabelClusterRequest
+	(*RemoveClusterRequest)(nil),       // 19: cablemesh.v1.RemoveClusterRequest
+	(*RemoveClusterResponse)(nil),      // 20: cablemesh.v1.RemoveClusterResponse
+	(*CreateJoinTokenRequest)(nil),     // 21: cablemesh.v1.CreateJoinTokenRequest
+	(*CreateJoinTokenResponse)(nil),    // 22: cablemesh.v1.CreateJoinTokenResponse
+	(*JoinTokenRecord)(nil),            // 23: cablemesh.v1.JoinTokenRecord
+	(*IssuedCertificate)(nil),          // 24: cablemesh.v1.IssuedCertificate
+	(*NodeCertificate)(nil),            // 25: cablemesh.v1.NodeCertificate
+	(*CAInfo)(nil),                     // 26: cablemesh.v1.CAInfo
+	(*CABundle)(nil),                   // 27: cablemesh.v1.CABundle
+	(*RevokeNodeRequest)(nil),          // 28: cablemesh.v1.RevokeNodeRequest
+	(*RevokeNodeResponse)(nil),         // 29: cablemesh.v1.RevokeNodeResponse
+	(*ListCertificatesRequest)(nil),    // 30: cablemesh.v1.ListCertificatesRequest
+	(*ListCertificatesResponse)(nil),   // 31: cablemesh.v1.ListCertificatesResponse
+	(*RotateCARequest)(nil),            // 32: cablemesh.v1.RotateCARequest
+	(*RotateCAResponse)(nil),           // 33: cablemesh.v1.RotateCAResponse
+	(*RenewCertificateRequest)(nil),    // 34: cablemesh.v1.RenewCertificateRequest
+	(*RenewCertificateResponse)(nil),   // 35: cablemesh.v1.RenewCertificateResponse
+	(*ApplyPoliciesRequest)(nil),       // 36: cablemesh.v1.ApplyPoliciesRequest
+	(*ApplyPoliciesResponse)(nil),      // 37: cablemesh.v1.ApplyPoliciesResponse
+	(*DeletePoliciesRequest)(nil),      // 38: cablemesh.v1.DeletePoliciesRequest
+	(*DeletePoliciesResponse)(nil),     // 39: cablemesh.v1.DeletePoliciesResponse
+	(*ListPoliciesRequest)(nil),        // 40: cablemesh.v1.ListPoliciesRequest
+	(*ListPoliciesResponse)(nil),       // 41: cablemesh.v1.ListPoliciesResponse
+	(*ExplainConnectionRequest)(nil),   // 42: cablemesh.v1.ExplainConnectionRequest
+	(*ExplainConnectionResponse)(nil),  // 43: cablemesh.v1.ExplainConnectionResponse
+	(*ListServicesRequest)(nil),        // 44: cablemesh.v1.ListServicesRequest
+	(*ListServicesResponse)(nil),       // 45: cablemesh.v1.ListServicesResponse
+	(*JoinRequest)(nil),                // 46: cablemesh.v1.JoinRequest
+	(*JoinResponse)(nil),               // 47: cablemesh.v1.JoinResponse
+	(*RegisterEndpointRequest)(nil),    // 48: cablemesh.v1.RegisterEndpointRequest
+	(*RegisterEndpointResponse)(nil),   // 49: cablemesh.v1.RegisterEndpointResponse
+	(*HeartbeatRequest)(nil),           // 50: cablemesh.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),          // 51: cablemesh.v1.HeartbeatResponse
+	(*WatchRequest)(nil),               // 52: cablemesh.v1.WatchRequest
+	(*WatchResponse)(nil),              // 53: cablemesh.v1.WatchResponse
+	(*SetExportsRequest)(nil),          // 54: cablemesh.v1.SetExportsRequest
+	(*SetExportsResponse)(nil),         // 55: cablemesh.v1.SetExportsResponse
+	(*SetClusterPoliciesRequest)(nil),  // 56: cablemesh.v1.SetClusterPoliciesRequest
+	(*SetClusterPoliciesResponse)(nil), // 57: cablemesh.v1.SetClusterPoliciesResponse
+	nil,                                // 58: cablemesh.v1.Cluster.LabelsEntry
+	nil,                                // 59: cablemesh.v1.Endpoint.CablePortsEntry
+	nil,                                // 60: cablemesh.v1.Endpoint.CableAttributesEntry
+	nil,                                // 61: cablemesh.v1.CableAttributes.ValuesEntry
+	nil,                                // 62: cablemesh.v1.ServiceExport.LabelsEntry
+	nil,                                // 63: cablemesh.v1.ImportedCluster.LabelsEntry
+	nil,                                // 64: cablemesh.v1.LabelClusterRequest.SetEntry
+	nil,                                // 65: cablemesh.v1.CreateJoinTokenRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),      // 66: google.protobuf.Timestamp
 }
 var file_cablemesh_proto_depIdxs = []int32{
-	57, // 0: cablemesh.v1.Cluster.labels:type_name -> cablemesh.v1.Cluster.LabelsEntry
-	65, // 1: cablemesh.v1.Cluster.joined_at:type_name -> google.protobuf.Timestamp
-	58, // 2: cablemesh.v1.Endpoint.cable_ports:type_name -> cablemesh.v1.Endpoint.CablePortsEntry
-	65, // 3: cablemesh.v1.Endpoint.last_heartbeat:type_name -> google.protobuf.Timestamp
-	65, // 4: cablemesh.v1.Endpoint.lease_expires:type_name -> google.protobuf.Timestamp
-	59, // 5: cablemesh.v1.Endpoint.cable_attributes:type_name -> cablemesh.v1.Endpoint.CableAttributesEntry
-	60, // 6: cablemesh.v1.CableAttributes.values:type_name -> cablemesh.v1.CableAttributes.ValuesEntry
+	58, // 0: cablemesh.v1.Cluster.labels:type_name -> cablemesh.v1.Cluster.LabelsEntry
+	66, // 1: cablemesh.v1.Cluster.joined_at:type_name -> google.protobuf.Timestamp
+	59, // 2: cablemesh.v1.Endpoint.cable_ports:type_name -> cablemesh.v1.Endpoint.CablePortsEntry
+	66, // 3: cablemesh.v1.Endpoint.last_heartbeat:type_name -> google.protobuf.Timestamp
+	66, // 4: cablemesh.v1.Endpoint.lease_expires:type_name -> google.protobuf.Timestamp
+	60, // 5: cablemesh.v1.Endpoint.cable_attributes:type_name -> cablemesh.v1.Endpoint.CableAttributesEntry
+	61, // 6: cablemesh.v1.CableAttributes.values:type_name -> cablemesh.v1.CableAttributes.ValuesEntry
 	1,  // 7: cablemesh.v1.Resource.cluster:type_name -> cablemesh.v1.Cluster
 	2,  // 8: cablemesh.v1.Resource.endpoint:type_name -> cablemesh.v1.Endpoint
 	5,  // 9: cablemesh.v1.Resource.policy:type_name -> cablemesh.v1.Policy
 	9,  // 10: cablemesh.v1.Resource.service_export:type_name -> cablemesh.v1.ServiceExport
 	10, // 11: cablemesh.v1.Resource.service_vip:type_name -> cablemesh.v1.ServiceVIP
-	24, // 12: cablemesh.v1.Resource.node_certificate:type_name -> cablemesh.v1.NodeCertificate
+	25, // 12: cablemesh.v1.Resource.node_certificate:type_name -> cablemesh.v1.NodeCertificate
 	0,  // 13: cablemesh.v1.Event.type:type_name -> cablemesh.v1.Event.Type
 	4,  // 14: cablemesh.v1.Event.resource:type_name -> cablemesh.v1.Resource
 	7,  // 15: cablemesh.v1.ServiceExport.ports:type_name -> cablemesh.v1.ServicePort
-	61, // 16: cablemesh.v1.ServiceExport.labels:type_name -> cablemesh.v1.ServiceExport.LabelsEntry
+	62, // 16: cablemesh.v1.ServiceExport.labels:type_name -> cablemesh.v1.ServiceExport.LabelsEntry
 	8,  // 17: cablemesh.v1.ServiceExport.endpoints:type_name -> cablemesh.v1.ServiceEndpoint
-	65, // 18: cablemesh.v1.ServiceExport.created:type_name -> google.protobuf.Timestamp
-	65, // 19: cablemesh.v1.ServiceVIP.allocated:type_name -> google.protobuf.Timestamp
+	66, // 18: cablemesh.v1.ServiceExport.created:type_name -> google.protobuf.Timestamp
+	66, // 19: cablemesh.v1.ServiceVIP.allocated:type_name -> google.protobuf.Timestamp
 	8,  // 20: cablemesh.v1.ImportedCluster.endpoints:type_name -> cablemesh.v1.ServiceEndpoint
 	7,  // 21: cablemesh.v1.ImportedCluster.ports:type_name -> cablemesh.v1.ServicePort
-	62, // 22: cablemesh.v1.ImportedCluster.labels:type_name -> cablemesh.v1.ImportedCluster.LabelsEntry
-	7,  // 23: cablemesh.v1.ServiceImport.ports:type_name -> cablemesh.v1.ServicePort
-	12, // 24: cablemesh.v1.ServiceImport.clusters:type_name -> cablemesh.v1.ImportedCluster
-	11, // 25: cablemesh.v1.ServiceImport.conflicts:type_name -> cablemesh.v1.ServiceConflict
-	13, // 26: cablemesh.v1.ServiceImports.imports:type_name -> cablemesh.v1.ServiceImport
-	1,  // 27: cablemesh.v1.ListClustersResponse.clusters:type_name -> cablemesh.v1.Cluster
-	2,  // 28: cablemesh.v1.ListClustersResponse.endpoints:type_name -> cablemesh.v1.Endpoint
-	63, // 29: cablemesh.v1.LabelClusterRequest.set:type_name -> cablemesh.v1.LabelClusterRequest.SetEntry
-	1,  // 30: cablemesh.v1.RemoveClusterResponse.cluster:type_name -> cablemesh.v1.Cluster
-	64, // 31: cablemesh.v1.CreateJoinTokenRequest.labels:type_name -> cablemesh.v1.CreateJoinTokenRequest.LabelsEntry
-	1,  // 32: cablemesh.v1.CreateJoinTokenResponse.cluster:type_name -> cablemesh.v1.Cluster
-	65, // 33: cablemesh.v1.CreateJoinTokenResponse.expires:type_name -> google.protobuf.Timestamp
-	65, // 34: cablemesh.v1.JoinTokenRecord.expires:type_name -> google.protobuf.Timestamp
-	65, // 35: cablemesh.v1.JoinTokenRecord.created:type_name -> google.protobuf.Timestamp
-	65, // 36: cablemesh.v1.IssuedCertificate.not_before:type_name -> google.protobuf.Timestamp
-	65, // 37: cablemesh.v1.IssuedCertificate.not_after:type_name -> google.protobuf.Timestamp
-	23, // 38: cablemesh.v1.NodeCertificate.certificates:type_name -> cablemesh.v1.IssuedCertificate
-	65, // 39: cablemesh.v1.NodeCertificate.revoked_at:type_name -> google.protobuf.Timestamp
-	65, // 40: cablemesh.v1.CAInfo.not_before:type_name -> google.protobuf.Timestamp
-	65, // 41: cablemesh.v1.CAInfo.not_after:type_name -> google.protobuf.Timestamp
-	65, // 42: cablemesh.v1.CAInfo.trusted_until:type_name -> google.protobuf.Timestamp
-	65, // 43: cablemesh.v1.CABundle.previous_trusted_until:type_name -> google.protobuf.Timestamp
-	24, // 44: cablemesh.v1.RevokeNodeResponse.node:type_name -> cablemesh.v1.NodeCertificate
-	24, // 45: cablemesh.v1.ListCertificatesResponse.nodes:type_name -> cablemesh.v1.NodeCertificate
-	25, // 46: cablemesh.v1.ListCertificatesResponse.cas:type_name -> cablemesh.v1.CAInfo
-	23, // 47: cablemesh.v1.ListCertificatesResponse.admin:type_name -> cablemesh.v1.IssuedCertificate
-	25, // 48: cablemesh.v1.RotateCAResponse.cas:type_name -> cablemesh.v1.CAInfo
-	65, // 49: cablemesh.v1.RenewCertificateResponse.not_after:type_name -> google.protobuf.Timestamp
-	26, // 50: cablemesh.v1.RenewCertificateResponse.ca:type_name -> cablemesh.v1.CABundle
-	5,  // 51: cablemesh.v1.ApplyPoliciesRequest.policies:type_name -> cablemesh.v1.Policy
-	5,  // 52: cablemesh.v1.ApplyPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
-	5,  // 53: cablemesh.v1.ListPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
-	13, // 54: cablemesh.v1.ListServicesResponse.imports:type_name -> cablemesh.v1.ServiceImport
-	9,  // 55: cablemesh.v1.ListServicesResponse.exports:type_name -> cablemesh.v1.ServiceExport
-	1,  // 56: cablemesh.v1.JoinResponse.cluster:type_name -> cablemesh.v1.Cluster
-	65, // 57: cablemesh.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
-	26, // 58: cablemesh.v1.JoinResponse.ca:type_name -> cablemesh.v1.CABundle
-	2,  // 59: cablemesh.v1.RegisterEndpointRequest.endpoint:type_name -> cablemesh.v1.Endpoint
-	2,  // 60: cablemesh.v1.RegisterEndpointResponse.endpoint:type_name -> cablemesh.v1.Endpoint
-	65, // 61: cablemesh.v1.RegisterEndpointResponse.broker_time:type_name -> google.protobuf.Timestamp
-	65, // 62: cablemesh.v1.HeartbeatResponse.lease_expires:type_name -> google.protobuf.Timestamp
-	65, // 63: cablemesh.v1.HeartbeatResponse.broker_time:type_name -> google.protobuf.Timestamp
-	6,  // 64: cablemesh.v1.WatchResponse.events:type_name -> cablemesh.v1.Event
-	14, // 65: cablemesh.v1.WatchResponse.imports:type_name -> cablemesh.v1.ServiceImports
-	26, // 66: cablemesh.v1.WatchResponse.ca:type_name -> cablemesh.v1.CABundle
-	9,  // 67: cablemesh.v1.SetExportsRequest.exports:type_name -> cablemesh.v1.ServiceExport
-	9,  // 68: cablemesh.v1.SetExportsResponse.exports:type_name -> cablemesh.v1.ServiceExport
-	11, // 69: cablemesh.v1.SetExportsResponse.conflicts:type_name -> cablemesh.v1.ServiceConflict
-	5,  // 70: cablemesh.v1.SetClusterPoliciesRequest.policies:type_name -> cablemesh.v1.Policy
-	5,  // 71: cablemesh.v1.SetClusterPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
-	3,  // 72: cablemesh.v1.Endpoint.CableAttributesEntry.value:type_name -> cablemesh.v1.CableAttributes
-	15, // 73: cablemesh.v1.Admin.ListClusters:input_type -> cablemesh.v1.ListClustersRequest
-	17, // 74: cablemesh.v1.Admin.LabelCluster:input_type -> cablemesh.v1.LabelClusterRequest
-	18, // 75: cablemesh.v1.Admin.RemoveCluster:input_type -> cablemesh.v1.RemoveClusterRequest
-	20, // 76: cablemesh.v1.Admin.CreateJoinToken:input_type -> cablemesh.v1.CreateJoinTokenRequest
-	35, // 77: cablemesh.v1.Admin.ApplyPolicies:input_type -> cablemesh.v1.ApplyPoliciesRequest
-	37, // 78: cablemesh.v1.Admin.DeletePolicies:input_type -> cablemesh.v1.DeletePoliciesRequest
-	39, // 79: cablemesh.v1.Admin.ListPolicies:input_type -> cablemesh.v1.ListPoliciesRequest
-	41, // 80: cablemesh.v1.Admin.ExplainConnection:input_type -> cablemesh.v1.ExplainConnectionRequest
-	43, // 81: cablemesh.v1.Admin.ListServices:input_type -> cablemesh.v1.ListServicesRequest
-	27, // 82: cablemesh.v1.Admin.RevokeNode:input_type -> cablemesh.v1.RevokeNodeRequest
-	29, // 83: cablemesh.v1.Admin.ListCertificates:input_type -> cablemesh.v1.ListCertificatesRequest
-	33, // 84: cablemesh.v1.Admin.RenewAdminCertificate:input_type -> cablemesh.v1.RenewCertificateRequest
-	31, // 85: cablemesh.v1.Admin.RotateCA:input_type -> cablemesh.v1.RotateCARequest
-	45, // 86: cablemesh.v1.Agent.Join:input_type -> cablemesh.v1.JoinRequest
-	47, // 87: cablemesh.v1.Agent.RegisterEndpoint:input_type -> cablemesh.v1.RegisterEndpointRequest
-	49, // 88: cablemesh.v1.Agent.Heartbeat:input_type -> cablemesh.v1.HeartbeatRequest
-	51, // 89: cablemesh.v1.Agent.Watch:input_type -> cablemesh.v1.WatchRequest
-	53, // 90: cablemesh.v1.Agent.SetExports:input_type -> cablemesh.v1.SetExportsRequest
-	55, // 91: cablemesh.v1.Agent.SetClusterPolicies:input_type -> cablemesh.v1.SetClusterPoliciesRequest
-	33, // 92: cablemesh.v1.Agent.RenewCertificate:input_type -> cablemesh.v1.RenewCertificateRequest
-	16, // 93: cablemesh.v1.Admin.ListClusters:output_type -> cablemesh.v1.ListClustersResponse
-	1,  // 94: cablemesh.v1.Admin.LabelCluster:output_type -> cablemesh.v1.Cluster
-	19, // 95: cablemesh.v1.Admin.RemoveCluster:output_type -> cablemesh.v1.RemoveClusterResponse
-	21, // 96: cablemesh.v1.Admin.CreateJoinToken:output_type -> cablemesh.v1.CreateJoinTokenResponse
-	36, // 97: cablemesh.v1.Admin.ApplyPolicies:output_type -> cablemesh.v1.ApplyPoliciesResponse
-	38, // 98: cablemesh.v1.Admin.DeletePolicies:output_type -> cablemesh.v1.DeletePoliciesResponse
-	40, // 99: cablemesh.v1.Admin.ListPolicies:output_type -> cablemesh.v1.ListPoliciesResponse
-	42, // 100: cablemesh.v1.Admin.ExplainConnection:output_type -> cablemesh.v1.ExplainConnectionResponse
-	44, // 101: cablemesh.v1.Admin.ListServices:output_type -> cablemesh.v1.ListServicesResponse
-	28, // 102: cablemesh.v1.Admin.RevokeNode:output_type -> cablemesh.v1.RevokeNodeResponse
-	30, // 103: cablemesh.v1.Admin.ListCertificates:output_type -> cablemesh.v1.ListCertificatesResponse
-	34, // 104: cablemesh.v1.Admin.RenewAdminCertificate:output_type -> cablemesh.v1.RenewCertificateResponse
-	32, // 105: cablemesh.v1.Admin.RotateCA:output_type -> cablemesh.v1.RotateCAResponse
-	46, // 106: cablemesh.v1.Agent.Join:output_type -> cablemesh.v1.JoinResponse
-	48, // 107: cablemesh.v1.Agent.RegisterEndpoint:output_type -> cablemesh.v1.RegisterEndpointResponse
-	50, // 108: cablemesh.v1.Agent.Heartbeat:output_type -> cablemesh.v1.HeartbeatResponse
-	52, // 109: cablemesh.v1.Agent.Watch:output_type -> cablemesh.v1.WatchResponse
-	54, // 110: cablemesh.v1.Agent.SetExports:output_type -> cablemesh.v1.SetExportsResponse
-	56, // 111: cablemesh.v1.Agent.SetClusterPolicies:output_type -> cablemesh.v1.SetClusterPoliciesResponse
-	34, // 112: cablemesh.v1.Agent.RenewCertificate:output_type -> cablemesh.v1.RenewCertificateResponse
-	93, // [93:113] is the sub-list for method output_type
-	73, // [73:93] is the sub-list for method input_type
-	73, // [73:73] is the sub-list for extension type_name
-	73, // [73:73] is the sub-list for extension extendee
-	0,  // [0:73] is the sub-list for field type_name
+	63, // 22: cablemesh.v1.ImportedCluster.labels:type_name -> cablemesh.v1.ImportedCluster.LabelsEntry
+	13, // 23: cablemesh.v1.ImportedCluster.ingresses:type_name -> cablemesh.v1.GatewayIngress
+	7,  // 24: cablemesh.v1.GatewayIngress.ports:type_name -> cablemesh.v1.ServicePort
+	7,  // 25: cablemesh.v1.ServiceImport.ports:type_name -> cablemesh.v1.ServicePort
+	12, // 26: cablemesh.v1.ServiceImport.clusters:type_name -> cablemesh.v1.ImportedCluster
+	11, // 27: cablemesh.v1.ServiceImport.conflicts:type_name -> cablemesh.v1.ServiceConflict
+	14, // 28: cablemesh.v1.ServiceImports.imports:type_name -> cablemesh.v1.ServiceImport
+	1,  // 29: cablemesh.v1.ListClustersResponse.clusters:type_name -> cablemesh.v1.Cluster
+	2,  // 30: cablemesh.v1.ListClustersResponse.endpoints:type_name -> cablemesh.v1.Endpoint
+	64, // 31: cablemesh.v1.LabelClusterRequest.set:type_name -> cablemesh.v1.LabelClusterRequest.SetEntry
+	1,  // 32: cablemesh.v1.RemoveClusterResponse.cluster:type_name -> cablemesh.v1.Cluster
+	65, // 33: cablemesh.v1.CreateJoinTokenRequest.labels:type_name -> cablemesh.v1.CreateJoinTokenRequest.LabelsEntry
+	1,  // 34: cablemesh.v1.CreateJoinTokenResponse.cluster:type_name -> cablemesh.v1.Cluster
+	66, // 35: cablemesh.v1.CreateJoinTokenResponse.expires:type_name -> google.protobuf.Timestamp
+	66, // 36: cablemesh.v1.JoinTokenRecord.expires:type_name -> google.protobuf.Timestamp
+	66, // 37: cablemesh.v1.JoinTokenRecord.created:type_name -> google.protobuf.Timestamp
+	66, // 38: cablemesh.v1.IssuedCertificate.not_before:type_name -> google.protobuf.Timestamp
+	66, // 39: cablemesh.v1.IssuedCertificate.not_after:type_name -> google.protobuf.Timestamp
+	24, // 40: cablemesh.v1.NodeCertificate.certificates:type_name -> cablemesh.v1.IssuedCertificate
+	66, // 41: cablemesh.v1.NodeCertificate.revoked_at:type_name -> google.protobuf.Timestamp
+	66, // 42: cablemesh.v1.CAInfo.not_before:type_name -> google.protobuf.Timestamp
+	66, // 43: cablemesh.v1.CAInfo.not_after:type_name -> google.protobuf.Timestamp
+	66, // 44: cablemesh.v1.CAInfo.trusted_until:type_name -> google.protobuf.Timestamp
+	66, // 45: cablemesh.v1.CABundle.previous_trusted_until:type_name -> google.protobuf.Timestamp
+	25, // 46: cablemesh.v1.RevokeNodeResponse.node:type_name -> cablemesh.v1.NodeCertificate
+	25, // 47: cablemesh.v1.ListCertificatesResponse.nodes:type_name -> cablemesh.v1.NodeCertificate
+	26, // 48: cablemesh.v1.ListCertificatesResponse.cas:type_name -> cablemesh.v1.CAInfo
+	24, // 49: cablemesh.v1.ListCertificatesResponse.admin:type_name -> cablemesh.v1.IssuedCertificate
+	26, // 50: cablemesh.v1.RotateCAResponse.cas:type_name -> cablemesh.v1.CAInfo
+	66, // 51: cablemesh.v1.RenewCertificateResponse.not_after:type_name -> google.protobuf.Timestamp
+	27, // 52: cablemesh.v1.RenewCertificateResponse.ca:type_name -> cablemesh.v1.CABundle
+	5,  // 53: cablemesh.v1.ApplyPoliciesRequest.policies:type_name -> cablemesh.v1.Policy
+	5,  // 54: cablemesh.v1.ApplyPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
+	5,  // 55: cablemesh.v1.ListPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
+	14, // 56: cablemesh.v1.ListServicesResponse.imports:type_name -> cablemesh.v1.ServiceImport
+	9,  // 57: cablemesh.v1.ListServicesResponse.exports:type_name -> cablemesh.v1.ServiceExport
+	1,  // 58: cablemesh.v1.JoinResponse.cluster:type_name -> cablemesh.v1.Cluster
+	66, // 59: cablemesh.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
+	27, // 60: cablemesh.v1.JoinResponse.ca:type_name -> cablemesh.v1.CABundle
+	2,  // 61: cablemesh.v1.RegisterEndpointRequest.endpoint:type_name -> cablemesh.v1.Endpoint
+	2,  // 62: cablemesh.v1.RegisterEndpointResponse.endpoint:type_name -> cablemesh.v1.Endpoint
+	66, // 63: cablemesh.v1.RegisterEndpointResponse.broker_time:type_name -> google.protobuf.Timestamp
+	66, // 64: cablemesh.v1.HeartbeatResponse.lease_expires:type_name -> google.protobuf.Timestamp
+	66, // 65: cablemesh.v1.HeartbeatResponse.broker_time:type_name -> google.protobuf.Timestamp
+	6,  // 66: cablemesh.v1.WatchResponse.events:type_name -> cablemesh.v1.Event
+	15, // 67: cablemesh.v1.WatchResponse.imports:type_name -> cablemesh.v1.ServiceImports
+	27, // 68: cablemesh.v1.WatchResponse.ca:type_name -> cablemesh.v1.CABundle
+	9,  // 69: cablemesh.v1.SetExportsRequest.exports:type_name -> cablemesh.v1.ServiceExport
+	9,  // 70: cablemesh.v1.SetExportsResponse.exports:type_name -> cablemesh.v1.ServiceExport
+	11, // 71: cablemesh.v1.SetExportsResponse.conflicts:type_name -> cablemesh.v1.ServiceConflict
+	5,  // 72: cablemesh.v1.SetClusterPoliciesRequest.policies:type_name -> cablemesh.v1.Policy
+	5,  // 73: cablemesh.v1.SetClusterPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
+	3,  // 74: cablemesh.v1.Endpoint.CableAttributesEntry.value:type_name -> cablemesh.v1.CableAttributes
+	16, // 75: cablemesh.v1.Admin.ListClusters:input_type -> cablemesh.v1.ListClustersRequest
+	18, // 76: cablemesh.v1.Admin.LabelCluster:input_type -> cablemesh.v1.LabelClusterRequest
+	19, // 77: cablemesh.v1.Admin.RemoveCluster:input_type -> cablemesh.v1.RemoveClusterRequest
+	21, // 78: cablemesh.v1.Admin.CreateJoinToken:input_type -> cablemesh.v1.CreateJoinTokenRequest
+	36, // 79: cablemesh.v1.Admin.ApplyPolicies:input_type -> cablemesh.v1.ApplyPoliciesRequest
+	38, // 80: cablemesh.v1.Admin.DeletePolicies:input_type -> cablemesh.v1.DeletePoliciesRequest
+	40, // 81: cablemesh.v1.Admin.ListPolicies:input_type -> cablemesh.v1.ListPoliciesRequest
+	42, // 82: cablemesh.v1.Admin.ExplainConnection:input_type -> cablemesh.v1.ExplainConnectionRequest
+	44, // 83: cablemesh.v1.Admin.ListServices:input_type -> cablemesh.v1.ListServicesRequest
+	28, // 84: cablemesh.v1.Admin.RevokeNode:input_type -> cablemesh.v1.RevokeNodeRequest
+	30, // 85: cablemesh.v1.Admin.ListCertificates:input_type -> cablemesh.v1.ListCertificatesRequest
+	34, // 86: cablemesh.v1.Admin.RenewAdminCertificate:input_type -> cablemesh.v1.RenewCertificateRequest
+	32, // 87: cablemesh.v1.Admin.RotateCA:input_type -> cablemesh.v1.RotateCARequest
+	46, // 88: cablemesh.v1.Agent.Join:input_type -> cablemesh.v1.JoinRequest
+	48, // 89: cablemesh.v1.Agent.RegisterEndpoint:input_type -> cablemesh.v1.RegisterEndpointRequest
+	50, // 90: cablemesh.v1.Agent.Heartbeat:input_type -> cablemesh.v1.HeartbeatRequest
+	52, // 91: cablemesh.v1.Agent.Watch:input_type -> cablemesh.v1.WatchRequest
+	54, // 92: cablemesh.v1.Agent.SetExports:input_type -> cablemesh.v1.SetExportsRequest
+	56, // 93: cablemesh.v1.Agent.SetClusterPolicies:input_type -> cablemesh.v1.SetClusterPoliciesRequest
+	34, // 94: cablemesh.v1.Agent.RenewCertificate:input_type -> cablemesh.v1.RenewCertificateRequest
+	17, // 95: cablemesh.v1.Admin.ListClusters:output_type -> cablemesh.v1.ListClustersResponse
+	1,  // 96: cablemesh.v1.Admin.LabelCluster:output_type -> cablemesh.v1.Cluster
+	20, // 97: cablemesh.v1.Admin.RemoveCluster:output_type -> cablemesh.v1.RemoveClusterResponse
+	22, // 98: cablemesh.v1.Admin.CreateJoinToken:output_type -> cablemesh.v1.CreateJoinTokenResponse
+	37, // 99: cablemesh.v1.Admin.ApplyPolicies:output_type -> cablemesh.v1.ApplyPoliciesResponse
+	39, // 100: cablemesh.v1.Admin.DeletePolicies:output_type -> cablemesh.v1.DeletePoliciesResponse
+	41, // 101: cablemesh.v1.Admin.ListPolicies:output_type -> cablemesh.v1.ListPoliciesResponse
+	43, // 102: cablemesh.v1.Admin.ExplainConnection:output_type -> cablemesh.v1.ExplainConnectionResponse
+	45, // 103: cablemesh.v1.Admin.ListServices:output_type -> cablemesh.v1.ListServicesResponse
+	29, // 104: cablemesh.v1.Admin.RevokeNode:output_type -> cablemesh.v1.RevokeNodeResponse
+	31, // 105: cablemesh.v1.Admin.ListCertificates:output_type -> cablemesh.v1.ListCertificatesResponse
+	35, // 106: cablemesh.v1.Admin.RenewAdminCertificate:output_type -> cablemesh.v1.RenewCertificateResponse
+	33, // 107: cablemesh.v1.Admin.RotateCA:output_type -> cablemesh.v1.RotateCAResponse
+	47, // 108: cablemesh.v1.Agent.Join:output_type -> cablemesh.v1.JoinResponse
+	49, // 109: cablemesh.v1.Agent.RegisterEndpoint:output_type -> cablemesh.v1.RegisterEndpointResponse
+	51, // 110: cablemesh.v1.Agent.Heartbeat:output_type -> cablemesh.v1.HeartbeatResponse
+	53, // 111: cablemesh.v1.Agent.Watch:output_type -> cablemesh.v1.WatchResponse
+	55, // 112: cablemesh.v1.Agent.SetExports:output_type -> cablemesh.v1.SetExportsResponse
+	57, // 113: cablemesh.v1.Agent.SetClusterPolicies:output_type -> cablemesh.v1.SetClusterPoliciesResponse
+	35, // 114: cablemesh.v1.Agent.RenewCertificate:output_type -> cablemesh.v1.RenewCertificateResponse
+	95, // [95:115] is the sub-list for method output_type
+	75, // [75:95] is the sub-list for method input_type
+	75, // [75:75] is the sub-list for extension type_name
+	75, // [75:75] is the sub-list for extension extendee
+	0,  // [0:75] is the sub-list for field type_name
 }
 
 func init() { file_cablemesh_proto_init() }
@@ -4437,7 +4556,7 @@ func file_cablemesh_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cablemesh_proto_rawDesc), len(file_cablemesh_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   64,
+			NumMessages:   65,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
