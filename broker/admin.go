@@ -77,9 +77,10 @@ func (a *adminService) RemoveCluster(ctx context.Context, req *apiv1.RemoveClust
 		return nil, rpcError("remove cluster", err)
 	}
 	var (
-		removed  *apiv1.Cluster
-		removal  admission.ClusterRemoval
-		released []*apiv1.ServiceVIP
+		removed      *apiv1.Cluster
+		removal      admission.ClusterRemoval
+		released     []*apiv1.ServiceVIP
+		releasedMesh []string // the claims of its nodes' mesh addresses
 	)
 	_, err := a.s.store.Update(ctx, func(tx store.Tx) error {
 		c, err := tx.Cluster(req.Name)
@@ -138,6 +139,10 @@ func (a *adminService) RemoveCluster(ctx context.Context, req *apiv1.RemoveClust
 				}
 			}
 		}
+		// Its nodes' mesh addresses are free for the next cluster.
+		if releasedMesh, err = releaseClusterMeshClaims(tx, req.Name); err != nil {
+			return err
+		}
 		removed = c
 		return tx.DeleteCluster(req.Name)
 	})
@@ -146,6 +151,7 @@ func (a *adminService) RemoveCluster(ctx context.Context, req *apiv1.RemoveClust
 	}
 	a.s.log.Info("cluster removed", "cluster", req.Name, "id", removed.Id, "endpoints", len(removal.Endpoints), "exports", len(removal.Exports))
 	a.s.logVIPPlan(admission.VIPPlan{Release: released})
+	a.s.meshHint.released(releasedMesh)
 	return &apiv1.RemoveClusterResponse{Cluster: removed}, nil
 }
 
@@ -190,6 +196,9 @@ func (a *adminService) CreateJoinToken(ctx context.Context, req *apiv1.CreateJoi
 			if err := admission.CheckReachable(creq, self, eps); err != nil {
 				return err
 			}
+			if err := admission.CheckMeshRange(creq, a.s.cfg.MeshAddressRange); err != nil {
+				return err
+			}
 			if err := tx.PutCluster(cluster); err != nil {
 				return err
 			}
@@ -213,7 +222,7 @@ func (a *adminService) CreateJoinToken(ctx context.Context, req *apiv1.CreateJoi
 		return nil, rpcError("create join token", err)
 	}
 	if created {
-		a.s.log.Info("cluster created", "cluster", cluster.Name, "id", cluster.Id, "podCIDRs", cluster.PodCidrs, "serviceCIDRs", cluster.ServiceCidrs)
+		a.s.log.Info("cluster created", "cluster", cluster.Name, "id", cluster.Id, "podCIDRs", cluster.PodCidrs, "serviceCIDRs", cluster.ServiceCidrs, "gatewayMode", cluster.GatewayMode)
 	}
 	p := a.s.currentPKI()
 	token, err := jointoken.Sign(jointoken.Claims{

@@ -10,7 +10,6 @@ import (
 	"slices"
 	"time"
 
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/apimachinery/pkg/labels"
 
@@ -91,7 +90,10 @@ func (a *agentService) RegisterEndpoint(ctx context.Context, req *apiv1.Register
 	if err != nil {
 		return nil, rpcError("register endpoint", err)
 	}
-	var stored *apiv1.Endpoint
+	var (
+		stored *apiv1.Endpoint
+		mesh   admission.MeshAssignment
+	)
 	_, err = a.s.store.Update(ctx, func(tx store.Tx) error {
 		c, err := tx.Cluster(id.Cluster)
 		if err != nil {
@@ -115,6 +117,27 @@ func (a *agentService) RegisterEndpoint(ctx context.Context, req *apiv1.Register
 		if err := admission.CheckBinding(id, old, rec); err != nil {
 			return err
 		}
+		// The mesh address is decided here, in the transaction that stores it: a claim read
+		// here that another replica writes meanwhile makes this commit fail and run again.
+		mesh, err = admission.AssignEndpointMeshAddress(id, e, rec, old, a.s.cfg.MeshAddressRange, a.s.meshHint.get(), tx.MeshAddressClaim, a.s.cfg.Now())
+		if err != nil {
+			return err
+		}
+		if mesh.Node != nil {
+			if err := tx.TouchNodeCertificate(mesh.Node); err != nil {
+				return err
+			}
+		}
+		if mesh.Claim != nil {
+			if err := tx.PutMeshAddressClaim(mesh.Claim); err != nil {
+				return err
+			}
+		}
+		for _, a := range mesh.Release {
+			if err := tx.DeleteMeshAddressClaim(a); err != nil {
+				return err
+			}
+		}
 		renewOnly, err := admission.PlaceEndpoint(id, e, c, old)
 		switch {
 		case err != nil:
@@ -133,7 +156,10 @@ func (a *agentService) RegisterEndpoint(ctx context.Context, req *apiv1.Register
 	if err != nil {
 		return nil, rpcError("register endpoint", err)
 	}
-	a.s.log.Info("endpoint registered", "cluster", e.Cluster, "node", e.Node, "privateIP", e.PrivateIp, "revision", stored.Revision)
+	if mesh.Searched {
+		a.s.meshHint.allocated(mesh.Address)
+	}
+	a.s.log.Info("endpoint registered", "cluster", e.Cluster, "node", e.Node, "privateIP", e.PrivateIp, "meshAddress", stored.MeshAddress, "revision", stored.Revision)
 	// The broker's clock at the answer (not at the request) and build: the agent's clock skew
 	// and `cablectl version` come from them.
 	return &apiv1.RegisterEndpointResponse{Endpoint: stored, LeaseSeconds: leaseSeconds,
@@ -206,6 +232,7 @@ func (a *agentService) Watch(req *apiv1.WatchRequest, stream apiv1.Agent_WatchSe
 		return rpcError("watch", err)
 	}
 	log := a.s.log.With("cluster", id.Cluster, "node", id.Node)
+	watcher := watcherOf{cluster: id.Cluster, clusterUID: id.ClusterUID, log: log}
 	log.Info("watch started", "sinceRevision", req.SinceRevision, "wantImports", req.WantImports, "importSelector", req.ImportSelector)
 	var expired <-chan time.Time
 	if !id.NotAfter.IsZero() {
@@ -249,8 +276,15 @@ func (a *agentService) Watch(req *apiv1.WatchRequest, stream apiv1.Agent_WatchSe
 				}
 				return rpcError("watch", err)
 			}
-			if !b.Snapshot {
+			// group: the delta batches of this message, each sent as it was encoded once for
+			// every watcher (sendShared); the first message is the watcher's own.
+			var group []store.Batch
+			switch {
+			case b.Snapshot:
+			case first:
 				b = coalesce(b, w.C())
+			default:
+				b, group = coalesceGroup(b, w.C())
 			}
 			// A revocation (or a join that replaced this certificate) ends the stream before
 			// the batch that made it is delivered.
@@ -260,11 +294,10 @@ func (a *agentService) Watch(req *apiv1.WatchRequest, stream apiv1.Agent_WatchSe
 					return err
 				}
 			}
+			// The store shares a batch's events between watchers, and so does the encoding
+			// (sendBatch): the PSKs of this agent's pairs go into its clusters as they are
+			// encoded, never into the shared events.
 			evs, touches := agentEvents(b.Events)
-			// The store shares a batch's events between watchers: the clusters get copies of
-			// their own before the PSKs of this agent's pairs go in.
-			ownClusters(evs)
-			a.s.addPairPSKs(id.Cluster, id.ClusterUID, evs)
 			resp := &apiv1.WatchResponse{Snapshot: b.Snapshot, Events: evs, Revision: b.Revision}
 			if req.WantImports && (first || b.Snapshot || touches) {
 				v, err := a.s.imports.at(ctx, b.Revision)
@@ -296,7 +329,12 @@ func (a *agentService) Watch(req *apiv1.WatchRequest, stream apiv1.Agent_WatchSe
 					return rpcError("watch", unavailableError{errStopping})
 				}
 			}
-			err := a.s.sendBatch(stream, resp, log)
+			var err error
+			if group != nil {
+				err = a.s.sendShared(stream, group, resp, watcher)
+			} else {
+				err = a.s.sendBatch(stream, resp, watcher)
+			}
 			if b.Snapshot {
 				<-a.s.snapshotSends
 			}
@@ -355,12 +393,21 @@ func coalesce(b store.Batch, ch <-chan store.Batch) store.Batch {
 	return b
 }
 
-// ownClusters replaces, in evs, every cluster upsert by a copy the caller may modify.
-func ownClusters(evs []*apiv1.Event) {
-	for i, ev := range evs {
-		if c := ev.GetResource().GetCluster(); c != nil && ev.Type == apiv1.Event_UPSERT {
-			evs[i] = &apiv1.Event{Type: ev.Type, Kind: ev.Kind, Key: ev.Key, Revision: ev.Revision,
-				Resource: &apiv1.Resource{Kind: &apiv1.Resource_Cluster{Cluster: proto.Clone(c).(*apiv1.Cluster)}}}
-		}
+// coalesceGroup is coalesce that also returns the batches it took, in order (b first): the
+// broker sends each as encoded once for every watcher (sendShared).
+func coalesceGroup(b store.Batch, ch <-chan store.Batch) (store.Batch, []store.Batch) {
+	group := []store.Batch{b}
+	n := len(ch)
+	if n == 0 {
+		return b, group
 	}
+	evs := slices.Clone(b.Events)
+	for ; n > 0 && len(evs) < maxCoalescedEvents; n-- {
+		nb := <-ch
+		group = append(group, nb)
+		evs = append(evs, nb.Events...)
+		b.Revision = nb.Revision
+	}
+	b.Events = evs
+	return b, group
 }

@@ -15,6 +15,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -53,7 +54,10 @@ type Config struct {
 	// (default 5m).
 	Lease    time.Duration
 	MaxLease time.Duration
-	// ReapInterval is how often expired endpoints are withdrawn (default: Lease/10, at least 100ms).
+	// ReapInterval is how often expired endpoints are withdrawn. Default (0): a tenth of the
+	// shortest lease a registered endpoint holds, or of Lease when none is shorter, at least
+	// 100ms, so that an endpoint that asked for a short lease (a cluster with several gateways
+	// that wants fast failover) is withdrawn soon after it expires, not up to Lease/10 later.
 	ReapInterval time.Duration
 	// DefaultCableDriver is the driver of the mesh default policy the broker creates at first
 	// start: one of the registered cable drivers (cable.Names; the cable-broker binary links them
@@ -64,6 +68,11 @@ type Config struct {
 	// prefix (a service gets one VIP from each). Default mcs.DefaultVIPRange. A stored VIP
 	// outside them (the ranges changed since) is kept and logged, never renumbered.
 	ServiceVIPRanges []netip.Prefix
+	// MeshAddressRange is the IPv4 range gateways' mesh addresses come from (gateway mode, issue
+	// 9): default meshaddr.DefaultRange; /8 to /30; it must not overlap ServiceVIPRanges, and no
+	// cluster's CIDRs may overlap it. A stored address outside it (the range changed since) is
+	// replaced by one inside it at start and at the node's next registration.
+	MeshAddressRange netip.Prefix
 	// StoreOptions tune the embedded store (event log size, watcher buffer).
 	StoreOptions store.Options
 	// Store, when set, is the store to use instead of the embedded one in DataDir/broker.db
@@ -112,8 +121,14 @@ type Server struct {
 	watchBudget int
 	// snapshotSends are the slots of the watch snapshots being sent (agent.go).
 	snapshotSends chan struct{}
+	// watchEnc holds the watch events encoded once for every watcher (watchsend.go).
+	watchEnc *watchEncodings
+	// watchBatches holds the delta batches encoded once for every watcher (watchsend.go).
+	watchBatches batchEncodings
 	// metrics are served by MetricsHandler (metrics.go).
 	metrics *metrics
+	// meshHint is where mesh address allocation starts looking (meshaddrs.go).
+	meshHint meshHint
 }
 
 // New loads or creates the broker's PKI, mesh secret and store in cfg.DataDir, creates the mesh
@@ -141,9 +156,6 @@ func New(cfg Config) (_ *Server, err error) {
 	if cfg.MaxLease < cfg.Lease {
 		cfg.MaxLease = cfg.Lease
 	}
-	if cfg.ReapInterval <= 0 {
-		cfg.ReapInterval = max(cfg.Lease/10, 100*time.Millisecond)
-	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -156,6 +168,9 @@ func New(cfg Config) (_ *Server, err error) {
 		}
 	}
 	if cfg.ServiceVIPRanges, err = vipRanges(cfg.ServiceVIPRanges); err != nil {
+		return nil, err
+	}
+	if cfg.MeshAddressRange, err = meshRange(cfg.MeshAddressRange, cfg.ServiceVIPRanges); err != nil {
 		return nil, err
 	}
 	host, _, err := net.SplitHostPort(cfg.Listen)
@@ -211,10 +226,14 @@ func New(cfg Config) (_ *Server, err error) {
 	s.imports = newImportTracker(cfg.Logger, s.stopping)
 	s.watchBudget = cfg.WatchMessageBytes
 	s.snapshotSends = make(chan struct{}, maxSnapshotSends)
+	s.watchEnc = newWatchEncodings(watchEncodingBytes)
 	if err := s.ensureDefaultPolicy(context.Background(), cfg.DefaultCableDriver); err != nil {
 		return nil, err
 	}
 	if err := s.reconcileServiceVIPs(context.Background()); err != nil {
+		return nil, err
+	}
+	if err := s.reconcileMeshAddresses(context.Background()); err != nil {
 		return nil, err
 	}
 	if err := s.extendLeases(context.Background()); err != nil {
@@ -233,6 +252,13 @@ func New(cfg Config) (_ *Server, err error) {
 		// Pings find dead peers (a watcher whose host vanished) so their streams end.
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 20 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		// Protobuf, but watch messages encoded once for many watchers go as they are.
+		grpc.ForceServerCodecV2(newWatchCodec()),
+		// Thousands of agents hold a connection each, and send little (registrations,
+		// heartbeats, exports): a connection's read buffer of 8 KiB instead of gRPC's 32 KiB
+		// (120 MB less at 5,000 agents). Write buffers go back to a pool after each flush
+		// already (gRPC's default).
+		grpc.ReadBufferSize(8<<10),
 	)
 	apiv1.RegisterAdminServer(s.grpc, &adminService{s: s})
 	apiv1.RegisterAgentServer(s.grpc, &agentService{s: s})
@@ -383,32 +409,59 @@ func (s *Server) extendLeases(ctx context.Context) error {
 	return nil
 }
 
-// reapLoop withdraws expired endpoints every ReapInterval until ctx ends.
+// minReapInterval bounds how often the reaper lists the endpoints, however short a lease.
+const minReapInterval = 100 * time.Millisecond
+
+// reapInterval is the wait before the next reap: cfg.ReapInterval when set, else a tenth of the
+// shortest lease among the endpoints (shortest, 0 when none) or of the default lease when none
+// is shorter, at least minReapInterval. Every replica computes it from the stored endpoints, so
+// a replica that did not grant a short lease still reaps it in time.
+func reapInterval(configured, lease, shortest time.Duration) time.Duration {
+	if configured > 0 {
+		return configured
+	}
+	if shortest > 0 && shortest < lease {
+		lease = shortest
+	}
+	return max(lease/10, minReapInterval)
+}
+
+// reapLoop withdraws expired endpoints until ctx ends, at reapInterval.
 func (s *Server) reapLoop(ctx context.Context) {
-	t := time.NewTicker(s.cfg.ReapInterval)
+	t := time.NewTimer(reapInterval(s.cfg.ReapInterval, s.cfg.Lease, 0))
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if err := s.reapExpired(ctx, s.cfg.Now()); err != nil && ctx.Err() == nil {
+			shortest, err := s.reapExpired(ctx, s.cfg.Now())
+			if err != nil && ctx.Err() == nil {
 				s.log.Error("reap expired endpoints", "err", err)
 			}
+			t.Reset(reapInterval(s.cfg.ReapInterval, s.cfg.Lease, shortest))
 		}
 	}
 }
 
-// reapExpired withdraws every endpoint whose lease has expired at now. The reap loop calls it
-// with the clock's time; tests call it directly.
-func (s *Server) reapExpired(ctx context.Context, now time.Time) error {
+// reapExpired withdraws every endpoint whose lease has expired at now, and returns the shortest
+// lease among those left (0 when none). The reap loop calls it with the clock's time; tests call
+// it directly.
+func (s *Server) reapExpired(ctx context.Context, now time.Time) (time.Duration, error) {
 	var reaped []*apiv1.Endpoint
+	var shortest time.Duration
 	_, err := s.store.Update(ctx, func(tx store.Tx) error {
 		eps, err := tx.Endpoints()
 		if err != nil {
 			return err
 		}
 		reaped = admission.Expired(eps, now)
+		shortest = 0
+		for _, e := range eps {
+			if l := time.Duration(e.GetLeaseSeconds()) * time.Second; l > 0 && (shortest == 0 || l < shortest) && !slices.Contains(reaped, e) {
+				shortest = l
+			}
+		}
 		for _, e := range reaped {
 			if err := tx.DeleteEndpoint(e.Cluster, e.Node); err != nil {
 				return err
@@ -417,10 +470,10 @@ func (s *Server) reapExpired(ctx context.Context, now time.Time) error {
 		return nil
 	})
 	if err != nil {
-		return err
+		return 0, err
 	}
 	for _, e := range reaped {
 		s.log.Info("endpoint lease expired, withdrawn", "cluster", e.Cluster, "node", e.Node)
 	}
-	return nil
+	return shortest, nil
 }

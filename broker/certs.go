@@ -261,10 +261,12 @@ func (a *adminService) RevokeNode(ctx context.Context, req *apiv1.RevokeNodeRequ
 		return nil, rpcError("revoke node", err)
 	}
 	var (
-		rev  admission.NodeRevocation
-		vips admission.VIPPlan
+		rev      admission.NodeRevocation
+		vips     admission.VIPPlan
+		released []string // the node's mesh address claim
 	)
 	_, err := a.s.store.Update(ctx, func(tx store.Tx) error {
+		released = nil
 		c, err := tx.Cluster(req.Cluster)
 		if err != nil {
 			return err
@@ -285,6 +287,10 @@ func (a *adminService) RevokeNode(ctx context.Context, req *apiv1.RevokeNodeRequ
 			return err
 		}
 		if err := tx.PutNodeCertificate(rev.Node); err != nil {
+			return err
+		}
+		// Its mesh address is released: the next node may have it.
+		if released, err = releaseNodeMeshClaims(tx, req.Cluster, req.Node, rec, ep); err != nil {
 			return err
 		}
 		if rev.Endpoint != nil {
@@ -317,6 +323,7 @@ func (a *adminService) RevokeNode(ctx context.Context, req *apiv1.RevokeNodeRequ
 	if err != nil {
 		return nil, rpcError("revoke node", err)
 	}
+	a.s.meshHint.released(released)
 	if !rev.Already {
 		a.s.log.Info("node revoked", "cluster", req.Cluster, "node", req.Node, "endpointRemoved", rev.Endpoint != nil, "exportsRemoved", len(rev.Exports))
 		a.s.logVIPPlan(vips)

@@ -54,25 +54,3 @@ func TestCoalesce(t *testing.T) {
 		})
 	}
 }
-
-// The clusters of a batch are shared between watchers: each watcher's PSKs go into copies.
-func TestOwnClustersCopiesTheClustersOnly(t *testing.T) {
-	c := &apiv1.Cluster{Name: "east", Uid: "u1"}
-	ep := &apiv1.Event{Type: apiv1.Event_UPSERT, Kind: store.KindEndpoint, Key: "east/gw1"}
-	evs := []*apiv1.Event{
-		{Type: apiv1.Event_UPSERT, Kind: store.KindCluster, Key: "east", Revision: 7, Resource: &apiv1.Resource{Kind: &apiv1.Resource_Cluster{Cluster: c}}},
-		ep,
-	}
-	ownClusters(evs)
-	got := evs[0].GetResource().GetCluster()
-	if got == c || got.GetName() != "east" || evs[0].Revision != 7 {
-		t.Fatalf("cluster event after ownClusters: %v (same object: %t)", evs[0], got == c)
-	}
-	got.PairPsk = []byte("k")
-	if c.PairPsk != nil {
-		t.Fatal("a PSK written into the copy reached the shared cluster")
-	}
-	if evs[1] != ep {
-		t.Error("an endpoint event was copied; only clusters need to be")
-	}
-}

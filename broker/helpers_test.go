@@ -75,6 +75,7 @@ type brokerOpts struct {
 	vipRanges     []netip.Prefix // Config.ServiceVIPRanges
 	selfAddrs     []netip.Addr   // Config.SelfAddresses
 	watchBudget   int            // Config.WatchMessageBytes
+	meshRange     netip.Prefix   // Config.MeshAddressRange
 }
 
 // startBroker runs a real broker on loopback with real TLS, and an admin client from the
@@ -96,7 +97,8 @@ func startBroker(t *testing.T, dir string, o brokerOpts) *testBroker {
 	}
 	log := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	cfg := Config{DataDir: dir, Listen: o.addr, Logger: log, Now: o.clock.Now, ReapInterval: 20 * time.Millisecond,
-		StoreOptions: o.storeOpt, DefaultCableDriver: o.defaultDriver, ServiceVIPRanges: o.vipRanges, WatchMessageBytes: o.watchBudget}
+		StoreOptions: o.storeOpt, DefaultCableDriver: o.defaultDriver, ServiceVIPRanges: o.vipRanges, WatchMessageBytes: o.watchBudget,
+		MeshAddressRange: o.meshRange}
 	if o.selfAddrs != nil {
 		cfg.SelfAddresses = func() ([]netip.Addr, error) { return o.selfAddrs, nil }
 	}
@@ -171,7 +173,7 @@ func (b *testBroker) token(cluster string, pods ...string) string {
 // reap runs the lease reaper once at the test clock's time.
 func (b *testBroker) reap() {
 	b.t.Helper()
-	if err := b.srv.reapExpired(ctxT(b.t), b.clock.Now()); err != nil {
+	if _, err := b.srv.reapExpired(ctxT(b.t), b.clock.Now()); err != nil {
 		b.t.Fatalf("reap: %v", err)
 	}
 }

@@ -146,7 +146,8 @@ func (t *importTracker) at(ctx context.Context, rev uint64) (*importView, error)
 
 // agentEvents are the events of a batch an agent receives: all but service exports and VIPs,
 // which reach it as the imports derived from them, and node certificate records. touchesImports says whether the batch can
-// change those imports (a cluster, policy, export or VIP event).
+// change those imports (a cluster, policy, export or VIP event, or an endpoint's, whose mesh
+// address the imports' ingresses carry).
 func agentEvents(evs []*apiv1.Event) (out []*apiv1.Event, touchesImports bool) {
 	out = evs[:0:0]
 	for _, ev := range evs {
@@ -156,7 +157,7 @@ func agentEvents(evs []*apiv1.Event) (out []*apiv1.Event, touchesImports bool) {
 			continue
 		case store.KindNodeCertificate:
 			continue
-		case store.KindCluster, store.KindPolicy:
+		case store.KindCluster, store.KindPolicy, store.KindEndpoint:
 			touchesImports = true
 		}
 		out = append(out, ev)

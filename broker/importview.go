@@ -31,7 +31,13 @@ type importState struct {
 	policies map[string]*apiv1.Policy
 	exports  map[string]map[string]*apiv1.ServiceExport // service → export key → export
 	vips     map[string][]string                        // service → VIPs
-	merged   map[string]*serviceEntry                   // service → its import; absent when none
+	// mesh is the mesh address of every live endpoint that has one, by cluster/node: where the
+	// node's ingress serves its exports (ImportedCluster.ingresses).
+	mesh map[string]string
+	// nodeServices are the services each node (cluster/node) exports: those to merge again when
+	// its mesh address changes.
+	nodeServices map[string]map[string]bool
+	merged       map[string]*serviceEntry // service → its import; absent when none
 	// labelSets numbers the distinct label sets of the merged imports' clusters, so that a
 	// watcher matches its selector once per label set, not once per service and cluster.
 	labelSets map[string]int32
@@ -59,6 +65,8 @@ func (s *importState) reset() {
 	s.policies = map[string]*apiv1.Policy{}
 	s.exports = map[string]map[string]*apiv1.ServiceExport{}
 	s.vips = map[string][]string{}
+	s.mesh = map[string]string{}
+	s.nodeServices = map[string]map[string]bool{}
 	s.merged = map[string]*serviceEntry{}
 	s.labelSets = map[string]int32{}
 	s.dirty = map[string]bool{}
@@ -99,16 +107,25 @@ func (s *importState) apply(b store.Batch) bool {
 			if !ok {
 				continue // not a key the store writes
 			}
+			node := strings.TrimSuffix(ev.GetKey(), "/"+svc) // cluster/node: a node exports a service once
 			if del {
 				delete(s.exports[svc], ev.GetKey())
 				if len(s.exports[svc]) == 0 {
 					delete(s.exports, svc)
+				}
+				delete(s.nodeServices[node], svc)
+				if len(s.nodeServices[node]) == 0 {
+					delete(s.nodeServices, node)
 				}
 			} else {
 				if s.exports[svc] == nil {
 					s.exports[svc] = map[string]*apiv1.ServiceExport{}
 				}
 				s.exports[svc][ev.GetKey()] = res.GetServiceExport()
+				if s.nodeServices[node] == nil {
+					s.nodeServices[node] = map[string]bool{}
+				}
+				s.nodeServices[node][svc] = true
 			}
 			s.dirty[svc], changed = true, true
 		case store.KindServiceVIP:
@@ -118,6 +135,24 @@ func (s *importState) apply(b store.Batch) bool {
 				s.vips[ev.GetKey()] = res.GetServiceVip().GetVips()
 			}
 			s.dirty[ev.GetKey()], changed = true, true
+		case store.KindEndpoint:
+			addr := res.GetEndpoint().GetMeshAddress()
+			if del {
+				addr = ""
+			}
+			if addr == s.mesh[ev.GetKey()] {
+				continue // a change the imports do not show
+			}
+			if addr == "" {
+				delete(s.mesh, ev.GetKey())
+			} else {
+				s.mesh[ev.GetKey()] = addr
+			}
+			// The services this node exports show its ingress: merge them again. A snapshot
+			// merges everything anyway.
+			for svc := range s.nodeServices[ev.GetKey()] {
+				s.dirty[svc], changed = true, true
+			}
 		}
 	}
 	return changed
@@ -160,10 +195,12 @@ func (s *importState) view(rev uint64) (*importView, error) {
 			}
 		}
 		for k := range todo {
-			imps := mcs.Merge(slices.Collect(maps.Values(s.exports[k])), ids, map[string][]string{k: s.vips[k]})
+			exps := slices.Collect(maps.Values(s.exports[k]))
+			imps := mcs.Merge(exps, ids, map[string][]string{k: s.vips[k]})
 			if len(imps) == 0 {
 				delete(s.merged, k)
 			} else {
+				addIngresses(imps[0], exps, s.mesh)
 				s.merged[k] = s.newEntry(imps[0])
 			}
 		}
@@ -196,6 +233,39 @@ func (s *importState) view(rev uint64) (*importView, error) {
 	}
 	return &importView{rev: rev, imports: imports, services: s.services, pairs: s.pairs,
 		labelSets: len(s.labelSets), tailored: map[string]*tailoredImports{}}, err
+}
+
+// addIngresses fills, in imp (just merged from exports, not shared yet), each cluster's
+// ingresses: one per exporting node of that cluster that has a live endpoint with a mesh address
+// (mesh, by cluster/node) and ports with an ingress port, in node order. Only exports of the
+// import's type count, as for the endpoints (mcs.Merge). A gateway-mode importer reaches the
+// cluster through one of them (issue 9).
+func addIngresses(imp *apiv1.ServiceImport, exports []*apiv1.ServiceExport, mesh map[string]string) {
+	byCluster := map[string][]*apiv1.GatewayIngress{}
+	for _, e := range exports {
+		addr := mesh[store.EndpointKey(e.GetCluster(), e.GetNode())]
+		if addr == "" || e.GetType() != imp.GetType() {
+			continue
+		}
+		var ports []*apiv1.ServicePort
+		for _, p := range e.GetPorts() {
+			if p.GetIngressPort() > 0 {
+				ports = append(ports, &apiv1.ServicePort{Name: p.GetName(), Port: p.GetPort(), Protocol: p.GetProtocol(), IngressPort: p.GetIngressPort()})
+			}
+		}
+		if len(ports) == 0 {
+			continue
+		}
+		slices.SortFunc(ports, func(a, b *apiv1.ServicePort) int {
+			return cmp.Or(cmp.Compare(a.Port, b.Port), cmp.Compare(a.Protocol, b.Protocol))
+		})
+		byCluster[e.GetCluster()] = append(byCluster[e.GetCluster()], &apiv1.GatewayIngress{Node: e.GetNode(), MeshAddress: addr, Ports: ports})
+	}
+	for _, c := range imp.GetClusters() {
+		ing := byCluster[c.GetCluster()]
+		slices.SortFunc(ing, func(a, b *apiv1.GatewayIngress) int { return cmp.Compare(a.Node, b.Node) })
+		c.Ingresses = ing
+	}
 }
 
 // newEntry makes the entry of a merged import, numbering its clusters' label sets.

@@ -139,6 +139,14 @@ func TestUnknownDriversAndBadOptionsAreRefusedNamingThem(t *testing.T) {
 		})
 	}
 	b.apply("kind: ClusterConnectionPolicy\nmetadata: {name: ok}\nspec: {cableDriver: {name: vxlan, options: {vni: \"200\", mtu: \"1400\"}}}\n")
+	// A client that skips local validation (raw JSON) still meets the broker's.
+	_, err := b.admin.ApplyPolicies(ctxT(t), &apiv1.ApplyPoliciesRequest{Policies: []*apiv1.Policy{{Name: "p",
+		Json: []byte(`{"kind":"ClusterConnectionPolicy","metadata":{"name":"p"},"spec":{"cableDriver":{"name":"wireguard","options":{"mode":"bridge"}}}}`)}}})
+	wantCode(t, err, codes.InvalidArgument, `policy "p"`, `spec.cableDriver.options.mode: "bridge" is not gateway or direct`)
+	// mode is the policy's pair option: the driver never sees it, so no driver refuses it.
+	for _, d := range []string{"wireguard", "vxlan", "ipsec", "vxlan+ipsec"} {
+		b.apply("kind: ClusterConnectionPolicy\nmetadata: {name: gw}\nspec: {cableDriver: {name: " + d + ", options: {mode: gateway}}}\n")
+	}
 }
 
 // Defect 5: a removed and re-created cluster gets new pair PSKs.

@@ -29,7 +29,7 @@ func TestEveryRefusalHasOneCodeAndKeepsItsMessage(t *testing.T) {
 		{"a refused credential is Unauthenticated", &admission.CredentialError{Err: msg}, codes.Unauthenticated, "the message"},
 		{"a protected resource is FailedPrecondition", &admission.ProtectedError{Err: msg}, codes.FailedPrecondition, "the message"},
 		{"an overlap is FailedPrecondition", &registry.OverlapError{Cluster: "a", Kind: "pod CIDR", OtherCluster: "b", OtherKind: "pod CIDR"}, codes.FailedPrecondition,
-			`pod CIDR invalid Prefix of cluster "a" overlaps pod CIDR invalid Prefix of cluster "b"`},
+			`pod CIDR invalid Prefix of cluster "a" overlaps pod CIDR invalid Prefix of cluster "b"; overlapping CIDRs are admitted only between two gateway-mode clusters, and "a" and "b" are not (join both with ` + "`cablectl cluster join-token --gateway-mode`" + `, or choose disjoint CIDRs)`},
 		{"a full mesh is ResourceExhausted, with the context around it", fmt.Errorf("cannot add cluster %q: %w", "x", admission.ErrMeshFull), codes.ResourceExhausted,
 			`cannot add cluster "x": mesh is full`},
 		{"a full VIP range is ResourceExhausted", &admission.ExhaustedError{Resource: "service VIP", Err: msg}, codes.ResourceExhausted, "the message"},

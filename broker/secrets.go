@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 
-	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/broker/pki"
 )
 
@@ -57,19 +56,4 @@ func PairPSK(meshSecret []byte, a, b string) []byte {
 	m := hmac.New(sha256.New, meshSecret)
 	m.Write([]byte("cablemesh psk v2|" + a + "|" + b))
 	return m.Sum(nil)
-}
-
-// addPairPSKs gives every cluster UPSERT in evs, other than the watcher's own cluster self (of
-// UID selfUID), the PSK of the pair (self, that cluster). evs must be the watcher's own copies:
-// the keys differ per watcher and are never stored, so they are added at send time, to
-// snapshots and deltas alike.
-func (s *Server) addPairPSKs(self, selfUID string, evs []*apiv1.Event) {
-	for _, ev := range evs {
-		if ev.Type != apiv1.Event_UPSERT {
-			continue
-		}
-		if c := ev.GetResource().GetCluster(); c != nil && c.Name != self {
-			c.PairPsk = PairPSK(s.meshSecret, selfUID, c.Uid)
-		}
-	}
 }

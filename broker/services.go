@@ -209,6 +209,25 @@ func (a *adminService) ListServices(ctx context.Context, _ *apiv1.ListServicesRe
 			return err
 		}
 		resp.Imports = mcs.Merge(resp.Exports, admission.ClusterIDs(clusters), admission.VIPMap(vips))
+		// The ingresses, as watchers get them (importState.view), for cablectl service describe.
+		eps, err := tx.Endpoints()
+		if err != nil {
+			return err
+		}
+		mesh := map[string]string{}
+		for _, e := range eps {
+			if e.MeshAddress != "" {
+				mesh[store.EndpointKey(e.Cluster, e.Node)] = e.MeshAddress
+			}
+		}
+		byService := map[string][]*apiv1.ServiceExport{}
+		for _, e := range resp.Exports {
+			k := mcs.Key(e.Namespace, e.Name)
+			byService[k] = append(byService[k], e)
+		}
+		for _, imp := range resp.Imports {
+			addIngresses(imp, byService[mcs.Key(imp.Namespace, imp.Name)], mesh)
+		}
 		resp.Revision = tx.Revision()
 		return nil
 	})

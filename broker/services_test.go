@@ -276,7 +276,8 @@ func TestAVIPOutsideAChangedRangeIsKeptAndANewFamilyIsAdded(t *testing.T) {
 
 	logs := &syncBuffer{}
 	ranges := []netip.Prefix{netip.MustParsePrefix("242.0.0.0/16"), netip.MustParsePrefix("fd00:241::/112")}
-	b2 := startBroker(t, dir, brokerOpts{addr: addr, durable: true, vipRanges: ranges, logTo: logs})
+	// The VIP range moves onto the default mesh address range, which moves out of its way.
+	b2 := startBroker(t, dir, brokerOpts{addr: addr, durable: true, vipRanges: ranges, logTo: logs, meshRange: netip.MustParsePrefix("243.0.0.0/16")})
 	m2 := &svcMesh{testBroker: b2, clients: map[string]apiv1.AgentClient{"east": m.agents["east"].client(t, b2.addr)}}
 	if got := listText(m2.services()); got != "shop/web[east] 241.0.0.1,fd00:241::1 80" {
 		t.Fatalf("after the range changed: %s; want the old IPv4 VIP kept and an IPv6 one added", got)

@@ -1,11 +1,20 @@
 package broker
 
 import (
+	"fmt"
 	"log/slog"
+	"sync"
+	"sync/atomic"
+	"unsafe"
 
+	"google.golang.org/grpc/encoding"
+	_ "google.golang.org/grpc/encoding/proto" // registers the codec watchCodec delegates to
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/broker/store"
 )
 
 // Watch message sizes. An agent's gRPC client receives at most 4 MiB per message by default;
@@ -14,8 +23,16 @@ import (
 // no agent could receive (over maxWatchEventBytes, which only a resource stored before the API
 // bounded its input can be) is left out and logged. A DELETE event carries its old value only
 // when that is small: agents delete by key.
+//
+// The default budget keeps a message within the 32 KiB buffers of gRPC's encoding pool: gRPC
+// encodes every message larger than that into a buffer of 1 MiB, held until the stream's
+// transport has written it, and a thousand agents starting at once each had a snapshot of a
+// few tens of kilobytes in one: most of the broker's memory (a heap profile at the peak of a
+// fleet start: 360 of 530 MB). In parts of at most 31 KiB each stream holds a few 32 KiB buffers
+// (gRPC's write quota, 64 KiB a stream, blocks Send beyond that) instead.
 const (
-	DefaultWatchMessageBytes = 1 << 20
+	eventsField              = 2 // WatchResponse.events
+	DefaultWatchMessageBytes = 31 << 10
 	maxWatchEventBytes       = 4<<20 - 64<<10
 	maxDeleteValueBytes      = 4 << 10
 )
@@ -28,95 +45,427 @@ func (s *Server) messageBudget() int {
 	return DefaultWatchMessageBytes
 }
 
-// sendBatch sends resp, one batch of a watch, as one message when it fits the budget, else in
-// parts (splitBatch).
-func (s *Server) sendBatch(stream apiv1.Agent_WatchServer, resp *apiv1.WatchResponse, log *slog.Logger) error {
-	for _, m := range splitBatch(resp, s.messageBudget(), log) {
-		if err := stream.Send(m); err != nil {
+// Encoding a watch batch once. At 5,000 agents every commit group went to 5,100 watchers, and
+// each encoded the same events again (proto.Size and Marshal walk every endpoint's maps): 61 %
+// of the broker's CPU, O(watchers x events) work per commit, which starved the committer until
+// registrations missed their deadline. The store already shares a batch's events between
+// watchers (hub.publishLocked), so the broker encodes each event once, keyed by the shared
+// event, and every watcher's message is the concatenation of those bytes (protobuf encodes a
+// repeated message field as the concatenation of its elements, so this is exactly what
+// proto.Marshal makes of the same message). What differs between watchers is encoded for the
+// watchers that share it: a cluster UPSERT carries the pair PSK of the watcher's cluster (one
+// variant per watching cluster); the imports and the CA bundle, sent on the first message and
+// when they change, are encoded for the watcher. A watcher's message is still its own byte
+// slice (coalesce makes each watcher's batches its own), but building it is a copy.
+
+// watchEncodingBytes bounds the event encodings kept (per generation, of two): a few snapshots
+// and the recent deltas of a mesh of 5,000 endpoints and 255 clusters (a snapshot read decodes
+// new events, store.txn.firstBatch, so each read is encoded once for the watchers that share
+// it; the keys keep the decoded events alive, several times the bytes counted here).
+const watchEncodingBytes = 8 << 20
+
+// encodedWatch is one watch message, already encoded: watchCodec sends its bytes as they are.
+type encodedWatch struct{ b []byte }
+
+// watchCodec is the broker's server codec: protobuf, but for encodedWatch, whose bytes are the
+// message. Its name is proto's, so clients see the usual content type.
+type watchCodec struct{ proto encoding.CodecV2 }
+
+func newWatchCodec() watchCodec { return watchCodec{proto: encoding.GetCodecV2("proto")} }
+
+func (c watchCodec) Marshal(v any) (mem.BufferSlice, error) {
+	if m, ok := v.(*encodedWatch); ok {
+		// A SliceBuffer is not returned to any pool when gRPC frees it.
+		return mem.BufferSlice{mem.SliceBuffer(m.b)}, nil
+	}
+	return c.proto.Marshal(v)
+}
+
+func (c watchCodec) Unmarshal(data mem.BufferSlice, v any) error { return c.proto.Unmarshal(data, v) }
+func (c watchCodec) Name() string                                { return c.proto.Name() }
+
+// eventKey names one encoding of a shared event: for the watchers of cluster psk (the UID, empty
+// but for cluster UPSERTs of another cluster than the watcher's), bare without its revision (the
+// parts of a snapshot before the last).
+type eventKey struct {
+	ev   *apiv1.Event
+	psk  string
+	bare bool
+}
+
+// eventEncoding is an event encoded as a WatchResponse.events field (tag, length, message); skip
+// when the event is too large for any agent. The first watcher to need it encodes it, the others
+// wait for that (once) instead of encoding it too.
+type eventEncoding struct {
+	once sync.Once
+	b    []byte
+	skip bool
+}
+
+// watchEncodings caches the encodings of the events being sent, in shards by the event's address:
+// at 5,000 watchers every event of a commit is looked up once per watcher, millions of lookups a
+// second while a fleet registers, too many for one lock. The keys hold the events alive, so an
+// event's address names it for as long as it is here; in each shard two generations of at most
+// limit/shards bytes each bound the memory (the older is dropped when the newer fills up, and
+// what is still in use is encoded again).
+type watchEncodings struct {
+	shards  [encodingShards]encodingShard
+	encoded atomic.Int64 // events encoded (tests count them)
+}
+
+const encodingShards = 64
+
+type encodingShard struct {
+	mu       sync.Mutex
+	limit    int64
+	cur, old map[eventKey]*eventEncoding
+	curBytes atomic.Int64
+	_        [64]byte // keeps the shards' locks on separate cache lines
+}
+
+func newWatchEncodings(limit int64) *watchEncodings {
+	c := &watchEncodings{}
+	for i := range c.shards {
+		c.shards[i].limit = max(limit/encodingShards, 1)
+		c.shards[i].cur = map[eventKey]*eventEncoding{}
+	}
+	return c
+}
+
+// shard is the shard of k: by the event's address (a hash of a pointer value, which the key
+// keeps alive), the PSK variant and the bareness.
+func (c *watchEncodings) shard(k eventKey) *encodingShard {
+	h := uint64(uintptr(unsafe.Pointer(k.ev))) >> 4
+	h ^= uint64(len(k.psk))
+	for i := 0; i < len(k.psk); i++ {
+		h = h*31 + uint64(k.psk[i])
+	}
+	if k.bare {
+		h++
+	}
+	h *= 0x9E3779B97F4A7C15
+	return &c.shards[h>>58] // 64 shards: the top 6 bits
+}
+
+// get returns the entry of k, creating it when neither generation of its shard holds it, and
+// the shard, whose size the entry's encoding is added to.
+func (c *watchEncodings) get(k eventKey) (*eventEncoding, *encodingShard) {
+	sh := c.shard(k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.curBytes.Load() > sh.limit {
+		sh.old, sh.cur = sh.cur, map[eventKey]*eventEncoding{}
+		sh.curBytes.Store(0)
+	}
+	e := sh.cur[k]
+	if e == nil {
+		if e = sh.old[k]; e == nil {
+			e = &eventEncoding{}
+		}
+		sh.cur[k] = e
+	}
+	return e, sh
+}
+
+// watcherOf is what a watch message depends on besides its batch: the watcher's cluster (the
+// PSKs of its pairs) and where errors are logged.
+type watcherOf struct {
+	cluster, clusterUID string
+	log                 *slog.Logger
+}
+
+// event returns ev encoded for watcher w (bare: without its revision).
+func (s *Server) event(ev *apiv1.Event, w watcherOf, bare bool) *eventEncoding {
+	k := eventKey{ev: ev, bare: bare}
+	c := ev.GetResource().GetCluster()
+	pairPSK := ev.Type == apiv1.Event_UPSERT && c != nil && c.Name != w.cluster
+	if pairPSK {
+		k.psk = w.clusterUID
+	}
+	e, sh := s.watchEnc.get(k)
+	e.once.Do(func() {
+		out := ev
+		if pairPSK {
+			c = proto.Clone(c).(*apiv1.Cluster)
+			c.PairPsk = PairPSK(s.meshSecret, w.clusterUID, c.Uid)
+			out = &apiv1.Event{Type: ev.Type, Kind: ev.Kind, Key: ev.Key, Revision: ev.Revision,
+				Resource: &apiv1.Resource{Kind: &apiv1.Resource_Cluster{Cluster: c}}}
+		}
+		if out.Type == apiv1.Event_DELETE && out.Resource != nil && proto.Size(out.Resource) > maxDeleteValueBytes {
+			out = &apiv1.Event{Type: out.Type, Kind: out.Kind, Key: out.Key, Revision: out.Revision}
+		}
+		if bare && out.Revision != 0 {
+			out = &apiv1.Event{Type: out.Type, Kind: out.Kind, Key: out.Key, Resource: out.Resource}
+		}
+		// Deterministic: the same event is the same bytes (map order aside, which agents do not
+		// care about, it makes the shared encoding comparable with a per-watcher one).
+		b, err := proto.MarshalOptions{Deterministic: true}.Marshal(out)
+		switch {
+		case err != nil:
+			w.log.Error("a watch event cannot be encoded and is left out", "kind", ev.Kind, "key", ev.Key, "err", err)
+			e.skip = true
+		case len(b) > maxWatchEventBytes:
+			w.log.Error("a resource is too large for any agent to receive and is left out of the watch; delete it or apply it again within the API's limits",
+				"kind", ev.Kind, "key", ev.Key, "bytes", len(b), "revision", ev.Revision)
+			e.skip = true
+		default:
+			f := make([]byte, 0, protowire.SizeTag(eventsField)+protowire.SizeBytes(len(b)))
+			f = protowire.AppendTag(f, eventsField, protowire.BytesType)
+			e.b = protowire.AppendBytes(f, b)
+		}
+		sh.curBytes.Add(int64(len(e.b)) + 64)
+		s.watchEnc.encoded.Add(1)
+	})
+	return e
+}
+
+// encodeBatch encodes resp, one batch of a watch for watcher w (its events as the store shares
+// them, before any PSK is added), in messages of at most the budget each, exactly as splitBatch
+// would split it and proto.Marshal (deterministic) encode the parts: one message when it fits,
+// else parts, every part but the last with more set; the parts of deltas carry the revision of
+// their last event, a snapshot's parts before the last revision 0 (and so do their events); the
+// imports and the CA bundle go with the last part, or in a last message of their own when they
+// do not fit in it. An event larger than the budget goes alone.
+func (s *Server) encodeBatch(resp *apiv1.WatchResponse, w watcherOf, budget int) ([][]byte, error) {
+	evs := make([]*apiv1.Event, 0, len(resp.Events))
+	enc := make([][]byte, 0, len(resp.Events))
+	eventsSize := 0
+	for _, ev := range resp.Events {
+		e := s.event(ev, w, false)
+		if e.skip {
+			continue
+		}
+		evs = append(evs, ev)
+		enc = append(enc, e.b)
+		eventsSize += len(e.b)
+	}
+	imports, err := messageField(4, resp.Imports)
+	if err != nil {
+		return nil, fmt.Errorf("encode imports: %w", err)
+	}
+	ca, err := messageField(6, resp.Ca)
+	if err != nil {
+		return nil, fmt.Errorf("encode CA bundle: %w", err)
+	}
+	tailSize := len(imports) + len(ca)
+	if tailSize > maxWatchEventBytes {
+		// The imports are one field the agent replaces whole: they cannot be split without the
+		// agent's help. The API's bounds on exports keep them far below this in any mesh the
+		// bounds were made for; say so loudly if one gets there.
+		w.log.Error("the service imports of this agent are larger than an agent receives in one message; it will not get them",
+			"bytes", tailSize, "limit", maxWatchEventBytes)
+	}
+	type part struct {
+		from, to  int // evs[from:to]
+		tail      bool
+		revision  uint64
+		more      bool
+		bareEvent bool
+	}
+	const overhead = 64 // the message's own fields
+	var parts []part
+	if eventsSize+tailSize+overhead <= budget {
+		parts = []part{{from: 0, to: len(evs), tail: true, revision: resp.Revision}}
+	} else {
+		from, size := 0, overhead
+		for i := range evs {
+			n := len(enc[i])
+			if i > from && size+n > budget {
+				parts = append(parts, part{from: from, to: i})
+				from, size = i, overhead
+			}
+			size += n
+		}
+		if from < len(evs) || len(parts) == 0 {
+			parts = append(parts, part{from: from, to: len(evs)})
+		}
+		if resp.Imports != nil || resp.Ca != nil {
+			if size+tailSize <= budget {
+				parts[len(parts)-1].tail = true
+			} else {
+				parts = append(parts, part{from: len(evs), to: len(evs), tail: true})
+			}
+		}
+		for i := range parts {
+			p := &parts[i]
+			switch {
+			case i == len(parts)-1:
+				p.revision = resp.Revision
+			case resp.Snapshot:
+				p.more, p.bareEvent = true, true
+			default:
+				p.more, p.revision = true, resp.Revision
+				if p.to > p.from {
+					p.revision = evs[p.to-1].Revision
+				}
+			}
+		}
+	}
+	out := make([][]byte, 0, len(parts))
+	for i, p := range parts {
+		n := 2 + 11 + 2 // snapshot, revision, more
+		for j := p.from; j < p.to; j++ {
+			n += len(enc[j])
+		}
+		if p.tail {
+			n += tailSize
+		}
+		b := make([]byte, 0, n)
+		if resp.Snapshot && i == 0 {
+			b = protowire.AppendTag(b, 1, protowire.VarintType)
+			b = protowire.AppendVarint(b, 1)
+		}
+		for j := p.from; j < p.to; j++ {
+			if p.bareEvent {
+				b = append(b, s.event(evs[j], w, true).b...)
+			} else {
+				b = append(b, enc[j]...)
+			}
+		}
+		if p.revision != 0 {
+			b = protowire.AppendTag(b, 3, protowire.VarintType)
+			b = protowire.AppendVarint(b, p.revision)
+		}
+		if p.tail {
+			b = append(b, imports...)
+		}
+		if p.more {
+			b = protowire.AppendTag(b, 5, protowire.VarintType)
+			b = protowire.AppendVarint(b, 1)
+		}
+		if p.tail {
+			b = append(b, ca...)
+		}
+		out = append(out, b)
+	}
+	return out, nil
+}
+
+// messageField is m encoded as field num of a message (nothing when m is nil).
+func messageField[M proto.Message](num protowire.Number, m M) ([]byte, error) {
+	if !m.ProtoReflect().IsValid() {
+		return nil, nil
+	}
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+	if err != nil {
+		return nil, err
+	}
+	f := protowire.AppendTag(nil, num, protowire.BytesType)
+	return protowire.AppendBytes(f, b), nil
+}
+
+// sendBatch sends resp, one batch of a watch to watcher w, as one message when it fits the
+// budget, else in parts (encodeBatch).
+func (s *Server) sendBatch(stream apiv1.Agent_WatchServer, resp *apiv1.WatchResponse, w watcherOf) error {
+	msgs, err := s.encodeBatch(resp, w, s.messageBudget())
+	if err != nil {
+		return err
+	}
+	for _, b := range msgs {
+		if err := stream.SendMsg(&encodedWatch{b: b}); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// splitBatch splits a watch batch into messages of at most budget bytes each (but for a single
-// event larger than that, which goes alone). Every part but the last has more set. The parts of
-// deltas carry the revision of their last event, so an agent that resumes from one loses
-// nothing; the parts of a snapshot before the last carry revision 0 (and so do their events), so
-// that an agent that stops in the middle of a snapshot asks for a new one. The imports and the CA
-// bundle go with the last part, or in a last message of their own when they do not fit in it.
-func splitBatch(resp *apiv1.WatchResponse, budget int, log *slog.Logger) []*apiv1.WatchResponse {
-	evs := make([]*apiv1.Event, 0, len(resp.Events))
-	for _, ev := range resp.Events {
-		if ev.Type == apiv1.Event_DELETE && ev.Resource != nil && proto.Size(ev.Resource) > maxDeleteValueBytes {
-			ev = &apiv1.Event{Type: ev.Type, Kind: ev.Kind, Key: ev.Key, Revision: ev.Revision}
+// Delta batches are shared whole. The hub hands the same batch (the same events slice) to every
+// watcher, and a delta batch's messages differ between watchers only by the pair PSKs of the
+// clusters in it: so each batch is encoded once (once per watching cluster when it holds a
+// cluster UPSERT) and every watcher sends the same bytes, which gRPC holds, shared, until each
+// stream has written them. Per watcher, encoding a batch was O(watchers x events) work and
+// garbage per commit: a copy of every commit for each of 5,000 watchers.
+
+// batchKey names the encoding of a delta batch: by its first event (shared by every watcher
+// that got the batch from the same publish), its length and revision, and, for a batch with
+// cluster UPSERTs, the watching cluster.
+type batchKey struct {
+	first *apiv1.Event
+	n     int
+	rev   uint64
+	psk   string
+}
+
+type batchEncoding struct {
+	once sync.Once
+	msgs [][]byte
+	err  error
+}
+
+// batchEncodings keeps the encodings of the last batches (two generations of maxSharedBatches).
+type batchEncodings struct {
+	mu       sync.Mutex
+	cur, old map[batchKey]*batchEncoding
+	encoded  atomic.Int64 // batches encoded (tests count them)
+}
+
+const maxSharedBatches = 1024
+
+func (c *batchEncodings) get(k batchKey) *batchEncoding {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cur == nil || len(c.cur) >= maxSharedBatches {
+		c.old, c.cur = c.cur, map[batchKey]*batchEncoding{}
+	}
+	e := c.cur[k]
+	if e == nil {
+		if e = c.old[k]; e == nil {
+			e = &batchEncoding{}
 		}
-		if n := proto.Size(ev); n > maxWatchEventBytes {
-			log.Error("a resource is too large for any agent to receive and is left out of the watch; delete it or apply it again within the API's limits",
-				"kind", ev.Kind, "key", ev.Key, "bytes", n, "revision", ev.Revision)
-			continue
-		}
-		evs = append(evs, ev)
+		c.cur[k] = e
 	}
-	tail := &apiv1.WatchResponse{Imports: resp.Imports, Ca: resp.Ca}
-	tailSize := proto.Size(tail)
-	if tailSize > maxWatchEventBytes {
-		// The imports are one field the agent replaces whole: they cannot be split without the
-		// agent's help. The API's bounds on exports keep them far below this in any mesh the
-		// bounds were made for; say so loudly if one gets there.
-		log.Error("the service imports of this agent are larger than an agent receives in one message; it will not get them",
-			"bytes", tailSize, "limit", maxWatchEventBytes)
+	return e
+}
+
+// sharedDelta is delta batch b (as the store published it) encoded for the watchers of w's
+// cluster: no message when it holds nothing agents see.
+func (s *Server) sharedDelta(b store.Batch, w watcherOf) ([][]byte, error) {
+	if len(b.Events) == 0 {
+		return nil, nil
 	}
-	const overhead = 64 // the message's own fields
-	if proto.Size(&apiv1.WatchResponse{Events: evs})+tailSize+overhead <= budget {
-		return []*apiv1.WatchResponse{{Snapshot: resp.Snapshot, Events: evs, Revision: resp.Revision, Imports: resp.Imports, Ca: resp.Ca}}
-	}
-	var (
-		parts []*apiv1.WatchResponse
-		cur   []*apiv1.Event
-		size  = overhead
-	)
-	flush := func() {
-		parts = append(parts, &apiv1.WatchResponse{Events: cur, More: true})
-		cur, size = nil, overhead
-	}
-	for _, ev := range evs {
-		n := proto.Size(ev) + 8 // the field's tag and length
-		if len(cur) > 0 && size+n > budget {
-			flush()
-		}
-		cur = append(cur, ev)
-		size += n
-	}
-	if len(cur) > 0 || len(parts) == 0 {
-		parts = append(parts, &apiv1.WatchResponse{Events: cur, More: true})
-	}
-	if tail.Imports != nil || tail.Ca != nil {
-		if size+tailSize <= budget {
-			last := parts[len(parts)-1]
-			last.Imports, last.Ca = tail.Imports, tail.Ca
-		} else {
-			parts = append(parts, &apiv1.WatchResponse{Imports: tail.Imports, Ca: tail.Ca, More: true})
+	k := batchKey{first: b.Events[0], n: len(b.Events), rev: b.Revision}
+	for _, ev := range b.Events {
+		if ev.Type == apiv1.Event_UPSERT && ev.GetResource().GetCluster() != nil {
+			k.psk = w.clusterUID
+			break
 		}
 	}
-	for i, m := range parts {
-		m.Snapshot = resp.Snapshot && i == 0
-		last := i == len(parts)-1
-		switch {
-		case last:
-			m.More, m.Revision = false, resp.Revision
-		case resp.Snapshot:
-			m.Revision = 0
-			// New events around the same resources: the store shares them between watchers.
-			for j, ev := range m.Events {
-				m.Events[j] = &apiv1.Event{Type: ev.Type, Kind: ev.Kind, Key: ev.Key, Resource: ev.Resource}
+	e := s.watchBatches.get(k)
+	e.once.Do(func() {
+		evs, _ := agentEvents(b.Events)
+		if len(evs) == 0 {
+			return
+		}
+		e.msgs, e.err = s.encodeBatch(&apiv1.WatchResponse{Events: evs, Revision: b.Revision}, w, s.messageBudget())
+		s.watchBatches.encoded.Add(1)
+	})
+	return e.msgs, e.err
+}
+
+// sendShared sends a group of delta batches, each as encoded once for every watcher, but for the
+// last when resp (the group's message) carries imports or a CA bundle: that one goes with them,
+// encoded for this watcher (its events' encodings are shared still).
+func (s *Server) sendShared(stream apiv1.Agent_WatchServer, group []store.Batch, resp *apiv1.WatchResponse, w watcherOf) error {
+	shared := group
+	tail := resp.Imports != nil || resp.Ca != nil
+	if tail {
+		shared = group[:len(group)-1]
+	}
+	for _, b := range shared {
+		msgs, err := s.sharedDelta(b, w)
+		if err != nil {
+			return err
+		}
+		for _, m := range msgs {
+			if err := stream.SendMsg(&encodedWatch{b: m}); err != nil {
+				return err
 			}
-		default:
-			m.Revision = resp.Revision
-			if n := len(m.Events); n > 0 {
-				m.Revision = m.Events[n-1].Revision
-			}
 		}
 	}
-	return parts
+	if !tail {
+		return nil
+	}
+	last := group[len(group)-1]
+	evs, _ := agentEvents(last.Events)
+	return s.sendBatch(stream, &apiv1.WatchResponse{Events: evs, Revision: resp.Revision, Imports: resp.Imports, Ca: resp.Ca}, w)
 }

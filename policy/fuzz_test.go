@@ -27,6 +27,8 @@ func FuzzDecodeYAML(f *testing.F) {
 	f.Add([]byte(head + "spec: &a {}\n---\n" + "kind: ClusterConnectionPolicy\nmetadata: {name: q}\nspec: *a\n"))
 	f.Add([]byte(seedSpec + "   priority: 3\n---\n" + seedSpec + "   topology: full-mesh\n"))
 	f.Add([]byte(seedSpec + "\tpriority: 3\n"))
+	f.Add([]byte(head + "spec:\n  cableDriver: {name: wireguard, options: {mode: gateway}}\n"))
+	f.Add([]byte(head + "spec:\n  cableDriver: {name: vxlan, options: {mode: bridge, vni: \"7\"}}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		ps, err := DecodeYAML(data)
 		if err != nil {
@@ -35,6 +37,15 @@ func FuzzDecodeYAML(f *testing.F) {
 		for i := range ps {
 			if err := ps[i].Validate(); err != nil {
 				t.Fatalf("accepted an invalid policy: %v", err)
+			}
+			// An accepted mode is one of the two; the driver's options never hold it.
+			if d := ps[i].Spec.CableDriver; d != nil {
+				if m, ok := d.Options[ModeOption]; ok && m != ModeGateway && m != ModeDirect {
+					t.Fatalf("accepted mode %q", m)
+				}
+				if _, ok := DriverOptions(d.Options)[ModeOption]; ok {
+					t.Fatalf("DriverOptions kept the mode")
+				}
 			}
 		}
 		out, err := EncodeYAML(ps)

@@ -106,6 +106,7 @@ func (s *Spec) validate() error {
 			for _, k := range sortedKeys(d.Options) {
 				errs = append(errs, validateOptionKey("spec.cableDriver.options", k))
 			}
+			errs = append(errs, validateMode("spec.cableDriver.options", d.Options))
 		}
 	case NoConnect:
 		if s.CableDriver != nil {

@@ -2053,9 +2053,15 @@ type NodeCertificate struct {
 	Certificates []*IssuedCertificate   `protobuf:"bytes,4,rep,name=certificates,proto3" json:"certificates,omitempty"`
 	// revoked: every certificate of the node is refused on every call and stream; a new join for
 	// the node name starts a new record.
-	Revoked       bool                   `protobuf:"varint,5,opt,name=revoked,proto3" json:"revoked,omitempty"`
-	RevokedAt     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=revoked_at,json=revokedAt,proto3" json:"revoked_at,omitempty"`
-	Revision      uint64                 `protobuf:"varint,7,opt,name=revision,proto3" json:"revision,omitempty"`
+	Revoked   bool                   `protobuf:"varint,5,opt,name=revoked,proto3" json:"revoked,omitempty"`
+	RevokedAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=revoked_at,json=revokedAt,proto3" json:"revoked_at,omitempty"`
+	Revision  uint64                 `protobuf:"varint,7,opt,name=revision,proto3" json:"revision,omitempty"`
+	// mesh_address: the node's address in the mesh address range (cable-broker
+	// --mesh-address-range), allocated at its first RegisterEndpoint and kept here, not only on the
+	// endpoint, so that it survives the endpoint's lease expiring: the same node gets the same
+	// address back. Released (cleared) when the node is revoked, and with the record when its cluster
+	// is removed. Endpoint.mesh_address is a copy.
+	MeshAddress   string `protobuf:"bytes,8,opt,name=mesh_address,json=meshAddress,proto3" json:"mesh_address,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2139,6 +2145,97 @@ func (x *NodeCertificate) GetRevision() uint64 {
 	return 0
 }
 
+func (x *NodeCertificate) GetMeshAddress() string {
+	if x != nil {
+		return x.MeshAddress
+	}
+	return ""
+}
+
+// MeshAddressClaim says which node holds a mesh address: the broker's own index, keyed by the
+// address, so that allocating one reads a few claims instead of every node of the mesh, and two
+// broker replicas that pick the same address at once conflict over its one key. Never sent to
+// agents; writing one bumps no revision.
+type MeshAddressClaim struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// address: the claimed mesh address (IPv4, in the mesh address range when it was claimed).
+	Address string `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
+	// cluster, cluster_uid, node: the holder; a claim of an earlier cluster of the same name (another
+	// uid) holds the address for nobody.
+	Cluster    string `protobuf:"bytes,2,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	ClusterUid string `protobuf:"bytes,3,opt,name=cluster_uid,json=clusterUid,proto3" json:"cluster_uid,omitempty"`
+	Node       string `protobuf:"bytes,4,opt,name=node,proto3" json:"node,omitempty"`
+	// claimed: when the claim was written.
+	Claimed       *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=claimed,proto3" json:"claimed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MeshAddressClaim) Reset() {
+	*x = MeshAddressClaim{}
+	mi := &file_cablemesh_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MeshAddressClaim) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MeshAddressClaim) ProtoMessage() {}
+
+func (x *MeshAddressClaim) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MeshAddressClaim.ProtoReflect.Descriptor instead.
+func (*MeshAddressClaim) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *MeshAddressClaim) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *MeshAddressClaim) GetCluster() string {
+	if x != nil {
+		return x.Cluster
+	}
+	return ""
+}
+
+func (x *MeshAddressClaim) GetClusterUid() string {
+	if x != nil {
+		return x.ClusterUid
+	}
+	return ""
+}
+
+func (x *MeshAddressClaim) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *MeshAddressClaim) GetClaimed() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Claimed
+	}
+	return nil
+}
+
 // CAInfo describes one CA of the mesh.
 type CAInfo struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2161,7 +2258,7 @@ type CAInfo struct {
 
 func (x *CAInfo) Reset() {
 	*x = CAInfo{}
-	mi := &file_cablemesh_proto_msgTypes[25]
+	mi := &file_cablemesh_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2173,7 +2270,7 @@ func (x *CAInfo) String() string {
 func (*CAInfo) ProtoMessage() {}
 
 func (x *CAInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[25]
+	mi := &file_cablemesh_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2186,7 +2283,7 @@ func (x *CAInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CAInfo.ProtoReflect.Descriptor instead.
 func (*CAInfo) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{25}
+	return file_cablemesh_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CAInfo) GetHash() string {
@@ -2260,7 +2357,7 @@ type CABundle struct {
 
 func (x *CABundle) Reset() {
 	*x = CABundle{}
-	mi := &file_cablemesh_proto_msgTypes[26]
+	mi := &file_cablemesh_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2272,7 +2369,7 @@ func (x *CABundle) String() string {
 func (*CABundle) ProtoMessage() {}
 
 func (x *CABundle) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[26]
+	mi := &file_cablemesh_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2285,7 +2382,7 @@ func (x *CABundle) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CABundle.ProtoReflect.Descriptor instead.
 func (*CABundle) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{26}
+	return file_cablemesh_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CABundle) GetPem() []byte {
@@ -2319,7 +2416,7 @@ type RevokeNodeRequest struct {
 
 func (x *RevokeNodeRequest) Reset() {
 	*x = RevokeNodeRequest{}
-	mi := &file_cablemesh_proto_msgTypes[27]
+	mi := &file_cablemesh_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2331,7 +2428,7 @@ func (x *RevokeNodeRequest) String() string {
 func (*RevokeNodeRequest) ProtoMessage() {}
 
 func (x *RevokeNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[27]
+	mi := &file_cablemesh_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2344,7 +2441,7 @@ func (x *RevokeNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeNodeRequest.ProtoReflect.Descriptor instead.
 func (*RevokeNodeRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{27}
+	return file_cablemesh_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RevokeNodeRequest) GetCluster() string {
@@ -2374,7 +2471,7 @@ type RevokeNodeResponse struct {
 
 func (x *RevokeNodeResponse) Reset() {
 	*x = RevokeNodeResponse{}
-	mi := &file_cablemesh_proto_msgTypes[28]
+	mi := &file_cablemesh_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2386,7 +2483,7 @@ func (x *RevokeNodeResponse) String() string {
 func (*RevokeNodeResponse) ProtoMessage() {}
 
 func (x *RevokeNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[28]
+	mi := &file_cablemesh_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2399,7 +2496,7 @@ func (x *RevokeNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeNodeResponse.ProtoReflect.Descriptor instead.
 func (*RevokeNodeResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{28}
+	return file_cablemesh_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RevokeNodeResponse) GetNode() *NodeCertificate {
@@ -2431,7 +2528,7 @@ type ListCertificatesRequest struct {
 
 func (x *ListCertificatesRequest) Reset() {
 	*x = ListCertificatesRequest{}
-	mi := &file_cablemesh_proto_msgTypes[29]
+	mi := &file_cablemesh_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2443,7 +2540,7 @@ func (x *ListCertificatesRequest) String() string {
 func (*ListCertificatesRequest) ProtoMessage() {}
 
 func (x *ListCertificatesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[29]
+	mi := &file_cablemesh_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2456,7 +2553,7 @@ func (x *ListCertificatesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCertificatesRequest.ProtoReflect.Descriptor instead.
 func (*ListCertificatesRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{29}
+	return file_cablemesh_proto_rawDescGZIP(), []int{30}
 }
 
 type ListCertificatesResponse struct {
@@ -2472,7 +2569,7 @@ type ListCertificatesResponse struct {
 
 func (x *ListCertificatesResponse) Reset() {
 	*x = ListCertificatesResponse{}
-	mi := &file_cablemesh_proto_msgTypes[30]
+	mi := &file_cablemesh_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2484,7 +2581,7 @@ func (x *ListCertificatesResponse) String() string {
 func (*ListCertificatesResponse) ProtoMessage() {}
 
 func (x *ListCertificatesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[30]
+	mi := &file_cablemesh_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2497,7 +2594,7 @@ func (x *ListCertificatesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCertificatesResponse.ProtoReflect.Descriptor instead.
 func (*ListCertificatesResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{30}
+	return file_cablemesh_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListCertificatesResponse) GetNodes() []*NodeCertificate {
@@ -2540,7 +2637,7 @@ type RotateCARequest struct {
 
 func (x *RotateCARequest) Reset() {
 	*x = RotateCARequest{}
-	mi := &file_cablemesh_proto_msgTypes[31]
+	mi := &file_cablemesh_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2552,7 +2649,7 @@ func (x *RotateCARequest) String() string {
 func (*RotateCARequest) ProtoMessage() {}
 
 func (x *RotateCARequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[31]
+	mi := &file_cablemesh_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2565,7 +2662,7 @@ func (x *RotateCARequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotateCARequest.ProtoReflect.Descriptor instead.
 func (*RotateCARequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{31}
+	return file_cablemesh_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RotateCARequest) GetOverlapSeconds() int64 {
@@ -2591,7 +2688,7 @@ type RotateCAResponse struct {
 
 func (x *RotateCAResponse) Reset() {
 	*x = RotateCAResponse{}
-	mi := &file_cablemesh_proto_msgTypes[32]
+	mi := &file_cablemesh_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2603,7 +2700,7 @@ func (x *RotateCAResponse) String() string {
 func (*RotateCAResponse) ProtoMessage() {}
 
 func (x *RotateCAResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[32]
+	mi := &file_cablemesh_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2616,7 +2713,7 @@ func (x *RotateCAResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotateCAResponse.ProtoReflect.Descriptor instead.
 func (*RotateCAResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{32}
+	return file_cablemesh_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RotateCAResponse) GetCas() []*CAInfo {
@@ -2638,7 +2735,7 @@ type RenewCertificateRequest struct {
 
 func (x *RenewCertificateRequest) Reset() {
 	*x = RenewCertificateRequest{}
-	mi := &file_cablemesh_proto_msgTypes[33]
+	mi := &file_cablemesh_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2650,7 +2747,7 @@ func (x *RenewCertificateRequest) String() string {
 func (*RenewCertificateRequest) ProtoMessage() {}
 
 func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[33]
+	mi := &file_cablemesh_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2663,7 +2760,7 @@ func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewCertificateRequest.ProtoReflect.Descriptor instead.
 func (*RenewCertificateRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{33}
+	return file_cablemesh_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RenewCertificateRequest) GetCsrPem() []byte {
@@ -2686,7 +2783,7 @@ type RenewCertificateResponse struct {
 
 func (x *RenewCertificateResponse) Reset() {
 	*x = RenewCertificateResponse{}
-	mi := &file_cablemesh_proto_msgTypes[34]
+	mi := &file_cablemesh_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2698,7 +2795,7 @@ func (x *RenewCertificateResponse) String() string {
 func (*RenewCertificateResponse) ProtoMessage() {}
 
 func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[34]
+	mi := &file_cablemesh_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2711,7 +2808,7 @@ func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewCertificateResponse.ProtoReflect.Descriptor instead.
 func (*RenewCertificateResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{34}
+	return file_cablemesh_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *RenewCertificateResponse) GetCertificatePem() []byte {
@@ -2754,7 +2851,7 @@ type ApplyPoliciesRequest struct {
 
 func (x *ApplyPoliciesRequest) Reset() {
 	*x = ApplyPoliciesRequest{}
-	mi := &file_cablemesh_proto_msgTypes[35]
+	mi := &file_cablemesh_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2766,7 +2863,7 @@ func (x *ApplyPoliciesRequest) String() string {
 func (*ApplyPoliciesRequest) ProtoMessage() {}
 
 func (x *ApplyPoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[35]
+	mi := &file_cablemesh_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2779,7 +2876,7 @@ func (x *ApplyPoliciesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyPoliciesRequest.ProtoReflect.Descriptor instead.
 func (*ApplyPoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{35}
+	return file_cablemesh_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ApplyPoliciesRequest) GetPolicies() []*Policy {
@@ -2807,7 +2904,7 @@ type ApplyPoliciesResponse struct {
 
 func (x *ApplyPoliciesResponse) Reset() {
 	*x = ApplyPoliciesResponse{}
-	mi := &file_cablemesh_proto_msgTypes[36]
+	mi := &file_cablemesh_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2819,7 +2916,7 @@ func (x *ApplyPoliciesResponse) String() string {
 func (*ApplyPoliciesResponse) ProtoMessage() {}
 
 func (x *ApplyPoliciesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[36]
+	mi := &file_cablemesh_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2832,7 +2929,7 @@ func (x *ApplyPoliciesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyPoliciesResponse.ProtoReflect.Descriptor instead.
 func (*ApplyPoliciesResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{36}
+	return file_cablemesh_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ApplyPoliciesResponse) GetPolicies() []*Policy {
@@ -2858,7 +2955,7 @@ type DeletePoliciesRequest struct {
 
 func (x *DeletePoliciesRequest) Reset() {
 	*x = DeletePoliciesRequest{}
-	mi := &file_cablemesh_proto_msgTypes[37]
+	mi := &file_cablemesh_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2870,7 +2967,7 @@ func (x *DeletePoliciesRequest) String() string {
 func (*DeletePoliciesRequest) ProtoMessage() {}
 
 func (x *DeletePoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[37]
+	mi := &file_cablemesh_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2883,7 +2980,7 @@ func (x *DeletePoliciesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePoliciesRequest.ProtoReflect.Descriptor instead.
 func (*DeletePoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{37}
+	return file_cablemesh_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *DeletePoliciesRequest) GetNames() []string {
@@ -2902,7 +2999,7 @@ type DeletePoliciesResponse struct {
 
 func (x *DeletePoliciesResponse) Reset() {
 	*x = DeletePoliciesResponse{}
-	mi := &file_cablemesh_proto_msgTypes[38]
+	mi := &file_cablemesh_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2914,7 +3011,7 @@ func (x *DeletePoliciesResponse) String() string {
 func (*DeletePoliciesResponse) ProtoMessage() {}
 
 func (x *DeletePoliciesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[38]
+	mi := &file_cablemesh_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2927,7 +3024,7 @@ func (x *DeletePoliciesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePoliciesResponse.ProtoReflect.Descriptor instead.
 func (*DeletePoliciesResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{38}
+	return file_cablemesh_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *DeletePoliciesResponse) GetDeleted() []string {
@@ -2945,7 +3042,7 @@ type ListPoliciesRequest struct {
 
 func (x *ListPoliciesRequest) Reset() {
 	*x = ListPoliciesRequest{}
-	mi := &file_cablemesh_proto_msgTypes[39]
+	mi := &file_cablemesh_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2957,7 +3054,7 @@ func (x *ListPoliciesRequest) String() string {
 func (*ListPoliciesRequest) ProtoMessage() {}
 
 func (x *ListPoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[39]
+	mi := &file_cablemesh_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2970,7 +3067,7 @@ func (x *ListPoliciesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoliciesRequest.ProtoReflect.Descriptor instead.
 func (*ListPoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{39}
+	return file_cablemesh_proto_rawDescGZIP(), []int{40}
 }
 
 type ListPoliciesResponse struct {
@@ -2983,7 +3080,7 @@ type ListPoliciesResponse struct {
 
 func (x *ListPoliciesResponse) Reset() {
 	*x = ListPoliciesResponse{}
-	mi := &file_cablemesh_proto_msgTypes[40]
+	mi := &file_cablemesh_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2995,7 +3092,7 @@ func (x *ListPoliciesResponse) String() string {
 func (*ListPoliciesResponse) ProtoMessage() {}
 
 func (x *ListPoliciesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[40]
+	mi := &file_cablemesh_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3008,7 +3105,7 @@ func (x *ListPoliciesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoliciesResponse.ProtoReflect.Descriptor instead.
 func (*ListPoliciesResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{40}
+	return file_cablemesh_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListPoliciesResponse) GetPolicies() []*Policy {
@@ -3035,7 +3132,7 @@ type ExplainConnectionRequest struct {
 
 func (x *ExplainConnectionRequest) Reset() {
 	*x = ExplainConnectionRequest{}
-	mi := &file_cablemesh_proto_msgTypes[41]
+	mi := &file_cablemesh_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3047,7 +3144,7 @@ func (x *ExplainConnectionRequest) String() string {
 func (*ExplainConnectionRequest) ProtoMessage() {}
 
 func (x *ExplainConnectionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[41]
+	mi := &file_cablemesh_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3060,7 +3157,7 @@ func (x *ExplainConnectionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainConnectionRequest.ProtoReflect.Descriptor instead.
 func (*ExplainConnectionRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{41}
+	return file_cablemesh_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ExplainConnectionRequest) GetClusterA() string {
@@ -3087,7 +3184,7 @@ type ExplainConnectionResponse struct {
 
 func (x *ExplainConnectionResponse) Reset() {
 	*x = ExplainConnectionResponse{}
-	mi := &file_cablemesh_proto_msgTypes[42]
+	mi := &file_cablemesh_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3099,7 +3196,7 @@ func (x *ExplainConnectionResponse) String() string {
 func (*ExplainConnectionResponse) ProtoMessage() {}
 
 func (x *ExplainConnectionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[42]
+	mi := &file_cablemesh_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3112,7 +3209,7 @@ func (x *ExplainConnectionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainConnectionResponse.ProtoReflect.Descriptor instead.
 func (*ExplainConnectionResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{42}
+	return file_cablemesh_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ExplainConnectionResponse) GetJson() []byte {
@@ -3130,7 +3227,7 @@ type ListServicesRequest struct {
 
 func (x *ListServicesRequest) Reset() {
 	*x = ListServicesRequest{}
-	mi := &file_cablemesh_proto_msgTypes[43]
+	mi := &file_cablemesh_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3142,7 +3239,7 @@ func (x *ListServicesRequest) String() string {
 func (*ListServicesRequest) ProtoMessage() {}
 
 func (x *ListServicesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[43]
+	mi := &file_cablemesh_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3155,7 +3252,7 @@ func (x *ListServicesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListServicesRequest.ProtoReflect.Descriptor instead.
 func (*ListServicesRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{43}
+	return file_cablemesh_proto_rawDescGZIP(), []int{44}
 }
 
 type ListServicesResponse struct {
@@ -3169,7 +3266,7 @@ type ListServicesResponse struct {
 
 func (x *ListServicesResponse) Reset() {
 	*x = ListServicesResponse{}
-	mi := &file_cablemesh_proto_msgTypes[44]
+	mi := &file_cablemesh_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3181,7 +3278,7 @@ func (x *ListServicesResponse) String() string {
 func (*ListServicesResponse) ProtoMessage() {}
 
 func (x *ListServicesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[44]
+	mi := &file_cablemesh_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3194,7 +3291,7 @@ func (x *ListServicesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListServicesResponse.ProtoReflect.Descriptor instead.
 func (*ListServicesResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{44}
+	return file_cablemesh_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ListServicesResponse) GetImports() []*ServiceImport {
@@ -3231,7 +3328,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_cablemesh_proto_msgTypes[45]
+	mi := &file_cablemesh_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3243,7 +3340,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[45]
+	mi := &file_cablemesh_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3256,7 +3353,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{45}
+	return file_cablemesh_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *JoinRequest) GetToken() string {
@@ -3302,7 +3399,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_cablemesh_proto_msgTypes[46]
+	mi := &file_cablemesh_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3314,7 +3411,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[46]
+	mi := &file_cablemesh_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3327,7 +3424,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{46}
+	return file_cablemesh_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *JoinResponse) GetCertificatePem() []byte {
@@ -3376,7 +3473,7 @@ type RegisterEndpointRequest struct {
 
 func (x *RegisterEndpointRequest) Reset() {
 	*x = RegisterEndpointRequest{}
-	mi := &file_cablemesh_proto_msgTypes[47]
+	mi := &file_cablemesh_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3388,7 +3485,7 @@ func (x *RegisterEndpointRequest) String() string {
 func (*RegisterEndpointRequest) ProtoMessage() {}
 
 func (x *RegisterEndpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[47]
+	mi := &file_cablemesh_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3401,7 +3498,7 @@ func (x *RegisterEndpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterEndpointRequest.ProtoReflect.Descriptor instead.
 func (*RegisterEndpointRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{47}
+	return file_cablemesh_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RegisterEndpointRequest) GetEndpoint() *Endpoint {
@@ -3432,7 +3529,7 @@ type RegisterEndpointResponse struct {
 
 func (x *RegisterEndpointResponse) Reset() {
 	*x = RegisterEndpointResponse{}
-	mi := &file_cablemesh_proto_msgTypes[48]
+	mi := &file_cablemesh_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3444,7 +3541,7 @@ func (x *RegisterEndpointResponse) String() string {
 func (*RegisterEndpointResponse) ProtoMessage() {}
 
 func (x *RegisterEndpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[48]
+	mi := &file_cablemesh_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3457,7 +3554,7 @@ func (x *RegisterEndpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterEndpointResponse.ProtoReflect.Descriptor instead.
 func (*RegisterEndpointResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{48}
+	return file_cablemesh_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *RegisterEndpointResponse) GetEndpoint() *Endpoint {
@@ -3497,7 +3594,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_cablemesh_proto_msgTypes[49]
+	mi := &file_cablemesh_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3509,7 +3606,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[49]
+	mi := &file_cablemesh_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3522,7 +3619,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{49}
+	return file_cablemesh_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *HeartbeatRequest) GetNode() string {
@@ -3545,7 +3642,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_cablemesh_proto_msgTypes[50]
+	mi := &file_cablemesh_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3557,7 +3654,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[50]
+	mi := &file_cablemesh_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3570,7 +3667,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{50}
+	return file_cablemesh_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *HeartbeatResponse) GetLeaseExpires() *timestamppb.Timestamp {
@@ -3617,7 +3714,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_cablemesh_proto_msgTypes[51]
+	mi := &file_cablemesh_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3629,7 +3726,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[51]
+	mi := &file_cablemesh_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3642,7 +3739,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{51}
+	return file_cablemesh_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *WatchRequest) GetSinceRevision() uint64 {
@@ -3691,7 +3788,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_cablemesh_proto_msgTypes[52]
+	mi := &file_cablemesh_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3703,7 +3800,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[52]
+	mi := &file_cablemesh_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3716,7 +3813,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{52}
+	return file_cablemesh_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *WatchResponse) GetSnapshot() bool {
@@ -3772,7 +3869,7 @@ type SetExportsRequest struct {
 
 func (x *SetExportsRequest) Reset() {
 	*x = SetExportsRequest{}
-	mi := &file_cablemesh_proto_msgTypes[53]
+	mi := &file_cablemesh_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3784,7 +3881,7 @@ func (x *SetExportsRequest) String() string {
 func (*SetExportsRequest) ProtoMessage() {}
 
 func (x *SetExportsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[53]
+	mi := &file_cablemesh_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3797,7 +3894,7 @@ func (x *SetExportsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetExportsRequest.ProtoReflect.Descriptor instead.
 func (*SetExportsRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{53}
+	return file_cablemesh_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *SetExportsRequest) GetExports() []*ServiceExport {
@@ -3820,7 +3917,7 @@ type SetExportsResponse struct {
 
 func (x *SetExportsResponse) Reset() {
 	*x = SetExportsResponse{}
-	mi := &file_cablemesh_proto_msgTypes[54]
+	mi := &file_cablemesh_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3832,7 +3929,7 @@ func (x *SetExportsResponse) String() string {
 func (*SetExportsResponse) ProtoMessage() {}
 
 func (x *SetExportsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[54]
+	mi := &file_cablemesh_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3845,7 +3942,7 @@ func (x *SetExportsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetExportsResponse.ProtoReflect.Descriptor instead.
 func (*SetExportsResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{54}
+	return file_cablemesh_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *SetExportsResponse) GetExports() []*ServiceExport {
@@ -3882,7 +3979,7 @@ type SetClusterPoliciesRequest struct {
 
 func (x *SetClusterPoliciesRequest) Reset() {
 	*x = SetClusterPoliciesRequest{}
-	mi := &file_cablemesh_proto_msgTypes[55]
+	mi := &file_cablemesh_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3894,7 +3991,7 @@ func (x *SetClusterPoliciesRequest) String() string {
 func (*SetClusterPoliciesRequest) ProtoMessage() {}
 
 func (x *SetClusterPoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[55]
+	mi := &file_cablemesh_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3907,7 +4004,7 @@ func (x *SetClusterPoliciesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetClusterPoliciesRequest.ProtoReflect.Descriptor instead.
 func (*SetClusterPoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{55}
+	return file_cablemesh_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *SetClusterPoliciesRequest) GetPolicies() []*Policy {
@@ -3932,7 +4029,7 @@ type SetClusterPoliciesResponse struct {
 
 func (x *SetClusterPoliciesResponse) Reset() {
 	*x = SetClusterPoliciesResponse{}
-	mi := &file_cablemesh_proto_msgTypes[56]
+	mi := &file_cablemesh_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3944,7 +4041,7 @@ func (x *SetClusterPoliciesResponse) String() string {
 func (*SetClusterPoliciesResponse) ProtoMessage() {}
 
 func (x *SetClusterPoliciesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[56]
+	mi := &file_cablemesh_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3957,7 +4054,7 @@ func (x *SetClusterPoliciesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetClusterPoliciesResponse.ProtoReflect.Descriptor instead.
 func (*SetClusterPoliciesResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{56}
+	return file_cablemesh_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *SetClusterPoliciesResponse) GetPolicies() []*Policy {
@@ -4179,7 +4276,7 @@ const file_cablemesh_proto_rawDesc = "" +
 	"\tissuer_ca\x18\x04 \x01(\tR\bissuerCa\x12\x12\n" +
 	"\x04used\x18\x05 \x01(\bR\x04used\x12\x1d\n" +
 	"\n" +
-	"join_token\x18\x06 \x01(\tR\tjoinToken\"\x96\x02\n" +
+	"join_token\x18\x06 \x01(\tR\tjoinToken\"\xb9\x02\n" +
 	"\x0fNodeCertificate\x12\x18\n" +
 	"\acluster\x18\x01 \x01(\tR\acluster\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1f\n" +
@@ -4189,7 +4286,15 @@ const file_cablemesh_proto_rawDesc = "" +
 	"\arevoked\x18\x05 \x01(\bR\arevoked\x129\n" +
 	"\n" +
 	"revoked_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\trevokedAt\x12\x1a\n" +
-	"\brevision\x18\a \x01(\x04R\brevision\"\xb1\x02\n" +
+	"\brevision\x18\a \x01(\x04R\brevision\x12!\n" +
+	"\fmesh_address\x18\b \x01(\tR\vmeshAddress\"\xb1\x01\n" +
+	"\x10MeshAddressClaim\x12\x18\n" +
+	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x18\n" +
+	"\acluster\x18\x02 \x01(\tR\acluster\x12\x1f\n" +
+	"\vcluster_uid\x18\x03 \x01(\tR\n" +
+	"clusterUid\x12\x12\n" +
+	"\x04node\x18\x04 \x01(\tR\x04node\x124\n" +
+	"\aclaimed\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\aclaimed\"\xb1\x02\n" +
 	"\x06CAInfo\x12\x12\n" +
 	"\x04hash\x18\x01 \x01(\tR\x04hash\x12\x18\n" +
 	"\asubject\x18\x02 \x01(\tR\asubject\x129\n" +
@@ -4344,7 +4449,7 @@ func file_cablemesh_proto_rawDescGZIP() []byte {
 }
 
 var file_cablemesh_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_cablemesh_proto_msgTypes = make([]protoimpl.MessageInfo, 65)
+var file_cablemesh_proto_msgTypes = make([]protoimpl.MessageInfo, 66)
 var file_cablemesh_proto_goTypes = []any{
 	(Event_Type)(0),                    // 0: cablemesh.v1.Event.Type
 	(*Cluster)(nil),                    // 1: cablemesh.v1.Cluster
@@ -4372,56 +4477,57 @@ var file_cablemesh_proto_goTypes = []any{
 	(*JoinTokenRecord)(nil),            // 23: cablemesh.v1.JoinTokenRecord
 	(*IssuedCertificate)(nil),          // 24: cablemesh.v1.IssuedCertificate
 	(*NodeCertificate)(nil),            // 25: cablemesh.v1.NodeCertificate
-	(*CAInfo)(nil),                     // 26: cablemesh.v1.CAInfo
-	(*CABundle)(nil),                   // 27: cablemesh.v1.CABundle
-	(*RevokeNodeRequest)(nil),          // 28: cablemesh.v1.RevokeNodeRequest
-	(*RevokeNodeResponse)(nil),         // 29: cablemesh.v1.RevokeNodeResponse
-	(*ListCertificatesRequest)(nil),    // 30: cablemesh.v1.ListCertificatesRequest
-	(*ListCertificatesResponse)(nil),   // 31: cablemesh.v1.ListCertificatesResponse
-	(*RotateCARequest)(nil),            // 32: cablemesh.v1.RotateCARequest
-	(*RotateCAResponse)(nil),           // 33: cablemesh.v1.RotateCAResponse
-	(*RenewCertificateRequest)(nil),    // 34: cablemesh.v1.RenewCertificateRequest
-	(*RenewCertificateResponse)(nil),   // 35: cablemesh.v1.RenewCertificateResponse
-	(*ApplyPoliciesRequest)(nil),       // 36: cablemesh.v1.ApplyPoliciesRequest
-	(*ApplyPoliciesResponse)(nil),      // 37: cablemesh.v1.ApplyPoliciesResponse
-	(*DeletePoliciesRequest)(nil),      // 38: cablemesh.v1.DeletePoliciesRequest
-	(*DeletePoliciesResponse)(nil),     // 39: cablemesh.v1.DeletePoliciesResponse
-	(*ListPoliciesRequest)(nil),        // 40: cablemesh.v1.ListPoliciesRequest
-	(*ListPoliciesResponse)(nil),       // 41: cablemesh.v1.ListPoliciesResponse
-	(*ExplainConnectionRequest)(nil),   // 42: cablemesh.v1.ExplainConnectionRequest
-	(*ExplainConnectionResponse)(nil),  // 43: cablemesh.v1.ExplainConnectionResponse
-	(*ListServicesRequest)(nil),        // 44: cablemesh.v1.ListServicesRequest
-	(*ListServicesResponse)(nil),       // 45: cablemesh.v1.ListServicesResponse
-	(*JoinRequest)(nil),                // 46: cablemesh.v1.JoinRequest
-	(*JoinResponse)(nil),               // 47: cablemesh.v1.JoinResponse
-	(*RegisterEndpointRequest)(nil),    // 48: cablemesh.v1.RegisterEndpointRequest
-	(*RegisterEndpointResponse)(nil),   // 49: cablemesh.v1.RegisterEndpointResponse
-	(*HeartbeatRequest)(nil),           // 50: cablemesh.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),          // 51: cablemesh.v1.HeartbeatResponse
-	(*WatchRequest)(nil),               // 52: cablemesh.v1.WatchRequest
-	(*WatchResponse)(nil),              // 53: cablemesh.v1.WatchResponse
-	(*SetExportsRequest)(nil),          // 54: cablemesh.v1.SetExportsRequest
-	(*SetExportsResponse)(nil),         // 55: cablemesh.v1.SetExportsResponse
-	(*SetClusterPoliciesRequest)(nil),  // 56: cablemesh.v1.SetClusterPoliciesRequest
-	(*SetClusterPoliciesResponse)(nil), // 57: cablemesh.v1.SetClusterPoliciesResponse
-	nil,                                // 58: cablemesh.v1.Cluster.LabelsEntry
-	nil,                                // 59: cablemesh.v1.Endpoint.CablePortsEntry
-	nil,                                // 60: cablemesh.v1.Endpoint.CableAttributesEntry
-	nil,                                // 61: cablemesh.v1.CableAttributes.ValuesEntry
-	nil,                                // 62: cablemesh.v1.ServiceExport.LabelsEntry
-	nil,                                // 63: cablemesh.v1.ImportedCluster.LabelsEntry
-	nil,                                // 64: cablemesh.v1.LabelClusterRequest.SetEntry
-	nil,                                // 65: cablemesh.v1.CreateJoinTokenRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),      // 66: google.protobuf.Timestamp
+	(*MeshAddressClaim)(nil),           // 26: cablemesh.v1.MeshAddressClaim
+	(*CAInfo)(nil),                     // 27: cablemesh.v1.CAInfo
+	(*CABundle)(nil),                   // 28: cablemesh.v1.CABundle
+	(*RevokeNodeRequest)(nil),          // 29: cablemesh.v1.RevokeNodeRequest
+	(*RevokeNodeResponse)(nil),         // 30: cablemesh.v1.RevokeNodeResponse
+	(*ListCertificatesRequest)(nil),    // 31: cablemesh.v1.ListCertificatesRequest
+	(*ListCertificatesResponse)(nil),   // 32: cablemesh.v1.ListCertificatesResponse
+	(*RotateCARequest)(nil),            // 33: cablemesh.v1.RotateCARequest
+	(*RotateCAResponse)(nil),           // 34: cablemesh.v1.RotateCAResponse
+	(*RenewCertificateRequest)(nil),    // 35: cablemesh.v1.RenewCertificateRequest
+	(*RenewCertificateResponse)(nil),   // 36: cablemesh.v1.RenewCertificateResponse
+	(*ApplyPoliciesRequest)(nil),       // 37: cablemesh.v1.ApplyPoliciesRequest
+	(*ApplyPoliciesResponse)(nil),      // 38: cablemesh.v1.ApplyPoliciesResponse
+	(*DeletePoliciesRequest)(nil),      // 39: cablemesh.v1.DeletePoliciesRequest
+	(*DeletePoliciesResponse)(nil),     // 40: cablemesh.v1.DeletePoliciesResponse
+	(*ListPoliciesRequest)(nil),        // 41: cablemesh.v1.ListPoliciesRequest
+	(*ListPoliciesResponse)(nil),       // 42: cablemesh.v1.ListPoliciesResponse
+	(*ExplainConnectionRequest)(nil),   // 43: cablemesh.v1.ExplainConnectionRequest
+	(*ExplainConnectionResponse)(nil),  // 44: cablemesh.v1.ExplainConnectionResponse
+	(*ListServicesRequest)(nil),        // 45: cablemesh.v1.ListServicesRequest
+	(*ListServicesResponse)(nil),       // 46: cablemesh.v1.ListServicesResponse
+	(*JoinRequest)(nil),                // 47: cablemesh.v1.JoinRequest
+	(*JoinResponse)(nil),               // 48: cablemesh.v1.JoinResponse
+	(*RegisterEndpointRequest)(nil),    // 49: cablemesh.v1.RegisterEndpointRequest
+	(*RegisterEndpointResponse)(nil),   // 50: cablemesh.v1.RegisterEndpointResponse
+	(*HeartbeatRequest)(nil),           // 51: cablemesh.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),          // 52: cablemesh.v1.HeartbeatResponse
+	(*WatchRequest)(nil),               // 53: cablemesh.v1.WatchRequest
+	(*WatchResponse)(nil),              // 54: cablemesh.v1.WatchResponse
+	(*SetExportsRequest)(nil),          // 55: cablemesh.v1.SetExportsRequest
+	(*SetExportsResponse)(nil),         // 56: cablemesh.v1.SetExportsResponse
+	(*SetClusterPoliciesRequest)(nil),  // 57: cablemesh.v1.SetClusterPoliciesRequest
+	(*SetClusterPoliciesResponse)(nil), // 58: cablemesh.v1.SetClusterPoliciesResponse
+	nil,                                // 59: cablemesh.v1.Cluster.LabelsEntry
+	nil,                                // 60: cablemesh.v1.Endpoint.CablePortsEntry
+	nil,                                // 61: cablemesh.v1.Endpoint.CableAttributesEntry
+	nil,                                // 62: cablemesh.v1.CableAttributes.ValuesEntry
+	nil,                                // 63: cablemesh.v1.ServiceExport.LabelsEntry
+	nil,                                // 64: cablemesh.v1.ImportedCluster.LabelsEntry
+	nil,                                // 65: cablemesh.v1.LabelClusterRequest.SetEntry
+	nil,                                // 66: cablemesh.v1.CreateJoinTokenRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),      // 67: google.protobuf.Timestamp
 }
 var file_cablemesh_proto_depIdxs = []int32{
-	58, // 0: cablemesh.v1.Cluster.labels:type_name -> cablemesh.v1.Cluster.LabelsEntry
-	66, // 1: cablemesh.v1.Cluster.joined_at:type_name -> google.protobuf.Timestamp
-	59, // 2: cablemesh.v1.Endpoint.cable_ports:type_name -> cablemesh.v1.Endpoint.CablePortsEntry
-	66, // 3: cablemesh.v1.Endpoint.last_heartbeat:type_name -> google.protobuf.Timestamp
-	66, // 4: cablemesh.v1.Endpoint.lease_expires:type_name -> google.protobuf.Timestamp
-	60, // 5: cablemesh.v1.Endpoint.cable_attributes:type_name -> cablemesh.v1.Endpoint.CableAttributesEntry
-	61, // 6: cablemesh.v1.CableAttributes.values:type_name -> cablemesh.v1.CableAttributes.ValuesEntry
+	59, // 0: cablemesh.v1.Cluster.labels:type_name -> cablemesh.v1.Cluster.LabelsEntry
+	67, // 1: cablemesh.v1.Cluster.joined_at:type_name -> google.protobuf.Timestamp
+	60, // 2: cablemesh.v1.Endpoint.cable_ports:type_name -> cablemesh.v1.Endpoint.CablePortsEntry
+	67, // 3: cablemesh.v1.Endpoint.last_heartbeat:type_name -> google.protobuf.Timestamp
+	67, // 4: cablemesh.v1.Endpoint.lease_expires:type_name -> google.protobuf.Timestamp
+	61, // 5: cablemesh.v1.Endpoint.cable_attributes:type_name -> cablemesh.v1.Endpoint.CableAttributesEntry
+	62, // 6: cablemesh.v1.CableAttributes.values:type_name -> cablemesh.v1.CableAttributes.ValuesEntry
 	1,  // 7: cablemesh.v1.Resource.cluster:type_name -> cablemesh.v1.Cluster
 	2,  // 8: cablemesh.v1.Resource.endpoint:type_name -> cablemesh.v1.Endpoint
 	5,  // 9: cablemesh.v1.Resource.policy:type_name -> cablemesh.v1.Policy
@@ -4431,13 +4537,13 @@ var file_cablemesh_proto_depIdxs = []int32{
 	0,  // 13: cablemesh.v1.Event.type:type_name -> cablemesh.v1.Event.Type
 	4,  // 14: cablemesh.v1.Event.resource:type_name -> cablemesh.v1.Resource
 	7,  // 15: cablemesh.v1.ServiceExport.ports:type_name -> cablemesh.v1.ServicePort
-	62, // 16: cablemesh.v1.ServiceExport.labels:type_name -> cablemesh.v1.ServiceExport.LabelsEntry
+	63, // 16: cablemesh.v1.ServiceExport.labels:type_name -> cablemesh.v1.ServiceExport.LabelsEntry
 	8,  // 17: cablemesh.v1.ServiceExport.endpoints:type_name -> cablemesh.v1.ServiceEndpoint
-	66, // 18: cablemesh.v1.ServiceExport.created:type_name -> google.protobuf.Timestamp
-	66, // 19: cablemesh.v1.ServiceVIP.allocated:type_name -> google.protobuf.Timestamp
+	67, // 18: cablemesh.v1.ServiceExport.created:type_name -> google.protobuf.Timestamp
+	67, // 19: cablemesh.v1.ServiceVIP.allocated:type_name -> google.protobuf.Timestamp
 	8,  // 20: cablemesh.v1.ImportedCluster.endpoints:type_name -> cablemesh.v1.ServiceEndpoint
 	7,  // 21: cablemesh.v1.ImportedCluster.ports:type_name -> cablemesh.v1.ServicePort
-	63, // 22: cablemesh.v1.ImportedCluster.labels:type_name -> cablemesh.v1.ImportedCluster.LabelsEntry
+	64, // 22: cablemesh.v1.ImportedCluster.labels:type_name -> cablemesh.v1.ImportedCluster.LabelsEntry
 	13, // 23: cablemesh.v1.ImportedCluster.ingresses:type_name -> cablemesh.v1.GatewayIngress
 	7,  // 24: cablemesh.v1.GatewayIngress.ports:type_name -> cablemesh.v1.ServicePort
 	7,  // 25: cablemesh.v1.ServiceImport.ports:type_name -> cablemesh.v1.ServicePort
@@ -4446,95 +4552,96 @@ var file_cablemesh_proto_depIdxs = []int32{
 	14, // 28: cablemesh.v1.ServiceImports.imports:type_name -> cablemesh.v1.ServiceImport
 	1,  // 29: cablemesh.v1.ListClustersResponse.clusters:type_name -> cablemesh.v1.Cluster
 	2,  // 30: cablemesh.v1.ListClustersResponse.endpoints:type_name -> cablemesh.v1.Endpoint
-	64, // 31: cablemesh.v1.LabelClusterRequest.set:type_name -> cablemesh.v1.LabelClusterRequest.SetEntry
+	65, // 31: cablemesh.v1.LabelClusterRequest.set:type_name -> cablemesh.v1.LabelClusterRequest.SetEntry
 	1,  // 32: cablemesh.v1.RemoveClusterResponse.cluster:type_name -> cablemesh.v1.Cluster
-	65, // 33: cablemesh.v1.CreateJoinTokenRequest.labels:type_name -> cablemesh.v1.CreateJoinTokenRequest.LabelsEntry
+	66, // 33: cablemesh.v1.CreateJoinTokenRequest.labels:type_name -> cablemesh.v1.CreateJoinTokenRequest.LabelsEntry
 	1,  // 34: cablemesh.v1.CreateJoinTokenResponse.cluster:type_name -> cablemesh.v1.Cluster
-	66, // 35: cablemesh.v1.CreateJoinTokenResponse.expires:type_name -> google.protobuf.Timestamp
-	66, // 36: cablemesh.v1.JoinTokenRecord.expires:type_name -> google.protobuf.Timestamp
-	66, // 37: cablemesh.v1.JoinTokenRecord.created:type_name -> google.protobuf.Timestamp
-	66, // 38: cablemesh.v1.IssuedCertificate.not_before:type_name -> google.protobuf.Timestamp
-	66, // 39: cablemesh.v1.IssuedCertificate.not_after:type_name -> google.protobuf.Timestamp
+	67, // 35: cablemesh.v1.CreateJoinTokenResponse.expires:type_name -> google.protobuf.Timestamp
+	67, // 36: cablemesh.v1.JoinTokenRecord.expires:type_name -> google.protobuf.Timestamp
+	67, // 37: cablemesh.v1.JoinTokenRecord.created:type_name -> google.protobuf.Timestamp
+	67, // 38: cablemesh.v1.IssuedCertificate.not_before:type_name -> google.protobuf.Timestamp
+	67, // 39: cablemesh.v1.IssuedCertificate.not_after:type_name -> google.protobuf.Timestamp
 	24, // 40: cablemesh.v1.NodeCertificate.certificates:type_name -> cablemesh.v1.IssuedCertificate
-	66, // 41: cablemesh.v1.NodeCertificate.revoked_at:type_name -> google.protobuf.Timestamp
-	66, // 42: cablemesh.v1.CAInfo.not_before:type_name -> google.protobuf.Timestamp
-	66, // 43: cablemesh.v1.CAInfo.not_after:type_name -> google.protobuf.Timestamp
-	66, // 44: cablemesh.v1.CAInfo.trusted_until:type_name -> google.protobuf.Timestamp
-	66, // 45: cablemesh.v1.CABundle.previous_trusted_until:type_name -> google.protobuf.Timestamp
-	25, // 46: cablemesh.v1.RevokeNodeResponse.node:type_name -> cablemesh.v1.NodeCertificate
-	25, // 47: cablemesh.v1.ListCertificatesResponse.nodes:type_name -> cablemesh.v1.NodeCertificate
-	26, // 48: cablemesh.v1.ListCertificatesResponse.cas:type_name -> cablemesh.v1.CAInfo
-	24, // 49: cablemesh.v1.ListCertificatesResponse.admin:type_name -> cablemesh.v1.IssuedCertificate
-	26, // 50: cablemesh.v1.RotateCAResponse.cas:type_name -> cablemesh.v1.CAInfo
-	66, // 51: cablemesh.v1.RenewCertificateResponse.not_after:type_name -> google.protobuf.Timestamp
-	27, // 52: cablemesh.v1.RenewCertificateResponse.ca:type_name -> cablemesh.v1.CABundle
-	5,  // 53: cablemesh.v1.ApplyPoliciesRequest.policies:type_name -> cablemesh.v1.Policy
-	5,  // 54: cablemesh.v1.ApplyPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
-	5,  // 55: cablemesh.v1.ListPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
-	14, // 56: cablemesh.v1.ListServicesResponse.imports:type_name -> cablemesh.v1.ServiceImport
-	9,  // 57: cablemesh.v1.ListServicesResponse.exports:type_name -> cablemesh.v1.ServiceExport
-	1,  // 58: cablemesh.v1.JoinResponse.cluster:type_name -> cablemesh.v1.Cluster
-	66, // 59: cablemesh.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
-	27, // 60: cablemesh.v1.JoinResponse.ca:type_name -> cablemesh.v1.CABundle
-	2,  // 61: cablemesh.v1.RegisterEndpointRequest.endpoint:type_name -> cablemesh.v1.Endpoint
-	2,  // 62: cablemesh.v1.RegisterEndpointResponse.endpoint:type_name -> cablemesh.v1.Endpoint
-	66, // 63: cablemesh.v1.RegisterEndpointResponse.broker_time:type_name -> google.protobuf.Timestamp
-	66, // 64: cablemesh.v1.HeartbeatResponse.lease_expires:type_name -> google.protobuf.Timestamp
-	66, // 65: cablemesh.v1.HeartbeatResponse.broker_time:type_name -> google.protobuf.Timestamp
-	6,  // 66: cablemesh.v1.WatchResponse.events:type_name -> cablemesh.v1.Event
-	15, // 67: cablemesh.v1.WatchResponse.imports:type_name -> cablemesh.v1.ServiceImports
-	27, // 68: cablemesh.v1.WatchResponse.ca:type_name -> cablemesh.v1.CABundle
-	9,  // 69: cablemesh.v1.SetExportsRequest.exports:type_name -> cablemesh.v1.ServiceExport
-	9,  // 70: cablemesh.v1.SetExportsResponse.exports:type_name -> cablemesh.v1.ServiceExport
-	11, // 71: cablemesh.v1.SetExportsResponse.conflicts:type_name -> cablemesh.v1.ServiceConflict
-	5,  // 72: cablemesh.v1.SetClusterPoliciesRequest.policies:type_name -> cablemesh.v1.Policy
-	5,  // 73: cablemesh.v1.SetClusterPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
-	3,  // 74: cablemesh.v1.Endpoint.CableAttributesEntry.value:type_name -> cablemesh.v1.CableAttributes
-	16, // 75: cablemesh.v1.Admin.ListClusters:input_type -> cablemesh.v1.ListClustersRequest
-	18, // 76: cablemesh.v1.Admin.LabelCluster:input_type -> cablemesh.v1.LabelClusterRequest
-	19, // 77: cablemesh.v1.Admin.RemoveCluster:input_type -> cablemesh.v1.RemoveClusterRequest
-	21, // 78: cablemesh.v1.Admin.CreateJoinToken:input_type -> cablemesh.v1.CreateJoinTokenRequest
-	36, // 79: cablemesh.v1.Admin.ApplyPolicies:input_type -> cablemesh.v1.ApplyPoliciesRequest
-	38, // 80: cablemesh.v1.Admin.DeletePolicies:input_type -> cablemesh.v1.DeletePoliciesRequest
-	40, // 81: cablemesh.v1.Admin.ListPolicies:input_type -> cablemesh.v1.ListPoliciesRequest
-	42, // 82: cablemesh.v1.Admin.ExplainConnection:input_type -> cablemesh.v1.ExplainConnectionRequest
-	44, // 83: cablemesh.v1.Admin.ListServices:input_type -> cablemesh.v1.ListServicesRequest
-	28, // 84: cablemesh.v1.Admin.RevokeNode:input_type -> cablemesh.v1.RevokeNodeRequest
-	30, // 85: cablemesh.v1.Admin.ListCertificates:input_type -> cablemesh.v1.ListCertificatesRequest
-	34, // 86: cablemesh.v1.Admin.RenewAdminCertificate:input_type -> cablemesh.v1.RenewCertificateRequest
-	32, // 87: cablemesh.v1.Admin.RotateCA:input_type -> cablemesh.v1.RotateCARequest
-	46, // 88: cablemesh.v1.Agent.Join:input_type -> cablemesh.v1.JoinRequest
-	48, // 89: cablemesh.v1.Agent.RegisterEndpoint:input_type -> cablemesh.v1.RegisterEndpointRequest
-	50, // 90: cablemesh.v1.Agent.Heartbeat:input_type -> cablemesh.v1.HeartbeatRequest
-	52, // 91: cablemesh.v1.Agent.Watch:input_type -> cablemesh.v1.WatchRequest
-	54, // 92: cablemesh.v1.Agent.SetExports:input_type -> cablemesh.v1.SetExportsRequest
-	56, // 93: cablemesh.v1.Agent.SetClusterPolicies:input_type -> cablemesh.v1.SetClusterPoliciesRequest
-	34, // 94: cablemesh.v1.Agent.RenewCertificate:input_type -> cablemesh.v1.RenewCertificateRequest
-	17, // 95: cablemesh.v1.Admin.ListClusters:output_type -> cablemesh.v1.ListClustersResponse
-	1,  // 96: cablemesh.v1.Admin.LabelCluster:output_type -> cablemesh.v1.Cluster
-	20, // 97: cablemesh.v1.Admin.RemoveCluster:output_type -> cablemesh.v1.RemoveClusterResponse
-	22, // 98: cablemesh.v1.Admin.CreateJoinToken:output_type -> cablemesh.v1.CreateJoinTokenResponse
-	37, // 99: cablemesh.v1.Admin.ApplyPolicies:output_type -> cablemesh.v1.ApplyPoliciesResponse
-	39, // 100: cablemesh.v1.Admin.DeletePolicies:output_type -> cablemesh.v1.DeletePoliciesResponse
-	41, // 101: cablemesh.v1.Admin.ListPolicies:output_type -> cablemesh.v1.ListPoliciesResponse
-	43, // 102: cablemesh.v1.Admin.ExplainConnection:output_type -> cablemesh.v1.ExplainConnectionResponse
-	45, // 103: cablemesh.v1.Admin.ListServices:output_type -> cablemesh.v1.ListServicesResponse
-	29, // 104: cablemesh.v1.Admin.RevokeNode:output_type -> cablemesh.v1.RevokeNodeResponse
-	31, // 105: cablemesh.v1.Admin.ListCertificates:output_type -> cablemesh.v1.ListCertificatesResponse
-	35, // 106: cablemesh.v1.Admin.RenewAdminCertificate:output_type -> cablemesh.v1.RenewCertificateResponse
-	33, // 107: cablemesh.v1.Admin.RotateCA:output_type -> cablemesh.v1.RotateCAResponse
-	47, // 108: cablemesh.v1.Agent.Join:output_type -> cablemesh.v1.JoinResponse
-	49, // 109: cablemesh.v1.Agent.RegisterEndpoint:output_type -> cablemesh.v1.RegisterEndpointResponse
-	51, // 110: cablemesh.v1.Agent.Heartbeat:output_type -> cablemesh.v1.HeartbeatResponse
-	53, // 111: cablemesh.v1.Agent.Watch:output_type -> cablemesh.v1.WatchResponse
-	55, // 112: cablemesh.v1.Agent.SetExports:output_type -> cablemesh.v1.SetExportsResponse
-	57, // 113: cablemesh.v1.Agent.SetClusterPolicies:output_type -> cablemesh.v1.SetClusterPoliciesResponse
-	35, // 114: cablemesh.v1.Agent.RenewCertificate:output_type -> cablemesh.v1.RenewCertificateResponse
-	95, // [95:115] is the sub-list for method output_type
-	75, // [75:95] is the sub-list for method input_type
-	75, // [75:75] is the sub-list for extension type_name
-	75, // [75:75] is the sub-list for extension extendee
-	0,  // [0:75] is the sub-list for field type_name
+	67, // 41: cablemesh.v1.NodeCertificate.revoked_at:type_name -> google.protobuf.Timestamp
+	67, // 42: cablemesh.v1.MeshAddressClaim.claimed:type_name -> google.protobuf.Timestamp
+	67, // 43: cablemesh.v1.CAInfo.not_before:type_name -> google.protobuf.Timestamp
+	67, // 44: cablemesh.v1.CAInfo.not_after:type_name -> google.protobuf.Timestamp
+	67, // 45: cablemesh.v1.CAInfo.trusted_until:type_name -> google.protobuf.Timestamp
+	67, // 46: cablemesh.v1.CABundle.previous_trusted_until:type_name -> google.protobuf.Timestamp
+	25, // 47: cablemesh.v1.RevokeNodeResponse.node:type_name -> cablemesh.v1.NodeCertificate
+	25, // 48: cablemesh.v1.ListCertificatesResponse.nodes:type_name -> cablemesh.v1.NodeCertificate
+	27, // 49: cablemesh.v1.ListCertificatesResponse.cas:type_name -> cablemesh.v1.CAInfo
+	24, // 50: cablemesh.v1.ListCertificatesResponse.admin:type_name -> cablemesh.v1.IssuedCertificate
+	27, // 51: cablemesh.v1.RotateCAResponse.cas:type_name -> cablemesh.v1.CAInfo
+	67, // 52: cablemesh.v1.RenewCertificateResponse.not_after:type_name -> google.protobuf.Timestamp
+	28, // 53: cablemesh.v1.RenewCertificateResponse.ca:type_name -> cablemesh.v1.CABundle
+	5,  // 54: cablemesh.v1.ApplyPoliciesRequest.policies:type_name -> cablemesh.v1.Policy
+	5,  // 55: cablemesh.v1.ApplyPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
+	5,  // 56: cablemesh.v1.ListPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
+	14, // 57: cablemesh.v1.ListServicesResponse.imports:type_name -> cablemesh.v1.ServiceImport
+	9,  // 58: cablemesh.v1.ListServicesResponse.exports:type_name -> cablemesh.v1.ServiceExport
+	1,  // 59: cablemesh.v1.JoinResponse.cluster:type_name -> cablemesh.v1.Cluster
+	67, // 60: cablemesh.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
+	28, // 61: cablemesh.v1.JoinResponse.ca:type_name -> cablemesh.v1.CABundle
+	2,  // 62: cablemesh.v1.RegisterEndpointRequest.endpoint:type_name -> cablemesh.v1.Endpoint
+	2,  // 63: cablemesh.v1.RegisterEndpointResponse.endpoint:type_name -> cablemesh.v1.Endpoint
+	67, // 64: cablemesh.v1.RegisterEndpointResponse.broker_time:type_name -> google.protobuf.Timestamp
+	67, // 65: cablemesh.v1.HeartbeatResponse.lease_expires:type_name -> google.protobuf.Timestamp
+	67, // 66: cablemesh.v1.HeartbeatResponse.broker_time:type_name -> google.protobuf.Timestamp
+	6,  // 67: cablemesh.v1.WatchResponse.events:type_name -> cablemesh.v1.Event
+	15, // 68: cablemesh.v1.WatchResponse.imports:type_name -> cablemesh.v1.ServiceImports
+	28, // 69: cablemesh.v1.WatchResponse.ca:type_name -> cablemesh.v1.CABundle
+	9,  // 70: cablemesh.v1.SetExportsRequest.exports:type_name -> cablemesh.v1.ServiceExport
+	9,  // 71: cablemesh.v1.SetExportsResponse.exports:type_name -> cablemesh.v1.ServiceExport
+	11, // 72: cablemesh.v1.SetExportsResponse.conflicts:type_name -> cablemesh.v1.ServiceConflict
+	5,  // 73: cablemesh.v1.SetClusterPoliciesRequest.policies:type_name -> cablemesh.v1.Policy
+	5,  // 74: cablemesh.v1.SetClusterPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
+	3,  // 75: cablemesh.v1.Endpoint.CableAttributesEntry.value:type_name -> cablemesh.v1.CableAttributes
+	16, // 76: cablemesh.v1.Admin.ListClusters:input_type -> cablemesh.v1.ListClustersRequest
+	18, // 77: cablemesh.v1.Admin.LabelCluster:input_type -> cablemesh.v1.LabelClusterRequest
+	19, // 78: cablemesh.v1.Admin.RemoveCluster:input_type -> cablemesh.v1.RemoveClusterRequest
+	21, // 79: cablemesh.v1.Admin.CreateJoinToken:input_type -> cablemesh.v1.CreateJoinTokenRequest
+	37, // 80: cablemesh.v1.Admin.ApplyPolicies:input_type -> cablemesh.v1.ApplyPoliciesRequest
+	39, // 81: cablemesh.v1.Admin.DeletePolicies:input_type -> cablemesh.v1.DeletePoliciesRequest
+	41, // 82: cablemesh.v1.Admin.ListPolicies:input_type -> cablemesh.v1.ListPoliciesRequest
+	43, // 83: cablemesh.v1.Admin.ExplainConnection:input_type -> cablemesh.v1.ExplainConnectionRequest
+	45, // 84: cablemesh.v1.Admin.ListServices:input_type -> cablemesh.v1.ListServicesRequest
+	29, // 85: cablemesh.v1.Admin.RevokeNode:input_type -> cablemesh.v1.RevokeNodeRequest
+	31, // 86: cablemesh.v1.Admin.ListCertificates:input_type -> cablemesh.v1.ListCertificatesRequest
+	35, // 87: cablemesh.v1.Admin.RenewAdminCertificate:input_type -> cablemesh.v1.RenewCertificateRequest
+	33, // 88: cablemesh.v1.Admin.RotateCA:input_type -> cablemesh.v1.RotateCARequest
+	47, // 89: cablemesh.v1.Agent.Join:input_type -> cablemesh.v1.JoinRequest
+	49, // 90: cablemesh.v1.Agent.RegisterEndpoint:input_type -> cablemesh.v1.RegisterEndpointRequest
+	51, // 91: cablemesh.v1.Agent.Heartbeat:input_type -> cablemesh.v1.HeartbeatRequest
+	53, // 92: cablemesh.v1.Agent.Watch:input_type -> cablemesh.v1.WatchRequest
+	55, // 93: cablemesh.v1.Agent.SetExports:input_type -> cablemesh.v1.SetExportsRequest
+	57, // 94: cablemesh.v1.Agent.SetClusterPolicies:input_type -> cablemesh.v1.SetClusterPoliciesRequest
+	35, // 95: cablemesh.v1.Agent.RenewCertificate:input_type -> cablemesh.v1.RenewCertificateRequest
+	17, // 96: cablemesh.v1.Admin.ListClusters:output_type -> cablemesh.v1.ListClustersResponse
+	1,  // 97: cablemesh.v1.Admin.LabelCluster:output_type -> cablemesh.v1.Cluster
+	20, // 98: cablemesh.v1.Admin.RemoveCluster:output_type -> cablemesh.v1.RemoveClusterResponse
+	22, // 99: cablemesh.v1.Admin.CreateJoinToken:output_type -> cablemesh.v1.CreateJoinTokenResponse
+	38, // 100: cablemesh.v1.Admin.ApplyPolicies:output_type -> cablemesh.v1.ApplyPoliciesResponse
+	40, // 101: cablemesh.v1.Admin.DeletePolicies:output_type -> cablemesh.v1.DeletePoliciesResponse
+	42, // 102: cablemesh.v1.Admin.ListPolicies:output_type -> cablemesh.v1.ListPoliciesResponse
+	44, // 103: cablemesh.v1.Admin.ExplainConnection:output_type -> cablemesh.v1.ExplainConnectionResponse
+	46, // 104: cablemesh.v1.Admin.ListServices:output_type -> cablemesh.v1.ListServicesResponse
+	30, // 105: cablemesh.v1.Admin.RevokeNode:output_type -> cablemesh.v1.RevokeNodeResponse
+	32, // 106: cablemesh.v1.Admin.ListCertificates:output_type -> cablemesh.v1.ListCertificatesResponse
+	36, // 107: cablemesh.v1.Admin.RenewAdminCertificate:output_type -> cablemesh.v1.RenewCertificateResponse
+	34, // 108: cablemesh.v1.Admin.RotateCA:output_type -> cablemesh.v1.RotateCAResponse
+	48, // 109: cablemesh.v1.Agent.Join:output_type -> cablemesh.v1.JoinResponse
+	50, // 110: cablemesh.v1.Agent.RegisterEndpoint:output_type -> cablemesh.v1.RegisterEndpointResponse
+	52, // 111: cablemesh.v1.Agent.Heartbeat:output_type -> cablemesh.v1.HeartbeatResponse
+	54, // 112: cablemesh.v1.Agent.Watch:output_type -> cablemesh.v1.WatchResponse
+	56, // 113: cablemesh.v1.Agent.SetExports:output_type -> cablemesh.v1.SetExportsResponse
+	58, // 114: cablemesh.v1.Agent.SetClusterPolicies:output_type -> cablemesh.v1.SetClusterPoliciesResponse
+	36, // 115: cablemesh.v1.Agent.RenewCertificate:output_type -> cablemesh.v1.RenewCertificateResponse
+	96, // [96:116] is the sub-list for method output_type
+	76, // [76:96] is the sub-list for method input_type
+	76, // [76:76] is the sub-list for extension type_name
+	76, // [76:76] is the sub-list for extension extendee
+	0,  // [0:76] is the sub-list for field type_name
 }
 
 func init() { file_cablemesh_proto_init() }
@@ -4556,7 +4663,7 @@ func file_cablemesh_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cablemesh_proto_rawDesc), len(file_cablemesh_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   65,
+			NumMessages:   66,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

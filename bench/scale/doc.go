@@ -34,9 +34,14 @@
 // latency); policy and endpoint changes (from the call to each agent's receipt); a broker
 // restart on the same data (from the new process's start to each agent's first message, and
 // whether it resumed from its revision or needed a snapshot). The broker's RSS is sampled every
-// 100 ms and its CPU read from /proc per phase. Only what makes the figures meaningless fails
-// the test (no agent current, agents missing endpoints after the restart); the goals are
-// reported, not asserted: the machine is shared.
+// 100 ms and its CPU read from /proc per phase. The load average is read at the start and once
+// the fleet is current (it covers the fleet start, this bench's own load included): on a shared
+// machine compare figures only with the load beside them. Calls that failed for another reason
+// than their deadline are counted by method, code and message in the notes. The bbolt data dir
+// is a temp dir on the machine's disk (every group commit syncs it; TMPDIR=/dev/shm puts it on
+// tmpfs, as etcd's, to measure the broker without the disk); etcd runs on tmpfs. Only what makes
+// the figures meaningless fails the test (no agent current, agents missing endpoints after the
+// restart); the goals are reported, not asserted: the machine is shared.
 //
 // What a simulated agent does is what cable-agent does on a gateway, in the same order and with
 // the same timeouts: join with its cluster's token (brokerclient.Join, a token per cluster with

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -66,6 +67,31 @@ type callCounters struct {
 	heartbeats, heartbeatErrors, heartbeatDeadlines    atomic.Int64
 	setExports, setExportsErrors, setExportsDeadlines  atomic.Int64
 	watches, watchErrors, watchSnapshots, watchResumes atomic.Int64
+
+	// kinds counts the errors of calls other than deadlines, by method, code and message (its
+	// first 100 bytes): the figures say how many failed, these say why.
+	kindsMu sync.Mutex
+	kinds   map[string]int
+}
+
+var addrPattern = regexp.MustCompile(`[0-9]+(\.[0-9]+){3}:[0-9]+`)
+
+// failed records err, an error of method that is not a deadline.
+func (c *callCounters) failed(method string, err error) {
+	if deadline(err) {
+		return
+	}
+	st := status.Convert(err)
+	msg := addrPattern.ReplaceAllString(st.Message(), "ADDR") // one kind, whatever the ports
+	if len(msg) > 100 {
+		msg = msg[:100]
+	}
+	c.kindsMu.Lock()
+	defer c.kindsMu.Unlock()
+	if c.kinds == nil {
+		c.kinds = map[string]int{}
+	}
+	c.kinds[fmt.Sprintf("%s: %s: %s", method, st.Code(), msg)]++
 }
 
 // beatLog records when every heartbeat started (per second since t0) and how long it took.
@@ -336,6 +362,7 @@ func (a *simAgent) register(ctx context.Context, ep *apiv1.Endpoint) error {
 	if err != nil {
 		if ctx.Err() == nil {
 			a.f.calls.registerErrors.Add(1)
+			a.f.calls.failed("RegisterEndpoint", err)
 			if deadline(err) {
 				a.f.calls.registerDeadlines.Add(1)
 			}
@@ -364,6 +391,7 @@ func (a *simAgent) heartbeat(ctx context.Context) error {
 	dur := time.Since(start)
 	if err != nil && ctx.Err() == nil {
 		a.f.calls.heartbeatErrors.Add(1)
+		a.f.calls.failed("Heartbeat", err)
 		if deadline(err) {
 			a.f.calls.heartbeatDeadlines.Add(1)
 		}
@@ -383,6 +411,7 @@ func (a *simAgent) setExports(ctx context.Context) {
 	a.f.calls.setExports.Add(1)
 	if _, err := a.client.SetExports(cctx, &apiv1.SetExportsRequest{}); err != nil && ctx.Err() == nil {
 		a.f.calls.setExportsErrors.Add(1)
+		a.f.calls.failed("SetExports", err)
 		if deadline(err) {
 			a.f.calls.setExportsDeadlines.Add(1)
 		}

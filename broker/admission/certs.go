@@ -101,10 +101,13 @@ func AdmitJoin(claims jointoken.Claims, node string, tok *apiv1.JoinTokenRecord,
 		}
 		tok.Nodes = append(tok.Nodes, node)
 	}
-	return JoinPlan{
-		Token: tok,
-		Node:  &apiv1.NodeCertificate{Cluster: claims.Cluster, Node: node, ClusterUid: claims.ClusterUID, Certificates: []*apiv1.IssuedCertificate{issued}},
-	}, nil
+	n := &apiv1.NodeCertificate{Cluster: claims.Cluster, Node: node, ClusterUid: claims.ClusterUID, Certificates: []*apiv1.IssuedCertificate{issued}}
+	// A node that joins again (its certificates expired, or a retried join) keeps its mesh
+	// address; a revoked node's was released, and a new incarnation of the cluster starts afresh.
+	if rec != nil && !rec.Revoked && rec.ClusterUid == claims.ClusterUID {
+		n.MeshAddress = rec.MeshAddress
+	}
+	return JoinPlan{Token: tok, Node: n}, nil
 }
 
 func quoteNodes(nodes []string) string {
@@ -249,6 +252,7 @@ func RevokeNode(name, node string, c *apiv1.Cluster, rec *apiv1.NodeCertificate,
 		out = proto.Clone(rec).(*apiv1.NodeCertificate)
 	}
 	out.Revoked, out.RevokedAt = true, timestamppb.New(now)
+	out.MeshAddress = "" // released: another node may have it
 	r := NodeRevocation{Node: out, Endpoint: ep}
 	for _, e := range exports {
 		if e.GetCluster() == name && e.GetNode() == node {

@@ -40,6 +40,8 @@ type ClusterRequest struct {
 	PodCIDRs     []netip.Prefix
 	ServiceCIDRs []netip.Prefix
 	Labels       map[string]string
+	// GatewayMode: the cluster joins in gateway mode (Cluster.gateway_mode).
+	GatewayMode bool
 }
 
 // ParseClusterRequest validates the cluster fields of a join-token request.
@@ -74,7 +76,7 @@ func ParseClusterRequest(req *apiv1.CreateJoinTokenRequest) (ClusterRequest, err
 	if len(req.Labels) > MaxLabels {
 		return ClusterRequest{}, invalidf("labels", "", "labels: %d labels, at most %d", len(req.Labels), MaxLabels)
 	}
-	return ClusterRequest{Name: req.Cluster, PodCIDRs: pods, ServiceCIDRs: svcs, Labels: req.Labels}, nil
+	return ClusterRequest{Name: req.Cluster, PodCIDRs: pods, ServiceCIDRs: svcs, Labels: req.Labels, GatewayMode: req.GatewayMode}, nil
 }
 
 // CheckReachable refuses the CIDRs of a new cluster that cover an address the mesh must keep
@@ -168,9 +170,9 @@ func AdmitCluster(req ClusterRequest, existing []*apiv1.Cluster, now time.Time, 
 	var others []registry.ClusterCIDRs
 	for _, c := range existing {
 		used[c.Id] = true
-		others = append(others, registry.ClusterCIDRs{Name: c.Name, PodCIDRs: storedPrefixes(c.PodCidrs), ServiceCIDRs: storedPrefixes(c.ServiceCidrs)})
+		others = append(others, registry.ClusterCIDRs{Name: c.Name, PodCIDRs: storedPrefixes(c.PodCidrs), ServiceCIDRs: storedPrefixes(c.ServiceCidrs), GatewayMode: c.GatewayMode})
 	}
-	if err := registry.CheckOverlap(registry.ClusterCIDRs{Name: req.Name, PodCIDRs: req.PodCIDRs, ServiceCIDRs: req.ServiceCIDRs}, others); err != nil {
+	if err := registry.CheckOverlap(registry.ClusterCIDRs{Name: req.Name, PodCIDRs: req.PodCIDRs, ServiceCIDRs: req.ServiceCIDRs, GatewayMode: req.GatewayMode}, others); err != nil {
 		return nil, false, err
 	}
 	id, err := registry.AllocateID(used)
@@ -185,6 +187,7 @@ func AdmitCluster(req ClusterRequest, existing []*apiv1.Cluster, now time.Time, 
 		ServiceCidrs: validation.Strings(req.ServiceCIDRs),
 		JoinedAt:     timestamppb.New(now),
 		Uid:          uid,
+		GatewayMode:  req.GatewayMode,
 	}, true, nil
 }
 
@@ -203,6 +206,12 @@ func checkSameCluster(c *apiv1.Cluster, req ClusterRequest) error {
 		return conflict("service_cidrs", "cluster %q already exists with service CIDRs [%s], not [%s]: cluster names are unique in the mesh; to add a node to it, give the same --service-cidr or none",
 			c.Name, strings.Join(c.ServiceCidrs, ","), strings.Join(validation.Strings(req.ServiceCIDRs), ","))
 	}
+	// A cluster's mode decides whether its CIDRs may overlap others' (admitted when it was
+	// created), so a request in the other mode is for another cluster, or a mistake.
+	if req.GatewayMode != c.GatewayMode {
+		return conflict("gateway_mode", "cluster %q already exists in %s mode, not %s mode: a cluster's mode is fixed when it is created; to add a node to it, %s --gateway-mode",
+			c.Name, modeName(c.GatewayMode), modeName(req.GatewayMode), map[bool]string{true: "give", false: "leave out"}[c.GatewayMode])
+	}
 	for _, k := range slices.Sorted(maps.Keys(req.Labels)) {
 		old, ok := c.Labels[k]
 		if !ok {
@@ -210,6 +219,31 @@ func checkSameCluster(c *apiv1.Cluster, req ClusterRequest) error {
 		}
 		if old != req.Labels[k] {
 			return conflict("labels", "cluster %q already exists and its label %q is %q, not %q: change labels with `cablectl cluster label`", c.Name, k, old, req.Labels[k])
+		}
+	}
+	return nil
+}
+
+func modeName(gateway bool) string {
+	if gateway {
+		return "gateway"
+	}
+	return "direct"
+}
+
+// CheckMeshRange refuses the CIDRs of a new cluster that overlap the mesh address range: a
+// gateway-mode pair's cable carries the gateways' mesh addresses, which must never be taken for
+// a pod or service address of either cluster.
+func CheckMeshRange(req ClusterRequest, meshRange netip.Prefix) error {
+	for _, f := range []struct {
+		field, what string
+		ps          []netip.Prefix
+	}{{"pod_cidrs", "pod CIDR", req.PodCIDRs}, {"service_cidrs", "service CIDR", req.ServiceCIDRs}} {
+		for _, p := range f.ps {
+			if p.Overlaps(meshRange) {
+				return invalidf(f.field, p.String(), "%s %s of cluster %q overlaps the mesh address range %s (cable-broker --mesh-address-range), from which gateways get their mesh addresses; choose a CIDR outside it",
+					f.what, p, req.Name, meshRange)
+			}
 		}
 	}
 	return nil

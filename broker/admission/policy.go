@@ -253,7 +253,8 @@ func CheckCableDriver(p policy.ClusterConnectionPolicy) error {
 	if _, ok := cable.Lookup(d.Name); !ok {
 		return fmt.Errorf("spec.cableDriver.name: %q is not a cable driver of this mesh (have %s)", d.Name, strings.Join(cable.Names(), ", "))
 	}
-	if err := cable.ValidateOptions(d.Name, cable.Options(d.Options)); err != nil {
+	// mode is the policy package's pair option (validated by p.Validate), never the driver's.
+	if err := cable.ValidateOptions(d.Name, cable.Options(policy.DriverOptions(d.Options))); err != nil {
 		return fmt.Errorf("spec.cableDriver.options: %w", err)
 	}
 	return nil

@@ -35,5 +35,12 @@ func FuzzParseCIDRs(f *testing.F) {
 		if err := CheckOverlap(ClusterCIDRs{Name: "a", PodCIDRs: ps}, []ClusterCIDRs{{Name: "b", PodCIDRs: ps}}); len(ps) > 0 && err == nil {
 			t.Fatalf("CIDRs %v did not overlap themselves", ps)
 		}
+		// Gateway mode admits the overlap only when both sides have it.
+		if err := CheckOverlap(ClusterCIDRs{Name: "a", PodCIDRs: ps, GatewayMode: true}, []ClusterCIDRs{{Name: "b", PodCIDRs: ps, GatewayMode: true}}); err != nil {
+			t.Fatalf("two gateway-mode clusters on %v refused: %v", ps, err)
+		}
+		if err := CheckOverlap(ClusterCIDRs{Name: "a", PodCIDRs: ps, GatewayMode: true}, []ClusterCIDRs{{Name: "b", PodCIDRs: ps}}); len(ps) > 0 && err == nil {
+			t.Fatalf("a gateway-mode and a direct cluster on %v admitted", ps)
+		}
 	})
 }

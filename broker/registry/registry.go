@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 )
 
 const (
@@ -21,6 +22,9 @@ type ClusterCIDRs struct {
 	Name         string
 	PodCIDRs     []netip.Prefix
 	ServiceCIDRs []netip.Prefix
+	// GatewayMode: the cluster joined in gateway mode. Two gateway-mode clusters may overlap:
+	// their pair's cable carries only the gateways' mesh addresses, never these CIDRs.
+	GatewayMode bool
 }
 
 // OverlapError is the refusal of CheckOverlap: CIDR of Cluster overlaps OtherCIDR of
@@ -33,13 +37,32 @@ type OverlapError struct {
 	OtherCluster string
 	OtherKind    string
 	OtherCIDR    netip.Prefix
+	// GatewayMode and OtherGatewayMode say which of the two clusters is in gateway mode (the
+	// refusal says which one is not: overlaps are admitted only between two gateway-mode
+	// clusters).
+	GatewayMode, OtherGatewayMode bool
 }
 
 func (e *OverlapError) Error() string {
 	if e.OtherCluster == e.Cluster {
 		return fmt.Sprintf("cluster %q: %s %s overlaps its own %s %s", e.Cluster, e.Kind, e.CIDR, e.OtherKind, e.OtherCIDR)
 	}
-	return fmt.Sprintf("%s %s of cluster %q overlaps %s %s of cluster %q", e.Kind, e.CIDR, e.Cluster, e.OtherKind, e.OtherCIDR, e.OtherCluster)
+	var direct []string
+	if !e.GatewayMode {
+		direct = append(direct, fmt.Sprintf("%q", e.Cluster))
+	}
+	if !e.OtherGatewayMode {
+		direct = append(direct, fmt.Sprintf("%q", e.OtherCluster))
+	}
+	return fmt.Sprintf("%s %s of cluster %q overlaps %s %s of cluster %q; overlapping CIDRs are admitted only between two gateway-mode clusters, and %s %s not (join both with `cablectl cluster join-token --gateway-mode`, or choose disjoint CIDRs)",
+		e.Kind, e.CIDR, e.Cluster, e.OtherKind, e.OtherCIDR, e.OtherCluster, strings.Join(direct, " and "), isOrAre(len(direct)))
+}
+
+func isOrAre(n int) string {
+	if n == 1 {
+		return "is"
+	}
+	return "are"
 }
 
 const (
@@ -49,9 +72,9 @@ const (
 
 // CheckOverlap refuses a new cluster whose pod or service CIDRs overlap any CIDR of an existing
 // cluster (seed 001: routes to each cluster's CIDRs go over that cluster's cable, so overlapping
-// ranges would be unroutable; gateway mode for overlapping pairs is a later feature), or whose own
-// pod and service CIDRs overlap each other. The error is an *OverlapError naming both clusters
-// and both CIDRs.
+// ranges would be unroutable), unless both clusters are in gateway mode (their cables carry only
+// mesh addresses: issue 9), or whose own pod and service CIDRs overlap each other. The error is
+// an *OverlapError naming both clusters and both CIDRs.
 func CheckOverlap(c ClusterCIDRs, existing []ClusterCIDRs) error {
 	for _, p := range c.PodCIDRs {
 		for _, s := range c.ServiceCIDRs {
@@ -61,7 +84,7 @@ func CheckOverlap(c ClusterCIDRs, existing []ClusterCIDRs) error {
 		}
 	}
 	for _, e := range existing {
-		if e.Name == c.Name {
+		if e.Name == c.Name || (c.GatewayMode && e.GatewayMode) {
 			continue
 		}
 		for _, m := range kinds(c) {
@@ -69,7 +92,8 @@ func CheckOverlap(c ClusterCIDRs, existing []ClusterCIDRs) error {
 				for _, t := range kinds(e) {
 					for _, q := range t.ps {
 						if p.Overlaps(q) {
-							return &OverlapError{Cluster: c.Name, Kind: m.kind, CIDR: p, OtherCluster: e.Name, OtherKind: t.kind, OtherCIDR: q}
+							return &OverlapError{Cluster: c.Name, Kind: m.kind, CIDR: p, OtherCluster: e.Name, OtherKind: t.kind, OtherCIDR: q,
+								GatewayMode: c.GatewayMode, OtherGatewayMode: e.GatewayMode}
 						}
 					}
 				}

@@ -45,6 +45,33 @@ func TestOverlapCheck(t *testing.T) {
 	}
 }
 
+func TestOverlapsAreAdmittedOnlyBetweenTwoGatewayModeClusters(t *testing.T) {
+	existing := []ClusterCIDRs{
+		{Name: "east", PodCIDRs: pfx("10.1.0.0/16"), ServiceCIDRs: pfx("10.96.0.0/16"), GatewayMode: true},
+		{Name: "west", PodCIDRs: pfx("10.2.0.0/16")},
+	}
+	tests := []struct {
+		name    string
+		c       ClusterCIDRs
+		wantErr string
+	}{
+		{"a gateway-mode cluster may take a gateway-mode cluster's pod and service CIDRs", ClusterCIDRs{Name: "north", PodCIDRs: pfx("10.1.0.0/16"), ServiceCIDRs: pfx("10.96.0.0/16"), GatewayMode: true}, ""},
+		{"a direct cluster may not overlap a gateway-mode one, and the refusal names the direct one and the flag",
+			ClusterCIDRs{Name: "north", PodCIDRs: pfx("10.1.0.0/16")},
+			`pod CIDR 10.1.0.0/16 of cluster "north" overlaps pod CIDR 10.1.0.0/16 of cluster "east"; overlapping CIDRs are admitted only between two gateway-mode clusters, and "north" is not (join both with ` + "`cablectl cluster join-token --gateway-mode`"},
+		{"a gateway-mode cluster may not overlap a direct one", ClusterCIDRs{Name: "north", PodCIDRs: pfx("10.2.0.0/16"), GatewayMode: true},
+			`pod CIDR 10.2.0.0/16 of cluster "north" overlaps pod CIDR 10.2.0.0/16 of cluster "west"; overlapping CIDRs are admitted only between two gateway-mode clusters, and "west" is not`},
+		{"two direct clusters are both named", ClusterCIDRs{Name: "north", PodCIDRs: pfx("10.2.0.0/24")}, `and "north" and "west" are not`},
+		{"a gateway-mode cluster's own pod and service CIDRs still may not overlap", ClusterCIDRs{Name: "north", PodCIDRs: pfx("10.3.0.0/16"), ServiceCIDRs: pfx("10.3.1.0/24"), GatewayMode: true},
+			`pod CIDR 10.3.0.0/16 overlaps its own service CIDR 10.3.1.0/24`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			checkErr(t, CheckOverlap(tt.c, existing), tt.wantErr)
+		})
+	}
+}
+
 func TestIDAllocationTakesTheLowestFreeIDAndRefusesTheTwoHundredFiftySixth(t *testing.T) {
 	used := map[uint32]bool{}
 	for want := uint32(1); want <= 255; want++ {

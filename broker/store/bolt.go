@@ -8,6 +8,8 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
+
+	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 )
 
 // Bolt is the embedded store: one bbolt file.
@@ -210,12 +212,17 @@ func (s *Bolt) commitGroup(group []*boltReq) {
 			}
 			return
 		}
+		// The group's events go to watchers as one batch (as Etcd's do, one per etcd
+		// transaction): a fleet registering at once would otherwise queue one batch per
+		// registration in every watcher's buffer, and each would be a message of its own.
+		var evs []*apiv1.Event
+		for _, t := range txns {
+			evs = append(evs, t.events...)
+		}
 		s.hub.mu.Lock()
 		s.hub.bumpLocked()
-		for _, t := range txns {
-			if len(t.events) > 0 {
-				s.hub.publishLocked(Batch{Events: t.events, Revision: t.rev})
-			}
+		if len(evs) > 0 {
+			s.hub.publishLocked(Batch{Events: evs, Revision: evs[len(evs)-1].Revision})
 		}
 		s.hub.mu.Unlock()
 		for i, r := range group {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sort"
 	"strings"
 	"sync"
@@ -56,8 +55,9 @@ import (
 // committed first the conditions fail, the mirror catches up, and fn runs again on the new state:
 // so fn may run more than once and must only compute its results from tx (as every Update in the
 // broker does), and allocation of cluster IDs, VIPs or anything else read-then-written in one
-// Update never hands out one value twice. A replica's revision-bumping commits take turns; quiet
-// ones (heartbeats) run side by side.
+// Update never hands out one value twice. A replica commits its Updates in groups (one etcd
+// transaction for every Update waiting at that moment, see commitGroup): a fleet that registers
+// at once would otherwise wait for three round trips to etcd each, in a line.
 type Etcd struct {
 	cli    *clientv3.Client
 	prefix string // "<root>store/"
@@ -66,9 +66,9 @@ type Etcd struct {
 	log    *slog.Logger
 	hub    hub
 
-	// writes serializes this replica's revision-bumping commits: they would only conflict with
-	// each other.
-	writes chan struct{}
+	// reqs takes Updates to the committer (commitLoop), which commits those that wait together
+	// in one etcd transaction; unbuffered, so a request is either taken or refused.
+	reqs chan *etcdReq
 
 	// fresh's shared linearizable reads: fnext gathers callers until the read in flight
 	// (freading) ends.
@@ -92,8 +92,9 @@ type Etcd struct {
 	// has stalled); follow then watches again.
 	cancelWatch atomic.Pointer[context.CancelFunc]
 
-	stop context.CancelFunc
-	done chan struct{} // closed when the mirror (and the compactor) have stopped
+	stop    context.CancelFunc
+	stopped <-chan struct{} // closed by Close: the committer takes no more requests
+	done    chan struct{}   // closed when the mirror (and the compactor) have stopped
 }
 
 // ErrUnavailable ends the watches of a replica that has lost etcd (it cannot read it, or its
@@ -115,7 +116,14 @@ type EtcdOptions struct {
 	// keeps up (default 2s); after two failed checks in a row it disconnects its watchers
 	// (ErrUnavailable) and watches etcd again. Negative disables the check.
 	HealthInterval time.Duration
-	Logger         *slog.Logger
+	// MaxTxnOps bounds the comparisons, and the operations, of one etcd transaction of a group
+	// of Updates (default 128, etcd's own --max-txn-ops default); an Update that needs more
+	// alone is still sent alone.
+	MaxTxnOps int
+	// MaxTxnBytes bounds the keys and values a group of Updates writes in one transaction
+	// (default 1 MiB, under etcd's --max-request-bytes default of 1.5 MiB).
+	MaxTxnBytes int
+	Logger      *slog.Logger
 }
 
 // etcdState is the mirror as of etcd revision rev: every key of the prefix, immutable.
@@ -156,9 +164,15 @@ func OpenEtcd(ctx context.Context, cli *clientv3.Client, root string, opts Optio
 	if eopts.HealthInterval == 0 {
 		eopts.HealthInterval = 2 * time.Second
 	}
+	if eopts.MaxTxnOps <= 0 {
+		eopts.MaxTxnOps = 128
+	}
+	if eopts.MaxTxnBytes <= 0 {
+		eopts.MaxTxnBytes = 1 << 20
+	}
 	s := &Etcd{
 		cli: cli, prefix: EtcdPrefix(root), opts: opts, eopts: eopts, log: eopts.Logger,
-		hub: newHub(opts.WatchBuffer), writes: make(chan struct{}, 1), advanced: make(chan struct{}), done: make(chan struct{}),
+		hub: newHub(opts.WatchBuffer), reqs: make(chan *etcdReq), advanced: make(chan struct{}), done: make(chan struct{}),
 	}
 	st, err := s.load(ctx)
 	if err != nil {
@@ -169,9 +183,10 @@ func OpenEtcd(ctx context.Context, cli *clientv3.Client, root string, opts Optio
 	s.published = getU64(s.readKV(s.state.Load()), keyRevision)
 
 	runCtx, stop := context.WithCancel(context.Background())
-	s.stop = stop
+	s.stop, s.stopped = stop, runCtx.Done()
 	var wg sync.WaitGroup
 	wg.Go(func() { s.follow(runCtx, st.rev) })
+	wg.Go(func() { s.commitLoop(runCtx) })
 	if eopts.CompactInterval > 0 {
 		wg.Go(func() { s.compactLoop(runCtx, root+"compact", eopts.CompactInterval) })
 	}
@@ -248,116 +263,6 @@ func (s *Etcd) Watch(ctx context.Context, since uint64, opts ...WatchOption) (Wa
 		return nil, fmt.Errorf("start watch from revision %d: %w", since, err)
 	}
 	return w, nil
-}
-
-// Update implements Store. fn may run more than once (see Etcd).
-func (s *Etcd) Update(ctx context.Context, fn func(Tx) error) (Commit, error) {
-	if err := ctx.Err(); err != nil {
-		return Commit{}, err
-	}
-	// Commits that bump the revision all compare meta/revision, so this replica's would only
-	// conflict with each other: they take s.writes in turn. Quiet ones (a heartbeat's touch)
-	// conflict only over the keys they read and run side by side.
-	locked := false
-	defer func() {
-		if locked {
-			<-s.writes
-		}
-	}()
-	var lastErr error
-	for attempt := 0; ; attempt++ {
-		if s.closed.Load() {
-			return Commit{}, ErrClosed
-		}
-		if attempt > 0 {
-			// Jitter keeps two replicas that conflicted from meeting again at once.
-			d := time.Duration(rand.Int64N(int64(min(attempt, 10))*int64(5*time.Millisecond) + 1))
-			select {
-			case <-time.After(d):
-			case <-ctx.Done():
-				return Commit{}, fmt.Errorf("%w (last attempt: %v)", ctx.Err(), lastErr)
-			}
-		}
-		c, retry, err := s.attempt(ctx, fn, locked)
-		if errors.Is(err, errNeedsLock) {
-			select {
-			case s.writes <- struct{}{}:
-				locked = true
-			case <-ctx.Done():
-				return Commit{}, ctx.Err()
-			}
-			attempt--
-			continue
-		}
-		if err == nil || !retry {
-			return c, err
-		}
-		lastErr = err
-		if ctx.Err() != nil {
-			return Commit{}, fmt.Errorf("%w (last attempt: %v)", ctx.Err(), lastErr)
-		}
-	}
-}
-
-// errConflict is an attempt whose conditions failed: another replica changed what fn read.
-var errConflict = errors.New("conflict with a concurrent write")
-
-// errNeedsLock is an attempt that bumps the revision made without s.writes: it runs again with it.
-var errNeedsLock = errors.New("a revision-bumping commit runs under the replica's write lock")
-
-// attempt runs fn once on a fresh mirror and commits it; retry says whether a failure is worth
-// another attempt (a conflict, or etcd being briefly unavailable).
-func (s *Etcd) attempt(ctx context.Context, fn func(Tx) error, locked bool) (_ Commit, retry bool, _ error) {
-	st, err := s.fresh(ctx)
-	if err != nil {
-		return Commit{}, transient(err), err
-	}
-	kv := &etcdTxnKV{s: s, base: st, tree: st.tree, track: true}
-	t := newTxn(kv, true)
-	if err := fn(t); err != nil {
-		return Commit{}, false, err
-	}
-	if err := t.finish(s.opts.LogSize); err != nil {
-		return Commit{}, false, err
-	}
-	c := Commit{Revision: t.rev, Events: t.events}
-	if len(kv.writes) == 0 {
-		return c, false, nil
-	}
-	if len(t.events) > 0 && !locked {
-		return Commit{}, false, errNeedsLock
-	}
-	cmps, failure := kv.conditions(len(t.events) > 0)
-	ops := kv.ops()
-	actx, cancel := context.WithTimeout(ctx, s.eopts.AttemptTimeout)
-	resp, err := s.cli.Txn(actx).If(cmps...).Then(ops...).Else(failure...).Commit()
-	cancel()
-	if err != nil {
-		if errors.Is(err, rpctypes.ErrTooManyOps) || errors.Is(err, rpctypes.ErrRequestTooLarge) {
-			return Commit{}, false, fmt.Errorf("commit to etcd: a transaction of %d operations (%d events): %w; raise etcd's --max-txn-ops and --max-request-bytes", len(ops), len(t.events), err)
-		}
-		// An error here may hide a commit that happened (the member died after proposing it).
-		// The next attempt starts from a fresh state: if the commit happened fn sees it, and its
-		// conditions hold again only if it still has something to do.
-		return Commit{}, transient(err), fmt.Errorf("commit to etcd: %w", err)
-	}
-	if !resp.Succeeded {
-		var target int64
-		for _, r := range resp.Responses {
-			for _, kv := range r.GetResponseRange().GetKvs() {
-				target = max(target, kv.ModRevision)
-			}
-		}
-		if err := s.waitFor(ctx, target); err != nil {
-			return Commit{}, false, err
-		}
-		return Commit{}, true, errConflict
-	}
-	// Read your writes: the next View of this replica, and the commit's watchers, see it.
-	if err := s.waitFor(ctx, resp.Header.Revision); err != nil {
-		return Commit{}, false, fmt.Errorf("committed at etcd revision %d but not yet applied here: %w", resp.Header.Revision, err)
-	}
-	return c, false, nil
 }
 
 // transient reports whether err from etcd may pass by itself: unavailable members, a leader

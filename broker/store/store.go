@@ -83,6 +83,12 @@ type ReadTx interface {
 	NodeCertificate(cluster, node string) (*apiv1.NodeCertificate, error)
 	// NodeCertificates returns every node's record in key order (cluster/node).
 	NodeCertificates() ([]*apiv1.NodeCertificate, error)
+	// MeshAddressClaim returns the claim of a mesh address (its canonical text, e.g.
+	// "242.0.0.7"); nil, nil when nobody claims it.
+	MeshAddressClaim(address string) (*apiv1.MeshAddressClaim, error)
+	// MeshAddressClaims returns every mesh address claim, in key order (the address's text:
+	// byte order, not numeric order).
+	MeshAddressClaims() ([]*apiv1.MeshAddressClaim, error)
 }
 
 // Tx is a read-write transaction. Every Put and every Delete of a present key bumps the global
@@ -119,6 +125,11 @@ type Tx interface {
 	// emitting an event (a certificate's first use); the record must exist.
 	TouchNodeCertificate(n *apiv1.NodeCertificate) error
 	DeleteNodeCertificate(cluster, node string) error
+	// PutMeshAddressClaim stores a claim under its address, which must be an IP address in its
+	// canonical text (so that one address has one key). Claims are the broker's bookkeeping, as
+	// join token records are: no revision, no event, but part of the transaction.
+	PutMeshAddressClaim(c *apiv1.MeshAddressClaim) error
+	DeleteMeshAddressClaim(address string) error
 }
 
 // Commit is the outcome of an Update. Its events are shared with the store's watchers: read

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net/netip"
 
 	"google.golang.org/protobuf/proto"
 
@@ -24,8 +25,12 @@ var (
 	bucketVIPs      = []byte("serviceVIPs")
 	bucketTokens    = []byte("joinTokens")
 	bucketNodeCerts = []byte("nodeCertificates")
+	// bucketMeshClaims holds the mesh address claims, keyed by address. (Before it existed the
+	// broker kept them in bucketTokens as records with nonce "mesh-address/<address>"; the
+	// broker moves those at start, see broker/meshaddrs.go.)
+	bucketMeshClaims = []byte("meshAddressClaims")
 
-	buckets = [][]byte{bucketMeta, bucketClusters, bucketEndpoints, bucketEvents, bucketPolicies, bucketExports, bucketVIPs, bucketTokens, bucketNodeCerts}
+	buckets = [][]byte{bucketMeta, bucketClusters, bucketEndpoints, bucketEvents, bucketPolicies, bucketExports, bucketVIPs, bucketTokens, bucketNodeCerts, bucketMeshClaims}
 
 	keyRevision  = []byte("revision")
 	keyCompacted = []byte("compacted")
@@ -145,6 +150,14 @@ func (t *txn) NodeCertificate(cluster, node string) (*apiv1.NodeCertificate, err
 
 func (t *txn) NodeCertificates() ([]*apiv1.NodeCertificate, error) {
 	return loadAll[apiv1.NodeCertificate](t.kv, bucketNodeCerts, "node certificate")
+}
+
+func (t *txn) MeshAddressClaim(address string) (*apiv1.MeshAddressClaim, error) {
+	return load[apiv1.MeshAddressClaim](t.kv, bucketMeshClaims, "mesh address claim", address)
+}
+
+func (t *txn) MeshAddressClaims() ([]*apiv1.MeshAddressClaim, error) {
+	return loadAll[apiv1.MeshAddressClaim](t.kv, bucketMeshClaims, "mesh address claim")
 }
 
 // upsert stores m under key, stamped with the next revision (stamp sets it), and records the event.
@@ -374,6 +387,46 @@ func (t *txn) DeleteNodeCertificate(cluster, node string) error {
 	}
 	return t.remove(bucketNodeCerts, KindNodeCertificate, NodeCertificateKey(cluster, node),
 		&apiv1.Resource{Kind: &apiv1.Resource_NodeCertificate{NodeCertificate: old}})
+}
+
+func (t *txn) PutMeshAddressClaim(c *apiv1.MeshAddressClaim) error {
+	if !t.writable {
+		return errReadOnly
+	}
+	if err := checkClaimAddress(c.GetAddress()); err != nil {
+		return fmt.Errorf("put mesh address claim: %w", err)
+	}
+	if err := putProto(t.kv, bucketMeshClaims, c.Address, c); err != nil {
+		return fmt.Errorf("put mesh address claim %q: %w", c.Address, err)
+	}
+	return nil
+}
+
+func (t *txn) DeleteMeshAddressClaim(address string) error {
+	if !t.writable {
+		return errReadOnly
+	}
+	if err := t.kv.delete(bucketMeshClaims, []byte(address)); err != nil {
+		return fmt.Errorf("delete mesh address claim %q: %w", address, err)
+	}
+	return nil
+}
+
+// checkClaimAddress refuses a claim key that is not an address in its canonical text, without a
+// zone: "2001:DB8::1" or "fe80::1%eth0" would be a second key for an address another claim may
+// hold, and uniqueness rests on one key per address.
+func checkClaimAddress(s string) error {
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return fmt.Errorf("address %q is not an IP address", s)
+	}
+	if a.Zone() != "" {
+		return fmt.Errorf("address %q has a zone (a mesh address is mesh-wide, not of one interface)", s)
+	}
+	if a.String() != s {
+		return fmt.Errorf("address %q is not in canonical form (%s)", s, a)
+	}
+	return nil
 }
 
 // finish records the revision and the events of the transaction and trims the log to logSize.

@@ -3,7 +3,7 @@
 //
 //	cable-broker --data-dir DIR [--listen 0.0.0.0:7443] [--lease 30s] [--log-level info]
 //	             [--default-cable-driver ipsec|vxlan|wireguard] [--metrics-listen HOST:PORT]
-//	             [--service-vip-range 241.0.0.0/8[,IPv6 CIDR]]
+//	             [--service-vip-range 241.0.0.0/8[,IPv6 CIDR]] [--mesh-address-range 242.0.0.0/16]
 //	             [--etcd-endpoints URL[,URL...] [--etcd-prefix /cablemesh/] [--secret-key-file FILE]
 //	              [--advertise-address HOST:PORT] [--etcd-cacert F --etcd-cert F --etcd-key F]]
 //
@@ -19,6 +19,12 @@
 // CIDR (an IPv4 one and optionally an IPv6 one), kept in the store while any cluster exports the
 // service, so it is stable across broker restarts and agent reconnects. A VIP that lies outside
 // the ranges after they were changed is kept (and logged), never renumbered.
+//
+// Every gateway endpoint gets a mesh address from --mesh-address-range (IPv4, /8 to /30, disjoint
+// from the VIP ranges): the address its cable carries when a pair is in gateway mode. It is kept
+// in the node's record, so the node gets the same one back across re-registrations and broker
+// restarts; it is released when the node is revoked or its cluster removed. No cluster's pod or
+// service CIDR may overlap the range.
 //
 // With --etcd-endpoints the broker keeps every resource, and the mesh CA and secrets (sealed with
 // AES-256-GCM under --secret-key-file, default DIR/secret.key), in etcd instead of DIR/broker.db,
@@ -44,6 +50,7 @@ import (
 	"time"
 
 	"github.com/cablemesh/cablemesh/broker"
+	"github.com/cablemesh/cablemesh/broker/meshaddr"
 	"github.com/cablemesh/cablemesh/cable"
 	_ "github.com/cablemesh/cablemesh/cable/drivers" // registers every driver: the default policy's and what endpoints publish are checked against them
 	"github.com/cablemesh/cablemesh/mcs"
@@ -65,6 +72,7 @@ func run(args []string, stderr io.Writer) int {
 	defaultDriver := fs.String("default-cable-driver", policy.DefaultDriver, "cable driver of the mesh default policy created at first start: "+
 		strings.Join(cable.Names(), " | ")+" (later starts keep the stored policy)")
 	vipRange := fs.String("service-vip-range", mcs.DefaultVIPRange, "clusterset VIP range: an IPv4 CIDR, and optionally an IPv6 one after a comma (dual-stack services get one VIP of each)")
+	meshRange := fs.String("mesh-address-range", meshaddr.DefaultRange, "IPv4 range gateways' mesh addresses (gateway mode) come from, /8 to /30; must not overlap --service-vip-range, and no cluster CIDR may overlap it")
 	etcdEndpoints := fs.String("etcd-endpoints", "", "keep the state in etcd at these client URLs (comma-separated) instead of DIR/broker.db; several replicas may then serve the mesh")
 	etcdPrefix := fs.String("etcd-prefix", broker.DefaultEtcdRoot, "key prefix of the mesh in etcd")
 	secretKeyFile := fs.String("secret-key-file", "", "key that seals the secrets kept in etcd (default DIR/"+broker.SecretKeyFile+"; every replica needs a copy of the first replica's)")
@@ -91,6 +99,14 @@ func run(args []string, stderr io.Writer) int {
 	vipRanges, err := mcs.ParseVIPRanges(*vipRange)
 	if err != nil {
 		fmt.Fprintf(stderr, "cable-broker: --service-vip-range: %v\n", err)
+		return 2
+	}
+	meshAddrs, err := meshaddr.ParseRange(*meshRange)
+	if err == nil {
+		err = meshaddr.CheckDisjoint(meshAddrs, vipRanges)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "cable-broker: --mesh-address-range %s: %v\n", *meshRange, err)
 		return 2
 	}
 	if err := broker.ValidateDefaultCableDriver(*defaultDriver); err != nil {
@@ -125,7 +141,7 @@ func run(args []string, stderr io.Writer) int {
 	slog.SetDefault(log)
 
 	srv, err := broker.New(broker.Config{DataDir: *dataDir, Listen: *listen, Lease: *lease, Logger: log, DefaultCableDriver: driver,
-		ServiceVIPRanges: vipRanges, Etcd: etcdCfg})
+		ServiceVIPRanges: vipRanges, MeshAddressRange: meshAddrs, Etcd: etcdCfg})
 	if err != nil {
 		log.Error("start broker", "err", err)
 		return 1

@@ -99,6 +99,17 @@ func (c *Cluster) Endpoints() []string {
 // until it serves; everything is stopped and removed when t ends.
 func Start(t testing.TB, n int) *Cluster {
 	t.Helper()
+	return StartWith(t, n)
+}
+
+// DefaultLimits are the flags that give a member etcd's own limits of one transaction instead of
+// MemberArgs' raised ones: what an operator's etcd has unless told otherwise.
+var DefaultLimits = []string{"--max-txn-ops", "128", "--max-request-bytes", "1572864"}
+
+// StartWith is Start with extra flags for every member, after MemberArgs' (so they override
+// them: etcd takes the last value of a repeated flag).
+func StartWith(t testing.TB, n int, extra ...string) *Cluster {
+	t.Helper()
 	bin := Require(t)
 	base := ""
 	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
@@ -134,7 +145,7 @@ func Start(t testing.TB, n int) *Cluster {
 		c.Members = append(c.Members, m)
 	}
 	for _, m := range c.Members {
-		m.args = MemberArgs(m.Name, m.DataDir, m.ClientURL, m.PeerURL, strings.Join(initial, ","))
+		m.args = append(MemberArgs(m.Name, m.DataDir, m.ClientURL, m.PeerURL, strings.Join(initial, ",")), extra...)
 		if err := m.Start(); err != nil {
 			t.Fatal(err)
 		}

@@ -1,0 +1,347 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Group commit in etcd. Every Update of a replica goes to one committer goroutine, which takes
+// the Updates waiting at that moment and commits them in one etcd transaction: it runs each fn in
+// turn on the mirror, each in a transaction of its own over the writes of the ones before it (so
+// each sees them, as in Bolt), and sends the union of their writes under the union of their
+// conditions. Each attempt first brings the mirror up to date with a linearizable read (fresh),
+// as View does: a group that writes nothing (each fn found nothing to do, or failed) then answers
+// from a state no older than any write acknowledged before it, and, while etcd elects a new
+// leader, that read waits for it instead of a commit hanging on the old one (a proposal to a
+// leader that is gone blocks for etcd's request timeout, 7 s by default). The attempt ends early
+// when every caller of the group has given up. The conditions are those of the first read of each key in the group: a key
+// that an earlier Update of the group wrote is a dependency inside the transaction, not on etcd,
+// and is not compared. So a group commits exactly when every one of its Updates would have
+// committed alone, one after the other, on the same state.
+//
+// When the conditions fail (another replica committed first) the mirror catches up and the group
+// runs again; when they fail twice in a row the group is halved, and so on down to one Update
+// at a time, so that a conflict with another replica costs the Updates it touches, not every
+// Update waiting. An Update whose fn returns an error writes nothing, and its error is given only
+// once the group it ran in has committed (it may have depended on an earlier Update's writes).
+// A group stops before the Update that would make its transaction exceed MaxTxnOps or
+// MaxTxnBytes; the rest wait for the next transaction.
+
+// etcdReq is one Update waiting for the committer.
+type etcdReq struct {
+	ctx     context.Context
+	fn      func(Tx) error
+	commit  Commit
+	err     error
+	lastErr error // of the last attempt that failed, for the error of a caller that gave up
+	done    chan struct{}
+}
+
+func (r *etcdReq) finish(c Commit, err error) {
+	r.commit, r.err = c, err
+	close(r.done)
+}
+
+// maxEtcdGroup bounds how many waiting Updates the committer takes at once.
+const maxEtcdGroup = 512
+
+// Update implements Store. fn may run more than once (see Etcd).
+func (s *Etcd) Update(ctx context.Context, fn func(Tx) error) (Commit, error) {
+	if err := ctx.Err(); err != nil {
+		return Commit{}, err
+	}
+	if s.closed.Load() {
+		return Commit{}, ErrClosed
+	}
+	r := &etcdReq{ctx: ctx, fn: fn, done: make(chan struct{})}
+	select {
+	case s.reqs <- r:
+	case <-s.stopped:
+		return Commit{}, ErrClosed
+	case <-ctx.Done():
+		return Commit{}, ctx.Err()
+	}
+	// Once taken, the request is committed or refused by the committer: its caller must learn
+	// which, so it waits even if its context ends meanwhile.
+	<-r.done
+	return r.commit, r.err
+}
+
+// commitLoop is the committer: it takes the Updates that wait and commits them in groups, until
+// ctx ends (Close).
+func (s *Etcd) commitLoop(ctx context.Context) {
+	for {
+		var group []*etcdReq
+		select {
+		case r := <-s.reqs:
+			group = append(group, r)
+		case <-ctx.Done():
+			return
+		}
+	take:
+		for len(group) < maxEtcdGroup {
+			select {
+			case r := <-s.reqs:
+				group = append(group, r)
+			default:
+				break take
+			}
+		}
+		s.commitGroup(ctx, group)
+	}
+}
+
+// commitGroup commits every request of group, in order, in as few etcd transactions as the
+// limits and conflicts allow.
+func (s *Etcd) commitGroup(ctx context.Context, group []*etcdReq) {
+	limit := len(group) // how many the next transaction may hold; halved by repeated conflicts
+	attempt, conflicts := 0, 0
+	for len(group) > 0 {
+		// A request whose caller gave up is not run again.
+		live := group[:0]
+		for _, r := range group {
+			if err := r.ctx.Err(); err != nil {
+				if r.lastErr != nil {
+					err = fmt.Errorf("%w (last attempt: %v)", err, r.lastErr)
+				}
+				r.finish(Commit{}, err)
+			} else {
+				live = append(live, r)
+			}
+		}
+		group = live
+		if len(group) == 0 {
+			return
+		}
+		if ctx.Err() != nil || s.closed.Load() {
+			for _, r := range group {
+				r.finish(Commit{}, ErrClosed)
+			}
+			return
+		}
+		if attempt > 0 {
+			// Jitter keeps two replicas that conflicted from meeting again at once.
+			d := time.Duration(rand.Int64N(int64(min(attempt, 10))*int64(5*time.Millisecond) + 1))
+			select {
+			case <-time.After(d):
+			case <-ctx.Done():
+				continue
+			}
+		}
+		n, out := s.commitOnce(ctx, group[:min(limit, len(group))])
+		switch out {
+		case groupDone:
+			group = group[n:]
+			limit, attempt, conflicts = len(group), 0, 0
+		case groupConflict:
+			attempt++
+			if conflicts++; conflicts >= 2 {
+				limit, conflicts = max(1, n/2), 0
+			}
+		case groupTooLarge:
+			limit = max(1, n/2)
+		case groupRetry:
+			attempt++
+		}
+	}
+}
+
+// groupOutcome is what became of one transaction of a group.
+type groupOutcome int
+
+const (
+	groupDone     groupOutcome = iota // its n requests are finished
+	groupConflict                     // its conditions failed; the mirror has caught up
+	groupTooLarge                     // etcd refused it as too large: fewer requests next time
+	groupRetry                        // etcd was unavailable; worth another attempt
+)
+
+// commitOnce runs the requests of group that fit in one transaction on the mirror, brought up to
+// date first, and commits them; n is how many it ran.
+func (s *Etcd) commitOnce(ctx context.Context, group []*etcdReq) (n int, _ groupOutcome) {
+	// The attempt is the callers': it ends when the last of them gives up.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var left atomic.Int64
+	left.Store(int64(len(group)))
+	for _, r := range group {
+		stop := context.AfterFunc(r.ctx, func() {
+			if left.Add(-1) == 0 {
+				cancel()
+			}
+		})
+		defer stop()
+	}
+	fail := func(err error) (int, groupOutcome) {
+		for _, r := range group {
+			r.finish(Commit{}, err)
+		}
+		return len(group), groupDone
+	}
+	st, err := s.fresh(ctx)
+	if err != nil {
+		if transient(err) {
+			for _, r := range group {
+				r.lastErr = err
+			}
+			return len(group), groupRetry
+		}
+		return fail(err)
+	}
+	type result struct {
+		commit Commit
+		err    error
+	}
+	var (
+		all     = &etcdTxnKV{s: s, base: st, tree: st.tree, track: true}
+		tree    = st.tree
+		results []result
+		bumps   bool
+		cmps    []clientv3.Cmp
+		failure []clientv3.Op
+		ops     []clientv3.Op
+	)
+	for i, r := range group {
+		kv := &etcdTxnKV{s: s, base: st, tree: tree, track: true}
+		t := newTxn(kv, true)
+		err := r.fn(t)
+		if err == nil {
+			err = t.finish(s.opts.LogSize)
+		}
+		next := all.clone()
+		if err != nil {
+			// It writes nothing, but what it read decided its error: the group commits only if
+			// that still holds.
+			kv.writes = nil
+		}
+		next.absorb(kv)
+		nb := bumps || (err == nil && len(t.events) > 0)
+		nc, nf := next.conditions(nb)
+		no := next.ops()
+		if i > 0 && (len(nc) > s.eopts.MaxTxnOps || len(nf) > s.eopts.MaxTxnOps || len(no) > s.eopts.MaxTxnOps ||
+			next.writeBytes() > s.eopts.MaxTxnBytes) {
+			break // this one and the rest go in the next transaction
+		}
+		all, bumps, cmps, failure, ops = next, nb, nc, nf, no
+		if err != nil {
+			results = append(results, result{err: err})
+			continue
+		}
+		tree = kv.tree
+		results = append(results, result{commit: Commit{Revision: t.rev, Events: t.events}})
+	}
+	n = len(results)
+	finish := func() (int, groupOutcome) {
+		for i, r := range group[:n] {
+			r.finish(results[i].commit, results[i].err)
+		}
+		return n, groupDone
+	}
+	if len(all.writes) == 0 {
+		return finish()
+	}
+	actx, cancel := context.WithTimeout(ctx, s.eopts.AttemptTimeout)
+	resp, err := s.cli.Txn(actx).If(cmps...).Then(ops...).Else(failure...).Commit()
+	cancel()
+	if err != nil {
+		if errors.Is(err, rpctypes.ErrTooManyOps) || errors.Is(err, rpctypes.ErrRequestTooLarge) {
+			if n > 1 {
+				return n, groupTooLarge
+			}
+			events := len(results[0].commit.Events)
+			return fail(fmt.Errorf("commit to etcd: a transaction of %d operations (%d events): %w; raise etcd's --max-txn-ops and --max-request-bytes", len(ops), events, err))
+		}
+		// An error here may hide a commit that happened (the member died after proposing it).
+		// The next attempt starts from a fresh state: if the commit happened each fn sees it,
+		// and its conditions hold again only if it still has something to do.
+		err = fmt.Errorf("commit to etcd: %w", err)
+		if transient(err) {
+			for _, r := range group[:n] {
+				r.lastErr = err
+			}
+			return n, groupRetry
+		}
+		group = group[:n]
+		return fail(err)
+	}
+	if !resp.Succeeded {
+		var target int64
+		for _, r := range resp.Responses {
+			for _, kv := range r.GetResponseRange().GetKvs() {
+				target = max(target, kv.ModRevision)
+			}
+		}
+		if err := s.waitFor(ctx, target); err != nil {
+			group = group[:n]
+			return fail(err)
+		}
+		for _, r := range group[:n] {
+			r.lastErr = errConflict
+		}
+		return n, groupConflict
+	}
+	// Read your writes: the next View of this replica, and the commit's watchers, see it.
+	if err := s.waitFor(ctx, resp.Header.Revision); err != nil {
+		group = group[:n]
+		return fail(fmt.Errorf("committed at etcd revision %d but not yet applied here: %w", resp.Header.Revision, err))
+	}
+	return finish()
+}
+
+// errConflict is an attempt whose conditions failed: another replica changed what fn read.
+var errConflict = errors.New("conflict with a concurrent write")
+
+// clone copies k's bookkeeping (reads, scans, writes), not its tree.
+func (k *etcdTxnKV) clone() *etcdTxnKV {
+	c := &etcdTxnKV{s: k.s, base: k.base, tree: k.tree, track: k.track,
+		reads: make(map[string]int64, len(k.reads)), scans: make(map[string]string, len(k.scans)), writes: make(map[string]*[]byte, len(k.writes))}
+	for key, v := range k.reads {
+		c.reads[key] = v
+	}
+	for key, v := range k.scans {
+		c.scans[key] = v
+	}
+	for key, v := range k.writes {
+		c.writes[key] = v
+	}
+	return c
+}
+
+// absorb adds the reads and writes of o, a transaction that ran after every one k holds, on
+// their writes: a key o read that one of them wrote is not a condition (the group writes it),
+// and a key read before keeps the mod revision it was first read with.
+func (k *etcdTxnKV) absorb(o *etcdTxnKV) {
+	for key, mod := range o.reads {
+		if _, wrote := k.writes[key]; wrote {
+			continue
+		}
+		if _, seen := k.reads[key]; !seen {
+			k.reads[key] = mod
+		}
+	}
+	for start, end := range o.scans {
+		k.scans[start] = end
+	}
+	for key, v := range o.writes {
+		k.writes[key] = v
+	}
+}
+
+// writeBytes is the size of the keys and values k writes.
+func (k *etcdTxnKV) writeBytes() int {
+	n := 0
+	for key, v := range k.writes {
+		n += len(key)
+		if v != nil {
+			n += len(*v)
+		}
+	}
+	return n
+}
