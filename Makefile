@@ -13,7 +13,7 @@ NETNS_TIMEOUT ?= 40m
 # kernel fails instead of skipping.
 VM_TIMEOUT ?= 45m
 
-.PHONY: all build deps test lint check-bpf unit-test netns-test vm-test demo demo-down bench bench-services bench-dns bench-scale bench-xds fuzz generate fmt vet clean
+.PHONY: all build deps test lint check-bpf unit-test netns-test vm-test demo demo-down bench bench-services bench-dns bench-scale bench-xds bench-ingress fuzz generate fmt vet clean
 
 all: build
 
@@ -63,6 +63,7 @@ bench: deps build
 	$(MAKE) bench-dns
 	$(MAKE) bench-scale
 	$(MAKE) bench-xds
+	$(MAKE) bench-ingress
 
 # Services (root): connect latency and request/response rate through a VIP vs the same backend
 # directly, and failover time over 10 trials; results in bench/results/services-<date>.*.
@@ -83,6 +84,12 @@ bench-scale: deps build
 bench-xds: deps
 	$(GO) test -tags bench -run '^TestXDS$$' -v -count=1 -timeout 30m ./bench/xds/
 
+# The kernel ingress of gateway mode (root): pod-to-pod over a kernel VXLAN cable directly vs
+# through both gateways' nftables SNAT/DNAT, iperf3 throughput and TCP connect p50/p99;
+# results in bench/results/ingress-<date>.*. Knobs: INGRESS_BENCH_* (bench/ingress/doc.go).
+bench-ingress: deps
+	$(GO) test -tags bench -run '^TestIngress$$' -v -count=1 -timeout 30m ./bench/ingress/
+
 # Fuzz the parsers of outside input for FUZZTIME each (not part of make test).
 FUZZTIME ?= 60s
 fuzz:
@@ -94,6 +101,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseXDSListen$$' -fuzztime $(FUZZTIME) ./agent/config/
 	$(GO) test -run '^$$' -fuzz '^FuzzParsePortRange$$' -fuzztime $(FUZZTIME) ./agent/config/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./agent/ingressport/
+	$(GO) test -run '^$$' -fuzz '^FuzzNewPlan$$' -fuzztime $(FUZZTIME) ./agent/ingress/nftables/
 
 # Regenerates the protobuf Go code (needs protoc, protoc-gen-go and protoc-gen-go-grpc) and the
 # eBPF objects with bpf2go (needs clang and llvm-strip; the objects are committed, so `go build`

@@ -38,6 +38,7 @@ import (
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
 	"github.com/cablemesh/cablemesh/agent/config"
 	"github.com/cablemesh/cablemesh/agent/health"
+	"github.com/cablemesh/cablemesh/agent/ingress"
 	"github.com/cablemesh/cablemesh/agent/reconcile"
 	"github.com/cablemesh/cablemesh/agent/routes"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
@@ -98,6 +99,22 @@ type Options struct {
 	Underlay func(netip.Addr) (netip.Prefix, error)
 	// LookupHost resolves the broker's host names (once, at start); default the system resolver.
 	LookupHost func(context.Context, string) ([]netip.Addr, error)
+	// OpenIngress opens a gateway's ingress data plane (gateway mode); default the kernel's
+	// (agent/ingress/nftables, in this network namespace). MeshLink puts the mesh address on
+	// cbl-mesh0; default agent/ingress's. Tests fake both.
+	OpenIngress func(*slog.Logger) (ingress.Dataplane, error)
+	MeshLink    MeshLink
+	// ConfigPath is the file Config was loaded from: Run watches it and applies its changes
+	// (reload.go). Empty: no reload.
+	ConfigPath string
+	// LogLevel, when set, is the level of Log's handler: a reload changes it. LogLevelFlag is a
+	// level given on the command line, which wins over the file's logLevel, on reload too.
+	LogLevel     *slog.LevelVar
+	LogLevelFlag string
+	// NodeAddresses follows this node's Node object on Kubernetes (kube.NodeWatcher): a
+	// gateway's endpoint takes its private IP from the Node's InternalIP when the config sets no
+	// advertiseAddress, its public IP from the ExternalIP (reload_nodeaddr.go). nil: none.
+	NodeAddresses NodeAddressSource
 }
 
 // Agent is one node's agent. Build with New, run with Run.
@@ -139,6 +156,10 @@ type Agent struct {
 	health        *health.Manager   // nil unless a gateway with healthCheck enabled, once Run started
 	healthReasons map[string]string // wanted connections not probed, and why
 	metrics       *healthMetrics
+	// gwProbes and gwChoices are a non-gateway node's probes of its cluster's gateways and how it
+	// last routed each remote cluster (nongateway.go); nil on gateways.
+	gwProbes  *health.Manager
+	gwChoices []routes.Choice
 
 	registry   *prometheus.Registry // the agent's metrics (served on metricsAddress)
 	dp         *datapath            // the services datapath, once Run started it
@@ -149,8 +170,12 @@ type Agent struct {
 	clusterPolicies clusterPolicyState // cluster-scoped policies and their sync (clusterpolicies.go)
 
 	ingress ingressState // ingress ports and the xDS server (ingress.go)
+	mesh    meshState    // mesh address and ingress data plane (meshingress.go)
 
 	ready readiness // the first full sync, for /readyz (metrics.go)
+
+	reload   reloadState   // the config in force and its reloads (reload.go)
+	nodeAddr nodeAddrState // the Node's addresses on Kubernetes (reload_nodeaddr.go)
 }
 
 // New checks options; it creates nothing.
@@ -201,6 +226,12 @@ func New(opts Options) (*Agent, error) {
 	if opts.LookupHost == nil {
 		opts.LookupHost = lookupHost
 	}
+	if opts.OpenIngress == nil {
+		opts.OpenIngress = openNftIngress
+	}
+	if opts.MeshLink == nil {
+		opts.MeshLink = kernelMeshLink{}
+	}
 	cfg := opts.Config
 	if cfg.Kubernetes.Enabled && opts.Kubernetes == nil {
 		return nil, errors.New("agent: kubernetes.enabled is set but no Kubernetes export source was given")
@@ -218,10 +249,12 @@ func New(opts Options) (*Agent, error) {
 		registry:   prometheus.NewRegistry(),
 		svcTrigger: make(chan struct{}, 1),
 		certs:      certState{refusedCh: make(chan struct{}), renewNow: make(chan struct{}, 1)},
-		exports:    exportState{config: cfg.ExportsProto(), runtime: map[string]*apiv1.ServiceExport{}, trigger: make(chan struct{}, 1)},
+		exports:    exportState{config: cfg.ExportsProto(), runtime: map[string]*apiv1.ServiceExport{}},
 		ingress:    ingressState{trigger: make(chan struct{}, 1)},
+		mesh:       meshState{trigger: make(chan struct{}, 1)},
 	}
 	a.registry.MustRegister(&collector{a: a})
+	a.initReload()
 	return a, nil
 }
 
@@ -254,6 +287,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.keyring = brokerclient.NewKeyring(id)
 	a.logCertificate(id)
 
+	stopNodeAddrs, err := a.startNodeAddresses(ctx)
+	if err != nil {
+		return err
+	}
+	defer stopNodeAddrs()
 	a.guard = a.buildGuard(ctx)
 
 	if st, err := brokerstate.Load(a.cfg.StateDir); err != nil {
@@ -270,16 +308,11 @@ func (a *Agent) Run(ctx context.Context) error {
 			return err
 		}
 		a.clampMSS()
-		if a.cfg.HealthCheck.IsEnabled() {
-			m := health.NewManager(a.healthSettings(), a.opts.NewPinger, a.metrics, a.pairLog)
-			// A pair whose probes cross the threshold leaves the service maps now, not at the
-			// next pass.
-			m.OnChange(func(string, bool) { a.TriggerServices() })
-			defer m.Close()
-			a.mu.Lock()
-			a.health = m
-			a.mu.Unlock()
-		}
+		// The probers; a reload may start or stop them (reload_health.go).
+		a.setHealth(a.cfg.HealthCheck.IsEnabled(), a.healthSettings())
+		defer a.setHealth(false, health.Settings{})
+	} else {
+		defer a.startGatewayProbes()()
 	}
 
 	if err := a.startDatapath(ctx); err != nil {
@@ -295,6 +328,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	defer stopIngress()
+	defer a.startMeshIngress(ctx)()
 	if a.cfg.MetricsAddress != "" {
 		m, err := a.serveMetrics(ctx)
 		if err != nil {
@@ -338,6 +372,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.cfg.Gateway {
 		wg.Go(func() { a.registerLoop(ctx, client) })
 	}
+	if a.opts.ConfigPath != "" {
+		wg.Go(func() { a.runReload(ctx, client) })
+	}
+	wg.Go(func() { a.nodeAddressLoop(ctx, client) })
 	wg.Wait()
 	return nil
 }

@@ -71,6 +71,10 @@ func (a *Agent) watchLoop(ctx context.Context, client apiv1.AgentClient) {
 			a.log.Info("watch moves to the broker connection of the renewed certificate", "revision", a.revision())
 			continue
 		}
+		if errors.Is(err, errWatchReopen) {
+			a.log.Info("watch reopened for the new imports.selector", "selector", a.importSelector())
+			continue
+		}
 		if got {
 			bo.Reset()
 			quiet.reset()
@@ -115,7 +119,8 @@ func (a *Agent) watchOnce(ctx context.Context, client apiv1.AgentClient) (got bo
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	_, _, swapped := a.conn.current()
-	moved := make(chan struct{})
+	reopen := a.watchReopen()
+	moved, reopened := make(chan struct{}), make(chan struct{})
 	done := make(chan struct{})
 	defer close(done)
 	go func() {
@@ -123,19 +128,22 @@ func (a *Agent) watchOnce(ctx context.Context, client apiv1.AgentClient) (got bo
 		case <-swapped:
 			close(moved)
 			cancel()
+		case <-reopen:
+			close(reopened)
+			cancel()
 		case <-done:
 		}
 	}()
-	since := a.revision()
-	stream, err := client.Watch(ctx, &apiv1.WatchRequest{SinceRevision: since, WantImports: true, ImportSelector: a.cfg.Imports.EffectiveSelector()})
+	since := a.watchSince()
+	stream, err := client.Watch(ctx, &apiv1.WatchRequest{SinceRevision: since, WantImports: true, ImportSelector: a.importSelector()})
 	if err != nil {
-		return false, a.watchErr(moved, fmt.Errorf("open watch: %w", err))
+		return false, a.watchErr(moved, reopened, fmt.Errorf("open watch: %w", err))
 	}
 	var parts []*apiv1.WatchResponse
 	for {
 		resp, err := stream.Recv()
 		if err != nil {
-			return got, a.watchErr(moved, fmt.Errorf("watch: %w", err))
+			return got, a.watchErr(moved, reopened, fmt.Errorf("watch: %w", err))
 		}
 		// A batch too large for one message comes in parts (more set on all but the last): apply
 		// them together, never a part of a snapshot as if it were the whole state.
@@ -161,11 +169,14 @@ func (a *Agent) watchOnce(ctx context.Context, client apiv1.AgentClient) (got bo
 	}
 }
 
-// watchErr is errConnMoved when the stream ended because its connection was replaced, else err.
-func (a *Agent) watchErr(moved <-chan struct{}, err error) error {
+// watchErr is errConnMoved when the stream ended because its connection was replaced,
+// errWatchReopen when a reload asked for a new stream (reload.go), else err.
+func (a *Agent) watchErr(moved, reopened <-chan struct{}, err error) error {
 	select {
 	case <-moved:
 		return errConnMoved
+	case <-reopened:
+		return errWatchReopen
 	default:
 		return err
 	}

@@ -3,19 +3,17 @@ package agent
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/cablemesh/cablemesh/agent/clusterpolicy"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
-	"github.com/cablemesh/cablemesh/internal/retry"
+	"github.com/cablemesh/cablemesh/internal/syncloop"
 )
 
 // Cluster-scoped policies (seed 003): the agent reads this cluster's policies from its policyDir
@@ -64,33 +62,31 @@ func (a *Agent) runClusterPolicies(ctx context.Context, client apiv1.AgentClient
 	if src == nil {
 		return
 	}
-	trigger := make(chan struct{}, 1)
-	poke := func() {
-		select {
-		case trigger <- struct{}{}:
-		default:
-		}
-	}
+	var loop syncloop.Loop
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() {
-		bo := a.newBackoff()
-		for {
-			err := src.Run(ctx, func(set clusterpolicy.Set) {
+		syncloop.RunSource(ctx, a.log, "cluster policy source", a.newBackoff(), func(ctx context.Context) error {
+			return src.Run(ctx, func(set clusterpolicy.Set) {
 				a.setClusterPolicies(set)
-				poke()
+				loop.Trigger()
 			})
-			if ctx.Err() != nil {
-				return
-			}
-			d := bo.Next()
-			a.log.Error("cluster policy source stopped; restarting", "err", err, "retryIn", d.Round(time.Millisecond).String())
-			if !retry.Sleep(ctx, d) {
-				return
-			}
-		}
+		})
 	})
-	a.clusterPoliciesLoop(ctx, client, trigger)
+	// Sent on every change, and every resyncInterval: a broker that lost its state, or an
+	// admin's delete, gets the set back.
+	loop.Run(ctx, "this cluster's policies", func(ctx context.Context) error {
+		return a.sendClusterPolicies(ctx, client)
+	}, syncloop.Options{
+		Backoff: a.newBackoff(),
+		Log:     a.log,
+		Resync:  a.cfg.ResyncInterval,
+		// The same set cannot succeed: wait for a change or the next resync.
+		Refused: func(err error) bool {
+			return refusedCode(err, codes.InvalidArgument, codes.PermissionDenied, codes.AlreadyExists, codes.Unimplemented)
+		},
+		Stop: func(error) bool { return a.certificateRefused() != "" },
+	})
 }
 
 // setClusterPolicies records a source's new set and logs what it refuses.
@@ -104,54 +100,6 @@ func (a *Agent) setClusterPolicies(set clusterpolicy.Set) {
 		a.log.Warn("cluster policy refused", "source", p.Source, "policy", p.Policy, "reason", p.Message)
 	}
 	a.log.Info("cluster policies read", "policies", strings.Join(set.Names(), ","), "refused", len(set.Problems))
-}
-
-// clusterPoliciesLoop sends the set on every change, retrying with backoff, and every
-// resyncInterval (a broker that lost its state, or an admin's delete, gets it back).
-func (a *Agent) clusterPoliciesLoop(ctx context.Context, client apiv1.AgentClient, trigger <-chan struct{}) {
-	bo := a.newBackoff()
-	var quiet repeatFilter
-	resync := time.NewTicker(a.cfg.ResyncInterval)
-	defer resync.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-trigger:
-		case <-resync.C:
-		}
-		for {
-			if a.certificateRefused() != "" {
-				return
-			}
-			err := a.sendClusterPolicies(ctx, client)
-			if ctx.Err() != nil {
-				return
-			}
-			if err == nil {
-				bo.Reset()
-				quiet.reset()
-				break
-			}
-			level := warnLevel(quiet.repeated(err))
-			if c := status.Code(errors.Unwrap(err)); c == codes.InvalidArgument || c == codes.PermissionDenied || c == codes.AlreadyExists || c == codes.Unimplemented {
-				// The same set cannot succeed: wait for a change or the next resync.
-				a.log.Log(ctx, level, "broker refused this cluster's policies", "err", err)
-				break
-			}
-			d := bo.Next()
-			a.log.Log(ctx, level, "could not send this cluster's policies to the broker; retrying", "err", err, "retryIn", d.Round(time.Millisecond).String())
-			t := time.NewTimer(d)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return
-			case <-t.C:
-			case <-trigger:
-				t.Stop()
-			}
-		}
-	}
 }
 
 // sendClusterPolicies makes one SetClusterPolicies call with the current set, if the source has
@@ -179,11 +127,7 @@ func (a *Agent) sendClusterPolicies(ctx context.Context, client apiv1.AgentClien
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if err != nil {
-		msg := err.Error()
-		if s, ok := status.FromError(err); ok {
-			msg = s.Message()
-		}
-		x.sendErr = msg
+		x.sendErr = rpcMessage(err)
 		return fmt.Errorf("set cluster policies: %w", err)
 	}
 	x.sendErr, x.synced = "", version

@@ -224,7 +224,11 @@ func (a *Agent) servicesOnce(ctx context.Context) {
 	if a.cfg.Gateway {
 		drivers = a.driverSet()
 	}
-	wants, problems, decisions := reconcile.Desired(st, a.cfg.Cluster, a.resolver(st), drivers, a.guard)
+	node := "" // a non-gateway routes what its gateway connects: its own mesh address is not needed
+	if a.cfg.Gateway {
+		node = a.cfg.Node
+	}
+	wants, problems, decisions := reconcile.DesiredAt(st, a.cfg.Cluster, node, a.resolver(st), drivers, a.currentGuard())
 	if a.cfg.Gateway {
 		a.countersPass(dp, wants)
 	}
@@ -243,7 +247,12 @@ func (a *Agent) servicesOnce(ctx context.Context) {
 func (a *Agent) pairs(ctx context.Context, wants []reconcile.Want, problems []reconcile.Problem, decisions []reconcile.PairDecision) map[string]services.Pair {
 	out := map[string]services.Pair{}
 	for _, d := range decisions {
-		out[d.Cluster] = services.Pair{Connect: d.Connect, Policy: d.Policy}
+		out[d.Cluster] = services.Pair{Connect: d.Connect, Policy: d.Policy, GatewayMode: d.Mode == reconcile.ModeGateway}
+	}
+	for _, w := range wants {
+		pr := out[w.Remote.Cluster]
+		pr.RemoteNode = w.Remote.Node
+		out[w.Remote.Cluster] = pr
 	}
 	for _, p := range problems {
 		if p.Cluster == "" || p.Partial {
@@ -472,7 +481,7 @@ func (a *Agent) traffic() map[uint32]bpf.ClusterCounters {
 func (a *Agent) servicesStatus() *statusapi.Services {
 	st := a.snapshot()
 	out := &statusapi.Services{
-		ImportSelector: a.cfg.Imports.EffectiveSelector(),
+		ImportSelector: a.importSelector(),
 		ImportsKnown:   st.HasImports,
 		Imports:        []statusapi.ServiceImport{},
 	}
@@ -483,7 +492,7 @@ func (a *Agent) servicesStatus() *statusapi.Services {
 	}
 	out.LoadBalancer = statusapi.LoadBalancer{Running: dp.lb != nil, CgroupPath: dp.cgroup, PinDir: a.cfg.BPFPinDir, Error: dp.lbErr}
 	dp.mu.Lock()
-	out.DNS = statusapi.DNSStatus{Enabled: dp.dns != nil, Listen: a.cfg.DNS.Listen, Upstreams: a.cfg.DNS.Upstream, Error: dp.dnsErr}
+	out.DNS = statusapi.DNSStatus{Enabled: dp.dns != nil, Listen: a.cfg.DNS.Listen, Upstreams: a.liveConfig().DNS.Upstream, Error: dp.dnsErr}
 	plan, planned := dp.plan, dp.planned
 	if dp.syncErr != "" {
 		out.LoadBalancer.Error = dp.syncErr

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cablemesh/cablemesh/agent/config"
 	"github.com/cablemesh/cablemesh/agent/reconcile"
 	"github.com/cablemesh/cablemesh/cable"
 	"github.com/cablemesh/cablemesh/cable/mss"
@@ -53,22 +54,10 @@ func (a *Agent) driverSet() reconcile.Drivers {
 // in the kernel) is logged loudly and left out: the node does not publish it, and pairs the
 // policies put on it report why.
 func (a *Agent) startDrivers(ctx context.Context) error {
-	node := cable.LocalNode{
-		Cluster:          a.cfg.Cluster,
-		Node:             a.cfg.Node,
-		StateDir:         a.cfg.StateDir,
-		AdvertiseAddress: a.cfg.AdvertiseAddr(),
-		LocalSubnets:     a.localSubnets(),
-	}
 	for _, name := range a.cfg.CableDrivers {
-		n := node
-		n.Log = a.pairLog // the driver adds its own "driver" key (cable.LocalNode.Logger)
-		d, err := a.opts.NewDriver(name, n, a.cfg.Drivers[name])
-		if err == nil && d.Name() != name {
-			err = fmt.Errorf("got a driver named %q", d.Name())
-		}
+		d, err := a.buildDriver(name, a.cfg)
 		if err != nil {
-			return fmt.Errorf("build cable driver %s: %w", name, err)
+			return err
 		}
 		a.mu.Lock()
 		a.built = append(a.built, d)
@@ -95,6 +84,27 @@ func (a *Agent) startDrivers(ctx context.Context) error {
 	a.reconciler = reconcile.NewReconciler(running, a.pairLog)
 	a.mu.Unlock()
 	return nil
+}
+
+// buildDriver builds driver name with cfg's block for it (the config in force at start, or a
+// reloaded one); it touches nothing on the host.
+func (a *Agent) buildDriver(name string, cfg *config.Config) (cable.Driver, error) {
+	node := cable.LocalNode{
+		Cluster:          a.cfg.Cluster,
+		Node:             a.cfg.Node,
+		StateDir:         a.cfg.StateDir,
+		AdvertiseAddress: a.advertiseAddr(),
+		LocalSubnets:     a.localSubnets(),
+		Log:              a.pairLog, // the driver adds its own "driver" key (cable.LocalNode.Logger)
+	}
+	d, err := a.opts.NewDriver(name, node, cfg.Drivers[name])
+	if err == nil && d.Name() != name {
+		err = fmt.Errorf("got a driver named %q", d.Name())
+	}
+	if err != nil {
+		return nil, fmt.Errorf("build cable driver %s: %w", name, err)
+	}
+	return d, nil
 }
 
 func (a *Agent) builtDrivers() []cable.Driver {

@@ -101,6 +101,7 @@ func (a *Agent) register(ctx context.Context, client apiv1.AgentClient) error {
 		return fmt.Errorf("register endpoint: %w", err)
 	}
 	a.clock.observe(sent, time.Now(), resp.GetBrokerTime(), resp.GetBrokerVersion())
+	a.observeRegistered(resp.GetEndpoint())
 	a.log.Info("endpoint registered", "drivers", strings.Join(ep.GetDrivers(), ","), "address", ep.GetPrivateIp(), "subnets", strings.Join(ep.GetSubnets(), ","))
 	return nil
 }
@@ -120,10 +121,12 @@ func (a *Agent) heartbeat(ctx context.Context, client apiv1.AgentClient) error {
 // endpoint is this gateway's record for the broker.
 func (a *Agent) endpoint() *apiv1.Endpoint {
 	subnets := a.localSubnets()
+	private, public := a.endpointAddrs() // the config's, or the Node's on Kubernetes
 	ep := &apiv1.Endpoint{
 		Cluster:   a.cfg.Cluster,
 		Node:      a.cfg.Node,
-		PrivateIp: a.cfg.AdvertiseAddress,
+		PrivateIp: private,
+		PublicIp:  public,
 	}
 	for _, p := range subnets {
 		ep.Subnets = append(ep.Subnets, p.String())

@@ -14,14 +14,13 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/cablemesh/cablemesh/agent/config"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
-	"github.com/cablemesh/cablemesh/internal/retry"
 	"github.com/cablemesh/cablemesh/internal/statefile"
+	"github.com/cablemesh/cablemesh/internal/syncloop"
 	"github.com/cablemesh/cablemesh/mcs"
 )
 
@@ -61,7 +60,7 @@ type exportState struct {
 	// version counts changes of the set; synced is the version the broker acknowledged.
 	version, synced uint64
 	sync            statusapi.ExportSync
-	trigger         chan struct{}
+	loop            syncloop.Loop
 }
 
 // exportsFile is the on-disk form of the runtime exports.
@@ -211,15 +210,11 @@ func (a *Agent) exportsChangedLocked() {
 	a.exports.version++
 	a.TriggerExports()
 	a.triggerIngress()
+	a.triggerMesh()
 }
 
 // TriggerExports asks the sync loop to send the node's exports to the broker.
-func (a *Agent) TriggerExports() {
-	select {
-	case a.exports.trigger <- struct{}{}:
-	default:
-	}
-}
+func (a *Agent) TriggerExports() { a.exports.loop.Trigger() }
 
 // setKubeExports replaces the Kubernetes source's exports; they are normalised, and one that
 // does not validate is left out with a warning.
@@ -256,7 +251,7 @@ func (a *Agent) PutExport(v statusapi.Export) (statusapi.ExportResult, error) {
 	defer x.mu.Unlock()
 	for i, c := range x.config {
 		if mcs.Key(c.Namespace, c.Name) == k {
-			return statusapi.ExportResult{}, fmt.Errorf("%w: %s is defined in the agent config file (exports[%d]); change it there", ErrExportRefused, k, configIndex(a.cfg, c, i))
+			return statusapi.ExportResult{}, fmt.Errorf("%w: %s is defined in the agent config file (exports[%d]); change it there", ErrExportRefused, k, configIndex(a.liveConfig(), c, i))
 		}
 	}
 	next := maps.Clone(x.runtime)
@@ -281,7 +276,7 @@ func (a *Agent) DeleteExport(namespace, name string) error {
 	defer x.mu.Unlock()
 	for i, c := range x.config {
 		if mcs.Key(c.Namespace, c.Name) == k {
-			return fmt.Errorf("%w: %s is defined in the agent config file (exports[%d]); remove it there", ErrExportRefused, k, configIndex(a.cfg, c, i))
+			return fmt.Errorf("%w: %s is defined in the agent config file (exports[%d]); remove it there", ErrExportRefused, k, configIndex(a.liveConfig(), c, i))
 		}
 	}
 	if _, ok := x.runtime[k]; !ok {
@@ -329,51 +324,25 @@ func (a *Agent) exportsStatus() ([]statusapi.NodeExport, statusapi.ExportSync) {
 // exportsLoop sends the node's exports to the broker whenever they change and after every
 // (re)connect of the watch, retrying with backoff until the broker has them.
 func (a *Agent) exportsLoop(ctx context.Context, client apiv1.AgentClient) {
-	bo := a.newBackoff()
-	var quiet repeatFilter
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-a.exports.trigger:
-		}
-		for {
-			if a.certificateRefused() != "" {
-				return
-			}
-			set, _, version := a.effectiveExports()
-			gen := a.conn.generation()
-			err := a.sendExports(ctx, client, set, version)
-			if ctx.Err() != nil {
-				return
-			}
-			if err != nil && a.refusedForGood(err, gen) {
-				return
-			}
+	var gen uint64 // the broker connection a send went over: a refusal ends the loop only on it
+	a.exports.loop.Run(ctx, "this node's exports", func(ctx context.Context) error {
+		set, _, version := a.effectiveExports()
+		gen = a.conn.generation()
+		return a.sendExports(ctx, client, set, version)
+	}, syncloop.Options{
+		Backoff: a.newBackoff(),
+		Log:     a.log,
+		// Retrying the same set cannot help: wait for the next change or reconnect.
+		Refused: func(err error) bool {
+			return refusedCode(err, codes.InvalidArgument, codes.PermissionDenied, codes.Unimplemented)
+		},
+		Stop: func(err error) bool {
 			if err == nil {
-				bo.Reset()
-				quiet.reset()
-				break
+				return a.certificateRefused() != ""
 			}
-			level := warnLevel(quiet.repeated(err))
-			if c := status.Code(errors.Unwrap(err)); c == codes.InvalidArgument || c == codes.PermissionDenied || c == codes.Unimplemented {
-				// Retrying the same set cannot help: wait for the next change or reconnect.
-				a.log.Log(ctx, level, "broker refused this node's exports", "err", err)
-				break
-			}
-			d := bo.Next()
-			a.log.Log(ctx, level, "could not send this node's exports to the broker; retrying", "err", err, "retryIn", d.Round(time.Millisecond).String())
-			t := time.NewTimer(d)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return
-			case <-t.C:
-			case <-a.exports.trigger: // a newer set, or a reconnect: send at once
-				t.Stop()
-			}
-		}
-	}
+			return a.refusedForGood(err, gen)
+		},
+	})
 }
 
 // sendExports makes one SetExports call and records its outcome.
@@ -386,11 +355,7 @@ func (a *Agent) sendExports(ctx context.Context, client apiv1.AgentClient, set [
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if err != nil {
-		msg := err.Error()
-		if s, ok := status.FromError(err); ok {
-			msg = s.Message()
-		}
-		x.sync.Error = msg
+		x.sync.Error = rpcMessage(err)
 		return fmt.Errorf("set exports: %w", err)
 	}
 	var conflicts []statusapi.ServiceConflict
@@ -411,16 +376,7 @@ func (a *Agent) sendExports(ctx context.Context, client apiv1.AgentClient, set [
 // runExportSource runs the Kubernetes source until ctx ends, restarting it with backoff when it
 // fails.
 func (a *Agent) runExportSource(ctx context.Context, src ExportSource) {
-	bo := a.newBackoff()
-	for {
-		err := src.Run(ctx, a.setKubeExports)
-		if ctx.Err() != nil {
-			return
-		}
-		d := bo.Next()
-		a.log.Error("Kubernetes export source stopped; restarting", "err", err, "retryIn", d.Round(time.Millisecond).String())
-		if !retry.Sleep(ctx, d) {
-			return
-		}
-	}
+	syncloop.RunSource(ctx, a.log, "Kubernetes export source", a.newBackoff(), func(ctx context.Context) error {
+		return src.Run(ctx, a.setKubeExports)
+	})
 }

@@ -146,6 +146,7 @@ func fakeDatapath(o *Options, lb *fakeLB, ctr *fakeCounters, links map[string]in
 	}
 	o.OpenLB = func(context.Context, bpf.Options) (LoadBalancer, error) { return lb, nil }
 	o.OpenCounters = func(context.Context, bpf.Options) (TrafficCounters, error) { return ctr, nil }
+	fakeMeshIngress(o, &fakeIngress{}) // never the host's nftables and links
 	o.ListLinks = func() (map[string]int, error) {
 		if links == nil {
 			return nil, errors.New("no links in this test")

@@ -15,10 +15,11 @@ import (
 // resolveTimeout bounds the one resolution of the broker's host names at start.
 const resolveTimeout = 5 * time.Second
 
-// buildGuard finds, once at start, what no cable route may cover (reconcile.Guard): every
-// address of the broker list (host names resolved now), this node's advertise address and the
-// network of the link that holds it. What cannot be found is logged and left out; the gateways'
-// addresses come from the broker state at every pass.
+// buildGuard finds, at start and again when the Node's InternalIP changes (currentGuard), what
+// no cable route may cover (reconcile.Guard): every address of the broker list (host names
+// resolved now), this node's advertise address and the network of the link that holds it. What
+// cannot be found is logged and left out; the gateways' addresses come from the broker state at
+// every pass.
 func (a *Agent) buildGuard(ctx context.Context) reconcile.Guard {
 	var g reconcile.Guard
 	addrs, _ := brokerclient.SplitAddresses(a.cfg.Broker) // validated with the config
@@ -39,7 +40,7 @@ func (a *Agent) buildGuard(ctx context.Context) reconcile.Guard {
 			g.Protected = append(g.Protected, reconcile.ProtectAddr(ip, fmt.Sprintf("the broker's address %s (%s)", ip.Unmap(), host)))
 		}
 	}
-	if adv := a.cfg.AdvertiseAddr(); adv.IsValid() {
+	if adv := a.advertiseAddr(); adv.IsValid() {
 		g.Protected = append(g.Protected, reconcile.ProtectAddr(adv, "this node's advertise address "+adv.String()))
 		switch p, err := a.opts.Underlay(adv); {
 		case err != nil:

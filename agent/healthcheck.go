@@ -12,11 +12,8 @@ import (
 	"github.com/cablemesh/cablemesh/cable"
 )
 
-// healthSettings are the probe settings of the config (defaults already applied by config).
-func (a *Agent) healthSettings() health.Settings {
-	h := a.cfg.HealthCheck
-	return health.Settings{Period: h.Period, Timeout: h.Timeout, FailureThreshold: h.FailureThreshold, Window: h.Window}.WithDefaults()
-}
+// healthSettings are the probe settings of the config in force (reload.go).
+func (a *Agent) healthSettings() health.Settings { return healthSettingsOf(a.liveConfig()) }
 
 // healthManager is the prober manager; nil on non-gateways, with probing disabled, or before Run.
 func (a *Agent) healthManager() *health.Manager {
@@ -49,10 +46,19 @@ func (a *Agent) syncHealth(st *brokerstate.State, wants []reconcile.Want) {
 // The source is this node's first address inside its pod CIDRs of the destination's family (the
 // address the cable's routes carry as source, so the remote end accepts the probe); the
 // destination is the health_check_ip the remote gateway published in its endpoint.
+//
+// A gateway-mode pair (its connection has LocalSubnets: this gateway's mesh /32, and Subnets: the
+// remote gateway's) carries nothing but the two mesh addresses, so it is probed from this
+// gateway's mesh address to the remote one's; the kernel answers the echo on the remote
+// gateway's cbl-mesh0 address.
 func healthTargets(st *brokerstate.State, desired []cable.RemoteEndpoint, pods []netip.Prefix, addrs []netip.Addr) ([]health.Target, map[string]string) {
 	var targets []health.Target
 	reasons := map[string]string{}
 	for _, d := range desired {
+		if src, dst, ok := meshProbe(d); ok {
+			targets = append(targets, health.Target{Cluster: d.Cluster, Node: d.Node, Source: src, Destination: dst})
+			continue
+		}
 		ep := st.Endpoints[d.Cluster+"/"+d.Node]
 		raw := ep.GetHealthCheckIp()
 		if raw == "" {
@@ -73,6 +79,15 @@ func healthTargets(st *brokerstate.State, desired []cable.RemoteEndpoint, pods [
 		targets = append(targets, health.Target{Cluster: d.Cluster, Node: d.Node, Source: src, Destination: dst})
 	}
 	return targets, reasons
+}
+
+// meshProbe is the source and destination of a gateway-mode pair's probes: the two mesh
+// addresses (see healthTargets).
+func meshProbe(d cable.RemoteEndpoint) (src, dst netip.Addr, ok bool) {
+	if len(d.LocalSubnets) != 1 || len(d.Subnets) != 1 || !d.LocalSubnets[0].IsSingleIP() || !d.Subnets[0].IsSingleIP() {
+		return netip.Addr{}, netip.Addr{}, false
+	}
+	return d.LocalSubnets[0].Addr(), d.Subnets[0].Addr(), true
 }
 
 // probeSource is the first of addrs inside pods, of the wanted family, skipping loopback and

@@ -68,6 +68,13 @@ func TestHealthTargets(t *testing.T) {
 			addrs:       addrs,
 			wantTargets: []health.Target{{Cluster: "west", Node: "w1", Source: netip.MustParseAddr("10.1.0.1"), Destination: netip.MustParseAddr("10.2.0.1")}},
 			wantReasons: map[string]string{}},
+		{name: "a gateway-mode pair is probed between the two mesh addresses, whatever the pod CIDRs",
+			endpoints: []*apiv1.Endpoint{withHC("west", "w1", "10.40.0.1")},
+			desired: []cable.RemoteEndpoint{{Cluster: "west", Node: "w1",
+				Subnets: []netip.Prefix{netip.MustParsePrefix("242.0.0.2/32")}, LocalSubnets: []netip.Prefix{netip.MustParsePrefix("242.0.0.1/32")}}},
+			addrs:       addrs[:2],
+			wantTargets: []health.Target{{Cluster: "west", Node: "w1", Source: netip.MustParseAddr("242.0.0.1"), Destination: netip.MustParseAddr("242.0.0.2")}},
+			wantReasons: map[string]string{}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

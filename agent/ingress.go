@@ -14,6 +14,7 @@ import (
 
 	"github.com/cablemesh/cablemesh/agent/brokerclient"
 	"github.com/cablemesh/cablemesh/agent/config"
+	"github.com/cablemesh/cablemesh/agent/ingress"
 	"github.com/cablemesh/cablemesh/agent/ingressport"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 	"github.com/cablemesh/cablemesh/agent/xds"
@@ -43,6 +44,7 @@ type ingressState struct {
 	srv     *xds.Server // nil without ingress.xds.listen
 	trigger chan struct{}
 	certs   *xds.Certs // what the last snapshot was built with
+	bind    string     // the address the last snapshot's per-port listeners bind
 }
 
 // ingressEnabled: ingress ports are a gateway's, since the ingress runs there.
@@ -176,6 +178,13 @@ func (a *Agent) xdsState() xds.State {
 		SNIPort: uint32(a.cfg.Ingress.SNIPort), HTTPPort: uint32(a.cfg.Ingress.HTTPPort),
 		Certs: readCerts(a.cfg.StateDir),
 	}
+	// The per-port listeners bind the mesh address only once cbl-mesh0 holds it: Envoy cannot
+	// bind an address the node does not have (meshOnce triggers a rebuild when it changes).
+	a.mesh.mu.Lock()
+	if a.mesh.linkAddr.IsValid() {
+		st.MeshAddress = a.mesh.linkAddr.String()
+	}
+	a.mesh.mu.Unlock()
 	for _, e := range set {
 		svc := xds.Service{Namespace: e.GetNamespace(), Name: e.GetName()}
 		for _, p := range e.GetPorts() {
@@ -225,6 +234,9 @@ func (a *Agent) updateXDS(ctx context.Context) {
 	changed, err := srv.Update(ctx, st)
 	a.ingress.mu.Lock()
 	a.ingress.certs = st.Certs
+	if err == nil {
+		a.ingress.bind = xds.IngressPortAddress(st)
+	}
 	prev := a.ingress.buildErr
 	a.ingress.buildErr = ""
 	if err != nil {
@@ -264,7 +276,12 @@ func (a *Agent) ingressStatus() *statusapi.Ingress {
 	if srv == nil {
 		return out
 	}
-	xs := &statusapi.XDSStatus{Listen: a.cfg.Ingress.XDS.Listen, Versions: map[string]string{}, Nodes: []statusapi.XDSNode{}}
+	x.mu.Lock()
+	xs := &statusapi.XDSStatus{Listen: a.cfg.Ingress.XDS.Listen, Versions: map[string]string{}, Nodes: []statusapi.XDSNode{}, IngressPortsBind: x.bind}
+	x.mu.Unlock()
+	if xs.IngressPortsBind == "0.0.0.0" {
+		xs.IngressPortsBindNote = "no mesh address on " + ingress.MeshLinkName + " (not in gateway mode, or not allocated yet): the ingress-port listeners bind every address"
+	}
 	for url, v := range srv.Versions() {
 		xs.Versions[xds.ShortType(url)] = v
 	}

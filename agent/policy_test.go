@@ -228,7 +228,7 @@ func TestAPolicyChangeMovesAPairBetweenDrivers(t *testing.T) {
 	if n, _ := connOf(s, "north"); n.Driver != "wireguard" || n.Policy != "default" {
 		t.Errorf("north = %+v", n)
 	}
-	if len(s.Decisions) != 2 || s.Decisions[1] != (statusapi.Decision{Cluster: "west", Connect: true, Driver: "vxlan", Policy: "east-west-vxlan"}) {
+	if len(s.Decisions) != 2 || s.Decisions[1] != (statusapi.Decision{Cluster: "west", Connect: true, Driver: "vxlan", Policy: "east-west-vxlan", Mode: "direct"}) {
 		t.Errorf("decisions = %+v", s.Decisions)
 	}
 	if _, ok := m["decisions"]; !ok {

@@ -13,7 +13,6 @@ import (
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
 	"github.com/cablemesh/cablemesh/agent/config"
 	"github.com/cablemesh/cablemesh/agent/reconcile"
-	"github.com/cablemesh/cablemesh/agent/routes"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/policy"
 )
@@ -32,13 +31,11 @@ func (a *Agent) reconcileLoop(ctx context.Context) {
 	t := time.NewTicker(a.cfg.ResyncInterval)
 	defer t.Stop()
 	// Health checks: a connection whose probes fail is re-asserted soon, not at the next resync.
-	var healthTick <-chan time.Time
-	if a.healthManager() != nil {
-		ht := time.NewTicker(a.cfg.HealthCheck.Period)
-		defer ht.Stop()
-		healthTick = ht.C
-	}
+	// The check follows the probe period in force: a reload may change it (repairticker.go).
+	repair := repairTicker{armed: &a.reload.repairEvery}
+	defer repair.stop()
 	for {
+		healthTick := repair.follow(a.repairPeriod())
 		select {
 		case <-ctx.Done():
 			return
@@ -59,7 +56,7 @@ func (a *Agent) reconcileOnce(ctx context.Context) {
 	// A pass over a full state (cached, or the broker's snapshot) makes the agent ready (/readyz).
 	defer a.markSynced(st.Revision)
 	if !a.cfg.Gateway {
-		if err := a.opts.ApplyRoutes(routes.Desired(st, a.cfg.Cluster, a.resolver(st), a.guard)); err != nil {
+		if err := a.opts.ApplyRoutes(a.nonGatewayRoutes(st)); err != nil {
 			a.log.Warn("routes via the gateway not applied", "err", err)
 		}
 		return
@@ -77,6 +74,8 @@ func (a *Agent) reconcileOnce(ctx context.Context) {
 		a.log.Warn("reconcile incomplete; retrying at the next pass", "err", err)
 	}
 	a.syncHealth(st, desired)
+	// The SNAT set follows the gateway-mode pairs (debounced, idempotent).
+	a.triggerMesh()
 	if len(actions) > 0 {
 		// A connection came or went: its cluster's backends follow.
 		a.TriggerServices()
@@ -133,6 +132,17 @@ func (a *Agent) snapshot() *brokerstate.State {
 	if st.Clusters[a.cfg.Cluster] == nil && a.joinCluster != nil {
 		st.Clusters[a.cfg.Cluster] = proto.Clone(a.joinCluster).(*apiv1.Cluster)
 	}
+	// Until the watch brings our own endpoint with its mesh address, the registration answer's
+	// stands in (gateway-mode pairs need it).
+	key := brokerstate.EndpointKey(a.cfg.Cluster, a.cfg.Node)
+	a.mesh.mu.Lock()
+	reg := a.mesh.registered
+	a.mesh.mu.Unlock()
+	if own := st.Endpoints[key]; reg.IsValid() && own != nil && !reconcile.MeshAddress(own).IsValid() {
+		e := proto.Clone(own).(*apiv1.Endpoint)
+		e.MeshAddress = reg.String()
+		st.Endpoints[key] = e
+	}
 	return st
 }
 
@@ -159,7 +169,7 @@ func (a *Agent) resolver(st *brokerstate.State) *policy.Resolver {
 
 // desired is the planner's view for this gateway: wanted connections, problems, decisions.
 func (a *Agent) desired(st *brokerstate.State) ([]reconcile.Want, []reconcile.Problem, []reconcile.PairDecision) {
-	return reconcile.Desired(st, a.cfg.Cluster, a.resolver(st), a.driverSet(), a.guard)
+	return reconcile.DesiredAt(st, a.cfg.Cluster, a.cfg.Node, a.resolver(st), a.driverSet(), a.currentGuard())
 }
 
 // localCluster is our own cluster record: from the broker state, else from the Join answer.

@@ -56,8 +56,15 @@ func (a *Agent) Status(ctx context.Context) statusapi.Status {
 	if p := tokenFileProblem(a.cfg.JoinTokenFile); p != "" {
 		out.Problems = append(out.Problems, statusapi.Problem{Message: p})
 	}
+	out.Config = a.configStatus()
+	out.Problems = append(out.Problems, a.configProblems()...)
 	out.Services = a.servicesStatus()
 	out.Ingress = a.ingressStatus()
+	var dataplane *statusapi.IngressDataplane
+	out.MeshAddress, dataplane = a.meshStatus()
+	if out.Ingress != nil {
+		out.Ingress.Dataplane = dataplane
+	}
 	out.Problems = append(out.Problems, ingressProblems(out.Ingress)...)
 	a.mu.Lock()
 	r := a.reconciler
@@ -67,10 +74,11 @@ func (a *Agent) Status(ctx context.Context) statusapi.Status {
 			// The routes via the gateway leave out what the guard refuses too.
 			_, problems, _ := reconcile.Desired(st, a.cfg.Cluster, a.resolver(st), nil, a.guard)
 			out.Problems = append(out.Problems, statusProblems(problems)...)
+			out.Worker = a.workerStatus()
 		}
 		return out
 	}
-	for _, name := range a.cfg.CableDrivers {
+	for _, name := range a.liveConfig().CableDrivers {
 		ds := statusapi.DriverStatus{Name: name}
 		if err, ok := a.driverSet()[name]; ok && err == nil {
 			ds.Running = true
@@ -80,9 +88,7 @@ func (a *Agent) Status(ctx context.Context) statusapi.Status {
 		for _, d := range a.runningDrivers() {
 			if d.Name() == name {
 				ds.Port = int(d.LocalEndpoint().Port)
-				if cd, ok := d.(charonDriver); ok {
-					ds.Daemon = charonStatus(ctx, cd.CharonPID(), cd.ViciSocket())
-				}
+				ds.Daemon = driverDaemon(ctx, d)
 			}
 		}
 		out.Drivers = append(out.Drivers, ds)
@@ -95,7 +101,7 @@ func (a *Agent) Status(ctx context.Context) statusapi.Status {
 		return st.Clusters[name].GetId()
 	})
 	for _, d := range decisions {
-		out.Decisions = append(out.Decisions, statusapi.Decision{Cluster: d.Cluster, Connect: d.Connect, Driver: d.Driver, Policy: d.Policy, Default: d.Default})
+		out.Decisions = append(out.Decisions, statusapi.Decision{Cluster: d.Cluster, Connect: d.Connect, Driver: d.Driver, Policy: d.Policy, Default: d.Default, Mode: d.Mode})
 	}
 	if m := a.healthManager(); m != nil {
 		a.mu.Lock()
@@ -127,8 +133,12 @@ func BuildConnections(desired []reconcile.Want, problems []reconcile.Problem, ob
 			ClusterID: d.ClusterID,
 			Node:      d.Node,
 			Driver:    w.Driver,
+			Mode:      reconcile.ModeDirect,
 			Policy:    w.Policy,
 			Endpoint:  reconcile.EndpointString(d),
+		}
+		if w.GatewayMode {
+			c.Mode = reconcile.ModeGateway
 		}
 		if ap, ok := applied[d.Cluster]; ok && reconcile.EqualWant(ap.Want, w) {
 			c.AppliedRevision = ap.Revision

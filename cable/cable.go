@@ -58,10 +58,27 @@ type RemoteEndpoint struct {
 	// driver's own (LocalEndpoint.Attributes on the remote node).
 	Attributes map[string]string
 	// Subnets are the remote cluster's CIDRs: what the connection carries and what gets routed.
+	// For a gateway-mode pair it is only the remote gateway's mesh address (a /32).
 	Subnets []netip.Prefix
+	// LocalSubnets, when set, replace LocalNode.LocalSubnets for this one connection: the route
+	// source is picked inside them and the ipsec driver uses them as the local traffic
+	// selectors. A gateway-mode pair sets them to this gateway's own mesh address (a /32), so
+	// the connection carries only the two gateways' mesh addresses, never a pod IP of either
+	// side. Empty means LocalNode.LocalSubnets, as for every direct pair.
+	LocalSubnets []netip.Prefix
 	// PreSharedKey is the secret of this cluster pair, derived by the broker from the mesh secret
 	// and delivered only to the pair's two clusters (used by the ipsec driver). Never log it.
 	PreSharedKey []byte
+}
+
+// SourceSubnets are the local subnets of the connection to r: r.LocalSubnets when set, else
+// the node's (LocalNode.LocalSubnets). Drivers pick the route source (and ipsec its local traffic
+// selectors) inside them.
+func (r RemoteEndpoint) SourceSubnets(node LocalNode) []netip.Prefix {
+	if len(r.LocalSubnets) > 0 {
+		return r.LocalSubnets
+	}
+	return node.LocalSubnets
 }
 
 // State of one connection, as observed on the host (never what the agent merely intended).

@@ -53,3 +53,14 @@ func TestCheckOverlap(t *testing.T) {
 		t.Errorf("Overlap = %s %s %v", ours, theirs, found)
 	}
 }
+
+func TestSourceSubnetsPreferTheConnectionsOwn(t *testing.T) {
+	node := LocalNode{LocalSubnets: []netip.Prefix{netip.MustParsePrefix("10.40.0.0/16")}}
+	mesh := []netip.Prefix{netip.MustParsePrefix("242.0.0.1/32")}
+	if got := (RemoteEndpoint{LocalSubnets: mesh}).SourceSubnets(node); len(got) != 1 || got[0] != mesh[0] {
+		t.Errorf("with an override: %v, want %v", got, mesh)
+	}
+	if got := (RemoteEndpoint{}).SourceSubnets(node); len(got) != 1 || got[0] != node.LocalSubnets[0] {
+		t.Errorf("without: %v, want the node's %v", got, node.LocalSubnets)
+	}
+}

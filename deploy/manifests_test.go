@@ -327,30 +327,27 @@ func checkAgentDaemonSet(t *testing.T, m manifests) {
 		})
 	}
 
-	t.Run("the config file is rendered from the ConfigMap by the init container", func(t *testing.T) {
+	t.Run("the agent reads its config straight from the ConfigMap, so edits reach it live", func(t *testing.T) {
 		cfgPath := agent.Args[len(agent.Args)-1]
 		vol := mountFor(t, ps, agent, cfgPath)
-		render := container(t, ps.InitContainers, "render-config")
-		if v := mountFor(t, ps, render, cfgPath); v.Name != vol.Name {
-			t.Errorf("render-config writes %s into volume %q, the agent reads it from %q", cfgPath, v.Name, vol.Name)
+		if vol.ConfigMap == nil || vol.ConfigMap.Name != m.configMaps[0].Name {
+			t.Fatalf("%s is not on ConfigMap %s: %+v", cfgPath, m.configMaps[0].Name, vol)
 		}
-		script := strings.Join(render.Command, " ")
-		if !strings.Contains(script, "> "+cfgPath) {
-			t.Errorf("render-config does not write %s: %q", cfgPath, script)
-		}
-		var tmpl corev1.Volume
-		for _, vm := range render.VolumeMounts {
-			if src := vm.MountPath + "/agent.yaml"; src != cfgPath && strings.Contains(script, src) {
-				tmpl = mountFor(t, ps, render, vm.MountPath+"/agent.yaml")
+		// The kubelet updates a ConfigMap volume in place only when it is not mounted by subPath.
+		for _, vm := range agent.VolumeMounts {
+			if vm.Name == vol.Name && vm.SubPath != "" {
+				t.Errorf("the config is mounted with subPath %q: the kubelet never updates it", vm.SubPath)
 			}
 		}
-		if tmpl.ConfigMap == nil || tmpl.ConfigMap.Name != m.configMaps[0].Name {
-			t.Fatalf("render-config does not read agent.yaml from ConfigMap %s: %+v", m.configMaps[0].Name, tmpl)
+		if len(ps.InitContainers) > 0 && slices.ContainsFunc(ps.InitContainers, func(c corev1.Container) bool {
+			return slices.ContainsFunc(c.VolumeMounts, func(vm corev1.VolumeMount) bool { return vm.Name == vol.Name })
+		}) {
+			t.Errorf("an init container writes the config volume: a copy would not follow the ConfigMap")
 		}
-		for _, env := range []string{"NODE_NAME", "NODE_IP"} {
-			if !slices.ContainsFunc(render.Env, func(e corev1.EnvVar) bool { return e.Name == env && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil }) {
-				t.Errorf("render-config lacks %s from the downward API", env)
-			}
+		if !slices.ContainsFunc(agent.Env, func(e corev1.EnvVar) bool {
+			return e.Name == config.NodeNameEnv && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "spec.nodeName"
+		}) {
+			t.Errorf("the agent lacks %s from the downward API (spec.nodeName): it names the node and finds its Node object by it", config.NodeNameEnv)
 		}
 	})
 
@@ -395,17 +392,24 @@ func checkAgentDaemonSet(t *testing.T, m manifests) {
 	})
 }
 
-// agentConfig parses the ConfigMap's agent.yaml as the render-config init container leaves it.
+// agentConfig parses the ConfigMap's agent.yaml as the agent reads it on a node (NODE_NAME set by
+// the DaemonSet). Nothing in it may be per node: the same file serves every gateway.
 func agentConfig(t *testing.T, cm *corev1.ConfigMap) *config.Config {
 	t.Helper()
 	raw, ok := cm.Data[ConfigMapKey]
 	if !ok {
 		t.Fatalf("ConfigMap %s has no %s", cm.Name, ConfigMapKey)
 	}
-	rendered := strings.NewReplacer("${NODE_NAME}", "node-1", "${NODE_IP}", "192.0.2.10").Replace(raw)
-	cfg, err := config.Parse([]byte(rendered))
+	if strings.Contains(raw, "${") {
+		t.Errorf("ConfigMap %s holds a placeholder nothing fills in any more:\n%s", cm.Name, raw)
+	}
+	t.Setenv(config.NodeNameEnv, "node-1")
+	cfg, err := config.Parse([]byte(raw))
 	if err != nil {
-		t.Fatalf("the agent refuses the ConfigMap's config: %v\n%s", err, rendered)
+		t.Fatalf("the agent refuses the ConfigMap's config: %v\n%s", err, raw)
+	}
+	if cfg.Node != "node-1" {
+		t.Errorf("node %q: want the Node's name from $%s", cfg.Node, config.NodeNameEnv)
 	}
 	return cfg
 }

@@ -187,6 +187,12 @@ func Load(path string) (*Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read agent config: %w", err)
 	}
+	return ParseFile(path, data)
+}
+
+// ParseFile is Load of data already read from path: a running agent reads the file once to hash
+// it and parses the very bytes it hashed.
+func ParseFile(path string, data []byte) (*Config, error) {
 	if len(data) > maxSize {
 		return nil, fmt.Errorf("agent config %s: %d bytes is too large for a config file (at most %d)", path, len(data), maxSize)
 	}
@@ -210,8 +216,18 @@ func Parse(data []byte) (*Config, error) {
 	return c, nil
 }
 
-// hostname is the default node name's source; a variable so tests can pin it.
+// NodeNameEnv names the environment variable the default node name comes from before the host
+// name: the DaemonSet sets it from the downward API (spec.nodeName), because the kubelet's node
+// name need not be the host name (--hostname-override, cloud providers), and the agent must find
+// its Node object by it. Read at every load, so a reloaded config defaults the same way.
+const NodeNameEnv = "NODE_NAME"
+
+// hostname is the default node name's source: $NODE_NAME when set, else the host name; a
+// variable so tests can pin it.
 var hostname = func() string {
+	if n := os.Getenv(NodeNameEnv); n != "" {
+		return n
+	}
 	h, err := os.Hostname()
 	if err != nil {
 		return ""
@@ -293,10 +309,9 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("broker: %q: %q %v (want host:port[,host:port...])", c.Broker, strings.TrimSpace(addr), err)
 		}
 	}
-	if c.Gateway {
-		if c.AdvertiseAddress == "" {
-			return errors.New("advertiseAddress: is required when gateway is true")
-		}
+	if c.Gateway && c.AdvertiseAddress == "" && !c.Kubernetes.Enabled {
+		// On Kubernetes the Node's InternalIP stands in for it (agent/reload_nodeaddr.go).
+		return errors.New("advertiseAddress: is required when gateway is true (with kubernetes.enabled it defaults to the Node's InternalIP)")
 	}
 	if c.AdvertiseAddress != "" {
 		a, err := netip.ParseAddr(c.AdvertiseAddress)

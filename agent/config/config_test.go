@@ -96,6 +96,23 @@ func TestNodeDefaultsToTheHostName(t *testing.T) {
 	}
 }
 
+func TestNodeDefaultsToNodeNameFromTheEnvironment(t *testing.T) {
+	// The DaemonSet sets NODE_NAME from the downward API: the kubelet's node name, which the agent
+	// finds its Node object by, need not be the host name.
+	t.Setenv(NodeNameEnv, "ip-10-0-3-7.eu-west-1.compute.internal")
+	c, err := Parse([]byte("cluster: east\nbroker: b:1\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Node != "ip-10-0-3-7.eu-west-1.compute.internal" {
+		t.Errorf("node %q, want $NODE_NAME", c.Node)
+	}
+	c, err = Parse([]byte("cluster: east\nbroker: b:1\nnode: gw-1\n"))
+	if err != nil || c.Node != "gw-1" {
+		t.Errorf("an explicit node: %v, %v; want gw-1 over $NODE_NAME", c, err)
+	}
+}
+
 func TestNodeNamesFollowTheBrokersRule(t *testing.T) {
 	tests := []struct {
 		name     string

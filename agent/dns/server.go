@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,7 +55,7 @@ type Config struct {
 type Server struct {
 	cfg       Config
 	log       *slog.Logger
-	upstreams []string
+	upstreams atomic.Pointer[[]string] // swapped by SetForwarding while queries read it
 	fwdSlots  chan struct{}
 	metrics   *metrics
 
@@ -118,11 +119,11 @@ func NewServer(cfg Config) (*Server, error) {
 	s := &Server{
 		cfg:       cfg,
 		log:       cfg.Logger,
-		upstreams: ups,
 		fwdSlots:  make(chan struct{}, cfg.MaxForwards),
 		udpClient: &mdns.Client{Net: "udp", Timeout: cfg.UpstreamTimeout, UDPSize: mdns.MaxMsgSize},
 		tcpClient: &mdns.Client{Net: "tcp", Timeout: cfg.UpstreamTimeout},
 	}
+	s.upstreams.Store(&ups)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	if cfg.Registerer != nil {
 		if s.metrics, err = newMetrics(cfg.Registerer); err != nil {
@@ -179,6 +180,34 @@ func (s *Server) Update(services []Service) error {
 	return err
 }
 
+// ups are the upstreams queries are forwarded to now.
+func (s *Server) ups() []string { return *s.upstreams.Load() }
+
+// Upstreams are the ip:port addresses queries outside the zone are forwarded to now.
+func (s *Server) Upstreams() []string { return slices.Clone(s.ups()) }
+
+// SetForwarding changes the upstreams and the records' TTL of a running server (a config
+// reload): forwarded queries use the new upstreams at once, and the next Update builds the zone
+// with the new TTL (ttl 0: the default). Bad input changes nothing.
+func (s *Server) SetForwarding(upstreams []string, ttl time.Duration) error {
+	if ttl == 0 {
+		ttl = DefaultTTL
+	}
+	if ttl < time.Second {
+		return fmt.Errorf("dns.ttl: %s is shorter than 1s", ttl)
+	}
+	ups, err := parseUpstreams(upstreams)
+	if err != nil {
+		return err
+	}
+	s.update.Lock()
+	defer s.update.Unlock()
+	s.cfg.TTL = ttl
+	s.upstreams.Store(&ups)
+	s.log.Info("dns forwarding changed", "upstreams", ups, "ttl", ttl)
+	return nil
+}
+
 // Zone returns the zone the server answers from, nil before the first Update.
 func (s *Server) Zone() *Zone { return s.zone.Load() }
 
@@ -224,7 +253,7 @@ func (s *Server) Start() error {
 	go func() { finished.Wait(); close(s.done) }()
 	started.Wait()
 	s.state = stateStarted
-	s.log.Info("dns server listening", "addr", s.addr.String(), "zone", Origin, "upstreams", s.upstreams)
+	s.log.Info("dns server listening", "addr", s.addr.String(), "zone", Origin, "upstreams", s.ups())
 	return nil
 }
 
@@ -289,7 +318,7 @@ func (s *Server) ServeDNS(w mdns.ResponseWriter, req *mdns.Msg) {
 	if resp == nil {
 		return
 	}
-	resp.RecursionAvailable = len(s.upstreams) > 0
+	resp.RecursionAvailable = len(s.ups()) > 0
 	if tcp {
 		resp.Truncate(mdns.MaxMsgSize)
 	} else {
@@ -306,7 +335,7 @@ func (s *Server) ServeDNS(w mdns.ResponseWriter, req *mdns.Msg) {
 // forwardable reports whether req is a well-formed query for a name outside the zone that
 // an upstream can answer.
 func (s *Server) forwardable(req *mdns.Msg) bool {
-	return len(s.upstreams) > 0 && !req.Response && req.Opcode == mdns.OpcodeQuery &&
+	return len(s.ups()) > 0 && !req.Response && req.Opcode == mdns.OpcodeQuery &&
 		len(req.Question) == 1 && !InZone(req.Question[0].Name)
 }
 
@@ -323,7 +352,7 @@ func (s *Server) forward(req *mdns.Msg, viaTCP bool) *mdns.Msg {
 	ctx, cancel := context.WithTimeout(s.ctx, forwardBudget)
 	defer cancel()
 	var lastErr error
-	for _, up := range s.upstreams {
+	for _, up := range s.ups() {
 		resp, err := s.exchange(ctx, req, up, viaTCP)
 		if err == nil {
 			return resp

@@ -513,9 +513,37 @@ func TestNewServerValidatesItsConfig(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if strings.Join(s.upstreams, ",") != strings.Join(tt.upstreams, ",") {
-				t.Fatalf("upstreams %v, want %v", s.upstreams, tt.upstreams)
+			if strings.Join(s.ups(), ",") != strings.Join(tt.upstreams, ",") {
+				t.Fatalf("upstreams %v, want %v", s.ups(), tt.upstreams)
 			}
 		})
+	}
+}
+
+func TestSetForwardingChangesUpstreamsAndTTLOfARunningServer(t *testing.T) {
+	s, err := NewServer(Config{Listen: "127.0.0.1:0", Upstreams: []string{"10.0.0.53"}, TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetForwarding([]string{"10.0.0.54:5353", "10.0.0.55"}, 9*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(s.ups(), ","); got != "10.0.0.54:5353,10.0.0.55:53" {
+		t.Errorf("upstreams %s", got)
+	}
+	if err := s.Update(nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetForwarding([]string{"not an address"}, 9*time.Second); err == nil {
+		t.Error("a bad upstream was accepted")
+	}
+	if err := s.SetForwarding(nil, 10*time.Millisecond); err == nil || !strings.Contains(err.Error(), "dns.ttl") {
+		t.Errorf("a TTL under 1s: %v", err)
+	}
+	if got := strings.Join(s.ups(), ","); got != "10.0.0.54:5353,10.0.0.55:53" {
+		t.Errorf("bad input changed the upstreams to %s", got)
+	}
+	if s.cfg.TTL != 9*time.Second {
+		t.Errorf("TTL %s", s.cfg.TTL)
 	}
 }

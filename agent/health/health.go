@@ -159,6 +159,16 @@ type Manager struct {
 	probers  map[string]*prober
 	closed   bool
 	onChange func(cluster string, healthy bool)
+	subject  string // what the targets are, in log messages (SetSubject)
+}
+
+// SetSubject names what the targets are in the probers' log messages ("local gateway" for a
+// non-gateway node's probes of its own cluster's gateways); default "remote gateway". Set it
+// before the first Sync.
+func (m *Manager) SetSubject(s string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.subject = s
 }
 
 // OnChange sets f to be called, from the prober's goroutine, whenever a cluster's probes cross
@@ -183,12 +193,39 @@ func NewManager(settings Settings, newPinger NewPinger, obs Observer, log *slog.
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Manager{
 		settings: settings.WithDefaults(), newPinger: newPinger, obs: obs, log: log,
-		ctx: ctx, cancel: cancel, probers: map[string]*prober{},
+		ctx: ctx, cancel: cancel, probers: map[string]*prober{}, subject: "remote gateway",
 	}
 }
 
 // Settings returns the effective settings.
-func (m *Manager) Settings() Settings { return m.settings }
+func (m *Manager) Settings() Settings {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.settings
+}
+
+// SetSettings changes the settings (zero fields defaulted) of a running manager, from a config
+// reload: every prober restarts on its target with the new period, timeout, threshold and window
+// (their statistics start over, as the old ones were measured under other settings).
+func (m *Manager) SetSettings(settings Settings) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	settings = settings.WithDefaults()
+	if m.closed || settings == m.settings {
+		m.settings = settings
+		return
+	}
+	m.settings = settings
+	for cluster, p := range m.probers {
+		p.stop()
+		if m.obs != nil {
+			m.obs.Forget(cluster)
+		}
+		m.probers[cluster] = m.start(p.target)
+	}
+	m.log.Info("health probe settings changed", "period", settings.Period, "timeout", settings.Timeout,
+		"failureThreshold", settings.FailureThreshold, "window", settings.Window, "probers", len(m.probers))
+}
 
 // Sync makes the probers match targets (one per cluster; a later duplicate is ignored): new
 // targets start probing at once, removed ones stop, and a target whose node or addresses
@@ -263,8 +300,8 @@ func (m *Manager) start(t Target) *prober {
 	p := &prober{target: t, settings: m.settings, cancel: cancel, window: NewWindow(m.settings.Window)}
 	p.res.Target = t
 	log := m.log.With("cluster", t.Cluster, "node", t.Node)
-	onChange := m.onChange
-	m.wg.Go(func() { p.run(ctx, m.newPinger, m.obs, onChange, log) })
+	onChange, subject := m.onChange, m.subject
+	m.wg.Go(func() { p.run(ctx, m.newPinger, m.obs, onChange, subject, log) })
 	return p
 }
 
@@ -272,7 +309,7 @@ func (p *prober) stop() { p.cancel() }
 
 // run probes until ctx ends: at once, then every period. The socket is opened lazily and
 // reopened after a send error (the source address may have come and gone).
-func (p *prober) run(ctx context.Context, newPinger NewPinger, obs Observer, onChange func(string, bool), log *slog.Logger) {
+func (p *prober) run(ctx context.Context, newPinger NewPinger, obs Observer, onChange func(string, bool), subject string, log *slog.Logger) {
 	var pinger Pinger
 	defer func() {
 		if pinger != nil {
@@ -307,9 +344,9 @@ func (p *prober) run(ctx context.Context, newPinger NewPinger, obs Observer, onC
 		}
 		switch {
 		case wasHealthy && !healthy:
-			log.Warn("remote gateway fails its health probes", "target", p.target.Destination, "failures", p.settings.FailureThreshold, "err", err)
+			log.Warn(subject+" fails its health probes", "target", p.target.Destination, "failures", p.settings.FailureThreshold, "err", err)
 		case !wasHealthy && healthy:
-			log.Info("remote gateway answers its health probes again", "target", p.target.Destination, "rtt", rtt)
+			log.Info(subject+" answers its health probes again", "target", p.target.Destination, "rtt", rtt)
 		}
 		if wasHealthy != healthy && onChange != nil {
 			onChange(p.target.Cluster, healthy)

@@ -366,3 +366,26 @@ func TestOnChangeIsCalledAtTheThresholdAndAtRecoveryOnly(t *testing.T) {
 		t.Errorf("calls %v, want west=false then west=true and nothing else", calls)
 	}
 }
+
+func TestSetSettingsRestartsEveryProberWithTheNewPeriod(t *testing.T) {
+	n := newFakeNet()
+	m := NewManager(Settings{Period: time.Hour, Timeout: 5 * time.Millisecond}, n.newPinger, nil, quiet)
+	defer m.Close()
+	west := target("west", "10.2.0.1")
+	m.Sync([]Target{west})
+	eventually(t, "west probed once", func() bool { r, _ := m.Result("west"); return r.Sent == 1 })
+	// With an hour's period no second probe comes; the new 10ms period brings many at once.
+	m.SetSettings(Settings{Period: 10 * time.Millisecond, Timeout: 5 * time.Millisecond, FailureThreshold: 7})
+	if s := m.Settings(); s.Period != 10*time.Millisecond || s.FailureThreshold != 7 || s.Window != DefaultWindow {
+		t.Errorf("settings %+v", s)
+	}
+	eventually(t, "west probed every 10ms", func() bool { r, _ := m.Result("west"); return r.Sent > 3 })
+	if r, ok := m.Result("west"); !ok || r.Target != west {
+		t.Errorf("west after the change: %+v, %v", r, ok)
+	}
+	m.Close()
+	m.SetSettings(Settings{Period: time.Second}) // after Close: no prober may start
+	if _, ok := m.Result("west"); ok {
+		t.Error("SetSettings after Close started a prober")
+	}
+}

@@ -98,12 +98,41 @@ func gatewayAddrs(st *brokerstate.State) []Protected {
 }
 
 // Want is one connection this node should have: to Remote over Driver with Options, as Policy
-// decided.
+// decided. GatewayMode marks a gateway-mode pair: Remote.Subnets is then only RemoteMesh (a /32)
+// and Remote.LocalSubnets only this gateway's own mesh address.
 type Want struct {
-	Remote  cable.RemoteEndpoint
-	Driver  string
-	Options cable.Options
-	Policy  string
+	Remote      cable.RemoteEndpoint
+	Driver      string
+	Options     cable.Options
+	Policy      string
+	GatewayMode bool
+	// RemoteMesh is the chosen remote gateway's mesh address (gateway-mode pairs only).
+	RemoteMesh netip.Addr
+}
+
+// Pair modes as status shows them.
+const (
+	ModeGateway = policy.ModeGateway
+	ModeDirect  = policy.ModeDirect
+)
+
+// PairMode is the mode of the pair of clusters local and remote under decision opts: gateway when
+// either cluster joined in gateway mode or the policy's options say mode: gateway, else direct.
+func PairMode(local, remote *apiv1.Cluster, opts map[string]string) string {
+	if local.GetGatewayMode() || remote.GetGatewayMode() || policy.GatewayModeOption(opts) {
+		return ModeGateway
+	}
+	return ModeDirect
+}
+
+// MeshAddress parses an endpoint's broker-allocated mesh address (invalid when it has none or
+// it is not an IPv4 address: the mesh range is IPv4).
+func MeshAddress(e *apiv1.Endpoint) netip.Addr {
+	a, err := netip.ParseAddr(e.GetMeshAddress())
+	if err != nil || !a.Unmap().Is4() {
+		return netip.Addr{}
+	}
+	return a.Unmap()
 }
 
 // PairDecision is the policy decision for one remote cluster with a live endpoint, connected or
@@ -114,6 +143,8 @@ type PairDecision struct {
 	Driver  string
 	Policy  string
 	Default bool
+	// Mode is ModeGateway or ModeDirect (see PairMode).
+	Mode string
 }
 
 // Drivers are the drivers this node is configured to run: by name, nil when the driver runs, or
@@ -185,6 +216,17 @@ func PolicyKey(st *brokerstate.State) string {
 // connection. A nil drivers does not check (non-gateway nodes route what their gateway connects).
 // No subnet that guard refuses is part of a connection (see Guard).
 func Desired(st *brokerstate.State, local string, res *policy.Resolver, drivers Drivers, guard Guard) ([]Want, []Problem, []PairDecision) {
+	return DesiredAt(st, local, "", res, drivers, guard)
+}
+
+// DesiredAt is Desired on gateway node of cluster local. A gateway-mode pair (PairMode) carries
+// only the two gateways' mesh addresses: Remote.Subnets is the chosen remote endpoint's mesh
+// address (a /32) and Remote.LocalSubnets node's own (its endpoint's mesh_address in st). While
+// either end has no mesh address yet the pair is a problem, never a pod-CIDR connection. With
+// node "" (a non-gateway node, which only routes what its gateway connects) the own mesh
+// address is not needed and LocalSubnets stays empty. The decision's options reach the driver
+// without the pair-level "mode" option (policy.DriverOptions).
+func DesiredAt(st *brokerstate.State, local, node string, res *policy.Resolver, drivers Drivers, guard Guard) ([]Want, []Problem, []PairDecision) {
 	if st == nil {
 		return nil, nil, nil
 	}
@@ -196,6 +238,10 @@ func Desired(st *brokerstate.State, local string, res *policy.Resolver, drivers 
 		byCluster[e.GetCluster()] = append(byCluster[e.GetCluster()], e)
 	}
 	localC := policy.Cluster{Name: local, Labels: st.Clusters[local].GetLabels()}
+	var ownMesh netip.Addr
+	if node != "" {
+		ownMesh = MeshAddress(st.Endpoints[brokerstate.EndpointKey(local, node)])
+	}
 	protected := append(slices.Clone(guard.Protected), gatewayAddrs(st)...)
 	var out []Want
 	var problems []Problem
@@ -210,7 +256,8 @@ func Desired(st *brokerstate.State, local string, res *policy.Resolver, drivers 
 			continue
 		}
 		dec := res.Resolve(localC, policy.Cluster{Name: name, Labels: c.GetLabels()})
-		decisions = append(decisions, PairDecision{Cluster: name, Connect: dec.Connect, Driver: dec.Driver, Policy: dec.Policy, Default: dec.Default})
+		mode := PairMode(st.Clusters[local], c, dec.Options)
+		decisions = append(decisions, PairDecision{Cluster: name, Connect: dec.Connect, Driver: dec.Driver, Policy: dec.Policy, Default: dec.Default, Mode: mode})
 		if !dec.Connect {
 			continue
 		}
@@ -259,6 +306,24 @@ func Desired(st *brokerstate.State, local string, res *policy.Resolver, drivers 
 		if len(cidrs) == 0 {
 			cidrs = chosen.GetSubnets()
 		}
+		var remoteMesh netip.Addr
+		var localSubnets []netip.Prefix
+		if mode == ModeGateway {
+			remoteMesh = MeshAddress(chosen)
+			switch {
+			case !remoteMesh.IsValid():
+				prob(fmt.Sprintf("gateway-mode pair not connected yet: remote gateway %s has no mesh address from the broker yet", chosen.GetNode()))
+				continue
+			case node != "" && !ownMesh.IsValid():
+				prob(fmt.Sprintf("gateway-mode pair not connected yet: this gateway %s has no mesh address from the broker yet", node))
+				continue
+			}
+			// Only the two mesh addresses travel: never a pod or service CIDR of either side.
+			cidrs = []string{netip.PrefixFrom(remoteMesh, 32).String()}
+			if ownMesh.IsValid() {
+				localSubnets = []netip.Prefix{netip.PrefixFrom(ownMesh, 32)}
+			}
+		}
 		parsed, bad := parsePrefixes(cidrs)
 		var partial []Problem
 		for _, b := range bad {
@@ -282,8 +347,8 @@ func Desired(st *brokerstate.State, local string, res *policy.Resolver, drivers 
 		}
 		problems = append(problems, partial...)
 		var opts cable.Options
-		if len(dec.Options) > 0 {
-			opts = cable.Options(maps.Clone(dec.Options))
+		if o := policy.DriverOptions(dec.Options); len(o) > 0 {
+			opts = cable.Options(o)
 		}
 		out = append(out, Want{
 			Remote: cable.RemoteEndpoint{
@@ -294,11 +359,14 @@ func Desired(st *brokerstate.State, local string, res *policy.Resolver, drivers 
 				Port:         port,
 				Attributes:   chosen.Attributes(driver),
 				Subnets:      subnets,
+				LocalSubnets: localSubnets,
 				PreSharedKey: slices.Clone(c.GetPairPsk()),
 			},
-			Driver:  driver,
-			Options: opts,
-			Policy:  dec.Policy,
+			Driver:      driver,
+			Options:     opts,
+			Policy:      dec.Policy,
+			GatewayMode: mode == ModeGateway,
+			RemoteMesh:  remoteMesh,
 		})
 	}
 	return out, problems, decisions
@@ -477,12 +545,13 @@ func EndpointString(r cable.RemoteEndpoint) string {
 func Equal(a, b cable.RemoteEndpoint) bool {
 	return a.Cluster == b.Cluster && a.ClusterID == b.ClusterID && a.Node == b.Node && a.Address == b.Address &&
 		a.Port == b.Port && maps.Equal(a.Attributes, b.Attributes) && samePrefixes(a.Subnets, b.Subnets) &&
-		string(a.PreSharedKey) == string(b.PreSharedKey)
+		samePrefixes(a.LocalSubnets, b.LocalSubnets) && string(a.PreSharedKey) == string(b.PreSharedKey)
 }
 
-// EqualWant compares two wanted connections: endpoint, driver and options.
+// EqualWant compares two wanted connections: endpoint, driver, options and mode.
 func EqualWant(a, b Want) bool {
-	return a.Driver == b.Driver && maps.Equal(a.Options, b.Options) && Equal(a.Remote, b.Remote)
+	return a.Driver == b.Driver && maps.Equal(a.Options, b.Options) && Equal(a.Remote, b.Remote) &&
+		a.GatewayMode == b.GatewayMode && a.RemoteMesh == b.RemoteMesh
 }
 
 func samePrefixes(a, b []netip.Prefix) bool {

@@ -35,6 +35,7 @@ type Reconciler struct {
 	now     func() time.Time
 
 	mu      sync.Mutex
+	retired bool               // replaced by its Successor: Reconcile does nothing
 	applied map[string]Applied // what this process last connected, by cluster
 	failed  map[string]Failure // pairs whose last Connect failed, by cluster
 }
@@ -89,6 +90,9 @@ func (r *Reconciler) Observe(ctx context.Context) (observed map[string][]cable.C
 func (r *Reconciler) Reconcile(ctx context.Context, desired []Want, revision uint64, repair map[string]string) ([]Action, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.retired {
+		return nil, nil
+	}
 	observed, obsErrs := r.Observe(ctx)
 	var errs []error
 	for _, name := range slices.Sorted(maps.Keys(obsErrs)) {

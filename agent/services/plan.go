@@ -24,6 +24,14 @@
 //
 // DNS: a ClusterSetIP import answers its VIPs and ports whatever its backends; a Headless import
 // answers the endpoints that are ready and whose cluster is usable.
+//
+// Gateway mode (issue 9): a remote cluster whose pair with this one is in gateway mode is reached
+// only through its gateway's ingress. Its backends are "mesh address : ingress port" of the remote
+// gateway this node's cable connects to (Reach.RemoteNode; any gateway serving it when unknown),
+// from the import's ingresses (ImportedCluster.ingresses), one per such gateway, never the
+// cluster's pod IPs (they may overlap ours and are not routed). A cluster whose import has no
+// ingress for the port yet has no backend there, and says so in its status row. Its headless
+// endpoints are pod IPs and are not answered in DNS.
 package services
 
 import (
@@ -41,10 +49,14 @@ import (
 	"github.com/cablemesh/cablemesh/mcs"
 )
 
-// Reach says whether this node can use a cluster's backends now, and why (not).
+// Reach says whether this node can use a cluster's backends now, and why (not). GatewayMode and
+// RemoteNode are the pair's (see Pair): a gateway-mode cluster's backends are its gateway's
+// ingress, not its endpoints.
 type Reach struct {
-	Usable bool
-	Reason string
+	Usable      bool
+	Reason      string
+	GatewayMode bool
+	RemoteNode  string
 }
 
 // Plan is what the agent applies: the DNS zone's services, the load balancer's services, the
@@ -87,6 +99,10 @@ func Compute(imports []*apiv1.ServiceImport, local string, reach map[string]Reac
 			}
 			ic := statusapi.ImportedCluster{Cluster: c.GetCluster(), ClusterID: c.GetClusterId(), Local: c.GetCluster() == local,
 				Usable: r.Usable, Reason: r.Reason, Endpoints: []statusapi.ServiceEndpoint{}}
+			if c.GetCluster() != local && r.GatewayMode {
+				ic.GatewayMode = true
+				ic.Reason = joinReason(ic.Reason, gatewayReason(imp, c, r))
+			}
 			for _, ep := range c.GetEndpoints() {
 				ic.Endpoints = append(ic.Endpoints, statusapi.ServiceEndpoint{IP: ep.GetIp(), Hostname: ep.GetHostname(), Ready: ep.GetReady()})
 				if ep.GetReady() {
@@ -98,11 +114,18 @@ func Compute(imports []*apiv1.ServiceImport, local string, reach map[string]Reac
 		usable := func(cluster string) bool {
 			return cluster == local || reachOf(cluster).Usable
 		}
-		svc, problems := dnsService(imp, usable)
+		gatewayOf := func(cluster string) (bool, string) {
+			if cluster == local {
+				return false, ""
+			}
+			r := reachOf(cluster)
+			return r.GatewayMode, r.RemoteNode
+		}
+		svc, problems := dnsService(imp, usable, gatewayOf)
 		p.Problems = append(p.Problems, problems...)
 		p.DNS = append(p.DNS, svc)
 		if imp.GetType() == mcs.TypeClusterSetIP {
-			lb, problems := lbServices(imp, local, row.Affinity, usable)
+			lb, problems := lbServices(imp, local, row.Affinity, usable, gatewayOf)
 			p.Problems = append(p.Problems, problems...)
 			for _, s := range lb {
 				k := s.String()
@@ -148,7 +171,7 @@ func dnsType(t string) dns.Type {
 
 // dnsService maps one import to the DNS server's view: VIPs and ports, and for a headless
 // service every endpoint, ready only when it is ready and its cluster usable.
-func dnsService(imp *apiv1.ServiceImport, usable func(string) bool) (dns.Service, []string) {
+func dnsService(imp *apiv1.ServiceImport, usable func(string) bool, gatewayOf func(string) (bool, string)) (dns.Service, []string) {
 	key := mcs.Key(imp.GetNamespace(), imp.GetName())
 	var problems []string
 	s := dns.Service{Namespace: imp.GetNamespace(), Name: imp.GetName(), Type: dnsType(imp.GetType())}
@@ -172,6 +195,9 @@ func dnsService(imp *apiv1.ServiceImport, usable func(string) bool) (dns.Service
 	}
 	for _, c := range imp.GetClusters() {
 		ok := usable(c.GetCluster())
+		if gw, _ := gatewayOf(c.GetCluster()); gw {
+			continue // pod IPs of a gateway-mode cluster are not reachable (status says so)
+		}
 		for _, ep := range c.GetEndpoints() {
 			a, err := netip.ParseAddr(ep.GetIp())
 			if err != nil {
@@ -199,7 +225,7 @@ func Proto(p string) (bpf.Proto, bool) {
 
 // lbServices returns imp's load-balanced services: one per VIP and port, with the eligible
 // backends (see the package doc).
-func lbServices(imp *apiv1.ServiceImport, local, affinity string, usable func(string) bool) ([]bpf.Service, []string) {
+func lbServices(imp *apiv1.ServiceImport, local, affinity string, usable func(string) bool, gatewayOf func(string) (bool, string)) ([]bpf.Service, []string) {
 	key := mcs.Key(imp.GetNamespace(), imp.GetName())
 	var out []bpf.Service
 	var problems []string
@@ -223,8 +249,21 @@ func lbServices(imp *apiv1.ServiceImport, local, affinity string, usable func(st
 			var mine, others []bpf.Backend
 			seen := map[netip.AddrPort]bool{}
 			for _, c := range imp.GetClusters() {
+				if !usable(c.GetCluster()) {
+					continue
+				}
+				if gw, node := gatewayOf(c.GetCluster()); gw {
+					for _, ap := range ingressBackends(c, pt, node) {
+						if ap.Addr().Is4() != vip.Is4() || seen[ap] {
+							continue
+						}
+						seen[ap] = true
+						others = append(others, bpf.Backend{Addr: ap.Addr(), Port: ap.Port(), ClusterID: c.GetClusterId()})
+					}
+					continue
+				}
 				port, ok := clusterPort(c, pt)
-				if !ok || !usable(c.GetCluster()) {
+				if !ok {
 					continue
 				}
 				for _, ep := range c.GetEndpoints() {
@@ -327,4 +366,68 @@ func AnnotateBackends(rows []statusapi.ServiceImport, held map[string]map[uint32
 			c.Backends = slices.Compact(c.Backends)
 		}
 	}
+}
+
+// ingressBackends are the backends of import port pt in gateway-mode cluster c: for each of its
+// gateways serving pt (node's only, when node is known: the one this node's cable reaches), its
+// mesh address and the ingress port of its port of the same name and protocol. Sorted.
+func ingressBackends(c *apiv1.ImportedCluster, pt *apiv1.ServicePort, node string) []netip.AddrPort {
+	want, _ := Proto(pt.GetProtocol())
+	var out []netip.AddrPort
+	for _, in := range c.GetIngresses() {
+		if node != "" && in.GetNode() != node {
+			continue
+		}
+		mesh, err := netip.ParseAddr(in.GetMeshAddress())
+		if err != nil || mesh.Zone() != "" || mesh.IsUnspecified() || mesh.IsMulticast() {
+			continue
+		}
+		for _, ip := range in.GetPorts() {
+			got, ok := Proto(ip.GetProtocol())
+			if ok && got == want && ip.GetName() == pt.GetName() && ip.GetIngressPort() >= 1 && ip.GetIngressPort() <= 65535 {
+				out = append(out, netip.AddrPortFrom(mesh.Unmap(), uint16(ip.GetIngressPort())))
+				break
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b netip.AddrPort) int { return a.Compare(b) })
+	return slices.Compact(out)
+}
+
+// gatewayReason says, for the status row of gateway-mode cluster c, where its services are
+// reached (or why not), and that headless endpoints are not answered.
+func gatewayReason(imp *apiv1.ServiceImport, c *apiv1.ImportedCluster, r Reach) string {
+	if imp.GetType() == mcs.TypeHeadless {
+		return "gateway mode: its endpoints are pod IPs this node cannot reach, not answered in DNS"
+	}
+	var via []string
+	missing := 0
+	for _, pt := range imp.GetPorts() {
+		bs := ingressBackends(c, pt, r.RemoteNode)
+		if len(bs) == 0 {
+			missing++
+		}
+		for _, b := range bs {
+			via = append(via, b.String()+"/"+strings.ToLower(cmp.Or(pt.GetProtocol(), "TCP")))
+		}
+	}
+	gw := "its gateway"
+	if r.RemoteNode != "" {
+		gw = "gateway " + r.RemoteNode
+	}
+	switch {
+	case len(via) == 0:
+		return "gateway mode: no ingress of " + gw + " serves the service yet, no backend"
+	case missing > 0:
+		return fmt.Sprintf("gateway mode: through the ingress of %s at %s (%d port(s) not served yet)", gw, strings.Join(via, ", "), missing)
+	}
+	return fmt.Sprintf("gateway mode: through the ingress of %s at %s", gw, strings.Join(via, ", "))
+}
+
+// joinReason joins two reasons with "; ".
+func joinReason(a, b string) string {
+	if a == "" {
+		return b
+	}
+	return a + "; " + b
 }

@@ -258,3 +258,152 @@ func FuzzCompute(f *testing.F) {
 		}
 	})
 }
+
+// gwCluster is a gateway-mode exporter: pod IPs that overlap the caller's (10.40.0.10) and the
+// ingresses of its gateways.
+func gwCluster(name string, id uint32, ingresses ...*apiv1.GatewayIngress) *apiv1.ImportedCluster {
+	c := cluster(name, id, "local", []*apiv1.ServicePort{port("http", 8080, "TCP"), port("dns", 53, "UDP")}, ep("10.40.0.10", true))
+	c.Ingresses = ingresses
+	return c
+}
+
+func ingressOf(node, mesh string, httpPort, dnsPort uint32) *apiv1.GatewayIngress {
+	in := &apiv1.GatewayIngress{Node: node, MeshAddress: mesh}
+	if httpPort > 0 {
+		in.Ports = append(in.Ports, &apiv1.ServicePort{Name: "http", Port: 8080, Protocol: "TCP", IngressPort: httpPort})
+	}
+	if dnsPort > 0 {
+		in.Ports = append(in.Ports, &apiv1.ServicePort{Name: "dns", Port: 53, Protocol: "UDP", IngressPort: dnsPort})
+	}
+	return in
+}
+
+func TestGatewayModeBackendsAreTheRemoteIngress(t *testing.T) {
+	imp := func(clusters ...*apiv1.ImportedCluster) *apiv1.ServiceImport {
+		return &apiv1.ServiceImport{Namespace: "shop", Name: "web", Type: "ClusterSetIP", Vips: []string{"241.0.0.1"},
+			Ports: []*apiv1.ServicePort{port("http", 80, "TCP"), port("dns", 53, "UDP")}, Clusters: clusters}
+	}
+	gw := func(node string) map[string]Reach {
+		return map[string]Reach{"b": {Usable: true, GatewayMode: true, RemoteNode: node}}
+	}
+	tests := []struct {
+		name       string
+		imp        *apiv1.ServiceImport
+		reach      map[string]Reach
+		wantTCP    []string
+		wantUDP    []string
+		wantReason string
+	}{
+		{"a gateway-mode cluster is reached at its gateway's mesh address and ingress ports, never its pod IPs",
+			imp(gwCluster("b", 2, ingressOf("b1", "242.0.0.2", 30001, 30002))), gw("b1"),
+			[]string{"242.0.0.2:30001"}, []string{"242.0.0.2:30002"}, "through the ingress of gateway b1 at 242.0.0.2:30001/tcp, 242.0.0.2:30002/udp"},
+		{"only the remote gateway this node's cable connects to is a backend",
+			imp(gwCluster("b", 2, ingressOf("b1", "242.0.0.2", 30001, 30002), ingressOf("b2", "242.0.0.3", 30005, 30006))), gw("b2"),
+			[]string{"242.0.0.3:30005"}, []string{"242.0.0.3:30006"}, "gateway b2"},
+		{"with the remote gateway unknown every gateway serving the service is a backend",
+			imp(gwCluster("b", 2, ingressOf("b1", "242.0.0.2", 30001, 30002), ingressOf("b2", "242.0.0.3", 30005, 30006))), gw(""),
+			[]string{"242.0.0.2:30001", "242.0.0.3:30005"}, []string{"242.0.0.2:30002", "242.0.0.3:30006"}, "its gateway"},
+		{"an import without an ingress yet has no backend and says so",
+			imp(gwCluster("b", 2)), gw("b1"), []string{}, []string{}, "no ingress of gateway b1 serves the service yet"},
+		{"a port the ingress does not serve yet has no backend, the other port has",
+			imp(gwCluster("b", 2, ingressOf("b1", "242.0.0.2", 30001, 0))), gw("b1"),
+			[]string{"242.0.0.2:30001"}, []string{}, "1 port(s) not served yet"},
+		{"a direct pair still uses the pod IPs",
+			imp(gwCluster("b", 2, ingressOf("b1", "242.0.0.2", 30001, 30002))), usable("b"),
+			[]string{"10.40.0.10:8080"}, []string{"10.40.0.10:53"}, ""},
+		{"an unusable gateway-mode cluster has no backend",
+			imp(gwCluster("b", 2, ingressOf("b1", "242.0.0.2", 30001, 30002))), map[string]Reach{"b": {GatewayMode: true, RemoteNode: "b1", Reason: "connection down"}},
+			[]string{}, []string{}, "connection down"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := Compute([]*apiv1.ServiceImport{tt.imp}, "a", tt.reach)
+			if len(p.LB) != 2 {
+				t.Fatalf("LB = %v, want two services (TCP and UDP)", p.LB)
+			}
+			for _, s := range p.LB {
+				want := tt.wantTCP
+				if s.Proto == bpf.UDP {
+					want = tt.wantUDP
+				}
+				if got := backends(s); !slices.Equal(got, want) && !(len(got) == 0 && len(want) == 0) {
+					t.Errorf("%s backends = %v, want %v", s, got, want)
+				}
+				for _, b := range s.Backends {
+					if b.ClusterID != 2 {
+						t.Errorf("backend %v has cluster ID %d, want 2 (the counters and status group by it)", b, b.ClusterID)
+					}
+				}
+			}
+			if r := p.Imports[0].Clusters[0].Reason; !strings.Contains(r, tt.wantReason) {
+				t.Errorf("reason = %q, want one containing %q", r, tt.wantReason)
+			}
+		})
+	}
+}
+
+func TestGatewayModeHeadlessEndpointsAreNotAnswered(t *testing.T) {
+	imp := &apiv1.ServiceImport{Namespace: "shop", Name: "db", Type: "Headless",
+		Ports: []*apiv1.ServicePort{port("pg", 5432, "TCP")},
+		Clusters: []*apiv1.ImportedCluster{
+			cluster("b", 2, "local", []*apiv1.ServicePort{port("pg", 5432, "TCP")}, ep("10.40.0.10", true)),
+			cluster("c", 3, "local", []*apiv1.ServicePort{port("pg", 5432, "TCP")}, ep("10.43.0.10", true)),
+		}}
+	reach := map[string]Reach{"b": {Usable: true, GatewayMode: true, RemoteNode: "b1"}, "c": {Usable: true}}
+	p := Compute([]*apiv1.ServiceImport{imp}, "a", reach)
+	var got []string
+	for _, e := range p.DNS[0].Endpoints {
+		got = append(got, e.Cluster+"="+e.IP.String())
+	}
+	if !slices.Equal(got, []string{"c=10.43.0.10"}) {
+		t.Errorf("DNS endpoints = %v, want only the direct cluster's", got)
+	}
+	if r := p.Imports[0].Clusters[0].Reason; !strings.Contains(r, "not answered in DNS") {
+		t.Errorf("gateway-mode headless reason = %q", r)
+	}
+	if r := p.Imports[0].Clusters[1].Reason; strings.Contains(r, "gateway mode") {
+		t.Errorf("direct cluster's reason mentions gateway mode: %q", r)
+	}
+}
+
+// Reachability keeps the pair's mode and remote gateway, whatever it decides about usability.
+func TestReachabilityCarriesTheGatewayMode(t *testing.T) {
+	r := Reachability("a", true, map[string]Pair{
+		"b": {Connect: true, GatewayMode: true, RemoteNode: "b1"},
+		"c": {Connect: true, GatewayMode: true, RemoteNode: "c1", Problem: "gateway-mode pair not connected yet: remote gateway c1 has no mesh address from the broker yet"},
+		"d": {Connect: true},
+	})
+	if got := r["b"]; !got.Usable || !got.GatewayMode || got.RemoteNode != "b1" {
+		t.Errorf("b = %+v", got)
+	}
+	if got := r["c"]; got.Usable || !got.GatewayMode || !strings.Contains(got.Reason, "no mesh address") {
+		t.Errorf("c = %+v: a pair without mesh addresses is not usable and says why", got)
+	}
+	if got := r["d"]; got.GatewayMode || got.RemoteNode != "" {
+		t.Errorf("d = %+v", got)
+	}
+}
+
+// The ingresses come from the broker's imports: whatever they hold, a gateway-mode cluster's
+// backends are valid unicast addresses with a port, never a pod IP, and nothing panics.
+func FuzzGatewayIngressBackends(f *testing.F) {
+	f.Add("242.0.0.2", uint32(15000), "http", "TCP", "b1")
+	f.Add("::ffff:242.0.0.2", uint32(70000), "", "UDP", "")
+	f.Add("fe80::1%eth0", uint32(1), "http", "tcp", "b1")
+	f.Add("0.0.0.0", uint32(15000), "http", "SCTP", "b2")
+	f.Fuzz(func(t *testing.T, mesh string, ingressPort uint32, name, proto, node string) {
+		c := &apiv1.ImportedCluster{Cluster: "b", ClusterId: 2, Endpoints: []*apiv1.ServiceEndpoint{ep("10.40.0.10", true)},
+			Ports:     []*apiv1.ServicePort{port(name, 80, proto)},
+			Ingresses: []*apiv1.GatewayIngress{{Node: node, MeshAddress: mesh, Ports: []*apiv1.ServicePort{{Name: name, Port: 80, Protocol: proto, IngressPort: ingressPort}}}}}
+		imp := &apiv1.ServiceImport{Namespace: "demo", Name: "svc", Type: "ClusterSetIP", Vips: []string{"241.0.0.1"},
+			Ports: []*apiv1.ServicePort{port(name, 80, proto)}, Clusters: []*apiv1.ImportedCluster{c}}
+		p := Compute([]*apiv1.ServiceImport{imp}, "a", map[string]Reach{"b": {Usable: true, GatewayMode: true, RemoteNode: node}})
+		for _, s := range p.LB {
+			for _, b := range s.Backends {
+				if b.Addr.String() == "10.40.0.10" || b.Port == 0 || !b.Addr.Is4() || b.Addr.IsUnspecified() {
+					t.Fatalf("backend %v from mesh %q ingress port %d", b, mesh, ingressPort)
+				}
+			}
+		}
+	})
+}

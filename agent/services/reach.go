@@ -15,6 +15,12 @@ type Pair struct {
 	// Device is the connection's state as its driver reports it (connected, connecting, error, or
 	// missing when the driver does not have it); empty when unknown (not read, or a non-gateway).
 	Device, DeviceMessage string
+	// GatewayMode: the pair is in gateway mode (either cluster joined so, or its policy says
+	// mode: gateway). Its services are reached through RemoteNode's ingress on its mesh address,
+	// never at the remote cluster's pod IPs.
+	GatewayMode bool
+	// RemoteNode is the remote gateway the pair's cable connects to ("" when unknown: any).
+	RemoteNode string
 }
 
 // Probe is the health probes' verdict on one pair.
@@ -37,7 +43,9 @@ func Reachability(local string, gateway bool, pairs map[string]Pair) map[string]
 		if cluster == local {
 			continue
 		}
-		out[cluster] = reachOfPair(gateway, p)
+		r := reachOfPair(gateway, p)
+		r.GatewayMode, r.RemoteNode = p.GatewayMode, p.RemoteNode
+		out[cluster] = r
 	}
 	return out
 }

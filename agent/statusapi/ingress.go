@@ -13,6 +13,31 @@ type Ingress struct {
 	Error string `json:"error,omitempty"`
 	// XDS is the xDS server; nil when ingress.xds.listen is unset.
 	XDS *XDSStatus `json:"xds,omitempty"`
+	// Dataplane is the gateway-mode data plane (nftables): SNAT to the mesh address and, in
+	// kernel mode, the DNAT of the ingress ports. Gateways only.
+	Dataplane *IngressDataplane `json:"dataplane,omitempty"`
+}
+
+// IngressDataplane is what the gateway's ingress data plane has programmed.
+type IngressDataplane struct {
+	// Kind is the implementation: nftables (table ip cablemesh-ingress).
+	Kind string `json:"kind"`
+	// MeshLink is the link holding the mesh address (cbl-mesh0) once it is there.
+	MeshLink string `json:"meshLink,omitempty"`
+	// Programmed: the kernel holds the last applied configuration.
+	Programmed bool `json:"programmed"`
+	// RemoteMeshAddresses counts the remote gateways traffic is SNATed for; Ports the ingress
+	// ports served (PortsWithoutBackends of them reject); Backends the DNAT targets; Rules the
+	// rules in the table.
+	RemoteMeshAddresses  int        `json:"remoteMeshAddresses"`
+	Ports                int        `json:"ports"`
+	PortsWithoutBackends int        `json:"portsWithoutBackends"`
+	Backends             int        `json:"backends"`
+	Rules                int        `json:"rules"`
+	LastApply            *time.Time `json:"lastApply,omitempty"`
+	// Error is why the data plane is not programmed as wanted (cannot open, mesh link, last
+	// apply); the previous rules stay in force.
+	Error string `json:"error,omitempty"`
 }
 
 // IngressPort is one exported service port and its ingress port.
@@ -27,6 +52,11 @@ type IngressPort struct {
 // XDSStatus is the agent's xDS server.
 type XDSStatus struct {
 	Listen string `json:"listen"`
+	// IngressPortsBind is the address the per-port listeners (ingress-tcp-<port>) of the last
+	// snapshot bind: the node's mesh address once cbl-mesh0 holds it (gateway mode), else
+	// 0.0.0.0; IngressPortsBindNote says why it is the wildcard.
+	IngressPortsBind     string `json:"ingressPortsBind,omitempty"`
+	IngressPortsBindNote string `json:"ingressPortsBindNote,omitempty"`
 	// Versions are the current snapshot's versions by resource type (listeners, routes,
 	// clusters, endpoints, secrets): hashes of the content, unchanged while nothing changes.
 	Versions map[string]string `json:"versions"`

@@ -22,10 +22,15 @@ type Status struct {
 	ClusterID uint32 `json:"clusterID"`
 	Node      string `json:"node"`
 	Gateway   bool   `json:"gateway"`
+	// MeshAddress is this gateway's mesh address, allocated by the broker (gateway mode): what
+	// its gateway-mode pairs carry and where its ingress serves. Empty when none (yet).
+	MeshAddress string `json:"meshAddress,omitempty"`
 	// Version is the agent's build (cablectl version).
-	Version     string       `json:"version,omitempty"`
-	Broker      Broker       `json:"broker"`
-	Connections []Connection `json:"connections"`
+	Version string `json:"version,omitempty"`
+	Broker  Broker `json:"broker"`
+	// Config is the agent config in force (nil when the agent watches no file).
+	Config      *ConfigStatus `json:"config,omitempty"`
+	Connections []Connection  `json:"connections"`
 	// Decisions are the connection policies' verdicts for every remote cluster with a live
 	// endpoint, connected or not: why a cluster is absent from Connections. Gateways only.
 	Decisions []Decision `json:"decisions,omitempty"`
@@ -35,6 +40,8 @@ type Status struct {
 	Services *Services `json:"services,omitempty"`
 	// Ingress is the gateway's ingress: ingress ports and the xDS server (gateways only).
 	Ingress *Ingress `json:"ingress,omitempty"`
+	// Worker is a non-gateway node's view of its cluster's gateways (see Worker).
+	Worker *Worker `json:"worker,omitempty"`
 	// Problems are what the operator should act on: a join token file others can read, a remote
 	// cluster's subnet the agent refuses to route, a pair it cannot connect, a certificate the
 	// broker no longer accepts. Those of a remote cluster name it (and are also the message of
@@ -170,6 +177,9 @@ type ImportedCluster struct {
 	// Usable says whether this node sends traffic to the cluster now; Reason says why (not).
 	Usable bool   `json:"usable"`
 	Reason string `json:"reason,omitempty"`
+	// GatewayMode: the pair with this cluster is in gateway mode; its backends are its gateway's
+	// ingress (mesh address : ingress port), and Reason says which, or that none serves it yet.
+	GatewayMode bool `json:"gatewayMode,omitempty"`
 	// Backends are this cluster's backends in the eBPF maps, "ip:port/proto", read back from
 	// the maps.
 	Backends []string `json:"backends"`
@@ -200,6 +210,9 @@ type Decision struct {
 	Policy string `json:"policy,omitempty"`
 	// Default is true when the mesh default policy decided.
 	Default bool `json:"default,omitempty"`
+	// Mode is gateway (either cluster joined in gateway mode, or the policy says mode: gateway:
+	// the cable carries only the two gateways' mesh addresses) or direct.
+	Mode string `json:"mode,omitempty"`
 }
 
 // DriverStatus is one configured cable driver on this gateway.
@@ -261,6 +274,8 @@ type Connection struct {
 	ClusterID uint32 `json:"clusterID"`
 	Node      string `json:"node,omitempty"`
 	Driver    string `json:"driver"`
+	// Mode is the pair's mode, gateway or direct (see Decision.Mode).
+	Mode string `json:"mode,omitempty"`
 	// Policy names the connection policy that decided this pair's connection and driver.
 	Policy string `json:"policy,omitempty"`
 	// AppliedRevision is the broker revision at which this agent last (re)connected the pair

@@ -77,6 +77,14 @@ type State struct {
 	MeshDomain string
 	// ListenAddress is the address the ingress listeners bind; default 0.0.0.0.
 	ListenAddress string
+	// MeshAddress is the gateway's mesh address (gateway mode, issue 9) once the node holds it
+	// on cbl-mesh0; "" when it has none. The per-port listeners ("ingress-tcp-<ingressPort>")
+	// bind it: ingress ports serve only gateway-mode pairs, whose callers arrive SNATed from
+	// their gateway's mesh address to this one, so binding it keeps them off the node's other
+	// addresses (underlay, pod link). The SNI and HTTP listeners stay on ListenAddress: callers
+	// of direct pairs reach them at the node's own addresses, and the wildcard covers the mesh
+	// address too.
+	MeshAddress string
 	// SNIPort and HTTPPort are the shared listeners' ports; 0 leaves that listener out.
 	SNIPort, HTTPPort uint32
 	Services          []Service
@@ -134,6 +142,12 @@ func SNIName(namespace, name, clusterName, meshDomain string, port uint32) strin
 		s = fmt.Sprintf("%d.%s", port, s)
 	}
 	return s
+}
+
+// IngressPortAddress is the address the per-port ingress listeners of st bind: its mesh
+// address when it has one, else its ListenAddress (default 0.0.0.0).
+func IngressPortAddress(st State) string {
+	return cmp.Or(st.MeshAddress, st.ListenAddress, "0.0.0.0")
 }
 
 // TCPListenerName is the listener of one ingress port.
@@ -227,7 +241,7 @@ type memo struct {
 
 // portKey is every input the resources of one service port depend on.
 func portKey(st *State, svc *Service, p Port, first bool) string {
-	return fmt.Sprintf("%q|%q|%q|%q|%q|%v|%+v|%+v", st.Cluster, st.MeshDomain, st.ListenAddress, svc.Namespace, svc.Name, first, p, svc.Endpoints)
+	return fmt.Sprintf("%q|%q|%q|%q|%q|%q|%v|%+v|%+v", st.Cluster, st.MeshDomain, st.ListenAddress, st.MeshAddress, svc.Namespace, svc.Name, first, p, svc.Endpoints)
 }
 
 // Builder builds snapshots, reusing the unchanged service ports of its previous build. Not safe
@@ -261,6 +275,14 @@ func (b *Builder) Build(st State) (*cache.Snapshot, error) {
 func buildResources(st State, old *memo) (*Resources, *memo, error) {
 	if st.ListenAddress == "" {
 		st.ListenAddress = "0.0.0.0"
+	}
+	if st.MeshAddress != "" {
+		// Refused before anything is built: Envoy would NACK a listener it cannot bind, and
+		// the mesh address is a single IPv4 host address (broker/meshaddr).
+		a, err := netip.ParseAddr(st.MeshAddress)
+		if err != nil || !a.Is4() || a.IsUnspecified() {
+			return nil, nil, fmt.Errorf("xds state: meshAddress %q is not an IPv4 host address", st.MeshAddress)
+		}
 	}
 	services := slices.Clone(st.Services)
 	slices.SortFunc(services, func(a, b Service) int {
@@ -378,7 +400,7 @@ func buildPort(st *State, svc *Service, p Port, first bool) (*portOut, error) {
 		}}},
 	}
 	if p.IngressPort != 0 {
-		po.tcp = tcpListener(TCPListenerName(p.IngressPort), st.ListenAddress, p.IngressPort, name)
+		po.tcp = tcpListener(TCPListenerName(p.IngressPort), IngressPortAddress(*st), p.IngressPort, name)
 	}
 	sni := []string{SNIName(svc.Namespace, svc.Name, st.Cluster, st.MeshDomain, p.Port)}
 	hosts := []string{name}
@@ -485,6 +507,11 @@ func tcpListener(name, addr string, port uint32, clusterName string) *listener.L
 		Name:         name,
 		Address:      socketAddress(addr, port),
 		FilterChains: []*listener.FilterChain{{Filters: []*listener.Filter{tcpProxyFilter(name, clusterName)}}},
+		// Explicit, not Envoy's platform default: when the mesh address appears the listener
+		// moves from 0.0.0.0:<port> to <mesh>:<port> under the same name, and Envoy binds the
+		// new socket while the old one still drains; on Linux that bind succeeds only with
+		// SO_REUSEPORT on both.
+		EnableReusePort: wrapperspb.Bool(true),
 	}
 }
 

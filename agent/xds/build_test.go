@@ -220,6 +220,9 @@ func TestBuildRefusesBadInput(t *testing.T) {
 		{"an endpoint that is no IP", func(s *State) { s.Services[0].Endpoints[0].IP = "10.1.0.300" }, `endpoint ip "10.1.0.300"`},
 		{"two service ports on one ingress port", func(s *State) { s.Services[1].Ports[0].IngressPort = 15000 }, "ingress port 15000 is also"},
 		{"an ingress port that is the SNI listener's", func(s *State) { s.Services[1].Ports[0].IngressPort = 16443 }, "ingress port 16443"},
+		{"a mesh address that is no IP", func(s *State) { s.MeshAddress = "242.0.0.300" }, `meshAddress "242.0.0.300"`},
+		{"an IPv6 mesh address", func(s *State) { s.MeshAddress = "fd00::1" }, `meshAddress "fd00::1"`},
+		{"the unspecified address as mesh address", func(s *State) { s.MeshAddress = "0.0.0.0" }, `meshAddress "0.0.0.0"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			st := testState()
@@ -256,6 +259,9 @@ func TestBuilderReusesOnlyWhatIsUnchanged(t *testing.T) {
 		func(s *State) { s.Services[0].Ports[1].IngressPort = 15020 },
 		func(s *State) { s.Services[1].Ports[0].TargetPort = 9090 },
 		func(s *State) { s.Cluster = "north" },
+		func(s *State) { s.MeshAddress = "242.0.0.7" },
+		func(s *State) { s.MeshAddress = "242.0.0.8" },
+		func(s *State) { s.MeshAddress = "" },
 		func(s *State) { s.Services = s.Services[1:] },
 		func(s *State) { s.Certs = nil },
 	}
@@ -284,5 +290,65 @@ func TestBuilderReusesOnlyWhatIsUnchanged(t *testing.T) {
 				t.Errorf("step %d: type %d has %d resources, want %d", i, typ, len(got.Resources[typ].Items), len(want.Resources[typ].Items))
 			}
 		}
+	}
+}
+
+// listenerAddr is a listener's bound address as "ip:port".
+func listenerAddr(l *listener.Listener) string {
+	sa := l.GetAddress().GetSocketAddress()
+	return sa.GetAddress() + ":" + strconv.Itoa(int(sa.GetPortValue()))
+}
+
+// TestIngressPortListenersFollowTheMeshAddress: in gateway mode the per-port listeners bind the
+// node's mesh address once it has one (and follow it when it changes, through a Builder that
+// reuses unchanged ports); without one they bind the wildcard. The SNI and HTTP listeners stay
+// on ListenAddress in every case. Every resource still passes ValidateAll.
+func TestIngressPortListenersFollowTheMeshAddress(t *testing.T) {
+	var b Builder
+	for _, tc := range []struct {
+		name, mesh, listen   string
+		wantPort, wantShared string
+	}{
+		{"no mesh address yet: the wildcard", "", "", "0.0.0.0", "0.0.0.0"},
+		{"a mesh address: the ingress ports bind it, the shared listeners stay on the wildcard", "242.0.0.7", "", "242.0.0.7", "0.0.0.0"},
+		{"the mesh address changes: the listeners follow", "242.0.0.9", "", "242.0.0.9", "0.0.0.0"},
+		{"a listen address and a mesh address: the mesh address wins for the ingress ports", "242.0.0.9", "10.1.0.1", "242.0.0.9", "10.1.0.1"},
+		{"the mesh address is gone again: back to the listen address", "", "10.1.0.1", "10.1.0.1", "10.1.0.1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := testState()
+			st.MeshAddress, st.ListenAddress = tc.mesh, tc.listen
+			if got := IngressPortAddress(st); got != tc.wantPort {
+				t.Errorf("IngressPortAddress = %q, want %q", got, tc.wantPort)
+			}
+			snap, err := b.Build(st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ls []types.Resource
+			for _, it := range snap.Resources[types.Listener].Items {
+				ls = append(ls, it.Resource)
+				if err := it.Resource.(validator).ValidateAll(); err != nil {
+					t.Errorf("%s: ValidateAll: %v", cache.GetResourceName(it.Resource), err)
+				}
+			}
+			for _, p := range []string{"15000", "15001"} {
+				l := findListener(t, ls, TCPListenerPrefix+p)
+				if got, want := listenerAddr(l), tc.wantPort+":"+p; got != want {
+					t.Errorf("listener %s binds %s, want %s", l.Name, got, want)
+				}
+				// The move from the wildcard to the mesh address rebinds under the same name
+				// while the old socket drains: only SO_REUSEPORT lets both coexist.
+				if !l.GetEnableReusePort().GetValue() {
+					t.Errorf("listener %s: enable_reuse_port not set", l.Name)
+				}
+			}
+			if got, want := listenerAddr(findListener(t, ls, SNIListener)), tc.wantShared+":16443"; got != want {
+				t.Errorf("SNI listener binds %s, want %s", got, want)
+			}
+			if got, want := listenerAddr(findListener(t, ls, HTTPListener)), tc.wantShared+":16080"; got != want {
+				t.Errorf("HTTP listener binds %s, want %s", got, want)
+			}
+		})
 	}
 }

@@ -95,6 +95,7 @@ func (d *Driver) initOwn(ctx, life context.Context) error {
 		}
 	}
 	d.charon, d.client, d.libipsec, d.mtu = p, client, libipsec, mtu
+	d.running.Store(p)
 	d.underlayLink = linkName(u)
 	if verdict.Adopt {
 		d.adoptions.Add(1)

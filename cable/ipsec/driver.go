@@ -77,16 +77,10 @@ const charonTable = 220
 
 func init() {
 	cable.Register(cable.Registration{
-		Name: Name,
-		New:  New,
-		ParseSettings: func(s cable.Settings) error {
-			_, err := parseSettings(s)
-			return err
-		},
-		ValidateOptions: func(o cable.Options) error {
-			_, err := parseOptions(o)
-			return err
-		},
+		Name:            Name,
+		New:             cable.Constructor(NewDriver),
+		ParseSettings:   cable.Check(parseSettings),
+		ValidateOptions: cable.Check(parseOptions),
 	})
 }
 
@@ -108,7 +102,9 @@ type Driver struct {
 	underlayLink string
 	client       viciClient
 	charon       *charonProcess // nil with a system charon
-	conns        map[string]*loadedConn
+	// running is charon too, for Helpers, which must not wait for mu (helper.go).
+	running atomic.Pointer[charonProcess]
+	conns   map[string]*loadedConn
 	// stop cancels the context the keeper and our charon's supervisor run under; wg waits for
 	// the keeper (charon.stop for the supervisor). kickKeeper makes the keeper look at once.
 	stop       context.CancelFunc
@@ -183,12 +179,9 @@ type Stats struct {
 	Initiates uint64
 }
 
-// New validates settings and builds the driver; it touches nothing until Init.
-func New(node cable.LocalNode, settings cable.Settings) (cable.Driver, error) {
-	return NewDriver(node, settings)
-}
-
-// NewDriver is New with the concrete type, for callers (tests, tools) that want Stats or Datapath.
+// NewDriver validates settings and builds the driver; it touches nothing until Init. It returns
+// the concrete type for callers (tests, tools) that want Stats or Datapath; the registry builds
+// through cable.Constructor(NewDriver).
 func NewDriver(node cable.LocalNode, settings cable.Settings) (*Driver, error) {
 	cfg, err := parseSettings(settings)
 	if err != nil {
@@ -255,14 +248,12 @@ func (d *Driver) ViciSocket() string {
 }
 
 // CharonPID is the pid of our own charon, 0 when none runs (or with a system charon, or after
-// Close).
+// Close). It does not wait for d.mu (see Helpers).
 func (d *Driver) CharonPID() int {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.charon == nil {
-		return 0
+	if p := d.running.Load(); p != nil {
+		return p.PID()
 	}
-	return d.charon.PID()
+	return 0
 }
 
 // MTU is the tunnel MTU (valid after Init).
@@ -400,7 +391,9 @@ func (d *Driver) Disconnect(ctx context.Context, cluster string) error {
 
 // Connections reports one entry per connection of ours, with its state from list-sas.
 func (d *Driver) Connections(ctx context.Context) ([]cable.ConnectionStatus, error) {
-	d.mu.Lock()
+	if err := d.lock(ctx); err != nil {
+		return nil, fmt.Errorf("ipsec connections: %w", err)
+	}
 	defer d.mu.Unlock()
 	if !d.initialised {
 		return nil, cable.NotInitialised("ipsec connections")
@@ -482,6 +475,7 @@ func (d *Driver) Close() error {
 func (d *Driver) release() (context.CancelFunc, *charonProcess) {
 	stop, p := d.stop, d.charon
 	d.initialised, d.stop, d.charon, d.client, d.kickKeeper = false, nil, nil, nil, nil
+	d.running.Store(nil)
 	return stop, p
 }
 

@@ -28,6 +28,9 @@ const (
 	minKeepWait = 10 * time.Millisecond
 	// keeperErrorWait is the keeper's period while charon does not answer.
 	keeperErrorWait = 5 * time.Second
+	// keeperCallTimeout bounds one look of the keeper (it holds d.mu meanwhile): a charon that
+	// hangs must not hold up the driver for defaultCallTimeout at every look.
+	keeperCallTimeout = 5 * time.Second
 )
 
 // nextInitBackoff is the wait after an initiate, given the wait after the one before (0 for the
@@ -83,6 +86,8 @@ func (d *Driver) kick() {
 // alone (charon retransmits to a silent peer itself) and looked at again soon. The initiate is
 // asynchronous (timeout -1): charon reports the outcome in list-sas.
 func (d *Driver) keep(ctx context.Context) time.Duration {
+	ctx, cancel := context.WithTimeout(ctx, keeperCallTimeout)
+	defer cancel()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if !d.initialised {

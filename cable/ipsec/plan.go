@@ -90,6 +90,7 @@ func desiredTransport(local cable.LocalNode, remote cable.RemoteEndpoint, opts o
 	}
 	local.LocalSubnets = []netip.Prefix{netip.PrefixFrom(la, la.BitLen())}
 	remote.Subnets = []netip.Prefix{netip.PrefixFrom(ra, ra.BitLen())}
+	remote.LocalSubnets = nil // transport mode protects the underlay hosts, never the pair's subnets
 	want, err := desiredFromRemote(local, remote, opts)
 	if err != nil {
 		return desiredConn{}, err
@@ -132,7 +133,9 @@ func desiredFromRemote(local cable.LocalNode, remote cable.RemoteEndpoint, opts 
 	if len(remoteTS) == 0 {
 		return desiredConn{}, fmt.Errorf("%s: subnets: empty, nothing to carry", where)
 	}
-	localTS, err := cable.NormalizeSubnets(local.LocalSubnets)
+	// A gateway-mode pair carries only the two mesh addresses: its LocalSubnets (own mesh /32)
+	// replace the node's pod CIDRs as the local traffic selectors.
+	localTS, err := cable.NormalizeSubnets(remote.SourceSubnets(local))
 	if err != nil {
 		return desiredConn{}, fmt.Errorf("%s: local subnets: %w", where, err)
 	}

@@ -323,3 +323,29 @@ func TestRenderConf(t *testing.T) {
 		t.Error("strongswan.conf includes other files: the host's configuration would leak in")
 	}
 }
+
+// A gateway-mode pair's LocalSubnets replace the node's pod CIDRs as the local traffic selectors:
+// the SA carries only the two mesh addresses. Transport mode ignores them (it protects the
+// underlay hosts).
+func TestLocalSubnetsOverrideTheLocalTrafficSelectors(t *testing.T) {
+	r := testRemote()
+	r.Subnets = []netip.Prefix{netip.MustParsePrefix("242.0.0.2/32")}
+	r.LocalSubnets = []netip.Prefix{netip.MustParsePrefix("242.0.0.1/32")}
+	got, err := desiredFromRemote(testLocal, r, defaultOpts(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []netip.Prefix{netip.MustParsePrefix("242.0.0.1/32")}; !reflect.DeepEqual(got.LocalTS, want) {
+		t.Errorf("local TS = %v, want %v", got.LocalTS, want)
+	}
+	if want := []netip.Prefix{netip.MustParsePrefix("242.0.0.2/32")}; !reflect.DeepEqual(got.RemoteTS, want) {
+		t.Errorf("remote TS = %v, want %v", got.RemoteTS, want)
+	}
+	tr, err := desiredTransport(testLocal, r, defaultOpts(t), "udp", TransportPorts{Local: 4799, Remote: 4800})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []netip.Prefix{netip.MustParsePrefix("10.0.0.1/32")}; !reflect.DeepEqual(tr.LocalTS, want) {
+		t.Errorf("transport local TS = %v, want the underlay host %v", tr.LocalTS, want)
+	}
+}

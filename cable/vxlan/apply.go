@@ -11,6 +11,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/cablemesh/cablemesh/cable"
 	"github.com/cablemesh/cablemesh/cable/route"
 )
 
@@ -330,12 +331,13 @@ func (d *Driver) syncEntries(link netlink.Link, devicePort int, want []conn,
 	}
 
 	// Routes.
-	src4, _, err := route.Sources(d.node.LocalSubnets)
-	if err != nil {
-		d.log.Warn("no route source", "err", err)
-	}
 	var wantRoutes []route.Spec
 	for _, c := range want {
+		// Per connection: a gateway-mode pair's source is this gateway's mesh address.
+		src4, _, err := route.Sources(cable.RemoteEndpoint{LocalSubnets: c.LocalSubnets}.SourceSubnets(d.node))
+		if err != nil {
+			d.log.Warn("no route source", "err", err)
+		}
 		wantRoutes = append(wantRoutes, wantedRoutes(c, src4)...)
 	}
 	haveRoutes, err := route.List(linkOf(link))

@@ -285,7 +285,7 @@ func (d *Driver) Connect(ctx context.Context, remote cable.RemoteEndpoint, opts 
 		return fmt.Errorf("%s: %w", where, err)
 	}
 	want := conn{Node: remote.Node, Address: remote.Address.Unmap(), VNI: p.VNI, Port: p.Port, DstPort: p.DstPort,
-		MTU: p.MTU, Device: p.Device, Subnets: subnets}
+		MTU: p.MTU, Device: p.Device, Subnets: subnets, LocalSubnets: remote.LocalSubnets}
 	if err := checkConflicts(remote.Cluster, want, d.vtep, d.conns); err != nil {
 		return fmt.Errorf("%s: %w", where, err)
 	}

@@ -31,11 +31,15 @@ type conn struct {
 	MTU     int            `json:"mtu"`
 	Device  string         `json:"device"`
 	Subnets []netip.Prefix `json:"subnets"` // masked, sorted, without duplicates
+	// LocalSubnets override the node's for this connection's route source (a gateway-mode
+	// pair: own mesh /32); empty = the node's.
+	LocalSubnets []netip.Prefix `json:"localSubnets,omitempty"`
 }
 
 func (c conn) equal(o conn) bool {
 	return c.Node == o.Node && c.Address == o.Address && c.VNI == o.VNI && c.Port == o.Port &&
-		c.DstPort == o.DstPort && c.MTU == o.MTU && c.Device == o.Device && slices.Equal(c.Subnets, o.Subnets)
+		c.DstPort == o.DstPort && c.MTU == o.MTU && c.Device == o.Device && slices.Equal(c.Subnets, o.Subnets) &&
+		slices.Equal(c.LocalSubnets, o.LocalSubnets)
 }
 
 // remoteVTEP is the remote's inner address (validated when the conn was built).

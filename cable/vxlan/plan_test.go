@@ -400,3 +400,27 @@ func TestPinnedSourcePortIsPartOfTheDevice(t *testing.T) {
 		t.Errorf("the plain driver compares the source ports: %+v", p)
 	}
 }
+
+// A gateway-mode pair's LocalSubnets (own mesh /32) are part of the stored connection: a change
+// of them is a change of the connection (the route source moves), and they survive a restart.
+func TestLocalSubnetsArePartOfTheConnection(t *testing.T) {
+	a, b := testConn(), testConn()
+	b.LocalSubnets = pfx("242.0.0.1/32")
+	if a.equal(b) {
+		t.Error("connections differing only in LocalSubnets compare equal")
+	}
+	dir := t.TempDir()
+	if err := connections(dir).Save(map[string]conn{"b": b}); err != nil {
+		t.Fatal(err)
+	}
+	out, err := connections(dir).Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !out["b"].equal(b) {
+		t.Errorf("round trip lost the local subnets: %+v", out["b"])
+	}
+	if got := (cable.RemoteEndpoint{LocalSubnets: out["b"].LocalSubnets}).SourceSubnets(cable.LocalNode{LocalSubnets: pfx("10.40.0.0/16")}); len(got) != 1 || got[0] != netip.MustParsePrefix("242.0.0.1/32") {
+		t.Errorf("source subnets = %v, want the mesh /32", got)
+	}
+}

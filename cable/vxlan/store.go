@@ -35,5 +35,10 @@ func checkConn(cluster string, c conn) error {
 			return fmt.Errorf("cluster %s: subnet %s is not an IPv4 CIDR", cluster, p)
 		}
 	}
+	for _, p := range c.LocalSubnets {
+		if !p.IsValid() || !p.Addr().Is4() {
+			return fmt.Errorf("cluster %s: local subnet %s is not an IPv4 CIDR", cluster, p)
+		}
+	}
 	return nil
 }

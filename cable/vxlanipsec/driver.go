@@ -45,18 +45,12 @@ const Name = "vxlan+ipsec"
 
 func init() {
 	cable.Register(cable.Registration{
-		Name:  Name,
-		New:   New,
-		OptIn: true, // kernel ESP only: most of today's test hosts would refuse it
-		ParseSettings: func(s cable.Settings) error {
-			_, err := parseSettings(s)
-			return err
-		},
-		ValidateOptions: func(o cable.Options) error {
-			_, err := parseOptions(o)
-			return err
-		},
-		CheckPublished: checkPublished,
+		Name:            Name,
+		New:             cable.Constructor(NewDriver),
+		OptIn:           true, // kernel ESP only: most of today's test hosts would refuse it
+		ParseSettings:   cable.Check(parseSettings),
+		ValidateOptions: cable.Check(parseOptions),
+		CheckPublished:  checkPublished,
 	})
 }
 
@@ -74,12 +68,8 @@ type Driver struct {
 	initialised bool
 }
 
-// New validates settings and builds the driver; it touches nothing until Init.
-func New(node cable.LocalNode, settings cable.Settings) (cable.Driver, error) {
-	return NewDriver(node, settings)
-}
-
-// NewDriver is New with the concrete type.
+// NewDriver validates settings and builds the driver; it touches nothing until Init (the
+// registry builds through cable.Constructor(NewDriver)).
 func NewDriver(node cable.LocalNode, settings cable.Settings) (*Driver, error) {
 	cfg, err := parseSettings(settings)
 	if err != nil {
@@ -290,3 +280,6 @@ func (d *Driver) Close() error {
 	d.initialised = false
 	return errors.Join(d.vx.Close(), d.sec.Close())
 }
+
+// Helpers reports the embedded charon (cable.HelperReporter), without waiting for d.mu.
+func (d *Driver) Helpers(ctx context.Context) []cable.HelperStatus { return d.sec.Helpers(ctx) }

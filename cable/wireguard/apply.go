@@ -6,6 +6,7 @@ import (
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
+	"github.com/cablemesh/cablemesh/cable"
 	"github.com/cablemesh/cablemesh/cable/route"
 )
 
@@ -130,7 +131,7 @@ func (d *Driver) connect(want desiredPeer) error {
 	if err != nil {
 		return err
 	}
-	src4, src6, err := d.host.Sources(d.node.LocalSubnets)
+	src4, src6, err := d.host.Sources(cable.RemoteEndpoint{LocalSubnets: want.LocalSubnets}.SourceSubnets(d.node))
 	if err != nil {
 		d.log.Warn("no route source", "err", err)
 	}

@@ -24,7 +24,10 @@ type desiredPeer struct {
 	PublicKey wgtypes.Key
 	Endpoint  netip.AddrPort
 	Subnets   []netip.Prefix // masked, sorted, without duplicates
-	Keepalive time.Duration
+	// LocalSubnets override the node's for the route source (a gateway-mode pair: own mesh /32);
+	// empty = the node's.
+	LocalSubnets []netip.Prefix
+	Keepalive    time.Duration
 	// RemoteKind is the device kind the remote node publishes (AttrDevice): KindKernel,
 	// KindUserspace, or "" when it does not say.
 	RemoteKind string
@@ -48,13 +51,14 @@ func desiredFromRemote(remote cable.RemoteEndpoint, keepalive time.Duration) (de
 		return desiredPeer{}, fmt.Errorf("wireguard connect to cluster %s: %w", remote.Cluster, err)
 	}
 	return desiredPeer{
-		Cluster:    remote.Cluster,
-		Node:       remote.Node,
-		PublicKey:  key,
-		Endpoint:   netip.AddrPortFrom(remote.Address.Unmap(), remote.Port),
-		Subnets:    subnets,
-		Keepalive:  keepalive,
-		RemoteKind: remote.Attributes[AttrDevice],
+		Cluster:      remote.Cluster,
+		Node:         remote.Node,
+		PublicKey:    key,
+		Endpoint:     netip.AddrPortFrom(remote.Address.Unmap(), remote.Port),
+		Subnets:      subnets,
+		LocalSubnets: remote.LocalSubnets,
+		Keepalive:    keepalive,
+		RemoteKind:   remote.Attributes[AttrDevice],
 	}, nil
 }
 

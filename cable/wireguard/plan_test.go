@@ -202,3 +202,27 @@ func TestStaleState(t *testing.T) {
 		})
 	}
 }
+
+// A gateway-mode pair's LocalSubnets (the gateway's own mesh /32) travel with the peer, so the
+// route source is picked inside them rather than inside the node's pod CIDRs; a direct pair has
+// none and the node's are used.
+func TestDesiredFromRemoteCarriesTheLocalSubnetsOverride(t *testing.T) {
+	node := cable.LocalNode{LocalSubnets: pfx("10.40.0.0/16")}
+	r := cable.RemoteEndpoint{Cluster: "b", Node: "gw", Address: netip.MustParseAddr("10.0.0.2"), Port: 51820,
+		Attributes: map[string]string{AttrPublicKey: testKey(t).String()}, Subnets: pfx("242.0.0.2/32"),
+		LocalSubnets: pfx("242.0.0.1/32")}
+	got, err := desiredFromRemote(r, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if src := (cable.RemoteEndpoint{LocalSubnets: got.LocalSubnets}).SourceSubnets(node); !slices.Equal(src, pfx("242.0.0.1/32")) {
+		t.Errorf("source subnets = %v, want the mesh address 242.0.0.1/32", src)
+	}
+	r.LocalSubnets = nil
+	if got, err = desiredFromRemote(r, 0); err != nil {
+		t.Fatal(err)
+	}
+	if src := (cable.RemoteEndpoint{LocalSubnets: got.LocalSubnets}).SourceSubnets(node); !slices.Equal(src, pfx("10.40.0.0/16")) {
+		t.Errorf("source subnets = %v, want the node's 10.40.0.0/16", src)
+	}
+}

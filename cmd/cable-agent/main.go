@@ -80,10 +80,13 @@ func run(args []string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "cable-agent: agent config "+*configPath+":", err)
 		return 2
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level(cfg.LogLevel)}))
+	// A LevelVar, so that a config reload can change the level (agent/reload.go).
+	lv := new(slog.LevelVar)
+	lv.Set(level(cfg.LogLevel))
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lv}))
 	slog.SetDefault(log)
 
-	opts := agent.Options{Config: cfg, Log: log, CleanupOnExit: *cleanup}
+	opts := agent.Options{Config: cfg, Log: log, CleanupOnExit: *cleanup, ConfigPath: *configPath, LogLevel: lv, LogLevelFlag: *logLevel}
 	if cfg.Kubernetes.Enabled {
 		src, err := kubernetesSource(cfg, log)
 		if err != nil {
@@ -91,6 +94,15 @@ func run(args []string, stderr io.Writer) int {
 			return 1
 		}
 		opts.Kubernetes = src
+		if cfg.Gateway {
+			// The gateway's endpoint addresses from its Node object (InternalIP, ExternalIP).
+			nw, err := nodeWatcher(cfg, log)
+			if err != nil {
+				fmt.Fprintln(stderr, "cable-agent: kubernetes.enabled:", err)
+				return 1
+			}
+			opts.NodeAddresses = nw
+		}
 	}
 	a, err := agent.New(opts)
 	if err != nil {
@@ -141,6 +153,20 @@ func kubernetesSource(cfg *config.Config, log *slog.Logger) (agent.ExportSource,
 		return nil, fmt.Errorf("MCS client: %w", err)
 	}
 	return kube.New(kc, mc, cfg.Cluster, log.With("component", "kubernetes")), nil
+}
+
+// nodeWatcher follows this node's Node object (named as the agent's node) with the in-cluster
+// credentials.
+func nodeWatcher(cfg *config.Config, log *slog.Logger) (*kube.NodeWatcher, error) {
+	rc, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("in-cluster Kubernetes config: %w", err)
+	}
+	kc, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("the Kubernetes client: %w", err)
+	}
+	return &kube.NodeWatcher{Client: kc, Node: cfg.Node, Log: log.With("component", "node-addresses")}, nil
 }
 
 // prepareBPFFS mounts bpffs at /sys/fs/bpf when the config's bpfPinDir lies below it and it is

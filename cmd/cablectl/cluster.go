@@ -105,9 +105,10 @@ func newJoinTokenCmd(f *adminFlags) *cobra.Command {
 		labels             string
 		validFor           time.Duration
 		maxNodes           uint32
+		gatewayMode        bool
 	)
 	cmd := &cobra.Command{
-		Use:   "join-token NAME --pod-cidr CIDR [--service-cidr CIDR] [--labels k=v,...] [--valid-for 24h] [--max-nodes N]",
+		Use:   "join-token NAME --pod-cidr CIDR [--service-cidr CIDR] [--labels k=v,...] [--valid-for 24h] [--max-nodes N] [--gateway-mode]",
 		Short: "Create the cluster if it is new and print a join token for one of its nodes",
 		Long: `Prints a signed, expiring join token (and nothing else) on stdout. The first token for NAME
 creates the cluster with its pod and service CIDRs and labels; later tokens for the same
@@ -117,7 +118,13 @@ address, a gateway's address, nor the loopback, link-local, multicast or unspeci
 A token is one-time: it joins one node (--max-nodes N: up to N distinct nodes, e.g. the
 gateway nodes of a DaemonSet sharing one token), counted by the broker. A node name that holds
 a live certificate cannot be joined again, whatever the token: revoke it first (cluster
-revoke-node). Delete the token file once the node has joined.`,
+revoke-node). Delete the token file once the node has joined.
+
+--gateway-mode creates the cluster in gateway mode: its pairs' cables carry only the gateways'
+mesh addresses, services are reached through the remote gateway's ingress, and its pod and
+service CIDRs may overlap another gateway-mode cluster's (never a direct one's). A cluster's mode
+is fixed when it is created: later tokens for it must give --gateway-mode exactly when it is in
+gateway mode.`,
 		Args: exactArgs(1, "NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			name := args[0]
@@ -158,6 +165,7 @@ revoke-node). Delete the token file once the node has joined.`,
 					Labels:          lbls,
 					ValidForSeconds: int64(validFor / time.Second),
 					MaxNodes:        maxNodes,
+					GatewayMode:     gatewayMode,
 				})
 				if err != nil {
 					return rpcError("create join token", err)
@@ -171,6 +179,7 @@ revoke-node). Delete the token file once the node has joined.`,
 	cmd.Flags().StringVar(&labels, "labels", "", "labels of a new cluster, k=v,k2=v2")
 	cmd.Flags().DurationVar(&validFor, "valid-for", 24*time.Hour, "how long the token is valid")
 	cmd.Flags().Uint32Var(&maxNodes, "max-nodes", 1, "how many distinct nodes the token may join")
+	cmd.Flags().BoolVar(&gatewayMode, "gateway-mode", false, "create the cluster in gateway mode (its CIDRs may overlap other gateway-mode clusters'); later tokens must give it too")
 	return cmd
 }
 
@@ -182,16 +191,21 @@ type clusterView struct {
 	Labels       map[string]string `json:"labels,omitempty"`
 	PodCIDRs     []string          `json:"podCIDRs"`
 	ServiceCIDRs []string          `json:"serviceCIDRs"`
-	JoinedAt     *time.Time        `json:"joinedAt,omitempty"`
-	Revision     uint64            `json:"revision"`
-	Gateways     []gatewayView     `json:"gateways"`
+	// GatewayMode: the cluster joined in gateway mode (MODE gateway in the table; else direct).
+	GatewayMode bool          `json:"gatewayMode"`
+	JoinedAt    *time.Time    `json:"joinedAt,omitempty"`
+	Revision    uint64        `json:"revision"`
+	Gateways    []gatewayView `json:"gateways"`
 }
 
 type gatewayView struct {
-	Node       string            `json:"node"`
-	PrivateIP  string            `json:"privateIP"`
-	PublicIP   string            `json:"publicIP,omitempty"`
-	CablePorts map[string]uint32 `json:"cablePorts,omitempty"`
+	Node      string `json:"node"`
+	PrivateIP string `json:"privateIP"`
+	PublicIP  string `json:"publicIP,omitempty"`
+	// MeshAddress is the gateway's address in the mesh address range, which a gateway-mode pair's
+	// cable carries.
+	MeshAddress string            `json:"meshAddress,omitempty"`
+	CablePorts  map[string]uint32 `json:"cablePorts,omitempty"`
 	// WireguardPublicKey repeats cableAttributes.wireguard.publicKey, the key this output has
 	// always had.
 	WireguardPublicKey string                       `json:"wireguardPublicKey,omitempty"`
@@ -232,7 +246,7 @@ func printClusters(w io.Writer, format string, resp *apiv1.ListClustersResponse,
 	for _, c := range resp.Clusters {
 		cv := clusterView{
 			Name: c.Name, ID: c.Id, UID: c.Uid, Labels: c.Labels,
-			PodCIDRs: nonNil(c.PodCidrs), ServiceCIDRs: nonNil(c.ServiceCidrs),
+			PodCIDRs: nonNil(c.PodCidrs), ServiceCIDRs: nonNil(c.ServiceCidrs), GatewayMode: c.GatewayMode,
 			JoinedAt: tsPtr(c.JoinedAt.AsTime(), c.JoinedAt != nil), Revision: c.Revision,
 			Gateways: []gatewayView{},
 		}
@@ -241,7 +255,7 @@ func printClusters(w io.Writer, format string, resp *apiv1.ListClustersResponse,
 				continue
 			}
 			cv.Gateways = append(cv.Gateways, gatewayView{
-				Node: e.Node, PrivateIP: e.PrivateIp, PublicIP: e.PublicIp, CablePorts: e.CablePorts,
+				Node: e.Node, PrivateIP: e.PrivateIp, PublicIP: e.PublicIp, MeshAddress: e.MeshAddress, CablePorts: e.CablePorts,
 				WireguardPublicKey: e.Attributes("wireguard")["publicKey"], CableAttributes: attributes(e), Drivers: e.Drivers, Subnets: e.Subnets,
 				LastHeartbeat: tsPtr(e.LastHeartbeat.AsTime(), e.LastHeartbeat != nil),
 				LeaseExpires:  tsPtr(e.LeaseExpires.AsTime(), e.LeaseExpires != nil),
@@ -267,17 +281,25 @@ func printClusters(w io.Writer, format string, resp *apiv1.ListClustersResponse,
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 3, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tID\tPOD-CIDRS\tSERVICE-CIDRS\tLABELS\tGATEWAYS\tAGE")
+	fmt.Fprintln(tw, "NAME\tID\tMODE\tPOD-CIDRS\tSERVICE-CIDRS\tLABELS\tGATEWAYS\tAGE")
 	for _, c := range view.Clusters {
 		var gws []string
 		for _, g := range c.Gateways {
-			gws = append(gws, g.Node+"@"+g.PrivateIP)
+			gw := g.Node + "@" + g.PrivateIP
+			if g.MeshAddress != "" {
+				gw += "(mesh " + g.MeshAddress + ")"
+			}
+			gws = append(gws, gw)
+		}
+		mode := "direct"
+		if c.GatewayMode {
+			mode = "gateway"
 		}
 		age := "-"
 		if c.JoinedAt != nil {
 			age = humanAge(now.Sub(*c.JoinedAt))
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\n", c.Name, c.ID, orNone(strings.Join(c.PodCIDRs, ",")),
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", c.Name, c.ID, mode, orNone(strings.Join(c.PodCIDRs, ",")),
 			orNone(strings.Join(c.ServiceCIDRs, ",")), orNone(formatLabels(c.Labels)), orNone(strings.Join(gws, ",")), age)
 	}
 	return tw.Flush()

@@ -184,11 +184,12 @@ func TestClusterTableGolden(t *testing.T) {
 		Revision: 9,
 		Clusters: []*apiv1.Cluster{
 			{Name: "east", Id: 1, PodCidrs: []string{"10.1.0.0/16"}, ServiceCidrs: []string{"10.96.0.0/16"}, Labels: map[string]string{"env": "prod", "site": "onprem"}, JoinedAt: timestamppb.New(now.Add(-49 * time.Hour))},
-			{Name: "west", Id: 2, PodCidrs: []string{"10.2.0.0/16", "10.3.0.0/16"}, JoinedAt: timestamppb.New(now.Add(-90 * time.Second))},
+			{Name: "west", Id: 2, PodCidrs: []string{"10.2.0.0/16", "10.3.0.0/16"}, JoinedAt: timestamppb.New(now.Add(-90 * time.Second)), GatewayMode: true},
 		},
 		Endpoints: []*apiv1.Endpoint{
 			{Cluster: "east", Node: "gw2", PrivateIp: "192.0.2.2"},
 			{Cluster: "east", Node: "gw1", PrivateIp: "192.0.2.1"},
+			{Cluster: "west", Node: "gw1", PrivateIp: "192.0.2.3", MeshAddress: "242.0.0.1"},
 		},
 	}
 	var buf bytes.Buffer
@@ -196,6 +197,23 @@ func TestClusterTableGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	golden(t, "cluster-list.golden", buf.Bytes())
+
+	// JSON and YAML say the mode of every cluster and the mesh address of every gateway that has one.
+	for _, format := range []string{"json", "yaml"} {
+		buf.Reset()
+		if err := printClusters(&buf, format, resp, now); err != nil {
+			t.Fatal(err)
+		}
+		out := strings.ReplaceAll(buf.String(), `"`, "")
+		for _, want := range []string{"gatewayMode: false", "gatewayMode: true", "meshAddress: 242.0.0.1"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("-o %s does not contain %q:\n%s", format, want, buf.String())
+			}
+		}
+		if strings.Count(out, "meshAddress") != 1 {
+			t.Errorf("-o %s: a gateway without a mesh address shows one:\n%s", format, buf.String())
+		}
+	}
 }
 
 // TestClusterFlagErrorsSayWhatTheBrokerSays: cablectl refuses a bad cluster name, CIDR or label
@@ -278,4 +296,32 @@ func dialTestBroker(t *testing.T, cfg string) apiv1.AdminClient {
 	}
 	t.Cleanup(func() { conn.Close() })
 	return apiv1.NewAdminClient(conn)
+}
+
+func TestClusterJoinTokenGatewayMode(t *testing.T) {
+	cfg := startClusterTestBroker(t)
+	for _, c := range []string{"east", "west"} {
+		if _, err := runClusterCmd(t, "--config", cfg, "cluster", "join-token", c, "--pod-cidr", "10.1.0.0/16", "--gateway-mode"); err != nil {
+			t.Fatalf("gateway-mode %s on 10.1.0.0/16: %v", c, err)
+		}
+	}
+	_, err := runClusterCmd(t, "--config", cfg, "cluster", "join-token", "north", "--pod-cidr", "10.1.0.0/16")
+	if err == nil || isClusterUsageErr(err) || !strings.Contains(err.Error(), `overlaps pod CIDR 10.1.0.0/16 of cluster "east"`) || !strings.Contains(err.Error(), "--gateway-mode") {
+		t.Fatalf("a direct cluster on a gateway-mode cluster's CIDR: %v; want a failure naming both and hinting --gateway-mode", err)
+	}
+	_, err = runClusterCmd(t, "--config", cfg, "cluster", "join-token", "east")
+	if err == nil || !strings.Contains(err.Error(), `cluster "east" already exists in gateway mode, not direct mode`) {
+		t.Fatalf("a token for east without --gateway-mode: %v", err)
+	}
+	if _, err := runClusterCmd(t, "--config", cfg, "cluster", "join-token", "east", "--gateway-mode"); err != nil {
+		t.Fatalf("another token for east: %v", err)
+	}
+	out, err := runClusterCmd(t, "--config", cfg, "cluster", "list")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 3 || !strings.Contains(lines[0], "MODE") || !strings.Contains(lines[1], "gateway") || !strings.Contains(lines[2], "gateway") {
+		t.Fatalf("list table:\n%s", out)
+	}
 }

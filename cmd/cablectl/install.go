@@ -43,12 +43,13 @@ type installFlags struct {
 	validFor                                                      time.Duration
 	maxNodes                                                      uint32
 	ingressEnvoy                                                  bool
+	gatewayMode                                                   bool
 }
 
 func newInstallKubernetesCmd(f *adminFlags) *cobra.Command {
 	var fl installFlags
 	cmd := &cobra.Command{
-		Use:   "kubernetes --cluster NAME --pod-cidr CIDR [--service-cidr CIDR] [--gateway-nodes SELECTOR]",
+		Use:   "kubernetes --cluster NAME --pod-cidr CIDR [--service-cidr CIDR] [--gateway-nodes SELECTOR] [--gateway-mode]",
 		Short: "Create the cluster and its join token at the broker and print the cluster's manifests",
 		Long: `Creates the cluster at the broker if it is new (as cluster join-token does) and a join token
 for its gateway nodes, then prints on stdout, as multi-document YAML, everything the cluster
@@ -91,6 +92,7 @@ then be one they can reach). The token joins up to --max-nodes gateway nodes and
 					Labels:          lbls,
 					ValidForSeconds: int64(fl.validFor / time.Second),
 					MaxNodes:        fl.maxNodes,
+					GatewayMode:     fl.gatewayMode,
 				})
 				if err != nil {
 					return rpcError("create join token", err)
@@ -115,6 +117,7 @@ then be one they can reach). The token joins up to --max-nodes gateway nodes and
 	fs.StringSliceVar(&fl.svcCIDRs, "service-cidr", nil, "service CIDR of the cluster (repeatable, or a comma list)")
 	fs.StringVar(&fl.gatewayNodes, "gateway-nodes", deploy.DefaultGateways, "label selector of the nodes that run the agent (k=v,k2 in (a,b),!k3)")
 	fs.StringVar(&fl.labels, "labels", "", "labels of a new cluster, k=v,k2=v2")
+	fs.BoolVar(&fl.gatewayMode, "gateway-mode", false, "create the cluster in gateway mode, as cluster join-token --gateway-mode (re-runs for more nodes must give it too)")
 	fs.DurationVar(&fl.validFor, "valid-for", 24*time.Hour, "how long the join token is valid")
 	fs.Uint32Var(&fl.maxNodes, "max-nodes", 3, "how many distinct gateway nodes the token may join")
 	fs.StringVar(&fl.agentBroker, "agent-broker", "", "broker address the agents dial, host:port[,host:port] (default: the admin config's, or --broker)")

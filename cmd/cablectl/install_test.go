@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -81,6 +82,35 @@ func TestInstallKubernetesAgainstARealBroker(t *testing.T) {
 		t.Errorf("a second install with the same CIDRs: %v", err)
 	} else if !strings.Contains(out, `broker: "192.0.2.1:7443"`) {
 		t.Errorf("--agent-broker is not the agents' broker address")
+	}
+
+	// --gateway-mode creates gateway-mode clusters, which may share a pod CIDR; a direct one may
+	// not take it, and the broker's refusal says why.
+	for _, c := range []string{"west", "north"} {
+		if _, stderr, err := runCmd(t, "", "install", "kubernetes", "--config", admin, "--cluster", c, "--pod-cidr", "10.50.0.0/16", "--gateway-mode", "--agent-broker", "192.0.2.1:7443"); err != nil {
+			t.Fatalf("install %s in gateway mode: %v\n%s", c, err, stderr)
+		}
+	}
+	if _, _, err := runCmd(t, "", "install", "kubernetes", "--config", admin, "--cluster", "south", "--pod-cidr", "10.50.0.0/16", "--agent-broker", "192.0.2.1:7443"); err == nil || !strings.Contains(err.Error(), "--gateway-mode") {
+		t.Errorf("a direct cluster over a gateway-mode one's CIDR: %v, want a refusal hinting --gateway-mode", err)
+	}
+	if _, _, err := runCmd(t, "", "install", "kubernetes", "--config", admin, "--cluster", "west", "--pod-cidr", "10.50.0.0/16", "--agent-broker", "192.0.2.1:7443"); err == nil || !strings.Contains(err.Error(), "gateway mode") {
+		t.Errorf("re-install of a gateway-mode cluster without --gateway-mode: %v, want a refusal naming the mode", err)
+	}
+	list, err = runClusterCmd(t, "cluster", "list", "--config", admin, "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lv = clusterListView{}
+	if err := json.Unmarshal([]byte(list), &lv); err != nil {
+		t.Fatal(err)
+	}
+	modes := map[string]bool{}
+	for _, c := range lv.Clusters {
+		modes[c.Name] = c.GatewayMode
+	}
+	if fmt.Sprint(modes) != "map[east:false north:true west:true]" {
+		t.Errorf("cluster modes %v; want east direct, north and west gateway", modes)
 	}
 }
 

@@ -417,7 +417,8 @@ func printServicesSection(w io.Writer, s *statusapi.Services, wide bool) error {
 		}
 		for _, imp := range s.Imports {
 			for _, c := range imp.Clusters {
-				if !c.Usable {
+				// A gateway-mode cluster's reason says where it is reached (its gateway's ingress).
+				if !c.Usable || c.GatewayMode {
 					fmt.Fprintf(w, "  %s/%s %s: %s\n", imp.Namespace, imp.Name, c.Cluster, c.Reason)
 				}
 			}

@@ -52,6 +52,13 @@ func TestStatusServicesSectionMatchesGolden(t *testing.T) {
 	}{
 		{"imports per cluster with what the maps hold, the exports and their sync", "status_services.golden", "table", fixtureServices},
 		{"the wide table lists the backends in the maps", "status_services_wide.golden", "wide", fixtureServices},
+		{"a gateway-mode cluster's row says which ingress it is reached through", "status_services_gateway.golden", "table", func() *statusapi.Services {
+			s := fixtureServices()
+			c := &s.Imports[0].Clusters[len(s.Imports[0].Clusters)-1]
+			c.GatewayMode = true
+			c.Reason = "connected (not probed); gateway mode: through the ingress of gateway b1 at 242.0.0.2:15000/tcp"
+			return s
+		}},
 		{"an agent that has no imports yet says DNS answers SERVFAIL", "status_services_unknown.golden", "table", func() *statusapi.Services {
 			return &statusapi.Services{ImportSelector: "", LoadBalancer: statusapi.LoadBalancer{Error: "cgroupPath: no cgroup2 hierarchy at /sys/fs/cgroup or /sys/fs/cgroup/unified"},
 				Exports: []statusapi.NodeExport{{Export: statusapi.Export{Name: "web", Namespace: "shop", Type: "ClusterSetIP"}, Source: "runtime"}},

@@ -190,6 +190,13 @@ func printStatus(w io.Writer, format string, s *statusapi.Status, now time.Time)
 				tr.RxPackets, statusBytes(tr.RxBytes), tr.TxPackets, statusBytes(tr.TxBytes))
 		}
 	}
+	// Gateway-mode pairs carry only the two gateways' mesh addresses: say which (direct pairs,
+	// the default, need no line).
+	for _, c := range s.Connections {
+		if c.Mode == "gateway" {
+			fmt.Fprintf(w, "  %s: gateway mode: the cable carries only mesh addresses %s <-> %s\n", c.Cluster, statusDash(s.MeshAddress), strings.Join(c.Subnets, ","))
+		}
+	}
 	// Pairs the policies decided not to connect are absent from the table; say so, and why.
 	for _, d := range s.Decisions {
 		if d.Connect {
@@ -235,6 +242,12 @@ func printStatus(w io.Writer, format string, s *statusapi.Status, now time.Time)
 		}
 		fmt.Fprintln(w, cert)
 	}
+	if c := s.Config; c != nil {
+		fmt.Fprintln(w, statusConfigLine(c, now))
+	}
+	if line := statusMeshLine(s); line != "" {
+		fmt.Fprintln(w, line)
+	}
 	// Problems of a remote cluster are its row's message above; the node's own are listed here.
 	first := true
 	for _, p := range s.Problems {
@@ -246,6 +259,9 @@ func printStatus(w io.Writer, format string, s *statusapi.Status, now time.Time)
 			first = false
 		}
 		fmt.Fprintf(w, "  %s\n", p.Message)
+	}
+	if err := printWorkerSection(w, s.Worker, now); err != nil {
+		return err
 	}
 	return printServicesSection(w, s.Services, wide)
 }
@@ -371,4 +387,58 @@ func statusAgo(t *time.Time, now time.Time) string {
 		return strconv.Itoa(int(d/time.Hour)) + "h ago"
 	}
 	return strconv.Itoa(int(d/(24*time.Hour))) + "d ago"
+}
+
+// statusConfigLine is the agent config in force: its revision, the start of its hash, and the
+// fields of a refused newer file (the messages are under Problems).
+func statusConfigLine(c *statusapi.ConfigStatus, now time.Time) string {
+	hash := c.Hash
+	if len(hash) > len("sha256:")+12 {
+		hash = hash[:len("sha256:")+12]
+	}
+	loaded := c.LoadedAt
+	line := fmt.Sprintf("Config: revision %d, %s, loaded %s", c.Revision, statusDash(hash), statusAgo(&loaded, now))
+	if len(c.Refused) > 0 {
+		var fields []string
+		for _, r := range c.Refused {
+			f := r.Field
+			if f == "" {
+				f = "(file)"
+			}
+			fields = append(fields, f)
+		}
+		line += ", newer file refused: " + strings.Join(fields, ", ")
+	}
+	return line
+}
+
+// statusMeshLine is the gateway-mode line: the node's mesh address and what its ingress data
+// plane programs; "" on a node without a mesh address or data plane.
+func statusMeshLine(s *statusapi.Status) string {
+	var dp *statusapi.IngressDataplane
+	mode := ""
+	if s.Ingress != nil {
+		dp, mode = s.Ingress.Dataplane, s.Ingress.Mode
+	}
+	if s.MeshAddress == "" && dp == nil {
+		return ""
+	}
+	line := "Mesh address: " + statusDash(s.MeshAddress)
+	if dp == nil {
+		return line
+	}
+	if dp.MeshLink == "" && dp.Error == "" && dp.Ports == 0 && dp.RemoteMeshAddresses == 0 {
+		// The broker gives every gateway a mesh address; only gateway mode uses it.
+		return line + " (not in use: no gateway-mode pair)"
+	}
+	line += fmt.Sprintf(", ingress %s (%s): ", statusDash(mode), dp.Kind)
+	if !dp.Programmed {
+		line += "not programmed"
+	} else {
+		line += fmt.Sprintf("%d ports (%d without backends), %d backends, SNAT for %d remote gateways", dp.Ports, dp.PortsWithoutBackends, dp.Backends, dp.RemoteMeshAddresses)
+	}
+	if dp.Error != "" {
+		line += ", error: " + dp.Error
+	}
+	return line
 }

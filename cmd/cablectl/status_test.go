@@ -130,6 +130,16 @@ func TestStatusTableMatchesGolden(t *testing.T) {
 		{"a gateway whose policies pick a driver per pair and leave one pair unconnected", "status_table_policies.golden", fixtureStatusWithPolicies, ""},
 		{"the wide table names the deciding policy and the driver that did not start", "status_wide_policies.golden", fixtureStatusWithPolicies, "wide"},
 		{"a gateway whose driver refused a pair, with a subnet not routed, a certificate to renew and a readable token", "status_table_problems.golden", fixtureStatusWithProblems, ""},
+		{"a gateway in gateway mode with one gateway-mode pair and its ingress data plane", "status_table_gateway.golden", func() *statusapi.Status {
+			s := fixtureStatus()
+			s.MeshAddress = "242.0.0.1"
+			s.Connections[0].Mode = "gateway"
+			s.Connections[0].Subnets = []string{"242.0.0.2/32"}
+			s.Connections[1].Mode = "direct"
+			s.Ingress = &statusapi.Ingress{Mode: "kernel", Ports: []statusapi.IngressPort{}, Dataplane: &statusapi.IngressDataplane{
+				Kind: "nftables", MeshLink: "cbl-mesh0", Programmed: true, RemoteMeshAddresses: 1, Ports: 2, Backends: 2, Rules: 9}}
+			return s
+		}, ""},
 		{"an agent whose certificate the broker revoked", "status_table_revoked.golden", func() *statusapi.Status {
 			s := fixtureStatus()
 			s.Connections = s.Connections[1:2]
@@ -289,5 +299,51 @@ func TestStatusCommandShowsProbeDetails(t *testing.T) {
 	h, _ := west["health"].(map[string]any)
 	if h["healthy"] != true || h["probing"] != true || h["probesSent"] != 120.0 || h["target"] != "10.2.0.1" {
 		t.Errorf("health = %v", h)
+	}
+}
+
+func TestStatusTableShowsTheConfigInForceAndARefusedFile(t *testing.T) {
+	s := &statusapi.Status{Cluster: "east", Node: "n1", Broker: statusapi.Broker{Address: "10.0.0.1:7443"}, Connections: []statusapi.Connection{},
+		Config: &statusapi.ConfigStatus{Path: "/etc/cablemesh/agent.yaml", Revision: 3, Hash: "sha256:0123456789abcdef0123", LoadedAt: statusNow.Add(-12 * time.Second)}}
+	var buf bytes.Buffer
+	if err := printStatus(&buf, "table", s, statusNow); err != nil {
+		t.Fatal(err)
+	}
+	if want := "Config: revision 3, sha256:0123456789ab, loaded 12s ago\n"; !strings.Contains(buf.String(), want) {
+		t.Errorf("table lacks %q:\n%s", want, buf.String())
+	}
+	s.Config.Refused = []statusapi.ConfigRefusal{{Field: "cluster", Message: "cluster cannot change"}}
+	buf.Reset()
+	if err := printStatus(&buf, "table", s, statusNow); err != nil {
+		t.Fatal(err)
+	}
+	if want := "Config: revision 3, sha256:0123456789ab, loaded 12s ago, newer file refused: cluster\n"; !strings.Contains(buf.String(), want) {
+		t.Errorf("table lacks %q:\n%s", want, buf.String())
+	}
+}
+
+func TestStatusMeshLineSaysWhenTheMeshAddressIsNotInUse(t *testing.T) {
+	tests := []struct {
+		name string
+		st   statusapi.Status
+		want string
+	}{
+		{"a node without a mesh address or data plane has no line", statusapi.Status{}, ""},
+		{"a gateway of a mesh of direct pairs holds an address it does not use",
+			statusapi.Status{MeshAddress: "242.0.0.3", Ingress: &statusapi.Ingress{Mode: "kernel", Dataplane: &statusapi.IngressDataplane{Kind: "nftables", Programmed: true}}},
+			"Mesh address: 242.0.0.3 (not in use: no gateway-mode pair)"},
+		{"a gateway in gateway mode shows what its table does",
+			statusapi.Status{MeshAddress: "242.0.0.1", Ingress: &statusapi.Ingress{Mode: "kernel", Dataplane: &statusapi.IngressDataplane{Kind: "nftables", MeshLink: "cbl-mesh0", Programmed: true, Ports: 2, Backends: 2, RemoteMeshAddresses: 1}}},
+			"Mesh address: 242.0.0.1, ingress kernel (nftables): 2 ports (0 without backends), 2 backends, SNAT for 1 remote gateways"},
+		{"a mesh link that cannot be made is an error, not an unused address",
+			statusapi.Status{MeshAddress: "242.0.0.1", Ingress: &statusapi.Ingress{Mode: "kernel", Dataplane: &statusapi.IngressDataplane{Kind: "nftables", Error: "operation not permitted"}}},
+			"Mesh address: 242.0.0.1, ingress kernel (nftables): not programmed, error: operation not permitted"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := statusMeshLine(&tt.st); got != tt.want {
+				t.Errorf("got  %q\nwant %q", got, tt.want)
+			}
+		})
 	}
 }

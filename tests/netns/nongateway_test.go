@@ -223,3 +223,173 @@ spec:
 		}
 	})
 }
+
+// TestNonGatewayFailsOverToTheOtherGateway runs east with two gateways (east-gw1, east-gw2) and
+// a worker, west with one, and a ping every 100ms from the worker's pod to west's pod through
+// east-gw1 (the gateway west connects to: the lexically smallest). Then east-gw1 dies as a node
+// does: its link goes down and its agent is killed. The worker's probes pass it over, the broker
+// withdraws it when its lease runs out (east's gateways ask for a 3s lease; the broker, started
+// with its default 30s lease, reaps every tenth of the shortest lease it holds: 300ms), west
+// connects to east-gw2, and the ping resumes: the test measures when, asserts it is within
+// failoverBudget, and checks that the worker's status shows the switch.
+func TestNonGatewayFailsOverToTheOtherGateway(t *testing.T) {
+	// Measured 2.3-3.4s over 8 runs on a 2-core machine (the "failover:" line): the lease
+	// dominates; the budget leaves room for a loaded CI machine.
+	gatewayFailover(t, "leaseSeconds: 3\nheartbeatInterval: 1s\n", 10*time.Second)
+}
+
+// gatewayFailover is TestNonGatewayFailsOverToTheOtherGateway with gatewayExtra in both east
+// gateways' configs and the budget the ping's outage must stay within; it returns the outage
+// (from the death to the first reply).
+func gatewayFailover(t *testing.T, gatewayExtra string, failoverBudget time.Duration) time.Duration {
+	m := harness.New(t)
+	east := m.AddCluster("east", "10.1.0.0/16")
+	west := m.AddCluster("west", "10.2.0.0/16")
+	east.WriteConfig(gatewayExtra)
+	gw2 := east.AddGateway("east-gw2", "cbl-wg1", "10.1.7.0/24")
+	east.JoinAnother(gw2)
+	gw2.WriteGatewayConfig(gatewayExtra)
+	east.StartAgent()
+	west.StartAgent()
+	m.WaitConnected(ConnectTimeout, east, west)
+	gw2.StartAgent()
+
+	w := east.AddWorker("wk1", "10.1.5.0/24")
+	w.RouteOnGateways(east, gw2)
+	east.JoinAnother(w)
+	w.WriteConfig("")
+	w.StartAgent("--cleanup-on-exit")
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, ns := range []string{w.NS, gw2.GwNS} {
+				r := harness.Run(m.Ctx, "ip", "-n", ns, "route", "show", "table", "all")
+				t.Logf("---- %s: ip route show table all\n%s%s", ns, r.Stdout, r.Stderr)
+			}
+			r := harness.Run(m.Ctx, m.Bin.Cablectl, "status", "--socket", w.StatusSocket)
+			t.Logf("---- cablectl status on worker %s:\n%s%s", w.Node, r.Stdout, r.Stderr)
+		}
+	})
+	viaGw1 := harness.RouteEntry{Dst: west.PodCIDR.String(), Via: east.GwUnderlay.String(), Dev: "eth0"}
+	viaGw2 := harness.RouteEntry{Dst: west.PodCIDR.String(), Via: gw2.GwUnderlay.String(), Dev: "eth0"}
+	waitWorkerRoutes(t, m, w, 30*time.Second, viaGw1)
+
+	t.Run("the worker probes both gateways and routes west via the one west connects to", func(t *testing.T) {
+		var last string
+		err := harness.WaitFor(20*time.Second, 200*time.Millisecond, func() (bool, string) {
+			st, err := w.Status()
+			if err != nil || st.Worker == nil {
+				last = fmt.Sprintf("err %v, worker section %+v", err, st.Worker)
+				return false, last
+			}
+			last = fmt.Sprintf("%+v", *st.Worker)
+			healthy := 0
+			for _, g := range st.Worker.Gateways {
+				if g.Probing && g.Healthy && g.ProbesSent > 0 {
+					healthy++
+				}
+			}
+			if healthy != 2 || len(st.Worker.Routes) != 1 {
+				return false, last
+			}
+			r := st.Worker.Routes[0]
+			return r.Cluster == west.Name && r.Via == east.Node && r.Address == east.GwUnderlay.String() &&
+				slices.Equal(r.Carriers, []string{east.Node, gw2.Node}) && r.Reason == "", last
+		})
+		if err != nil {
+			t.Fatalf("worker status never showed 2 healthy gateways and west via %s (carriers %s, %s): %v", east.Node, east.Node, gw2.Node, err)
+		}
+		r := harness.Run(m.Ctx, m.Bin.Cablectl, "status", "--socket", w.StatusSocket)
+		t.Logf("cablectl status on worker %s:\n%s", w.Node, r.Stdout)
+		for _, word := range []string{"Local gateways", east.Node, gw2.Node, "healthy", "Routes:"} {
+			if !strings.Contains(r.Stdout, word) {
+				t.Errorf("cablectl status on the worker does not show %q:\n%s", word, r.Stdout)
+			}
+		}
+	})
+	if t.Failed() {
+		t.FailNow()
+	}
+	if ok, r := m.PingOK(w.PodNS, west.PodIP, 3); !ok {
+		t.Fatalf("before the failover: ping worker pod -> west pod %s: %d/%d: %s", west.PodIP, r.Received, r.Transmitted, r.Output)
+	}
+
+	pinger := m.StartTimedPinger("failover-ping", w.PodNS, west.PodIP, 100*time.Millisecond)
+	if err := harness.WaitFor(10*time.Second, 200*time.Millisecond, func() (bool, string) {
+		n := len(harness.ReplyTimes(pinger))
+		return n >= 10, fmt.Sprintf("%d replies", n)
+	}); err != nil {
+		t.Fatalf("the continuous ping does not get through before the failover: %v\n%s", err, pinger.LogTail(10))
+	}
+
+	died := east.KillNode()
+
+	// The worker's route moves once its probes give east-gw1 up (or the broker withdraws it).
+	var switched time.Duration
+	if err := harness.WaitFor(30*time.Second, 50*time.Millisecond, func() (bool, string) {
+		routes, err := m.Routes(w.NS, routeProto)
+		if err != nil {
+			return false, err.Error()
+		}
+		switched = time.Since(died)
+		return slices.Equal(routes, []harness.RouteEntry{viaGw2}), fmt.Sprintf("routes %v", routes)
+	}); err != nil {
+		t.Fatalf("the worker's route to west never moved to %s: %v", gw2.Node, err)
+	}
+	// Whether the worker's probes moved the route or the broker's withdrawal did (with a 3s lease
+	// the two are close; the agent's unit test covers the probes alone): logged, not asserted.
+	movedFirst := !brokerWithdrew(t, m, east.Name, east.Node)
+
+	// Traffic resumes once west connects to east-gw2; wait for a second of replies after it.
+	var gap, resumed time.Duration
+	err := harness.WaitFor(failoverBudget+60*time.Second, 200*time.Millisecond, func() (bool, string) {
+		replies := harness.ReplyTimes(pinger)
+		var ok bool
+		gap, resumed, ok = harness.Outage(replies, died)
+		return ok && time.Since(died) > resumed+time.Second && replies[len(replies)-1].After(died.Add(resumed)), fmt.Sprintf("%d replies", len(replies))
+	})
+	withdrawn := brokerWithdrew(t, m, east.Name, east.Node)
+	_, _ = pinger.Stop(5 * time.Second)
+	if err != nil {
+		t.Fatalf("ping worker pod -> west pod never resumed after %s died: %v\n%s", east.Node, err, pinger.LogTail(20))
+	}
+	t.Logf("failover: node %s died; worker route moved to %s after %s (before the broker withdrew %s: %v); broker withdrew it by the end: %v; ping resumed %s after the death (longest gap between replies %s)",
+		east.Node, gw2.Node, switched.Round(time.Millisecond), east.Node, movedFirst, withdrawn, resumed.Round(time.Millisecond), gap.Round(time.Millisecond))
+	if !withdrawn {
+		t.Errorf("the broker still lists %s after the ping resumed: its lease should have run out", east.Node)
+	}
+	if resumed > failoverBudget {
+		t.Errorf("traffic from the worker resumed %s after the carrying gateway died, want within %s", resumed.Round(time.Millisecond), failoverBudget)
+	}
+
+	t.Run("the worker's status shows the switch", func(t *testing.T) {
+		st, err := w.Status()
+		if err != nil || st.Worker == nil {
+			t.Fatalf("worker status: %v (worker section %v)", err, st.Worker)
+		}
+		if len(st.Worker.Routes) != 1 || st.Worker.Routes[0].Via != gw2.Node || st.Worker.Routes[0].Address != gw2.GwUnderlay.String() {
+			t.Errorf("worker routes %+v, want west via %s (%s)", st.Worker.Routes, gw2.Node, gw2.GwUnderlay)
+		}
+		for _, g := range st.Worker.Gateways {
+			if g.Node == east.Node && g.Healthy {
+				t.Errorf("worker status shows dead gateway %s healthy: %+v", east.Node, g)
+			}
+			if g.Node == gw2.Node && !g.Healthy {
+				t.Errorf("worker status shows live gateway %s unhealthy: %+v", gw2.Node, g)
+			}
+		}
+		r := harness.Run(m.Ctx, m.Bin.Cablectl, "status", "--socket", w.StatusSocket)
+		t.Logf("cablectl status on worker %s after the failover:\n%s", w.Node, r.Stdout)
+	})
+	return resumed
+}
+
+// brokerWithdrew says whether the broker no longer lists node among cluster's endpoints.
+func brokerWithdrew(t *testing.T, m *harness.Mesh, cluster, node string) bool {
+	t.Helper()
+	r := m.Cablectl("cluster", "list", "-o", "json")
+	if r.Err != nil {
+		t.Logf("cablectl cluster list: %s", r)
+		return false
+	}
+	return !strings.Contains(r.Stdout, `"`+node+`"`)
+}

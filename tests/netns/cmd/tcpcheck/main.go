@@ -20,6 +20,7 @@
 //	                                             arrived (after any clamping on the way); echoes
 //	                                             until the peer closes
 //	tcpcheck hello|udpecho|ask|udpask|asks|hold  the services modes: see services.go
+//	tcpcheck capture -iface NAME -duration 10s   counts the IPv4 packets on a link: see capture.go
 //
 // Exit codes: 0 ok, 1 the check failed, 2 bad usage.
 package main
@@ -55,6 +56,7 @@ func main() {
 	size := fs.Int64("bytes", 4<<20, "transfer: how many bytes to send")
 	reply := fs.String("reply", "", "hello/udpecho: what to answer")
 	count := fs.Int("count", 1000, "connbench: how many connections")
+	iface := fs.String("iface", "", "capture: the link to capture on")
 	_ = fs.Parse(os.Args[2:])
 
 	var err error
@@ -81,12 +83,14 @@ func main() {
 		err = asks(*addr, *timeout, *duration)
 	case "hold":
 		err = hold(*addr, *timeout)
+	case "capture":
+		err = capture(*iface, *duration)
 	case "connbench":
 		err = connBench(*addr, *count, *timeout)
 	case "rrbench":
 		err = rrBench(*addr, *duration, *timeout)
 	default:
-		fmt.Fprintf(os.Stderr, "tcpcheck: unknown mode %q (want serve, dial, stream, transfer, accept, hello, udpecho, ask, udpask, asks, hold, connbench or rrbench)\n", os.Args[1])
+		fmt.Fprintf(os.Stderr, "tcpcheck: unknown mode %q (want serve, dial, stream, transfer, accept, hello, udpecho, ask, udpask, asks, hold, capture, connbench or rrbench)\n", os.Args[1])
 		os.Exit(2)
 	}
 	if err != nil {

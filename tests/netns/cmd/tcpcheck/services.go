@@ -19,6 +19,8 @@ import (
 //	tcpcheck hello   -listen ADDR -reply TEXT    TCP server: greets every connection with TEXT and a
 //	                                             newline, then echoes
 //	tcpcheck udpecho -listen ADDR -reply TEXT    UDP server: answers every datagram with TEXT
+//	                                             (both: "{peer}" in TEXT becomes the caller's IP
+//	                                             as the server sees it, for the NAT tests)
 //	tcpcheck ask     -addr ADDR [-timeout 2s]    one TCP connection: prints the greeting as
 //	                                             {"reply","peer","us","at"} (peer is getpeername,
 //	                                             us the time to connect and read it)
@@ -68,7 +70,7 @@ func serveHello(listen, reply string) error {
 		// The connection's goroutine ends when the peer closes; the process is killed to stop.
 		go func() {
 			defer c.Close()
-			if _, err := io.WriteString(c, reply+"\n"); err != nil {
+			if _, err := io.WriteString(c, withPeer(reply, c.RemoteAddr())+"\n"); err != nil {
 				return
 			}
 			_, _ = io.Copy(c, c)
@@ -88,8 +90,20 @@ func serveUDPEcho(listen, reply string) error {
 		if err != nil {
 			return fmt.Errorf("read on %s: %w", listen, err)
 		}
-		_, _ = pc.WriteTo([]byte(reply), from)
+		_, _ = pc.WriteTo([]byte(withPeer(reply, from)), from)
 	}
+}
+
+// withPeer fills the "{peer}" placeholder of a reply with the caller's IP.
+func withPeer(reply string, from net.Addr) string {
+	if !strings.Contains(reply, "{peer}") {
+		return reply
+	}
+	ip := from.String()
+	if h, _, err := net.SplitHostPort(ip); err == nil {
+		ip = h
+	}
+	return strings.ReplaceAll(reply, "{peer}", ip)
 }
 
 // askTCP connects and reads the greeting.

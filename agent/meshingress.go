@@ -1,0 +1,348 @@
+package agent
+
+import (
+	"cmp"
+	"context"
+	"log/slog"
+	"net/netip"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cablemesh/cablemesh/agent/brokerstate"
+	"github.com/cablemesh/cablemesh/agent/config"
+	"github.com/cablemesh/cablemesh/agent/ingress"
+	"github.com/cablemesh/cablemesh/agent/ingress/nftables"
+	"github.com/cablemesh/cablemesh/agent/reconcile"
+	"github.com/cablemesh/cablemesh/agent/statusapi"
+	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/mcs"
+)
+
+// Gateway mode on a gateway node (issue 9): the broker allocates the node a mesh address (its
+// Endpoint.mesh_address, in the RegisterEndpoint answer and the watch); the agent puts it on
+// the cbl-mesh0 link and programs the ingress data plane (agent/ingress/nftables): SNAT of
+// traffic to the remote gateways of its gateway-mode pairs to its own mesh address, and in
+// kernel mode the DNAT of "mesh address : ingress port" to each exported service's ready local
+// endpoints. In envoy mode Envoy, configured over xDS, serves the TCP ingress ports, and the
+// data plane does the SNAT and the UDP ports (Envoy's ingress is a TCP and HTTP proxy: without
+// this an exported UDP port would get an ingress port with nothing behind it).
+//
+// The data plane is applied from meshLoop: a change of exports, endpoints, pairs or the mesh
+// address triggers it (debounced by meshDebounce); every resync re-applies (Apply is idempotent,
+// an atomic replace), which also repairs drift.
+
+// meshDebounce coalesces bursts of changes (an export with many endpoints arriving, a reconcile
+// pass that touches several pairs) into one Apply.
+const meshDebounce = 100 * time.Millisecond
+
+// MeshLink puts the mesh address on the node; default ingress.EnsureMeshLink/RemoveMeshLink.
+type MeshLink interface {
+	Ensure(netip.Addr) error
+	Remove() error
+}
+
+type kernelMeshLink struct{}
+
+func (kernelMeshLink) Ensure(a netip.Addr) error { return ingress.EnsureMeshLink(a) }
+func (kernelMeshLink) Remove() error             { return ingress.RemoveMeshLink() }
+
+// openNftIngress opens the kernel data plane; on failure it returns an untyped nil, never a nil
+// *nftables.Dataplane inside the interface.
+func openNftIngress(log *slog.Logger) (ingress.Dataplane, error) {
+	dp, err := nftables.New(log)
+	if err != nil {
+		return nil, err
+	}
+	return dp, nil
+}
+
+// meshState is the gateway's mesh address and ingress data plane.
+type meshState struct {
+	mu         sync.Mutex
+	registered netip.Addr // from the last RegisterEndpoint answer
+	dp         ingress.Dataplane
+	openErr    string
+	linkErr    string
+	linkAddr   netip.Addr // what cbl-mesh0 holds (as last ensured)
+	applyErr   string
+	applied    *ingress.Config // last Config the data plane accepted
+	trigger    chan struct{}
+}
+
+// triggerMesh asks meshLoop for an Apply soon; triggers coalesce.
+func (a *Agent) triggerMesh() {
+	select {
+	case a.mesh.trigger <- struct{}{}:
+	default:
+	}
+}
+
+// observeRegistered records the mesh address the broker gave this node at registration.
+func (a *Agent) observeRegistered(ep *apiv1.Endpoint) {
+	addr := reconcile.MeshAddress(ep)
+	a.mesh.mu.Lock()
+	changed := addr != a.mesh.registered
+	a.mesh.registered = addr
+	a.mesh.mu.Unlock()
+	if changed {
+		if addr.IsValid() {
+			a.log.Info("mesh address allocated by the broker", "meshAddress", addr)
+		}
+		a.Trigger()
+		a.triggerMesh()
+	}
+}
+
+// meshAddress is this node's mesh address: its endpoint's in the broker state, else the one of
+// the last registration answer; invalid when it has none (not a gateway, or an older broker).
+func meshAddressOf(st *brokerstate.State, cluster, node string, registered netip.Addr) netip.Addr {
+	if a := reconcile.MeshAddress(st.Endpoints[brokerstate.EndpointKey(cluster, node)]); a.IsValid() {
+		return a
+	}
+	return registered
+}
+
+// MeshAddress is this node's mesh address (invalid when none).
+func (a *Agent) MeshAddress() netip.Addr {
+	a.mesh.mu.Lock()
+	reg := a.mesh.registered
+	a.mesh.mu.Unlock()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return meshAddressOf(a.state, a.cfg.Cluster, a.cfg.Node, reg)
+}
+
+// startMeshIngress opens the ingress data plane on gateways and runs meshLoop; the returned stop
+// ends the loop and, with CleanupOnExit, removes the table and cbl-mesh0 (else leaves them, so a
+// restart breaks no flow).
+func (a *Agent) startMeshIngress(ctx context.Context) (stop func()) {
+	if !a.cfg.Gateway {
+		return func() {}
+	}
+	dp, err := a.opts.OpenIngress(a.log)
+	a.mesh.mu.Lock()
+	if err != nil {
+		a.mesh.openErr = err.Error()
+		a.log.Error("ingress data plane not available: gateway-mode pairs carry no traffic", "err", err)
+	}
+	a.mesh.dp = dp
+	a.mesh.mu.Unlock()
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { a.meshLoop(ctx) })
+	return func() {
+		cancel()
+		wg.Wait()
+		if a.opts.CleanupOnExit {
+			cctx, ccancel := context.WithTimeout(context.Background(), cleanupTimeout)
+			defer ccancel()
+			if dp != nil {
+				if err := dp.Cleanup(cctx); err != nil {
+					a.log.Error("ingress data plane cleanup failed", "err", err)
+				}
+			}
+			if err := a.opts.MeshLink.Remove(); err != nil {
+				a.log.Error("mesh link cleanup failed", "link", ingress.MeshLinkName, "err", err)
+			}
+		}
+		if dp != nil {
+			if err := dp.Close(); err != nil {
+				a.log.Error("ingress data plane did not close cleanly", "err", err)
+			}
+		}
+	}
+}
+
+// meshLoop applies the ingress on every trigger (debounced) and every resync.
+func (a *Agent) meshLoop(ctx context.Context) {
+	t := time.NewTicker(a.cfg.ResyncInterval)
+	defer t.Stop()
+	force := true
+	for {
+		a.meshOnce(ctx, force)
+		force = false
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			force = true // re-applied as it is: repairs drift (someone flushed the table)
+		case <-a.mesh.trigger:
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(meshDebounce):
+			}
+			// What arrived during the wait is part of this pass.
+			select {
+			case <-a.mesh.trigger:
+			default:
+			}
+		}
+	}
+}
+
+// meshOnce is one observe → compute → apply pass: the mesh address on cbl-mesh0, then the data
+// plane's Config, applied when it changed (or force).
+func (a *Agent) meshOnce(ctx context.Context, force bool) {
+	st := a.snapshot()
+	a.mesh.mu.Lock()
+	reg, dp := a.mesh.registered, a.mesh.dp
+	a.mesh.mu.Unlock()
+	own := meshAddressOf(st, a.cfg.Cluster, a.cfg.Node, reg)
+	wants, _, _ := reconcile.DesiredAt(st, a.cfg.Cluster, a.cfg.Node, a.resolver(st), a.driverSet(), a.currentGuard())
+	// The broker gives every gateway a mesh address, but only a gateway of a gateway-mode
+	// cluster, or with a gateway-mode pair, uses it: a mesh of direct pairs sees no mesh link and
+	// an empty table.
+	if !gatewayModeUsed(st.Clusters[a.cfg.Cluster], wants) {
+		own = netip.Addr{}
+	}
+	linkErr := ""
+	if own.IsValid() {
+		if err := a.opts.MeshLink.Ensure(own); err != nil {
+			linkErr = err.Error()
+		}
+	} else if err := a.opts.MeshLink.Remove(); err != nil {
+		linkErr = err.Error()
+	}
+	a.mesh.mu.Lock()
+	if linkErr != a.mesh.linkErr && linkErr != "" {
+		a.log.Error("mesh link not as wanted", "link", ingress.MeshLinkName, "meshAddress", own, "err", linkErr)
+	}
+	a.mesh.linkErr = linkErr
+	linkMoved := false
+	if linkErr == "" {
+		linkMoved = a.mesh.linkAddr != own
+		a.mesh.linkAddr = own
+	}
+	a.mesh.mu.Unlock()
+	if linkMoved {
+		// The xDS ingress-port listeners bind the address cbl-mesh0 holds (agent/ingress.go).
+		a.triggerIngress()
+	}
+	if dp == nil {
+		return
+	}
+	set, _, _ := a.effectiveExports()
+	cfg := ingressConfig(own, wants, set, a.cfg.Ingress.Mode)
+	a.mesh.mu.Lock()
+	same := a.mesh.applied != nil && reflect.DeepEqual(*a.mesh.applied, cfg)
+	a.mesh.mu.Unlock()
+	if same && !force {
+		return
+	}
+	err := dp.Apply(ctx, cfg)
+	a.mesh.mu.Lock()
+	prev := a.mesh.applyErr
+	a.mesh.applyErr = ""
+	a.mesh.applied = nil
+	if err != nil {
+		a.mesh.applyErr = err.Error()
+	} else {
+		a.mesh.applied = &cfg
+	}
+	a.mesh.mu.Unlock()
+	if err != nil && err.Error() != prev && ctx.Err() == nil {
+		a.log.Error("ingress data plane not applied; the previous rules stay", "err", err)
+	}
+}
+
+// gatewayModeUsed says whether this gateway takes part in gateway mode: its cluster joined in
+// gateway mode, or one of its wanted connections is a gateway-mode pair.
+func gatewayModeUsed(local *apiv1.Cluster, wants []reconcile.Want) bool {
+	if local.GetGatewayMode() {
+		return true
+	}
+	for _, w := range wants {
+		if w.GatewayMode {
+			return true
+		}
+	}
+	return false
+}
+
+// ingressConfig is the data plane's Config (pure): own mesh address; the remote mesh addresses
+// of the gateway-mode pairs among wants; every exported port with an ingress port that the data
+// plane serves (kernel mode: TCP and UDP; envoy mode: UDP only, Envoy serves TCP) and its ready
+// local endpoints (ip:targetPort). Sorted, so equal inputs give equal configs.
+func ingressConfig(own netip.Addr, wants []reconcile.Want, exports []*apiv1.ServiceExport, mode string) ingress.Config {
+	cfg := ingress.Config{MeshAddress: own}
+	if !own.IsValid() {
+		return cfg // no mesh address yet: nothing is served or translated
+	}
+	for _, w := range wants {
+		if w.GatewayMode && w.RemoteMesh.IsValid() {
+			cfg.RemoteMeshAddresses = append(cfg.RemoteMeshAddresses, w.RemoteMesh)
+		}
+	}
+	slices.SortFunc(cfg.RemoteMeshAddresses, netip.Addr.Compare)
+	cfg.RemoteMeshAddresses = slices.Compact(cfg.RemoteMeshAddresses)
+	for _, e := range exports {
+		svc := ingress.Service{Namespace: e.GetNamespace(), Name: e.GetName()}
+		for _, p := range e.GetPorts() {
+			proto := strings.ToUpper(cmp.Or(p.GetProtocol(), "TCP"))
+			if p.GetIngressPort() == 0 || p.GetIngressPort() > 65535 || (proto != "TCP" && proto != "UDP") {
+				continue // not allocated yet, or a protocol the ingress does not serve (SCTP)
+			}
+			if mode == config.IngressEnvoy && proto == "TCP" {
+				continue // Envoy's listener serves it
+			}
+			port := ingress.Port{Name: p.GetName(), Protocol: proto, IngressPort: uint16(p.GetIngressPort()), Backends: []netip.AddrPort{}}
+			for _, ep := range e.GetEndpoints() {
+				ip, err := netip.ParseAddr(ep.GetIp())
+				if !ep.GetReady() || err != nil || !ip.Unmap().Is4() {
+					continue // the kernel ingress is IPv4 only
+				}
+				port.Backends = append(port.Backends, netip.AddrPortFrom(ip.Unmap(), mcs.BackendPort(p)))
+			}
+			slices.SortFunc(port.Backends, netip.AddrPort.Compare)
+			port.Backends = slices.Compact(port.Backends)
+			svc.Ports = append(svc.Ports, port)
+		}
+		if len(svc.Ports) > 0 {
+			cfg.Services = append(cfg.Services, svc)
+		}
+	}
+	slices.SortFunc(cfg.Services, func(x, y ingress.Service) int {
+		return cmp.Or(cmp.Compare(x.Namespace, y.Namespace), cmp.Compare(x.Name, y.Name))
+	})
+	return cfg
+}
+
+// meshStatus is the status's gateway-mode part: the mesh address and the data plane's state.
+func (a *Agent) meshStatus() (string, *statusapi.IngressDataplane) {
+	own := a.MeshAddress()
+	addr := ""
+	if own.IsValid() {
+		addr = own.String()
+	}
+	if !a.cfg.Gateway {
+		return addr, nil
+	}
+	a.mesh.mu.Lock()
+	dp := a.mesh.dp
+	out := &statusapi.IngressDataplane{Kind: "nftables", Error: joinMsgs(a.mesh.openErr, a.mesh.linkErr, a.mesh.applyErr)}
+	if a.mesh.linkAddr.IsValid() {
+		out.MeshLink = ingress.MeshLinkName
+	}
+	a.mesh.mu.Unlock()
+	if dp != nil {
+		s := dp.Status()
+		out.Programmed = s.Programmed
+		out.RemoteMeshAddresses = s.RemoteMeshAddresses
+		out.Ports = s.Ports
+		out.PortsWithoutBackends = s.PortsWithoutBackends
+		out.Backends = s.Backends
+		out.Rules = s.Rules
+		if !s.LastApply.IsZero() {
+			u := s.LastApply.UTC()
+			out.LastApply = &u
+		}
+		if s.LastError != "" && !strings.Contains(out.Error, s.LastError) {
+			out.Error = joinMsgs(out.Error, s.LastError)
+		}
+	}
+	return addr, out
+}
