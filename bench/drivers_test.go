@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/cablemesh/cablemesh/cable/ipsec"
+	"github.com/cablemesh/cablemesh/internal/benchresults"
 	"github.com/cablemesh/cablemesh/tests/netns/harness"
 )
 
@@ -224,5 +225,5 @@ func writeDriverResults(t *testing.T, res DriversResult) {
 	for _, n := range res.Notes {
 		fmt.Fprintf(&b, "- %s\n", n)
 	}
-	saveResults(t, "drivers", res, b.String())
+	benchresults.Save(t, "results", "drivers", res, b.String())
 }

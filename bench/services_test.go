@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cablemesh/cablemesh/internal/benchresults"
 	"github.com/cablemesh/cablemesh/tests/netns/harness"
 )
 
@@ -311,7 +312,7 @@ func writeServicesResults(t *testing.T, res ServicesResult) {
 	for _, n := range res.Notes {
 		fmt.Fprintf(&b, "- %s\n", n)
 	}
-	saveResults(t, "services", res, b.String())
+	benchresults.Save(t, "results", "services", res, b.String())
 }
 
 // kernel is the running kernel's release.

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cablemesh/cablemesh/internal/benchresults"
 	"github.com/cablemesh/cablemesh/tests/netns/harness"
 )
 
@@ -184,30 +185,5 @@ func writeResults(t *testing.T, res Result) {
 	}
 	fmt.Fprintf(&b, "\nRatio WireGuard / underlay (medians): **%.3f**\n\n", res.Ratio)
 	fmt.Fprintf(&b, "Time for a new cluster to connect: **%.2fs** (%s).\n", res.ConnectSeconds, res.ConnectNote)
-	saveResults(t, "throughput", res, b.String())
-}
-
-// saveResults writes res as JSON and markdown as Markdown to
-// $CABLEMESH_BENCH_RESULTS (default results/) as <kind>-<UTC time>.json and .md.
-func saveResults(t *testing.T, kind string, res any, markdown string) {
-	t.Helper()
-	dir := os.Getenv("CABLEMESH_BENCH_RESULTS")
-	if dir == "" {
-		dir = "results"
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	base := filepath.Join(dir, kind+"-"+time.Now().UTC().Format("2006-01-02T150405Z"))
-	js, err := json.MarshalIndent(res, "", "  ")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(base+".json", append(js, '\n'), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(base+".md", []byte(markdown), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("results: %s.json and %s.md\n%s", base, base, markdown)
+	benchresults.Save(t, "results", "throughput", res, b.String())
 }

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cablemesh/cablemesh/internal/benchresults"
 	"github.com/cablemesh/cablemesh/tests/netns/harness"
 )
 
@@ -401,5 +402,5 @@ func writeStartResults(t *testing.T, res StartResult) {
 	for _, n := range res.Notes {
 		fmt.Fprintf(&b, "- %s\n", n)
 	}
-	saveResults(t, "wgstart", res, b.String())
+	benchresults.Save(t, "results", "wgstart", res, b.String())
 }

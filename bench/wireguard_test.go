@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cablemesh/cablemesh/internal/benchresults"
 	"github.com/cablemesh/cablemesh/tests/netns/harness"
 )
 
@@ -488,5 +489,5 @@ func writeSpeedResults(t *testing.T, res SpeedResult) {
 	for _, n := range res.Notes {
 		fmt.Fprintf(&b, "- %s\n", n)
 	}
-	saveResults(t, "wgspeed", res, b.String())
+	benchresults.Save(t, "results", "wgspeed", res, b.String())
 }

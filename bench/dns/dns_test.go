@@ -6,8 +6,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/binary"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -32,6 +30,7 @@ import (
 	mdns "github.com/miekg/dns"
 
 	agentdns "github.com/cablemesh/cablemesh/agent/dns"
+	"github.com/cablemesh/cablemesh/internal/benchresults"
 )
 
 // serveEnv makes the test binary a DNS server child (see TestMain).
@@ -744,28 +743,7 @@ func TestDNS(t *testing.T) {
 		"dnsmasq keeps srv-host records in a list it walks on every query, so thousands of them slow every answer (full zone); from a hosts file its addresses are hashed (addresses only), which is its best case.",
 		"Runs are interleaved: in every round both servers run back to back, and the one that goes first alternates.",
 	}
-	saveResults(t, res)
-}
-
-func saveResults(t *testing.T, res Result) {
-	t.Helper()
-	dir := os.Getenv("CABLEMESH_BENCH_RESULTS")
-	if dir == "" {
-		dir = filepath.Join("..", "results")
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	base := filepath.Join(dir, "dns-"+time.Now().UTC().Format("2006-01-02T150405Z"))
-	js, err := json.MarshalIndent(res, "", "  ")
-	if err != nil {
-		t.Fatal(err)
-	}
-	md := markdown(res)
-	if err := errors.Join(os.WriteFile(base+".json", append(js, '\n'), 0o644), os.WriteFile(base+".md", []byte(md), 0o644)); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("results: %s.json and %s.md\n%s", base, base, md)
+	benchresults.Save(t, filepath.Join("..", "results"), "dns", res, markdown(res))
 }
 
 func markdown(res Result) string {

@@ -4,7 +4,6 @@ package ingressbench
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -18,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cablemesh/cablemesh/internal/benchresults"
 	"github.com/cablemesh/cablemesh/tests/netns/nstest"
 )
 
@@ -296,28 +296,7 @@ func TestIngress(t *testing.T) {
 	if ingress.MedGbits <= 0 || direct.MedGbits <= 0 {
 		t.Errorf("no throughput measured: direct %v, ingress %v", direct.Gbits, ingress.Gbits)
 	}
-	save(t, res)
-}
-
-func save(t *testing.T, res Result) {
-	t.Helper()
-	dir := os.Getenv("CABLEMESH_BENCH_RESULTS")
-	if dir == "" {
-		dir = filepath.Join("..", "results")
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	base := filepath.Join(dir, "ingress-"+time.Now().UTC().Format("2006-01-02T150405Z"))
-	js, err := json.MarshalIndent(res, "", "  ")
-	if err != nil {
-		t.Fatal(err)
-	}
-	md := markdown(res)
-	if err := errors.Join(os.WriteFile(base+".json", append(js, '\n'), 0o644), os.WriteFile(base+".md", []byte(md), 0o644)); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("results: %s.json and %s.md\n%s", base, base, md)
+	benchresults.Save(t, filepath.Join("..", "results"), "ingress", res, markdown(res))
 }
 
 func joinF(xs []float64, format string) string {

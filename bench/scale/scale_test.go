@@ -4,7 +4,6 @@ package scale
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -25,6 +24,7 @@ import (
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/broker/adminconfig"
 	"github.com/cablemesh/cablemesh/broker/store/etcdtest"
+	"github.com/cablemesh/cablemesh/internal/benchresults"
 )
 
 // Result is one run: one broker build, one store, one fleet size.
@@ -740,19 +740,7 @@ func kernel() string {
 
 func writeResults(t *testing.T, res Results) {
 	t.Helper()
-	dir := env("CABLEMESH_BENCH_RESULTS", "../results")
-	stamp := time.Now().UTC().Format("2006-01-02T150405Z")
-	js, err := json.MarshalIndent(res, "", "  ")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "scale-"+stamp+".json"), append(js, '\n'), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "scale-"+stamp+".md"), []byte(markdown(res)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("results in %s/scale-%s.{json,md}", dir, stamp)
+	benchresults.Save(t, filepath.Join("..", "results"), "scale", res, markdown(res))
 }
 
 // markdown is the results as a table: one column per run, so before and after sit side by side.

@@ -4,8 +4,6 @@ package xdsbench
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -26,6 +24,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/cablemesh/cablemesh/agent/xds"
+	"github.com/cablemesh/cablemesh/internal/benchresults"
 )
 
 const endpointsPerService = 10
@@ -270,23 +269,11 @@ func TestXDS(t *testing.T) {
 		"Build at 1,000 x 10: BuildResources + Snapshot (hashes), median of 10; anchor: cache.NewSnapshot over the same resources (no hashing, no validation). Alloc: bytes allocated by one build; retained: heap held by one snapshot after GC.",
 		"Two CPUs shared with other work (see the load averages); figures are indicative, not asserted.",
 	}
-	saveResults(t, res)
+	benchresults.Save(t, filepath.Join("..", "results"), "xds", res, markdown(res))
 }
 
-func saveResults(t *testing.T, res Result) {
-	t.Helper()
-	dir := os.Getenv("CABLEMESH_BENCH_RESULTS")
-	if dir == "" {
-		dir = filepath.Join("..", "results")
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	base := filepath.Join(dir, "xds-"+time.Now().UTC().Format("2006-01-02T150405Z"))
-	js, err := json.MarshalIndent(res, "", "  ")
-	if err != nil {
-		t.Fatal(err)
-	}
+// markdown is the results' table.
+func markdown(res Result) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# xDS server: export change to client ACK, snapshot build (%s)\n\n", res.Date)
 	fmt.Fprintf(&b, "Kernel %s, %d CPUs, %s; load average before %q, after %q. Command: `%s`\n\n", res.Kernel, res.CPUs, res.GoVersion, res.LoadAvgBefore, res.LoadAvgAfter, res.Command)
@@ -306,8 +293,5 @@ func saveResults(t *testing.T, res Result) {
 	for _, n := range res.Notes {
 		fmt.Fprintf(&b, "- %s\n", n)
 	}
-	if err := errors.Join(os.WriteFile(base+".json", append(js, '\n'), 0o644), os.WriteFile(base+".md", []byte(b.String()), 0o644)); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("results: %s.json and %s.md\n%s", base, base, b.String())
+	return b.String()
 }

@@ -18,7 +18,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -28,13 +27,13 @@ import (
 	listener "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	client "github.com/envoyproxy/go-control-plane/pkg/client/sotw/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/cablemesh/cablemesh/agent/brokerclient"
 	"github.com/cablemesh/cablemesh/agent/xds"
 	"github.com/cablemesh/cablemesh/tests/netns/harness"
+	"github.com/cablemesh/cablemesh/tests/netns/nstest"
 )
 
 // Gateway mode with the Envoy ingress (issue 9): clusters a and b share pod CIDR 10.40.0.0/16 and
@@ -52,33 +51,11 @@ const envoySkip = "envoy is not on PATH (no Envoy binary can be had on this mach
 	"(<svc>.<ns>.svc.clusterset.local) through the mTLS HTTP listener, and SNI passthrough to a TLS backend; " +
 	"the resources themselves are checked with ValidateAll() in agent/xds and fetched over xDS in the other subtests"
 
-// inNetns runs fn on an OS thread of its own inside network namespace ns: every socket fn
-// creates belongs to ns and stays usable from any goroutine afterwards. The thread is never
-// unlocked, so it ends with its goroutine and no other goroutine ever runs in ns.
-func inNetns(ns string, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		f, err := os.Open(filepath.Join("/run/netns", ns))
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer f.Close()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("setns %s: %w", ns, err)
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
-}
-
 // listenIn listens on addr (TCP) inside namespace ns.
 func listenIn(t *testing.T, ns, addr string) net.Listener {
 	t.Helper()
 	var l net.Listener
-	if err := inNetns(ns, func() (err error) { l, err = net.Listen("tcp", addr); return err }); err != nil {
+	if err := nstest.Within(ns, func() (err error) { l, err = net.Listen("tcp", addr); return err }); err != nil {
 		t.Fatalf("listen %s in %s: %v", addr, ns, err)
 	}
 	t.Cleanup(func() { l.Close() })
@@ -88,7 +65,7 @@ func listenIn(t *testing.T, ns, addr string) net.Listener {
 // dialIn dials addr (TCP) from namespace ns.
 func dialIn(ctx context.Context, ns, addr string) (net.Conn, error) {
 	var c net.Conn
-	err := inNetns(ns, func() (err error) {
+	err := nstest.Within(ns, func() (err error) {
 		c, err = (&net.Dialer{Timeout: 3 * time.Second}).DialContext(ctx, "tcp", addr)
 		return err
 	})

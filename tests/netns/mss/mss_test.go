@@ -14,8 +14,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -23,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cablemesh/cablemesh/cable/mss"
+	"github.com/cablemesh/cablemesh/tests/netns/nstest"
 )
 
 const nsPrefix = "cbtm-"
@@ -32,28 +31,6 @@ func run(t *testing.T, args ...string) {
 	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
 		t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
 	}
-}
-
-// inNS runs fn on a thread in namespace ns. The thread is never handed back to the scheduler
-// (the goroutine ends locked), so the switch cannot leak to other goroutines.
-func inNS(t *testing.T, ns string, fn func() error) error {
-	t.Helper()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		f, err := os.Open(filepath.Join("/run/netns", ns))
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer f.Close()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("setns %s: %w", ns, err)
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
 }
 
 func sweep() {
@@ -107,7 +84,7 @@ func setup(t *testing.T) topo {
 func serverMSS(t *testing.T, tp topo) int {
 	t.Helper()
 	var ln net.Listener
-	if err := inNS(t, tp.c, func() (err error) {
+	if err := nstest.Within(tp.c, func() (err error) {
 		ln, err = net.Listen("tcp4", "10.77.2.2:0")
 		return err
 	}); err != nil {
@@ -138,7 +115,7 @@ func serverMSS(t *testing.T, tp topo) int {
 		}
 		got <- res{mss: mss, err: serr}
 	}()
-	if err := inNS(t, tp.a, func() error {
+	if err := nstest.Within(tp.a, func() error {
 		c, err := net.DialTimeout("tcp4", ln.Addr().String(), 5*time.Second)
 		if err != nil {
 			return err
@@ -167,13 +144,13 @@ func TestForwardedSYNsAreClampedToTheRouteMTU(t *testing.T) {
 	}
 
 	// An exact name matches that link alone: "cbl-tm" is not "cbl-tmc".
-	if err := inNS(t, tp.r, func() error { return mss.Ensure([]string{"cbl-tm"}) }); err != nil {
+	if err := nstest.Within(tp.r, func() error { return mss.Ensure([]string{"cbl-tm"}) }); err != nil {
 		t.Fatalf("Ensure: %v", err)
 	}
 	if mss := serverMSS(t, tp); mss <= 1260 {
 		t.Fatalf("clamping the exact link cbl-tm clamped cbl-tmc too: the server sees MSS %d", mss)
 	}
-	if err := inNS(t, tp.r, func() error { return mss.Ensure([]string{"cbl-tmc", "ipsec0"}) }); err != nil {
+	if err := nstest.Within(tp.r, func() error { return mss.Ensure([]string{"cbl-tmc", "ipsec0"}) }); err != nil {
 		t.Fatalf("Ensure: %v", err)
 	}
 	if mss := serverMSS(t, tp); mss > 1260 {
@@ -181,14 +158,14 @@ func TestForwardedSYNsAreClampedToTheRouteMTU(t *testing.T) {
 	}
 
 	links := []string{"cbl-*", "ipsec0"}
-	if err := inNS(t, tp.r, func() error { return mss.Ensure(links) }); err != nil {
+	if err := nstest.Within(tp.r, func() error { return mss.Ensure(links) }); err != nil {
 		t.Fatalf("Ensure: %v", err)
 	}
 	// Idempotent: a second Ensure leaves the same table.
-	if err := inNS(t, tp.r, func() error { return mss.Ensure(links) }); err != nil {
+	if err := nstest.Within(tp.r, func() error { return mss.Ensure(links) }); err != nil {
 		t.Fatalf("second Ensure: %v", err)
 	}
-	if err := inNS(t, tp.r, func() error {
+	if err := nstest.Within(tp.r, func() error {
 		spec, ok, err := mss.Installed()
 		if err != nil || !ok || !spec.Equal(mss.Want(links)) {
 			return fmt.Errorf("installed = %v, %v, %v", spec, ok, err)
@@ -204,7 +181,7 @@ func TestForwardedSYNsAreClampedToTheRouteMTU(t *testing.T) {
 	}
 	// The namespaces the rule is not in are untouched.
 	for _, ns := range []string{tp.a, tp.c} {
-		if err := inNS(t, ns, func() error {
+		if err := nstest.Within(ns, func() error {
 			if _, ok, err := mss.Installed(); ok || err != nil {
 				return fmt.Errorf("table in %s: %v %v", ns, ok, err)
 			}
@@ -214,10 +191,10 @@ func TestForwardedSYNsAreClampedToTheRouteMTU(t *testing.T) {
 		}
 	}
 
-	if err := inNS(t, tp.r, mss.Remove); err != nil {
+	if err := nstest.Within(tp.r, mss.Remove); err != nil {
 		t.Fatalf("Remove: %v", err)
 	}
-	if err := inNS(t, tp.r, func() error {
+	if err := nstest.Within(tp.r, func() error {
 		if _, ok, err := mss.Installed(); ok || err != nil {
 			return fmt.Errorf("after Remove: table present %v, err %v", ok, err)
 		}
