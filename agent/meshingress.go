@@ -192,7 +192,7 @@ func (a *Agent) meshOnce(ctx context.Context, force bool) {
 	reg, dp := a.mesh.registered, a.mesh.dp
 	a.mesh.mu.Unlock()
 	own := meshAddressOf(st, a.cfg.Cluster, a.cfg.Node, reg)
-	wants, _, _ := reconcile.DesiredAt(st, a.cfg.Cluster, a.cfg.Node, a.resolver(st), a.driverSet(), a.currentGuard())
+	wants, _, _ := a.desired(st)
 	// The broker gives every gateway a mesh address, but only a gateway of a gateway-mode
 	// cluster, or with a gateway-mode pair, uses it: a mesh of direct pairs sees no mesh link and
 	// an empty table.

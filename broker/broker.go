@@ -446,22 +446,37 @@ func (s *Server) reapLoop(ctx context.Context) {
 
 // reapExpired withdraws every endpoint whose lease has expired at now, and returns the shortest
 // lease among those left (0 when none). The reap loop calls it with the clock's time; tests call
-// it directly.
+// it directly. The endpoints are read in a read transaction: only when one has expired does it
+// take a write one (through the store's single committer, which registrations wait for),
+// checking each again there, since a heartbeat may have renewed it meanwhile.
 func (s *Server) reapExpired(ctx context.Context, now time.Time) (time.Duration, error) {
-	var reaped []*apiv1.Endpoint
+	var expired bool
 	var shortest time.Duration
-	_, err := s.store.Update(ctx, func(tx store.Tx) error {
+	err := s.store.View(ctx, func(tx store.ReadTx) error {
 		eps, err := tx.Endpoints()
 		if err != nil {
 			return err
 		}
-		reaped = admission.Expired(eps, now)
+		reaped := admission.Expired(eps, now)
+		expired = len(reaped) > 0
 		shortest = 0
 		for _, e := range eps {
 			if l := time.Duration(e.GetLeaseSeconds()) * time.Second; l > 0 && (shortest == 0 || l < shortest) && !slices.Contains(reaped, e) {
 				shortest = l
 			}
 		}
+		return nil
+	})
+	if err != nil || !expired {
+		return shortest, err
+	}
+	var reaped []*apiv1.Endpoint
+	_, err = s.store.Update(ctx, func(tx store.Tx) error {
+		eps, err := tx.Endpoints()
+		if err != nil {
+			return err
+		}
+		reaped = admission.Expired(eps, now)
 		for _, e := range reaped {
 			if err := tx.DeleteEndpoint(e.Cluster, e.Node); err != nil {
 				return err

@@ -3,43 +3,12 @@ package ingress
 import (
 	"net"
 	"net/netip"
-	"os"
-	"runtime"
 	"strings"
 	"testing"
 
+	"github.com/cablemesh/cablemesh/internal/scratchns"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 )
-
-// inFreshNetns runs the test on a locked thread in a new anonymous network namespace.
-func inFreshNetns(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates a network namespace and links")
-	}
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		t.Fatalf("get netns: %v", err)
-	}
-	ns, err := netns.New()
-	if err != nil {
-		orig.Close()
-		runtime.UnlockOSThread()
-		t.Fatalf("new netns: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := netns.Set(orig); err != nil {
-			t.Errorf("restore netns: %v", err) // thread stays locked and dies with the goroutine
-			return
-		}
-		ns.Close()
-		orig.Close()
-		runtime.UnlockOSThread()
-	})
-}
 
 // meshAddrs lists the IPv4 addresses on cbl-mesh0 and whether it is up.
 func meshAddrs(t *testing.T) ([]string, bool) {
@@ -60,7 +29,7 @@ func meshAddrs(t *testing.T) ([]string, bool) {
 }
 
 func TestMeshLink(t *testing.T) {
-	inFreshNetns(t)
+	scratchns.Enter(t)
 	a, b := netip.MustParseAddr("242.0.0.7"), netip.MustParseAddr("242.0.0.8")
 
 	if err := EnsureMeshLink(a); err != nil {
@@ -112,7 +81,7 @@ func TestMeshLink(t *testing.T) {
 }
 
 func TestMeshLinkRefusesForeignLink(t *testing.T) {
-	inFreshNetns(t)
+	scratchns.Enter(t)
 	attrs := netlink.NewLinkAttrs()
 	attrs.Name = MeshLinkName
 	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: attrs, PeerName: "cbl-mesh0p"}); err != nil {

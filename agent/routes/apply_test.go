@@ -5,45 +5,16 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"os"
-	"runtime"
 	"testing"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 
 	"github.com/cablemesh/cablemesh/cable/route"
+	"github.com/cablemesh/cablemesh/internal/scratchns"
 )
 
-// inScratchNetns runs f on a locked thread inside a new, unnamed network namespace that
-// disappears when f returns (nothing named is left behind even if the test fails).
-func inScratchNetns(t *testing.T, f func()) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create a network namespace")
-	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer orig.Close()
-	ns, err := netns.New()
-	if err != nil {
-		t.Skipf("cannot create a network namespace: %v", err)
-	}
-	defer ns.Close()
-	defer func() {
-		if err := netns.Set(orig); err != nil {
-			panic(err) // the thread is in the wrong namespace; do not let it be reused
-		}
-	}()
-	f()
-}
-
 func TestApplySetsKeepsAndRemovesOnlyItsRoutes(t *testing.T) {
-	inScratchNetns(t, func() {
+	scratchns.Run(t, func() {
 		la := netlink.NewLinkAttrs()
 		la.Name = "cbta-v0"
 		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: "cbta-v1"}); err != nil {

@@ -5,50 +5,16 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"os"
-	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
-	"github.com/vishvananda/netns"
 
 	"github.com/cablemesh/cablemesh/agent/ingress"
+	"github.com/cablemesh/cablemesh/internal/scratchns"
 )
-
-// inFreshNetns runs the test body on a locked thread inside a new, anonymous network namespace
-// (gone once the last handle to it closes), so the kernel tests never touch the host's tables.
-func inFreshNetns(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates a network namespace and nftables tables")
-	}
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		t.Fatalf("get netns: %v", err)
-	}
-	ns, err := netns.New()
-	if err != nil {
-		orig.Close()
-		runtime.UnlockOSThread()
-		t.Fatalf("new netns: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := netns.Set(orig); err != nil {
-			// This thread must not go back to the pool in the wrong namespace: leave it locked so
-			// it dies with the goroutine.
-			t.Errorf("restore netns: %v", err)
-			return
-		}
-		ns.Close()
-		orig.Close()
-		runtime.UnlockOSThread()
-	})
-}
 
 // dump renders the table's chains and rules as text without handles: two dumps are equal when
 // the kernel holds the same rules. Anonymous verdict maps are rendered by content.
@@ -101,7 +67,7 @@ func hasTable(t *testing.T, c *nftables.Conn) bool {
 }
 
 func TestKernelApplyReadBack(t *testing.T) {
-	inFreshNetns(t)
+	scratchns.Enter(t)
 	ctx := context.Background()
 	d, err := New(nil)
 	if err != nil {
