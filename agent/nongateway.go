@@ -116,7 +116,7 @@ func (a *Agent) nonGatewayRoutes(st *brokerstate.State) []routes.Route {
 			return !ok || r.Healthy(threshold)
 		}
 	}
-	out, choices := routes.Plan(st, a.cfg.Cluster, a.resolver(st), a.guard, healthy)
+	out, choices := routes.Plan(st, a.cfg.Cluster, a.resolver(st), a.currentGuard(), healthy)
 	a.mu.Lock()
 	prev := a.gwChoices
 	a.gwChoices = choices

@@ -72,7 +72,7 @@ func (a *Agent) Status(ctx context.Context) statusapi.Status {
 	if !a.cfg.Gateway || r == nil {
 		if !a.cfg.Gateway {
 			// The routes via the gateway leave out what the guard refuses too.
-			_, problems, _ := reconcile.Desired(st, a.cfg.Cluster, a.resolver(st), nil, a.guard)
+			_, problems, _ := reconcile.Desired(st, a.cfg.Cluster, a.resolver(st), nil, a.currentGuard())
 			out.Problems = append(out.Problems, statusProblems(problems)...)
 			out.Worker = a.workerStatus()
 		}
