@@ -234,8 +234,10 @@ func TestConfigReloadWithoutRestart(t *testing.T) {
 		}
 		t.Logf("x's wireguard device: ifindex %d before and after; rx packets %d -> %d over %d samples, never lower",
 			wgIndex, wgBefore.RxPackets, after.RxPackets, len(samples))
-		// A peer set up again would handshake again (wireguard rekeys only after 120 s).
-		if p, ok := peerFor(x, z); !ok || p.PublicKey != zPeer.PublicKey || !p.LastHandshake.Equal(zPeer.LastHandshake) || p.RxBytes < zPeer.RxBytes {
+		// A peer set up again would start its counters from zero. Its last handshake is no
+		// witness: a pair that has just connected may handshake again within seconds (the first
+		// handshake's nudges, WireGuard's 5 s retry), whatever the reload does (CI saw 5 s apart).
+		if p, ok := peerFor(x, z); !ok || p.PublicKey != zPeer.PublicKey || p.Endpoint != zPeer.Endpoint || p.RxBytes < zPeer.RxBytes || p.TxBytes < zPeer.TxBytes {
 			t.Errorf("x's wireguard peer for z changed during the reload: %+v, was %+v", p, zPeer)
 		}
 		if n := pairLogLines(x.Agent.Log(), "z"); n != xzLines {

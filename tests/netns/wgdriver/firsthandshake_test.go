@@ -74,6 +74,13 @@ func startPair(t *testing.T, bin, dir, remoteDevice string) time.Duration {
 	took := time.Since(started)
 	nstest.PingOK(t, a.NS, b.pod)
 	nstest.PingOK(t, b.NS, a.pod)
+	// The mechanism's counters are read again now: the status that first said connected may have
+	// been written before the handshake's counters were (CI once read all zeros at 101 ms).
+	for i, n := range []*node{a, b} {
+		sts[i] = nstest.WaitStatus(t, &n.Peer, "connected", 5*time.Second, func(s Status) bool {
+			return len(s.Connections) == 1 && s.Connections[0].State == cable.StateConnected
+		})
+	}
 
 	// The initiator is the end with the smaller key.
 	ka, errA := wgtypes.ParseKey(a.pub)
