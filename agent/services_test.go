@@ -98,6 +98,7 @@ func query(t *testing.T, addr, name string, qtype uint16) *mdns.Msg {
 
 func TestImportsBecomeDNSRecordsAndLoadBalancedBackends(t *testing.T) {
 	b := newBroker(t)
+	b.HoldImports() // the agent has no import set until the first query below was answered
 	net := &switchPinger{}
 	r, cfg, lb, ctr := servicesAgent(t, b, net, nil)
 	addr := dnsAddr(t, r)
@@ -105,6 +106,10 @@ func TestImportsBecomeDNSRecordsAndLoadBalancedBackends(t *testing.T) {
 	if rc := query(t, addr, "web.shop.svc.clusterset.local", mdns.TypeA).Rcode; rc != mdns.RcodeServerFailure {
 		t.Errorf("before any imports the zone answers %s, want SERVFAIL", mdns.RcodeToString[rc])
 	}
+	b.ReleaseImports()
+	eventually(t, "the empty import set makes the zone answer NXDOMAIN", func() bool {
+		return query(t, addr, "web.shop.svc.clusterset.local", mdns.TypeA).Rcode == mdns.RcodeNameError
+	})
 	eventually(t, "the agent asked for imports with the default selector", func() bool {
 		for _, w := range b.WatchRequests() {
 			if w.GetWantImports() && w.GetImportSelector() == "cablemesh.io/exported=true" {

@@ -114,6 +114,7 @@ type Broker struct {
 	exports        map[string][]*apiv1.ServiceExport
 	imports        map[string]*apiv1.ServiceImports
 	importsVersion uint64
+	importsHeld    bool // HoldImports: watches send no imports until ReleaseImports
 	setExports     int
 	exportsErr     error
 	conflicts      []*apiv1.ServiceConflict
@@ -634,8 +635,10 @@ func (b *Broker) Watch(req *apiv1.WatchRequest, stream grpc.ServerStreamingServe
 	sent := b.rev
 	changed := b.changed
 	sentImports := b.importsVersion
-	if req.GetWantImports() {
+	if req.GetWantImports() && !b.importsHeld {
 		first.Imports = b.importsForLocked(caller)
+	} else {
+		sentImports = notSent
 	}
 	first.Ca = b.bundleLocked()
 	sentCA := b.caVersion
@@ -659,7 +662,7 @@ func (b *Broker) Watch(req *apiv1.WatchRequest, stream grpc.ServerStreamingServe
 		sent = b.rev
 		changed = b.changed
 		var imps *apiv1.ServiceImports
-		if req.GetWantImports() && b.importsVersion != sentImports {
+		if req.GetWantImports() && !b.importsHeld && b.importsVersion != sentImports {
 			imps = b.importsForLocked(caller)
 			sentImports = b.importsVersion
 		}
@@ -738,6 +741,26 @@ func (b *Broker) SetImports(cluster string, imports ...*apiv1.ServiceImport) {
 	defer b.mu.Unlock()
 	b.imports[cluster] = &apiv1.ServiceImports{Imports: imports}
 	b.importsVersion++
+	close(b.changed)
+	b.changed = make(chan struct{})
+}
+
+// notSent is the imports version of a watch that has sent no imports yet.
+const notSent = ^uint64(0)
+
+// HoldImports makes watches send no imports, not even the first (empty) set, until
+// ReleaseImports: a test can then see the agent before its imports are synced.
+func (b *Broker) HoldImports() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.importsHeld = true
+}
+
+// ReleaseImports ends HoldImports and sends every watch its imports.
+func (b *Broker) ReleaseImports() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.importsHeld = false
 	close(b.changed)
 	b.changed = make(chan struct{})
 }
