@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"sync"
 	"time"
 
@@ -127,9 +128,17 @@ func (s *Server) storeRevision(timeout time.Duration) (uint64, error) {
 }
 
 // MetricsHandler serves /metrics, /healthz (the process serves) and /readyz (Serve accepts
-// connections and the store answers: an etcd replica that lost etcd is taken out of its Service).
-func (s *Server) MetricsHandler() http.Handler {
+// connections and the store answers: an etcd replica that lost etcd is taken out of its Service),
+// and with withPprof Go's profiles under /debug/pprof/.
+func (s *Server) MetricsHandler(withPprof bool) http.Handler {
 	mux := http.NewServeMux()
+	if withPprof {
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -156,8 +165,8 @@ func (s *Server) MetricsHandler() http.Handler {
 }
 
 // ServeMetrics serves MetricsHandler on lis until ctx ends.
-func (s *Server) ServeMetrics(ctx context.Context, lis net.Listener) error {
-	srv := &http.Server{Handler: s.MetricsHandler(), ReadHeaderTimeout: 5 * time.Second}
+func (s *Server) ServeMetrics(ctx context.Context, lis net.Listener, withPprof bool) error {
+	srv := &http.Server{Handler: s.MetricsHandler(withPprof), ReadHeaderTimeout: 5 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(lis) }()
 	s.log.Info("serving metrics", "address", lis.Addr().String())

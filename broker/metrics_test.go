@@ -42,12 +42,19 @@ func eventuallyScrape(t *testing.T, h http.Handler, want ...string) string {
 
 func TestBrokerMetricsAndProbes(t *testing.T) {
 	b := startBroker(t, t.TempDir(), brokerOpts{})
-	h := b.srv.MetricsHandler()
+	h := b.srv.MetricsHandler(false)
 	if code, _ := scrape(t, h, "/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz %d, want 200", code)
 	}
 	if code, body := scrape(t, h, "/readyz"); code != http.StatusOK || !strings.Contains(body, "store revision") {
 		t.Errorf("/readyz %d %q on a serving broker, want 200 with the store revision", code, body)
+	}
+	// The profiles are there only when asked for (--pprof).
+	if code, _ := scrape(t, h, "/debug/pprof/goroutine?debug=1"); code != http.StatusNotFound {
+		t.Errorf("/debug/pprof/goroutine without --pprof: %d, want 404", code)
+	}
+	if code, body := scrape(t, b.srv.MetricsHandler(true), "/debug/pprof/goroutine?debug=1"); code != http.StatusOK || !strings.Contains(body, "goroutine profile:") {
+		t.Errorf("/debug/pprof/goroutine with --pprof: %d %.80q, want 200 with the goroutine profile", code, body)
 	}
 	// Every method is there from the start, at 0.
 	body := eventuallyScrape(t, h, `cablemesh_broker_grpc_server_handled_total{grpc_code="OK",grpc_method="Watch",grpc_service="cablemesh.v1.Agent",grpc_type="server_stream"} 0`)
@@ -98,7 +105,7 @@ func TestBrokerNotReadyBeforeServing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv.Close()
-	if code, body := scrape(t, srv.MetricsHandler(), "/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "not serving") {
+	if code, body := scrape(t, srv.MetricsHandler(false), "/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "not serving") {
 		t.Errorf("/readyz %d %q before Serve, want 503 saying why", code, body)
 	}
 }

@@ -16,6 +16,8 @@
 //	                              brokerclient.HeartbeatDelay) or fixed (heartbeats every interval
 //	                              from the registration, as agents did before the jitter), e.g.
 //	                              before=/tmp/old/cable-broker@fixed,after=bin/cable-broker
+//	CABLEMESH_SCALE_BROKER_ARGS   more flags for every broker, e.g. "--metrics-listen
+//	                              127.0.0.1:9465 --pprof" to profile it during a run
 //	CABLEMESH_SCALE_LABEL         the label of a build given without one (default current)
 //	CABLEMESH_SCALE_AGENT         the AGENT of a build given without one (default current)
 //	CABLEMESH_SCALE_FLEETS        clusters x gateways, comma-separated (default 100x10,255x20)

@@ -235,6 +235,7 @@ func startBroker(t *testing.T, bin, dataDir, listen string, etcd []string, logPa
 	if len(etcd) > 0 {
 		args = append(args, "--etcd-endpoints", strings.Join(etcd, ","))
 	}
+	args = append(args, strings.Fields(os.Getenv("CABLEMESH_SCALE_BROKER_ARGS"))...)
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		t.Fatal(err)

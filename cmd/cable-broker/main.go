@@ -81,11 +81,16 @@ func run(args []string, stderr io.Writer) int {
 	etcdCert := fs.String("etcd-cert", "", "client certificate for etcd")
 	etcdKey := fs.String("etcd-key", "", "client key for etcd")
 	metricsListen := fs.String("metrics-listen", "", "address to serve /metrics, /healthz and /readyz on over plain HTTP, e.g. 127.0.0.1:9465 (default: none)")
+	pprof := fs.Bool("pprof", false, "also serve Go's profiles at /debug/pprof/ on --metrics-listen (they expose the process's internals: keep that address private)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "cable-broker: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	if *pprof && *metricsListen == "" {
+		fmt.Fprintln(stderr, "cable-broker: --pprof needs --metrics-listen (the profiles are served there)")
 		return 2
 	}
 	if *dataDir == "" {
@@ -164,7 +169,7 @@ func run(args []string, stderr io.Writer) int {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			if err := srv.ServeMetrics(mctx, mlis); err != nil {
+			if err := srv.ServeMetrics(mctx, mlis, *pprof); err != nil {
 				log.Error("metrics", "err", err)
 			}
 		}()
