@@ -99,11 +99,11 @@ func (a *agentService) RegisterEndpoint(ctx context.Context, req *apiv1.Register
 		if err != nil {
 			return err
 		}
-		clusters, err := tx.Clusters()
+		nets, err := a.s.clusterNets.of(tx)
 		if err != nil {
 			return err
 		}
-		if err := admission.CheckEndpointAddresses(e, clusters); err != nil {
+		if err := admission.CheckEndpointAddresses(e, nets); err != nil {
 			return err
 		}
 		old, err := tx.Endpoint(e.Cluster, e.Node)
@@ -122,6 +122,13 @@ func (a *agentService) RegisterEndpoint(ctx context.Context, req *apiv1.Register
 		mesh, err = admission.AssignEndpointMeshAddress(id, e, rec, old, a.s.cfg.MeshAddressRange, a.s.meshHint.get(), tx.MeshAddressClaim, a.s.cfg.Now())
 		if err != nil {
 			return err
+		}
+		// The hint moves on at once, not after the commit: the registrations of one commit
+		// group would otherwise all search from the same address, the last of 256 past 255
+		// claims of its own group. Should this transaction not commit, the address it skips is
+		// found again by a search that wraps around the range.
+		if mesh.Searched {
+			a.s.meshHint.allocated(mesh.Address)
 		}
 		if mesh.Node != nil {
 			if err := tx.TouchNodeCertificate(mesh.Node); err != nil {
@@ -155,9 +162,6 @@ func (a *agentService) RegisterEndpoint(ctx context.Context, req *apiv1.Register
 	})
 	if err != nil {
 		return nil, rpcError("register endpoint", err)
-	}
-	if mesh.Searched {
-		a.s.meshHint.allocated(mesh.Address)
 	}
 	a.s.log.Info("endpoint registered", "cluster", e.Cluster, "node", e.Node, "privateIP", e.PrivateIp, "meshAddress", stored.MeshAddress, "revision", stored.Revision)
 	// The broker's clock at the answer (not at the request) and build: the agent's clock skew
@@ -317,10 +321,13 @@ func (a *agentService) Watch(req *apiv1.WatchRequest, stream apiv1.Agent_WatchSe
 				continue
 			}
 			first = false
-			// A snapshot waits for one of a few slots: a thousand agents starting at once
-			// would otherwise each hold its snapshot, encoded, in the broker's memory at the
-			// same time, and crowd out the commits that register them.
+			// A snapshot waits for one of a few hundred slots: thousands of agents starting at
+			// once would otherwise all be sent theirs at the same time, and crowd out the
+			// commits that register them.
 			if b.Snapshot {
+				if !a.s.handshakes.idle(ctx, maxSnapshotHold) {
+					return rpcError("watch", ctx.Err())
+				}
 				select {
 				case a.s.snapshotSends <- struct{}{}:
 				case <-ctx.Done():
@@ -330,9 +337,12 @@ func (a *agentService) Watch(req *apiv1.WatchRequest, stream apiv1.Agent_WatchSe
 				}
 			}
 			var err error
-			if group != nil {
+			switch {
+			case b.Snapshot:
+				err = a.s.sendSnapshot(stream, b, resp, watcher)
+			case group != nil:
 				err = a.s.sendShared(stream, group, resp, watcher)
-			} else {
+			default:
 				err = a.s.sendBatch(stream, resp, watcher)
 			}
 			if b.Snapshot {

@@ -60,11 +60,11 @@ func (s *Server) authorize(ctx context.Context, method string) (context.Context,
 	if method == apiv1.Agent_Join_FullMethodName {
 		return ctx, nil
 	}
-	id, leaf, err := peerIdentity(ctx)
+	id, chains, err := peerIdentity(ctx)
 	if err != nil {
 		return nil, rpcError("authorize", err)
 	}
-	issuer := s.currentPKI().IssuerOf(leaf)
+	issuer := s.currentPKI().IssuerOfChains(chains)
 	if err := methodAllowed(method, id); err != nil {
 		return nil, rpcError("authorize", err)
 	}
@@ -99,9 +99,10 @@ func methodAllowed(method string, id pki.Identity) error {
 }
 
 // peerIdentity reads the identity from the client certificate the TLS layer verified against the
-// mesh CA (VerifyClientCertIfGiven: a certificate is optional, but if given it must verify).
-func peerIdentity(ctx context.Context) (pki.Identity, *x509.Certificate, error) {
-	refused := func(err error) (pki.Identity, *x509.Certificate, error) {
+// mesh CA (VerifyClientCertIfGiven: a certificate is optional, but if given it must verify), and
+// returns the chains it verified.
+func peerIdentity(ctx context.Context) (pki.Identity, [][]*x509.Certificate, error) {
+	refused := func(err error) (pki.Identity, [][]*x509.Certificate, error) {
 		return pki.Identity{}, nil, &admission.CredentialError{Err: err}
 	}
 	p, ok := peer.FromContext(ctx)
@@ -120,7 +121,7 @@ func peerIdentity(ctx context.Context) (pki.Identity, *x509.Certificate, error) 
 	if err != nil {
 		return refused(fmt.Errorf("client certificate: %w", err))
 	}
-	return id, leaf, nil
+	return id, ti.State.VerifiedChains, nil
 }
 
 // checkAgent checks, on every call and stream of agent id, that its cluster still exists with the

@@ -31,7 +31,14 @@ import (
 )
 
 // maxSnapshotSends is how many watch snapshots the broker sends at once (see agentService.Watch).
-const maxSnapshotSends = 32
+// A snapshot's parts are shared between its watchers (watchsnapshot.go), so a send holds little
+// of its own; what it holds is its place until its agent has read the snapshot, which a slow
+// agent takes long to do: 32 slots let 2,600 agents of a fleet of 5,100 wait for one.
+const maxSnapshotSends = 256
+
+// maxSnapshotHold is how long a snapshot waits at most while connections wait for a handshake
+// (handshakes.go): a broker that is dialed without pause still sends every snapshot.
+const maxSnapshotHold = 10 * time.Second
 
 // Defaults, as DESIGN.md and the agreed wire facts give them.
 const (
@@ -123,10 +130,17 @@ type Server struct {
 	snapshotSends chan struct{}
 	// watchEnc holds the watch events encoded once for every watcher (watchsend.go).
 	watchEnc *watchEncodings
-	// watchBatches holds the delta batches encoded once for every watcher (watchsend.go).
-	watchBatches batchEncodings
+	// watchBatches holds the delta batches encoded once for every watcher (watchsend.go), and
+	// watchSnapshots the parts of snapshots (watchsnapshot.go).
+	watchBatches   batchEncodings
+	watchSnapshots snapshotEncodings
 	// metrics are served by MetricsHandler (metrics.go).
 	metrics *metrics
+	// handshakes are the server's TLS credentials, which run a limited number of handshakes at
+	// once (handshakes.go).
+	handshakes *handshakeLimit
+	// clusterNets are the clusters' CIDRs every registration is checked against (agent.go).
+	clusterNets clusterNetworks
 	// meshHint is where mesh address allocation starts looking (meshaddrs.go).
 	meshHint meshHint
 }
@@ -242,11 +256,12 @@ func New(cfg Config) (_ *Server, err error) {
 	// The TLS configuration follows the PKI, which a CA rotation replaces (certs.go).
 	s.certs = newCertState(p, ips)
 	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12, GetConfigForClient: s.certs.tlsConfig}
+	s.handshakes = limitHandshakes(credentials.NewTLS(tlsCfg), 0)
 	// Metrics first, so refused calls are counted with their code; watches after auth, which
 	// names the agent (metrics.go).
 	s.metrics = newMetrics(s)
 	s.grpc = grpc.NewServer(
-		grpc.Creds(credentials.NewTLS(tlsCfg)),
+		grpc.Creds(s.handshakes),
 		grpc.ChainUnaryInterceptor(s.metrics.grpc.UnaryServerInterceptor(), s.unaryAuth),
 		grpc.ChainStreamInterceptor(s.metrics.grpc.StreamServerInterceptor(), s.streamAuth, s.metrics.watchStream),
 		// Pings find dead peers (a watcher whose host vanished) so their streams end.

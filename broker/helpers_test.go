@@ -76,6 +76,8 @@ type brokerOpts struct {
 	selfAddrs     []netip.Addr   // Config.SelfAddresses
 	watchBudget   int            // Config.WatchMessageBytes
 	meshRange     netip.Prefix   // Config.MeshAddressRange
+	// wrapStore wraps the memory store (not a durable one) before the broker gets it.
+	wrapStore func(store.Store) store.Store
 }
 
 // startBroker runs a real broker on loopback with real TLS, and an admin client from the
@@ -104,6 +106,9 @@ func startBroker(t *testing.T, dir string, o brokerOpts) *testBroker {
 	}
 	if !o.durable {
 		cfg.Store = store.NewMemory(o.storeOpt)
+	}
+	if o.wrapStore != nil && cfg.Store != nil {
+		cfg.Store = o.wrapStore(cfg.Store)
 	}
 	srv, err := New(cfg)
 	if err != nil {

@@ -61,6 +61,13 @@ func TestClusterCIDRsThatWouldCutGatewaysOffAreRefused(t *testing.T) {
 		e.PublicIp = "10.1.0.1"
 		_, err := w.client(t, b.addr).RegisterEndpoint(ctxT(t), &apiv1.RegisterEndpointRequest{Endpoint: e})
 		wantCode(t, err, codes.InvalidArgument, "public_ip 10.1.0.1", `cluster "east"`)
+		// The clusters' CIDRs are kept between registrations: a cluster created since is seen.
+		if _, err := w.client(t, b.addr).RegisterEndpoint(ctxT(t), &apiv1.RegisterEndpointRequest{Endpoint: endpoint("west", "gw1", "192.0.3.1")}); err != nil {
+			t.Fatalf("a gateway outside every CIDR: %v", err)
+		}
+		b.token("north", "192.0.4.0/24")
+		_, err = w.client(t, b.addr).RegisterEndpoint(ctxT(t), &apiv1.RegisterEndpointRequest{Endpoint: endpoint("west", "gw1", "192.0.4.9")})
+		wantCode(t, err, codes.InvalidArgument, "private_ip 192.0.4.9", "pod CIDR 192.0.4.0/24", `cluster "north"`)
 	})
 }
 

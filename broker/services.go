@@ -106,7 +106,7 @@ func (a *agentService) SetExports(ctx context.Context, req *apiv1.SetExportsRequ
 		plan admission.ExportPlan
 		resp *apiv1.SetExportsResponse
 	)
-	_, err := a.s.store.Update(ctx, func(tx store.Tx) error {
+	decide := func(tx store.ReadTx) error {
 		c, err := tx.Cluster(id.Cluster)
 		if err != nil {
 			return err
@@ -119,7 +119,28 @@ func (a *agentService) SetExports(ctx context.Context, req *apiv1.SetExportsRequ
 		if err != nil {
 			return err
 		}
-		if plan, err = admission.PlanExports(id, c, req.GetExports(), all, vips, a.s.cfg.ServiceVIPRanges, now); err != nil {
+		plan, err = admission.PlanExports(id, c, req.GetExports(), all, vips, a.s.cfg.ServiceVIPRanges, now)
+		return err
+	}
+	// Every agent sends its exports on every new stream, mostly the ones the broker has: those
+	// are answered from a read (a linearizable one on etcd), not queued behind the writes of a
+	// fleet that starts at once.
+	err := a.s.store.View(ctx, func(tx store.ReadTx) error {
+		if err := decide(tx); err != nil || !plan.Empty() {
+			return err
+		}
+		var err error
+		resp, err = exportsResponse(tx, id.Cluster, plan.Exports)
+		return err
+	})
+	if err != nil {
+		return nil, rpcError("set exports", err)
+	}
+	if resp != nil {
+		return resp, nil
+	}
+	_, err = a.s.store.Update(ctx, func(tx store.Tx) error {
+		if err := decide(tx); err != nil {
 			return err
 		}
 		for _, e := range plan.Put {

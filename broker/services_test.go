@@ -1,14 +1,17 @@
 package broker
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
 
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/broker/store"
@@ -521,5 +524,45 @@ func TestAResumedWatchGetsTheImportsOnItsFirstMessage(t *testing.T) {
 func TestStoreKeysAgreeWithMCS(t *testing.T) {
 	if store.ServiceExportKey("a", "b", "c", "d") != mcs.ExportKey("a", "b", "c", "d") || store.ServiceVIPKey("c", "d") != mcs.Key("c", "d") {
 		t.Fatal("store and mcs key services differently")
+	}
+}
+
+// updateCounter is a store that counts its Updates.
+type updateCounter struct {
+	store.Store
+	n atomic.Int64
+}
+
+func (u *updateCounter) Update(ctx context.Context, fn func(store.Tx) error) (store.Commit, error) {
+	u.n.Add(1)
+	return u.Store.Update(ctx, fn)
+}
+
+// Exports the broker has already (every agent sends its exports on every new stream) are
+// answered from a read, with what a write would have answered: no write is queued for them.
+func TestExportsTheBrokerHasAreAnsweredWithoutAWrite(t *testing.T) {
+	var counter *updateCounter
+	b := startBroker(t, t.TempDir(), brokerOpts{wrapStore: func(s store.Store) store.Store {
+		counter = &updateCounter{Store: s}
+		return counter
+	}})
+	ag := mustJoin(t, b.addr, b.token("east", "10.1.0.0/16"), "east", "gw1")
+	c := ag.client(t, b.addr)
+	for _, exports := range [][]*apiv1.ServiceExport{nil, {svc("db", 5432)}} {
+		first := setExports(t, c, exports...)
+		before := counter.n.Load()
+		again := setExports(t, c, exports...)
+		if n := counter.n.Load() - before; n != 0 {
+			t.Errorf("%d exports sent again: %d store writes, want none", len(exports), n)
+		}
+		if !proto.Equal(first, again) {
+			t.Errorf("%d exports sent again: answered %v, want %v as the first time", len(exports), again, first)
+		}
+	}
+	// A change is written.
+	before := counter.n.Load()
+	resp := setExports(t, c, svc("db", 5432), svc("web", 80))
+	if n := counter.n.Load() - before; n != 1 || len(resp.Exports) != 2 {
+		t.Errorf("a changed set: %d store writes and %d exports answered, want 1 and 2", n, len(resp.Exports))
 	}
 }

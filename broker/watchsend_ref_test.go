@@ -106,12 +106,19 @@ func splitBatch(resp *apiv1.WatchResponse, budget int, log *slog.Logger) []*apiv
 	return parts
 }
 
-// ownClusters replaces, in evs, every cluster upsert by a copy the caller may modify.
+// ownClusters replaces, in evs, every cluster upsert by a copy the caller may modify, and every
+// endpoint by its copy without the broker's own fields (agentEndpoint).
 func ownClusters(evs []*apiv1.Event) {
 	for i, ev := range evs {
 		if c := ev.GetResource().GetCluster(); c != nil && ev.Type == apiv1.Event_UPSERT {
 			evs[i] = &apiv1.Event{Type: ev.Type, Kind: ev.Kind, Key: ev.Key, Revision: ev.Revision,
 				Resource: &apiv1.Resource{Kind: &apiv1.Resource_Cluster{Cluster: proto.Clone(c).(*apiv1.Cluster)}}}
+		}
+		if e := ev.GetResource().GetEndpoint(); e != nil {
+			e = proto.Clone(e).(*apiv1.Endpoint)
+			e.CertificateSerial, e.LastHeartbeat, e.LeaseExpires, e.LeaseSeconds = "", nil, nil, 0
+			evs[i] = &apiv1.Event{Type: ev.Type, Kind: ev.Kind, Key: ev.Key, Revision: ev.Revision,
+				Resource: &apiv1.Resource{Kind: &apiv1.Resource_Endpoint{Endpoint: e}}}
 		}
 	}
 }

@@ -8,9 +8,11 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/broker/store"
@@ -42,6 +44,10 @@ func randomBatch(rng *rand.Rand, clusters []string) *apiv1.WatchResponse {
 		default:
 			e := &apiv1.Endpoint{Cluster: clusters[rng.IntN(len(clusters))], Node: fmt.Sprintf("gw%d", i),
 				CablePorts: map[string]uint32{"wireguard": 51820, "vxlan": uint32(rng.IntN(60000))}, PrivateIp: "10.0.0.1", Subnets: []string{"10.1.0.0/16"}}
+			if rng.IntN(2) == 0 {
+				// The broker's own fields, which agents are not sent.
+				e.CertificateSerial, e.LeaseSeconds, e.LeaseExpires = "5a3f9c0e", 30, timestamppb.New(time.Unix(int64(rng.IntN(1e9)), 0))
+			}
 			ev.Kind, ev.Key = store.KindEndpoint, e.Cluster+"/"+e.Node
 			ev.Resource = &apiv1.Resource{Kind: &apiv1.Resource_Endpoint{Endpoint: e}}
 		}

@@ -318,8 +318,12 @@ func (id *Identity) TLSConfig() *tls.Config {
 
 // Dial opens the mTLS connection to the broker. gRPC reconnects it by itself; it does not block.
 // Its reconnect backoff is capped at 15s like the agent's own (gRPC's default grows to 120s,
-// which would leave an agent blind for two minutes after a long broker outage). broker may list
-// several replicas (see SplitAddresses).
+// which would leave an agent blind for two minutes after a long broker outage). A connection
+// attempt may take 20 s (gRPC's default): a broker that a whole fleet dials at once handshakes
+// them in the order they came (broker/handshakes.go), and an agent that gave up after 5 s (as
+// it did) threw its place away and dialed again behind everyone, with the broker's work on its
+// first handshake lost. broker may list several replicas (see SplitAddresses); a replica that
+// does not answer costs no call meanwhile, round_robin uses the others.
 func Dial(broker string, id *Identity, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
 	return dial(broker, id.TLSConfig(), opts)
 }
@@ -333,7 +337,7 @@ func dial(broker string, tlsConf *tls.Config, opts []grpc.DialOption) (*grpc.Cli
 		grpc.WithTransportCredentials(credentials.NewTLS(tlsConf)),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: time.Second, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 15 * time.Second},
-			MinConnectTimeout: 5 * time.Second,
+			MinConnectTimeout: 20 * time.Second,
 		}),
 	}...)
 	all = append(all, opts...)

@@ -219,8 +219,9 @@ type Endpoint struct {
 	LeaseExpires  *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=lease_expires,json=leaseExpires,proto3" json:"lease_expires,omitempty"`
 	Revision      uint64                 `protobuf:"varint,12,opt,name=revision,proto3" json:"revision,omitempty"`
 	// lease_seconds: the lease the broker granted at registration; each heartbeat extends
-	// lease_expires to now + lease_seconds. Heartbeats do not bump the revision, so last_heartbeat
-	// and lease_expires in watch events are as of the last change; ListClusters shows live values.
+	// lease_expires to now + lease_seconds. Heartbeats do not bump the revision. Watches do not
+	// carry last_heartbeat, lease_expires, lease_seconds nor certificate_serial (only the broker
+	// uses them, and every endpoint goes to every agent); ListClusters shows them, live.
 	LeaseSeconds int64 `protobuf:"varint,13,opt,name=lease_seconds,json=leaseSeconds,proto3" json:"lease_seconds,omitempty"`
 	// cable_attributes: what each cable driver of this node publishes beyond its port, by driver
 	// name, e.g. {"wireguard": {"publicKey": "<base64>"}}. Each driver defines and validates its

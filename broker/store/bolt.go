@@ -220,7 +220,6 @@ func (s *Bolt) commitGroup(group []*boltReq) {
 			evs = append(evs, t.events...)
 		}
 		s.hub.mu.Lock()
-		s.hub.bumpLocked()
 		if len(evs) > 0 {
 			s.hub.publishLocked(Batch{Events: evs, Revision: evs[len(evs)-1].Revision})
 		}

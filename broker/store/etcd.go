@@ -497,7 +497,6 @@ func (s *Etcd) apply(evs []*clientv3.Event) {
 	snap := s.working.Clone()
 	s.hub.mu.Lock()
 	s.setState(&etcdState{tree: snap, rev: last})
-	s.hub.bumpLocked() // heartbeats included: they change what a snapshot holds
 	for _, b := range batches {
 		if b.Events[0].Revision != s.published+1 {
 			// Not expected (commits are serialized on meta/revision); a watcher that missed
@@ -544,7 +543,6 @@ func (s *Etcd) reload(ctx context.Context) error {
 	s.hub.mu.Lock()
 	defer s.hub.mu.Unlock()
 	s.setState(snap)
-	s.hub.bumpLocked()
 	switch {
 	case rev == s.published:
 	case complete && rev > s.published:

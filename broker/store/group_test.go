@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/broker/store"
@@ -100,8 +101,9 @@ func TestBoltGroupsConcurrentUpdatesAndIsolatesTheOnesThatFail(t *testing.T) {
 	}
 }
 
-// Watchers that start from revision 0 with no commit in between share one snapshot: a fleet
-// that starts at once must not make the store read (and hold) one per watcher.
+// Watchers that start from revision 0 share one snapshot: a fleet that starts at once must not
+// make the store read (and hold, and the broker encode) one per watcher. A watcher that starts
+// after a few commits gets the shared snapshot and then those commits; after many, a fresh one.
 func TestWatchersStartingTogetherShareOneSnapshot(t *testing.T) {
 	for _, tt := range []struct {
 		name string
@@ -114,30 +116,62 @@ func TestWatchersStartingTogetherShareOneSnapshot(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			s := tt.open(t)
+			put := func(node string) {
+				t.Helper()
+				if _, err := s.Update(context.Background(), func(tx store.Tx) error {
+					return tx.PutEndpoint(&apiv1.Endpoint{Cluster: "east", Node: node})
+				}); err != nil {
+					t.Fatal(err)
+				}
+			}
 			if _, err := s.Update(context.Background(), func(tx store.Tx) error {
 				return tx.PutCluster(&apiv1.Cluster{Name: "east", Id: 1})
 			}); err != nil {
 				t.Fatal(err)
 			}
-			first := func() store.Batch {
+			watch := func() store.Watch {
 				w, err := s.Watch(t.Context(), 0)
 				if err != nil {
 					t.Fatal(err)
 				}
-				return <-w.C()
+				return w
 			}
-			a, b := first(), first()
+			next := func(w store.Watch) store.Batch {
+				t.Helper()
+				select {
+				case b := <-w.C():
+					return b
+				case <-time.After(5 * time.Second):
+					t.Fatal("no batch within 5s")
+					return store.Batch{}
+				}
+			}
+			a, b := next(watch()), next(watch())
 			if !a.Snapshot || len(a.Events) != 1 || len(b.Events) != 1 || a.Events[0] != b.Events[0] {
 				t.Fatalf("two watchers with no commit between them got %v and %v, want one shared snapshot", a.Events, b.Events)
 			}
-			// A commit, quiet ones included, makes the next watcher read afresh.
-			if _, err := s.Update(context.Background(), func(tx store.Tx) error {
-				return tx.PutEndpoint(&apiv1.Endpoint{Cluster: "east", Node: "gw1"})
-			}); err != nil {
+			// A commit: the next watcher gets the shared snapshot brought up to date, not a fresh
+			// read (the cluster's event is the same one).
+			put("gw1")
+			c := next(watch())
+			if !c.Snapshot || len(c.Events) != 2 || c.Revision != 2 || c.Events[0] != a.Events[0] || c.Events[1].Key != "east/gw1" {
+				t.Fatalf("after one commit the first batch is %v at revision %d (snapshot %v), want the shared snapshot with east/gw1 added at 2", c.Events, c.Revision, c.Snapshot)
+			}
+			// A delete takes the resource out of it.
+			if _, err := s.Update(context.Background(), func(tx store.Tx) error { return tx.DeleteEndpoint("east", "gw1") }); err != nil {
 				t.Fatal(err)
 			}
-			if c := first(); len(c.Events) != 2 || c.Revision != 2 {
-				t.Fatalf("after a commit the snapshot holds %d events at revision %d, want 2 at 2", len(c.Events), c.Revision)
+			if c := next(watch()); !c.Snapshot || len(c.Events) != 1 || c.Revision != 3 || c.Events[0] != a.Events[0] {
+				t.Fatalf("after the delete the first batch is %v at revision %d, want the shared snapshot of east alone at 3", c.Events, c.Revision)
+			}
+			// Many commits (more events than the snapshot holds, and 64 more): a fresh read.
+			for i := range 70 {
+				put(fmt.Sprintf("gw%d", i+2))
+			}
+			d := next(watch())
+			if !d.Snapshot || len(d.Events) != 71 || d.Revision != 73 || d.Events[0] == a.Events[0] {
+				t.Fatalf("after 70 more commits the first batch holds %d events at revision %d (shared cluster event: %v), want a fresh snapshot of 71 at 73",
+					len(d.Events), d.Revision, d.Events[0] == a.Events[0])
 			}
 		})
 	}

@@ -26,11 +26,11 @@ type hub struct {
 	buffer int // batches a watcher may lag behind before it is dropped
 	subs   map[*watch]struct{}
 	closed bool
-	// gen counts the store's commits, quiet ones included (bumpLocked): a snapshot read at one
-	// gen is the state until the next commit.
-	gen uint64
-	// snaps are the snapshots read since the last commit, by the kinds their watchers omit, to
-	// share between the watchers that start in between.
+	// snaps are the last snapshot, by the kinds their watchers omit, to share between the
+	// watchers that start later: brought up to date with the batches published since it was
+	// read (advanceLocked), as long as recent holds them. A fleet registering at once commits
+	// every few milliseconds; a fresh read per commit was a decoding (and, in the broker, an
+	// encoding) of the whole mesh for every few watchers.
 	snaps map[string]Batch
 	// published is the revision of the last batch published; recent the last batches published
 	// (at most maxRecent, ascending, contiguous), for watchers whose first batch is older.
@@ -73,7 +73,6 @@ func (w *watch) Err() error      { return w.err }
 // publishLocked sends b to every watcher and drops those whose buffer is full: a slow watcher
 // never blocks writers.
 func (h *hub) publishLocked(b Batch) {
-	h.bumpLocked()
 	h.published = b.Revision
 	if len(h.recent) == maxRecent {
 		h.recent = append(h.recent[:0:0], h.recent[1:]...)
@@ -105,17 +104,63 @@ func (h *hub) publishLocked(b Batch) {
 	}
 }
 
-// bumpLocked records a commit (quiet ones too: they change what a snapshot holds): the shared
-// snapshots are out of date.
-func (h *hub) bumpLocked() {
-	h.gen++
-	h.snaps = nil
+// advanceLocked is snapshot snap, read earlier for watchers with opts, brought up to the last
+// batch published: the batches published since applied to it (their events replace, add and
+// delete its own; unchanged events stay the same pointers, so their encodings are shared too).
+// ok is false when recent no longer holds every batch since snap, or when they hold more events
+// than snap itself plus a few: a fresh read is then as cheap.
+func (h *hub) advanceLocked(snap Batch, opts watchOptions) (Batch, bool) {
+	backlog, ok := h.sinceLocked(snap.Revision)
+	if !ok {
+		return Batch{}, false
+	}
+	if len(backlog) == 0 {
+		return snap, true
+	}
+	n := 0
+	for _, b := range backlog {
+		n += len(b.Events)
+	}
+	if n > len(snap.Events)+64 {
+		return Batch{}, false
+	}
+	type ref struct{ kind, key string }
+	last := map[ref]*apiv1.Event{} // the last event of each resource the backlog changed
+	var order []ref                // the resources it changed, in the order they first changed
+	for _, b := range backlog {
+		for _, ev := range b.Events {
+			r := ref{ev.Kind, ev.Key}
+			if _, seen := last[r]; !seen {
+				order = append(order, r)
+			}
+			last[r] = ev
+		}
+	}
+	out := Batch{Snapshot: true, Revision: backlog[len(backlog)-1].Revision, Events: make([]*apiv1.Event, 0, len(snap.Events)+len(order))}
+	for _, ev := range snap.Events {
+		r := ref{ev.Kind, ev.Key}
+		nev, changed := last[r]
+		switch {
+		case !changed:
+			out.Events = append(out.Events, ev)
+		case nev.Type == apiv1.Event_UPSERT:
+			out.Events = append(out.Events, nev)
+		}
+		delete(last, r)
+	}
+	for _, r := range order {
+		if ev, ok := last[r]; ok && ev.Type == apiv1.Event_UPSERT && !opts.omit[ev.Kind] {
+			out.Events = append(out.Events, ev)
+		}
+	}
+	return out, true
 }
 
-// forgetLocked empties recent: the store could not publish a contiguous sequence (Etcd), so the
-// next watchers read their first batch afresh.
+// forgetLocked empties recent and drops the shared snapshots: the store could not publish a
+// contiguous sequence (Etcd), so the next watchers read their first batch afresh.
 func (h *hub) forgetLocked() {
 	h.recent = nil
+	h.snaps = nil
 }
 
 // subscribe starts a watch: read reads its first batch from the store, without the hub's lock
@@ -139,9 +184,14 @@ func (h *hub) subscribe(ctx context.Context, since uint64, opts watchOptions, re
 			}
 			return h.subscribeLocked(ctx, first, opts), nil
 		}
-		gen := h.gen
 		first, cached := h.snaps[sig]
-		cached = cached && since == 0
+		if cached && since == 0 {
+			if first, cached = h.advanceLocked(first, opts); cached {
+				h.snaps[sig] = first
+			}
+		} else {
+			cached = false
+		}
 		var (
 			shared *snapshotRead // a read of another watcher, to wait for
 			own    *snapshotRead // this watcher's read, for others to share
@@ -179,7 +229,7 @@ func (h *hub) subscribe(ctx context.Context, since uint64, opts watchOptions, re
 			h.mu.Unlock()
 			return nil, ErrClosed
 		}
-		if own != nil && first.Snapshot && h.gen == gen {
+		if own != nil && first.Snapshot && first.Revision >= h.snaps[sig].Revision {
 			if h.snaps == nil {
 				h.snaps = map[string]Batch{}
 			}

@@ -83,7 +83,6 @@ func (m *Memory) Update(ctx context.Context, fn func(Tx) error) (Commit, error) 
 		m.data.Store(&s.next)
 	}
 	c := Commit{Revision: t.rev, Events: t.events}
-	m.hub.bumpLocked()
 	if len(c.Events) > 0 {
 		m.hub.publishLocked(Batch{Events: c.Events, Revision: c.Revision})
 	}

@@ -60,6 +60,10 @@ type ReadTx interface {
 	// Cluster returns nil, nil when name is absent.
 	Cluster(name string) (*apiv1.Cluster, error)
 	Clusters() ([]*apiv1.Cluster, error)
+	// ClustersDigest is a digest of every stored cluster, far cheaper than Clusters: two equal
+	// digests (in one process) are the same clusters. A caller keeps what it made of Clusters
+	// under it, and decodes them again only when it changes.
+	ClustersDigest() (uint64, error)
 	// Endpoint returns nil, nil when absent.
 	Endpoint(cluster, node string) (*apiv1.Endpoint, error)
 	Endpoints() ([]*apiv1.Endpoint, error)

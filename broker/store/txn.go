@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"net/netip"
 
 	"google.golang.org/protobuf/proto"
@@ -102,6 +103,25 @@ func (t *txn) Cluster(name string) (*apiv1.Cluster, error) {
 
 func (t *txn) Clusters() ([]*apiv1.Cluster, error) {
 	return loadAll[apiv1.Cluster](t.kv, bucketClusters, "cluster")
+}
+
+// digestSeed seeds ClustersDigest: digests compare within one process only.
+var digestSeed = maphash.MakeSeed()
+
+func (t *txn) ClustersDigest() (uint64, error) {
+	var h maphash.Hash
+	h.SetSeed(digestSeed)
+	var n [8]byte
+	err := t.kv.scan(bucketClusters, nil, func(k, v []byte) error {
+		// Each key and value with its length: no two different listings hash the same input.
+		binary.BigEndian.PutUint32(n[:4], uint32(len(k)))
+		binary.BigEndian.PutUint32(n[4:], uint32(len(v)))
+		_, _ = h.Write(n[:])
+		_, _ = h.Write(k)
+		_, _ = h.Write(v)
+		return nil
+	})
+	return h.Sum64(), err
 }
 
 func (t *txn) Endpoint(cluster, node string) (*apiv1.Endpoint, error) {

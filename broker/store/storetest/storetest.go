@@ -52,6 +52,7 @@ func Run(t *testing.T, open Open) {
 		{"JoinTokensAreQuietAndSurviveReopen", joinTokensAreQuietAndSurviveReopen},
 		{"NodeCertificatesAreRevisionedTouchedQuietlyAndSurviveReopen", nodeCertificatesAreRevisionedTouchedQuietlyAndSurviveReopen},
 		{"MeshAddressClaimsAreQuietKeyedByAddressAndSurviveReopen", meshAddressClaimsAreQuietKeyedByAddressAndSurviveReopen},
+		{"TheClustersDigestChangesWithTheClustersOnly", theClustersDigestChangesWithTheClustersOnly},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.fn(t, open) })
@@ -978,5 +979,59 @@ func meshAddressClaimsAreQuietKeyedByAddressAndSurviveReopen(t *testing.T, open 
 		if err == nil || !strings.Contains(err.Error(), bad.want) {
 			t.Errorf("claim of %q: %v; want an error saying %s", bad.addr, err, bad.want)
 		}
+	}
+}
+
+func theClustersDigestChangesWithTheClustersOnly(t *testing.T, open Open) {
+	s, _ := open(t, store.Options{})
+	digest := func() uint64 {
+		t.Helper()
+		var d uint64
+		if err := s.View(context.Background(), func(tx store.ReadTx) error {
+			var err error
+			d, err = tx.ClustersDigest()
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	update := func(fn func(store.Tx) error) {
+		t.Helper()
+		if _, err := s.Update(context.Background(), fn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seen := map[uint64]string{digest(): "no cluster"}
+	changed := func(what string) {
+		t.Helper()
+		d := digest()
+		if prev, ok := seen[d]; ok {
+			t.Fatalf("after %s the clusters digest is the one of %s", what, prev)
+		}
+		seen[d] = what
+	}
+	putCluster(t, s, "east", 1)
+	changed("east created")
+	eastOnly := digest()
+	putCluster(t, s, "west", 2)
+	changed("west created")
+	d := digest()
+	update(func(tx store.Tx) error {
+		return tx.PutEndpoint(&apiv1.Endpoint{Cluster: "east", Node: "gw1", PrivateIp: "192.0.2.1"})
+	})
+	update(func(tx store.Tx) error {
+		return tx.PutPolicy(&apiv1.Policy{Name: "p"})
+	})
+	if digest() != d {
+		t.Fatal("an endpoint and a policy changed the clusters digest")
+	}
+	update(func(tx store.Tx) error {
+		return tx.PutCluster(&apiv1.Cluster{Name: "west", Id: 2, PodCidrs: []string{"10.9.0.0/16"}})
+	})
+	changed("west's pod CIDR changed")
+	update(func(tx store.Tx) error { return tx.DeleteCluster("west") })
+	if digest() != eastOnly {
+		t.Fatal("with west removed the clusters digest is not the one of east alone")
 	}
 }

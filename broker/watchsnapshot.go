@@ -1,0 +1,203 @@
+package broker
+
+import (
+	"sync"
+
+	"google.golang.org/protobuf/encoding/protowire"
+
+	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/broker/store"
+)
+
+// Snapshots are shared too. The store hands one snapshot to every watcher that starts while it is
+// recent (store.hub), and at 5,000 agents starting at once each encoded its own copy of it: 5,000
+// endpoints looked up in the encoding cache and copied into messages of its own, a quarter of a
+// megabyte per agent (a quarter of the broker's CPU and most of its garbage). What differs
+// between watchers is small: the clusters (each carries the pair PSK of the watcher's cluster),
+// the imports and the CA bundle. So a large snapshot goes as
+//
+//  1. the cluster UPSERTs, encoded for the watcher (snapshot set, more set, bare events);
+//  2. the other events in parts encoded once for every watcher (more set, bare events);
+//  3. a last message: the rest of the events, the revision, and the watcher's imports and CA
+//     bundle (or, when those do not fit beside the events, the events with more set and then a
+//     message of their own).
+//
+// Joined (the agent joins parts before it applies them) this is the snapshot encodeBatch makes,
+// with the clusters first, as the store orders a snapshot anyway. A snapshot that fits in one
+// message goes as encodeBatch makes it.
+
+// snapshotKey names a snapshot as the store shares it: its first event, its length and revision.
+type snapshotKey struct {
+	first *apiv1.Event
+	n     int
+	rev   uint64
+}
+
+// snapshotEncoding is what every watcher of one snapshot sends alike.
+type snapshotEncoding struct {
+	once sync.Once
+	// small: the snapshot fits in one message; it goes through encodeBatch.
+	small bool
+	// clusters are the events that carry a cluster (encoded per watcher).
+	clusters []*apiv1.Event
+	// shared are the complete messages of step 2; last and lastBare the events of step 3, with
+	// and without their revisions.
+	shared         [][]byte
+	last, lastBare []byte
+}
+
+// snapshotEncodings keeps the encodings of the last few snapshots (two generations).
+type snapshotEncodings struct {
+	mu       sync.Mutex
+	cur, old map[snapshotKey]*snapshotEncoding
+	encoded  int // snapshots encoded (tests count them); under mu
+}
+
+// maxSharedSnapshots is how many snapshot encodings a generation holds: the store shares one
+// snapshot per set of omitted kinds at a time, and a few older ones are still being sent.
+const maxSharedSnapshots = 8
+
+func (c *snapshotEncodings) get(k snapshotKey) *snapshotEncoding {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cur == nil || len(c.cur) >= maxSharedSnapshots {
+		c.old, c.cur = c.cur, map[snapshotKey]*snapshotEncoding{}
+	}
+	e := c.cur[k]
+	if e == nil {
+		if e = c.old[k]; e == nil {
+			e = &snapshotEncoding{}
+		}
+		c.cur[k] = e
+	}
+	return e
+}
+
+// snapshotOverhead bounds the fields of a message besides its events (snapshot, revision, more).
+const snapshotOverhead = 64
+
+// sharedSnapshot encodes, once for every watcher, the parts of snapshot b (as the store shares
+// it) that do not depend on the watcher.
+func (s *Server) sharedSnapshot(b store.Batch, w watcherOf, budget int) *snapshotEncoding {
+	e := s.watchSnapshots.get(snapshotKey{first: firstEvent(b.Events), n: len(b.Events), rev: b.Revision})
+	e.once.Do(func() {
+		s.watchSnapshots.mu.Lock()
+		s.watchSnapshots.encoded++
+		s.watchSnapshots.mu.Unlock()
+		evs, _ := agentEvents(b.Events)
+		// The other events' encodings, with their revisions (full) and without (bare): only
+		// cluster UPSERTs depend on the watcher, these are the same for all.
+		var full, bare [][]byte
+		size := 0
+		for _, ev := range evs {
+			if ev.GetResource().GetCluster() != nil {
+				e.clusters = append(e.clusters, ev)
+				continue
+			}
+			f, b := s.event(ev, w, false), s.event(ev, w, true)
+			if f.skip || b.skip {
+				continue
+			}
+			full, bare = append(full, f.b), append(bare, b.b)
+			size += len(f.b)
+		}
+		if size+snapshotOverhead <= budget {
+			e.small = true
+			return
+		}
+		// Step 2 takes whole parts while what is left does not fit in one; that is step 3's.
+		left, from := size, 0
+		for left+snapshotOverhead > budget {
+			n, to := 0, from
+			for to < len(bare) && (to == from || n+len(bare[to])+snapshotOverhead <= budget) {
+				n += len(bare[to])
+				left -= len(full[to])
+				to++
+			}
+			msg := make([]byte, 0, n+2)
+			for _, r := range bare[from:to] {
+				msg = append(msg, r...)
+			}
+			e.shared = append(e.shared, protowire.AppendVarint(protowire.AppendTag(msg, 5, protowire.VarintType), 1))
+			from = to
+		}
+		for i := from; i < len(full); i++ {
+			e.last = append(e.last, full[i]...)
+			e.lastBare = append(e.lastBare, bare[i]...)
+		}
+	})
+	return e
+}
+
+func firstEvent(evs []*apiv1.Event) *apiv1.Event {
+	if len(evs) == 0 {
+		return nil
+	}
+	return evs[0]
+}
+
+// encodeSnapshot is the messages of snapshot b for watcher w, resp being the watcher's message
+// (its imports and CA bundle): encodeBatch's when the snapshot fits in one message, else the
+// clusters for w, the shared parts and w's last message.
+func (s *Server) encodeSnapshot(b store.Batch, resp *apiv1.WatchResponse, w watcherOf, budget int) ([][]byte, error) {
+	e := s.sharedSnapshot(b, w, budget)
+	if e.small {
+		return s.encodeBatch(resp, w, budget)
+	}
+	var out [][]byte
+	// Step 1: the clusters, in parts of the budget; the first message says snapshot.
+	msg := protowire.AppendVarint(protowire.AppendTag(nil, 1, protowire.VarintType), 1)
+	for _, ev := range e.clusters {
+		enc := s.event(ev, w, true)
+		if enc.skip {
+			continue
+		}
+		if len(msg) > 2 && len(msg)+len(enc.b)+snapshotOverhead > budget {
+			out = append(out, protowire.AppendVarint(protowire.AppendTag(msg, 5, protowire.VarintType), 1))
+			msg = nil
+		}
+		msg = append(msg, enc.b...)
+	}
+	out = append(out, protowire.AppendVarint(protowire.AppendTag(msg, 5, protowire.VarintType), 1))
+	// Step 2.
+	out = append(out, e.shared...)
+	// Step 3.
+	imports, err := messageField(4, resp.Imports)
+	if err != nil {
+		return nil, err
+	}
+	ca, err := messageField(6, resp.Ca)
+	if err != nil {
+		return nil, err
+	}
+	tail := func(events []byte, more bool) []byte {
+		m := make([]byte, 0, len(events)+len(imports)+len(ca)+16)
+		m = append(m, events...)
+		if !more {
+			m = protowire.AppendVarint(protowire.AppendTag(m, 3, protowire.VarintType), b.Revision)
+			m = append(m, imports...)
+			m = append(m, ca...)
+		} else {
+			m = protowire.AppendVarint(protowire.AppendTag(m, 5, protowire.VarintType), 1)
+		}
+		return m
+	}
+	if len(e.last)+len(imports)+len(ca)+snapshotOverhead <= budget {
+		return append(out, tail(e.last, false)), nil
+	}
+	return append(out, tail(e.lastBare, true), tail(nil, false)), nil
+}
+
+// sendSnapshot sends snapshot b to watcher w (encodeSnapshot).
+func (s *Server) sendSnapshot(stream apiv1.Agent_WatchServer, b store.Batch, resp *apiv1.WatchResponse, w watcherOf) error {
+	msgs, err := s.encodeSnapshot(b, resp, w, s.messageBudget())
+	if err != nil {
+		return err
+	}
+	for _, m := range msgs {
+		if err := stream.SendMsg(&encodedWatch{b: m}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
