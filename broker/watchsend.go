@@ -379,6 +379,11 @@ func (s *Server) sendBatch(stream apiv1.Agent_WatchServer, resp *apiv1.WatchResp
 	if err != nil {
 		return err
 	}
+	return sendEncoded(stream, msgs)
+}
+
+// sendEncoded sends messages encoded already, in order.
+func sendEncoded(stream apiv1.Agent_WatchServer, msgs [][]byte) error {
 	for _, b := range msgs {
 		if err := stream.SendMsg(&encodedWatch{b: b}); err != nil {
 			return err
@@ -412,27 +417,34 @@ type batchEncoding struct {
 
 // batchEncodings keeps the encodings of the last batches (two generations of maxSharedBatches).
 type batchEncodings struct {
-	mu       sync.Mutex
-	cur, old map[batchKey]*batchEncoding
-	encoded  atomic.Int64 // batches encoded (tests count them)
+	generations[batchKey, batchEncoding]
+	encoded atomic.Int64 // batches encoded (tests count them)
 }
 
 const maxSharedBatches = 1024
 
-func (c *batchEncodings) get(k batchKey) *batchEncoding {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.cur == nil || len(c.cur) >= maxSharedBatches {
-		c.old, c.cur = c.cur, map[batchKey]*batchEncoding{}
+// generations keeps values by key in two generations of at most max each: when the newer is
+// full it becomes the older, and what is still asked for moves back into the newer.
+type generations[K comparable, V any] struct {
+	mu       sync.Mutex
+	cur, old map[K]*V
+}
+
+// get returns the value of k, a new zero one when neither generation holds it.
+func (g *generations[K, V]) get(k K, max int) *V {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.cur == nil || len(g.cur) >= max {
+		g.old, g.cur = g.cur, map[K]*V{}
 	}
-	e := c.cur[k]
-	if e == nil {
-		if e = c.old[k]; e == nil {
-			e = &batchEncoding{}
+	v := g.cur[k]
+	if v == nil {
+		if v = g.old[k]; v == nil {
+			v = new(V)
 		}
-		c.cur[k] = e
+		g.cur[k] = v
 	}
-	return e
+	return v
 }
 
 // sharedDelta is delta batch b (as the store published it) encoded for the watchers of w's
@@ -448,7 +460,7 @@ func (s *Server) sharedDelta(b store.Batch, w watcherOf) ([][]byte, error) {
 			break
 		}
 	}
-	e := s.watchBatches.get(k)
+	e := s.watchBatches.get(k, maxSharedBatches)
 	e.once.Do(func() {
 		evs, _ := agentEvents(b.Events)
 		if len(evs) == 0 {
@@ -474,10 +486,8 @@ func (s *Server) sendShared(stream apiv1.Agent_WatchServer, group []store.Batch,
 		if err != nil {
 			return err
 		}
-		for _, m := range msgs {
-			if err := stream.SendMsg(&encodedWatch{b: m}); err != nil {
-				return err
-			}
+		if err := sendEncoded(stream, msgs); err != nil {
+			return err
 		}
 	}
 	if !tail {

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"google.golang.org/protobuf/encoding/protowire"
 
@@ -46,32 +47,16 @@ type snapshotEncoding struct {
 	last, lastBare []byte
 }
 
-// snapshotEncodings keeps the encodings of the last few snapshots (two generations).
+// snapshotEncodings keeps the encodings of the last few snapshots (two generations of
+// maxSharedSnapshots).
 type snapshotEncodings struct {
-	mu       sync.Mutex
-	cur, old map[snapshotKey]*snapshotEncoding
-	encoded  int // snapshots encoded (tests count them); under mu
+	generations[snapshotKey, snapshotEncoding]
+	encoded atomic.Int64 // snapshots encoded (tests count them)
 }
 
 // maxSharedSnapshots is how many snapshot encodings a generation holds: the store shares one
 // snapshot per set of omitted kinds at a time, and a few older ones are still being sent.
 const maxSharedSnapshots = 8
-
-func (c *snapshotEncodings) get(k snapshotKey) *snapshotEncoding {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.cur == nil || len(c.cur) >= maxSharedSnapshots {
-		c.old, c.cur = c.cur, map[snapshotKey]*snapshotEncoding{}
-	}
-	e := c.cur[k]
-	if e == nil {
-		if e = c.old[k]; e == nil {
-			e = &snapshotEncoding{}
-		}
-		c.cur[k] = e
-	}
-	return e
-}
 
 // snapshotOverhead bounds the fields of a message besides its events (snapshot, revision, more).
 const snapshotOverhead = 64
@@ -79,11 +64,9 @@ const snapshotOverhead = 64
 // sharedSnapshot encodes, once for every watcher, the parts of snapshot b (as the store shares
 // it) that do not depend on the watcher.
 func (s *Server) sharedSnapshot(b store.Batch, w watcherOf, budget int) *snapshotEncoding {
-	e := s.watchSnapshots.get(snapshotKey{first: firstEvent(b.Events), n: len(b.Events), rev: b.Revision})
+	e := s.watchSnapshots.get(snapshotKey{first: firstEvent(b.Events), n: len(b.Events), rev: b.Revision}, maxSharedSnapshots)
 	e.once.Do(func() {
-		s.watchSnapshots.mu.Lock()
-		s.watchSnapshots.encoded++
-		s.watchSnapshots.mu.Unlock()
+		s.watchSnapshots.encoded.Add(1)
 		evs, _ := agentEvents(b.Events)
 		// The other events' encodings, with their revisions (full) and without (bare): only
 		// cluster UPSERTs depend on the watcher, these are the same for all.
@@ -194,10 +177,5 @@ func (s *Server) sendSnapshot(stream apiv1.Agent_WatchServer, b store.Batch, res
 	if err != nil {
 		return err
 	}
-	for _, m := range msgs {
-		if err := stream.SendMsg(&encodedWatch{b: m}); err != nil {
-			return err
-		}
-	}
-	return nil
+	return sendEncoded(stream, msgs)
 }

@@ -37,24 +37,14 @@ func bigSnapshot(rng *rand.Rand, clusters []string, endpoints int) store.Batch {
 	return store.Batch{Snapshot: true, Revision: rev, Events: evs}
 }
 
-// joinParts decodes msgs and joins them as the agent does (agent.joinWatchParts), checking the
-// framing: snapshot on the first message only, more on all but the last, none over budget.
-func joinParts(t *testing.T, msgs [][]byte, budget int) *apiv1.WatchResponse {
+// joinMessages decodes msgs and joins them as the agent does (agent.joinWatchParts).
+func joinMessages(t *testing.T, msgs [][]byte) *apiv1.WatchResponse {
 	t.Helper()
 	out := &apiv1.WatchResponse{}
 	for i, m := range msgs {
-		if len(m) > budget {
-			t.Fatalf("message %d of %d: %d bytes, over the budget of %d", i, len(msgs), len(m), budget)
-		}
 		var p apiv1.WatchResponse
 		if err := proto.Unmarshal(m, &p); err != nil {
 			t.Fatalf("message %d does not decode: %v", i, err)
-		}
-		if p.Snapshot != (i == 0) {
-			t.Fatalf("message %d of %d: snapshot %v", i, len(msgs), p.Snapshot)
-		}
-		if p.More != (i < len(msgs)-1) {
-			t.Fatalf("message %d of %d: more %v", i, len(msgs), p.More)
 		}
 		out.Snapshot = out.Snapshot || p.Snapshot
 		out.Events = append(out.Events, p.Events...)
@@ -67,6 +57,24 @@ func joinParts(t *testing.T, msgs [][]byte, budget int) *apiv1.WatchResponse {
 		}
 	}
 	return out
+}
+
+// checkFraming fails t unless msgs are framed as a snapshot in parts: snapshot on the first
+// message only, more on all but the last, none over budget.
+func checkFraming(t *testing.T, msgs [][]byte, budget int) {
+	t.Helper()
+	for i, m := range msgs {
+		if len(m) > budget {
+			t.Fatalf("message %d of %d: %d bytes, over the budget of %d", i, len(msgs), len(m), budget)
+		}
+		var p apiv1.WatchResponse
+		if err := proto.Unmarshal(m, &p); err != nil {
+			t.Fatalf("message %d does not decode: %v", i, err)
+		}
+		if p.Snapshot != (i == 0) || p.More != (i < len(msgs)-1) {
+			t.Fatalf("message %d of %d: snapshot %v, more %v", i, len(msgs), p.Snapshot, p.More)
+		}
+	}
 }
 
 // sameState fails t unless a and b hold the same resources (events by kind and key; their own
@@ -120,23 +128,9 @@ func TestASnapshotIsEncodedOnceForAllItsWatchers(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					var want apiv1.WatchResponse
-					for _, m := range perWatcher(t, testEncServer(0), resp, self, budget) {
-						var p apiv1.WatchResponse
-						if err := proto.Unmarshal(m, &p); err != nil {
-							t.Fatal(err)
-						}
-						want.Snapshot = want.Snapshot || p.Snapshot
-						want.Events = append(want.Events, p.Events...)
-						want.Revision = p.Revision
-						if p.Imports != nil {
-							want.Imports = p.Imports
-						}
-						if p.Ca != nil {
-							want.Ca = p.Ca
-						}
-					}
-					sameState(t, "watcher of "+self, joinParts(t, msgs, budget), &want)
+					want := joinMessages(t, perWatcher(t, testEncServer(0), resp, self, budget))
+					checkFraming(t, msgs, budget)
+					sameState(t, "watcher of "+self, joinMessages(t, msgs), want)
 					// The parts after the clusters and before the last are shared: the same
 					// backing bytes for every watcher.
 					e := s.sharedSnapshot(snap, w, budget)
@@ -158,7 +152,7 @@ func TestASnapshotIsEncodedOnceForAllItsWatchers(t *testing.T) {
 						t.Fatalf("watcher of %s sent %d of the %d shared parts as they are", self, found, len(shared))
 					}
 				}
-				if got := s.watchSnapshots.encoded; got != 1 {
+				if got := s.watchSnapshots.encoded.Load(); got != 1 {
 					t.Fatalf("the snapshot was encoded %d times for %d watchers, want once", got, len(clusters))
 				}
 				if small := s.sharedSnapshot(snap, watcherOf{log: log}, budget).small; small != (n == 3) {
