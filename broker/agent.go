@@ -292,7 +292,7 @@ func (a *agentService) Watch(req *apiv1.WatchRequest, stream apiv1.Agent_WatchSe
 			}
 			// A revocation (or a join that replaced this certificate) ends the stream before
 			// the batch that made it is delivered.
-			if admission.WatcherCertificate(id, b.Events) {
+			if !b.Snapshot && admission.WatcherCertificate(id, b.Events) {
 				if err := a.s.recheckAgent(ctx, id); err != nil {
 					log.Info("watch ended: the certificate is no longer good", "err", err)
 					return err
@@ -301,7 +301,16 @@ func (a *agentService) Watch(req *apiv1.WatchRequest, stream apiv1.Agent_WatchSe
 			// The store shares a batch's events between watchers, and so does the encoding
 			// (sendBatch): the PSKs of this agent's pairs go into its clusters as they are
 			// encoded, never into the shared events.
-			evs, touches := agentEvents(b.Events)
+			// A snapshot's agent events are shared between its watchers (sharedSnapshot).
+			var (
+				evs     []*apiv1.Event
+				touches bool
+			)
+			if b.Snapshot {
+				evs = a.s.sharedSnapshot(b, watcher, a.s.messageBudget()).evs
+			} else {
+				evs, touches = agentEvents(b.Events)
+			}
 			resp := &apiv1.WatchResponse{Snapshot: b.Snapshot, Events: evs, Revision: b.Revision}
 			if req.WantImports && (first || b.Snapshot || touches) {
 				v, err := a.s.imports.at(ctx, b.Revision)

@@ -39,12 +39,23 @@ type snapshotEncoding struct {
 	once sync.Once
 	// small: the snapshot fits in one message; it goes through encodeBatch.
 	small bool
-	// clusters are the events that carry a cluster (encoded per watcher).
-	clusters []*apiv1.Event
+	// evs are the snapshot's events that agents are sent (agentEvents), shared.
+	evs []*apiv1.Event
+	// clusters are the events that carry a cluster (encoded per watching cluster, whose pair
+	// PSKs they carry: clusterParts, by the watching cluster's UID).
+	clusters     []*apiv1.Event
+	mu           sync.Mutex
+	clusterParts map[string]*encodedParts
 	// shared are the complete messages of step 2; last and lastBare the events of step 3, with
 	// and without their revisions.
 	shared         [][]byte
 	last, lastBare []byte
+}
+
+// encodedParts are messages encoded once, for whoever shares them.
+type encodedParts struct {
+	once sync.Once
+	msgs [][]byte
 }
 
 // snapshotEncodings keeps the encodings of the last few snapshots (two generations of
@@ -68,6 +79,7 @@ func (s *Server) sharedSnapshot(b store.Batch, w watcherOf, budget int) *snapsho
 	e.once.Do(func() {
 		s.watchSnapshots.encoded.Add(1)
 		evs, _ := agentEvents(b.Events)
+		e.evs = evs
 		// The other events' encodings, with their revisions (full) and without (bare): only
 		// cluster UPSERTs depend on the watcher, these are the same for all.
 		var full, bare [][]byte
@@ -127,22 +139,10 @@ func (s *Server) encodeSnapshot(b store.Batch, resp *apiv1.WatchResponse, w watc
 	if e.small {
 		return s.encodeBatch(resp, w, budget)
 	}
-	var out [][]byte
-	// Step 1: the clusters, in parts of the budget; the first message says snapshot.
-	msg := protowire.AppendVarint(protowire.AppendTag(nil, 1, protowire.VarintType), 1)
-	for _, ev := range e.clusters {
-		enc := s.event(ev, w, true)
-		if enc.skip {
-			continue
-		}
-		if len(msg) > 2 && len(msg)+len(enc.b)+snapshotOverhead > budget {
-			out = append(out, protowire.AppendVarint(protowire.AppendTag(msg, 5, protowire.VarintType), 1))
-			msg = nil
-		}
-		msg = append(msg, enc.b...)
-	}
-	out = append(out, protowire.AppendVarint(protowire.AppendTag(msg, 5, protowire.VarintType), 1))
-	// Step 2.
+	// Step 1, then step 2.
+	clusters := s.snapshotClusters(e, w, budget)
+	out := make([][]byte, 0, len(clusters)+len(e.shared)+2)
+	out = append(out, clusters...)
 	out = append(out, e.shared...)
 	// Step 3.
 	imports, err := messageField(4, resp.Imports)
@@ -169,6 +169,39 @@ func (s *Server) encodeSnapshot(b store.Batch, resp *apiv1.WatchResponse, w watc
 		return append(out, tail(e.last, false)), nil
 	}
 	return append(out, tail(e.lastBare, true), tail(nil, false)), nil
+}
+
+// snapshotClusters is step 1 of snapshot e for watcher w: its cluster events, with the pair PSKs
+// of w's cluster, in parts of the budget, the first message saying snapshot. They are encoded
+// once for every watcher of the same cluster.
+func (s *Server) snapshotClusters(e *snapshotEncoding, w watcherOf, budget int) [][]byte {
+	e.mu.Lock()
+	if e.clusterParts == nil {
+		e.clusterParts = map[string]*encodedParts{}
+	}
+	p := e.clusterParts[w.clusterUID]
+	if p == nil {
+		p = &encodedParts{}
+		e.clusterParts[w.clusterUID] = p
+	}
+	e.mu.Unlock()
+	p.once.Do(func() {
+		more := func(m []byte) []byte { return protowire.AppendVarint(protowire.AppendTag(m, 5, protowire.VarintType), 1) }
+		msg := protowire.AppendVarint(protowire.AppendTag(make([]byte, 0, budget), 1, protowire.VarintType), 1)
+		for _, ev := range e.clusters {
+			enc := s.event(ev, w, true)
+			if enc.skip {
+				continue
+			}
+			if len(msg) > 2 && len(msg)+len(enc.b)+snapshotOverhead > budget {
+				p.msgs = append(p.msgs, more(msg))
+				msg = make([]byte, 0, budget)
+			}
+			msg = append(msg, enc.b...)
+		}
+		p.msgs = append(p.msgs, more(msg))
+	})
+	return p.msgs
 }
 
 // sendSnapshot sends snapshot b to watcher w (encodeSnapshot).
