@@ -41,11 +41,36 @@ func (a *agentService) Join(ctx context.Context, req *apiv1.JoinRequest) (*apiv1
 		return nil, rpcError("join", err)
 	}
 	var (
-		c       *apiv1.Cluster
-		issued  *apiv1.IssuedCertificate
-		cert    *x509.Certificate
-		certPEM []byte
+		c         *apiv1.Cluster
+		issued    *apiv1.IssuedCertificate
+		cert      *x509.Certificate
+		certPEM   []byte
+		issuedUID string // the UID of the cluster cert was issued for
 	)
+	issue := func() error {
+		var err error
+		if certPEM, cert, err = p.IssueAgent(req.CsrPem, c.Name, c.Uid, req.Node, now); err != nil {
+			return &admission.InvalidError{Field: "csr_pem", Err: err}
+		}
+		issued, issuedUID = admission.Issued(cert, p.IssuerHash(), claims.Nonce), c.Uid
+		return nil
+	}
+	// The certificate is signed before the write, not in it: the store's one committer would
+	// otherwise sign for every node of a fleet joining at once, one after the other. A
+	// certificate is good only once its node's record lists it, which the write decides.
+	err = a.s.store.View(ctx, func(tx store.ReadTx) error {
+		var err error
+		if c, err = tx.Cluster(req.Cluster); err != nil {
+			return err
+		}
+		if err := admission.JoinCluster(claims, c); err != nil {
+			return err
+		}
+		return issue()
+	})
+	if err != nil {
+		return nil, rpcError("join", err)
+	}
 	_, err = a.s.store.Update(ctx, func(tx store.Tx) error {
 		var err error
 		if c, err = tx.Cluster(req.Cluster); err != nil {
@@ -54,11 +79,11 @@ func (a *agentService) Join(ctx context.Context, req *apiv1.JoinRequest) (*apiv1
 		if err := admission.JoinCluster(claims, c); err != nil {
 			return err
 		}
-		if cert == nil {
-			if certPEM, cert, err = p.IssueAgent(req.CsrPem, c.Name, c.Uid, req.Node, now); err != nil {
-				return &admission.InvalidError{Field: "csr_pem", Err: err}
+		if c.Uid != issuedUID {
+			// The cluster was removed and created again since the read.
+			if err := issue(); err != nil {
+				return err
 			}
-			issued = admission.Issued(cert, p.IssuerHash(), claims.Nonce)
 		}
 		tok, err := tx.JoinToken(claims.Nonce)
 		if err != nil {
