@@ -186,7 +186,9 @@ func (s *Server) snapshotClusters(e *snapshotEncoding, w watcherOf, budget int) 
 	}
 	e.mu.Unlock()
 	p.once.Do(func() {
-		more := func(m []byte) []byte { return protowire.AppendVarint(protowire.AppendTag(m, 5, protowire.VarintType), 1) }
+		more := func(m []byte) []byte {
+			return protowire.AppendVarint(protowire.AppendTag(m, 5, protowire.VarintType), 1)
+		}
 		msg := protowire.AppendVarint(protowire.AppendTag(make([]byte, 0, budget), 1, protowire.VarintType), 1)
 		for _, ev := range e.clusters {
 			enc := s.event(ev, w, true)
