@@ -202,9 +202,19 @@ func TestDiagnoseFindsAFirewalledCablePort(t *testing.T) {
 		c.StartAgent()
 	}
 	m.WaitWants(2*time.Minute, started, both, nil, harness.Connected(harness.DriverVXLAN))
-	rs := waitDiagnosePasses(t, m, east, "connected west", "cable-port west", "mtu west")
-	if r, _ := findCheck(rs, "cable-port west"); !strings.Contains(r.Message, "probes through the vxlan tunnel") {
-		t.Errorf("cable-port west over vxlan checked %q, want the probes through the tunnel", r.Message)
+	// Right after the pair connected the check may pass saying no probe has run yet (CI saw it
+	// 1.6 s after the agents started): it must come to judge by the probes within a few periods.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		rs := waitDiagnosePasses(t, m, east, "connected west", "cable-port west", "mtu west")
+		r, _ := findCheck(rs, "cable-port west")
+		if strings.Contains(r.Message, "probes through the vxlan tunnel") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("cable-port west over vxlan still checked %q 10s after the pair connected, want the probes through the tunnel", r.Message)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 
 	// The firewall is iptables (nft's CLI is not installed here) in the raw table, before
