@@ -110,6 +110,8 @@ func (a *agentService) Join(ctx context.Context, req *apiv1.JoinRequest) (*apiv1
 }
 
 func (a *agentService) RegisterEndpoint(ctx context.Context, req *apiv1.RegisterEndpointRequest) (*apiv1.RegisterEndpointResponse, error) {
+	a.s.writing.enter()
+	defer a.s.writing.leave()
 	id := identityFrom(ctx)
 	e, leaseSeconds, err := admission.AdmitEndpoint(id, req, a.s.leases(), a.s.cfg.Now())
 	if err != nil {
@@ -196,6 +198,8 @@ func (a *agentService) RegisterEndpoint(ctx context.Context, req *apiv1.Register
 }
 
 func (a *agentService) Heartbeat(ctx context.Context, req *apiv1.HeartbeatRequest) (*apiv1.HeartbeatResponse, error) {
+	a.s.writing.enter()
+	defer a.s.writing.leave()
 	id := identityFrom(ctx)
 	node, err := admission.HeartbeatNode(id, req.Node)
 	if err != nil {
@@ -359,7 +363,12 @@ func (a *agentService) Watch(req *apiv1.WatchRequest, stream apiv1.Agent_WatchSe
 			// once would otherwise all be sent theirs at the same time, and crowd out the
 			// commits that register them.
 			if b.Snapshot {
-				if !a.s.handshakes.idle(ctx, maxSnapshotHold) {
+				// While a fleet connects and registers, or its registrations and heartbeats
+				// queue, snapshots wait (at most maxSnapshotHold): sent meanwhile, they took
+				// the CPU and the connections the handshakes and writes needed, which then
+				// missed their deadline (and a gateway whose heartbeats miss loses its lease).
+				hold := time.Now().Add(maxSnapshotHold)
+				if !a.s.handshakes.waiting.idle(ctx, hold) || !a.s.writing.idle(ctx, hold) {
 					return rpcError("watch", ctx.Err())
 				}
 				select {

@@ -37,8 +37,13 @@ import (
 const maxSnapshotSends = 256
 
 // maxSnapshotHold is how long a snapshot waits at most while connections wait for a handshake
-// (handshakes.go): a broker that is dialed without pause still sends every snapshot.
+// (handshakes.go) or more than writesBacklog registrations and heartbeats are in flight: a
+// broker that is dialed without pause still sends every snapshot.
 const maxSnapshotHold = 10 * time.Second
+
+// writesBacklog is how many registrations and heartbeats may be in flight before snapshots wait
+// for them.
+const writesBacklog = 32
 
 // Defaults, as DESIGN.md and the agreed wire facts give them.
 const (
@@ -136,6 +141,9 @@ type Server struct {
 	watchSnapshots snapshotEncodings
 	// metrics are served by MetricsHandler (metrics.go).
 	metrics *metrics
+	// writing counts the registrations and heartbeats in flight (snapshots wait while there
+	// are many).
+	writing *backlog
 	// handshakes are the server's TLS credentials, which run a limited number of handshakes at
 	// once (handshakes.go).
 	handshakes *handshakeLimit
@@ -257,6 +265,7 @@ func New(cfg Config) (_ *Server, err error) {
 	s.certs = newCertState(p, ips)
 	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12, GetConfigForClient: s.certs.tlsConfig}
 	s.handshakes = limitHandshakes(credentials.NewTLS(tlsCfg), 0)
+	s.writing = newBacklog(writesBacklog)
 	// Metrics first, so refused calls are counted with their code; watches after auth, which
 	// names the agent (metrics.go).
 	s.metrics = newMetrics(s)

@@ -1,11 +1,8 @@
 package broker
 
 import (
-	"context"
 	"net"
 	"runtime"
-	"sync"
-	"time"
 
 	"google.golang.org/grpc/credentials"
 )
@@ -16,7 +13,7 @@ import (
 // the others and they all finish late together, after the agents' calls waited out their
 // deadline. In slots, the agents connect one group after the other, the first at once.
 //
-// While connections wait for a slot, snapshots wait too (idle): a fleet that starts together
+// While connections wait for a slot, snapshots wait too (Watch): a fleet that starts together
 // connects and registers first, and is sent the mesh afterwards. Sent at once, the snapshots
 // (and the registrations fanned out to every agent already watching) filled the connections of
 // the agents still connecting, whose registrations then missed their deadline.
@@ -27,9 +24,7 @@ type handshakeLimit struct {
 
 type handshakeQueue struct {
 	slots   chan struct{}
-	mu      sync.Mutex
-	waiting int
-	idleCh  chan struct{} // closed while no connection waits for a slot
+	waiting *backlog // connections waiting for a slot
 }
 
 // handshakesPerCPU is how many handshakes run at once per CPU: many more than one, because a
@@ -41,8 +36,7 @@ func limitHandshakes(c credentials.TransportCredentials, n int) *handshakeLimit 
 	if n <= 0 {
 		n = handshakesPerCPU * runtime.GOMAXPROCS(0)
 	}
-	q := &handshakeQueue{slots: make(chan struct{}, n), idleCh: make(chan struct{})}
-	close(q.idleCh)
+	q := &handshakeQueue{slots: make(chan struct{}, n), waiting: newBacklog(0)}
 	return &handshakeLimit{TransportCredentials: c, handshakeQueue: q}
 }
 
@@ -63,38 +57,7 @@ func (q *handshakeQueue) acquire() {
 		return
 	default:
 	}
-	q.mu.Lock()
-	if q.waiting == 0 {
-		q.idleCh = make(chan struct{})
-	}
-	q.waiting++
-	q.mu.Unlock()
+	q.waiting.enter()
 	q.slots <- struct{}{}
-	q.mu.Lock()
-	if q.waiting--; q.waiting == 0 {
-		close(q.idleCh)
-	}
-	q.mu.Unlock()
-}
-
-// idle returns when no connection waits for a handshake slot, or after at most max, or when ctx
-// ends (false then).
-func (q *handshakeQueue) idle(ctx context.Context, max time.Duration) bool {
-	q.mu.Lock()
-	ch := q.idleCh
-	q.mu.Unlock()
-	select {
-	case <-ch:
-		return true
-	default:
-	}
-	t := time.NewTimer(max)
-	defer t.Stop()
-	select {
-	case <-ch:
-	case <-t.C:
-	case <-ctx.Done():
-		return false
-	}
-	return true
+	q.waiting.leave()
 }

@@ -37,7 +37,7 @@ func (b *blockingCreds) Clone() credentials.TransportCredentials { return b }
 func TestHandshakesRunInSlotsAndSnapshotsWaitForTheQueue(t *testing.T) {
 	creds := &blockingCreds{release: make(chan struct{})}
 	h := limitHandshakes(creds, 3)
-	if !h.idle(t.Context(), time.Hour) {
+	if !h.waiting.idle(t.Context(), time.Now().Add(time.Hour)) {
 		t.Fatal("idle with no connection at all did not return at once")
 	}
 	done := make(chan struct{}, 10)
@@ -57,17 +57,17 @@ func TestHandshakesRunInSlotsAndSnapshotsWaitForTheQueue(t *testing.T) {
 	}
 	// 7 connections wait: a snapshot waits for them, up to its maximum.
 	start := time.Now()
-	if !h.idle(t.Context(), 50*time.Millisecond) || time.Since(start) < 50*time.Millisecond {
+	if !h.waiting.idle(t.Context(), time.Now().Add(50*time.Millisecond)) || time.Since(start) < 50*time.Millisecond {
 		t.Fatalf("idle returned after %s while 7 connections waited, want its maximum of 50ms", time.Since(start))
 	}
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
-	if h.idle(ctx, time.Hour) {
+	if h.waiting.idle(ctx, time.Now().Add(time.Hour)) {
 		t.Fatal("idle with an ended context reported true")
 	}
 	idle := make(chan time.Time, 1)
 	go func() {
-		h.idle(t.Context(), time.Hour)
+		h.waiting.idle(t.Context(), time.Now().Add(time.Hour))
 		idle <- time.Now()
 	}()
 	// Release them one by one: idle returns once the last waiting connection took a slot.
@@ -91,4 +91,40 @@ func TestHandshakesRunInSlotsAndSnapshotsWaitForTheQueue(t *testing.T) {
 		}
 	}
 	t.Fatal("idle never returned")
+}
+
+// A backlog is idle while at most its threshold of work is in flight.
+func TestABacklogIsIdleAtItsThresholdAndBusyAbove(t *testing.T) {
+	b := newBacklog(2)
+	soon := func() time.Time { return time.Now().Add(30 * time.Millisecond) }
+	busy := func() bool {
+		start := time.Now()
+		b.idle(t.Context(), soon())
+		return time.Since(start) >= 30*time.Millisecond
+	}
+	b.enter()
+	b.enter()
+	if busy() {
+		t.Fatal("two in flight with a threshold of 2: idle waited")
+	}
+	b.enter()
+	if !busy() {
+		t.Fatal("three in flight with a threshold of 2: idle returned at once")
+	}
+	released := make(chan time.Duration, 1)
+	go func() {
+		start := time.Now()
+		b.idle(t.Context(), time.Now().Add(time.Hour))
+		released <- time.Since(start)
+	}()
+	time.Sleep(20 * time.Millisecond)
+	b.leave()
+	select {
+	case d := <-released:
+		if d < 20*time.Millisecond {
+			t.Fatalf("idle returned after %s, before the third left", d)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("idle did not return once the backlog was back at its threshold")
+	}
 }
