@@ -460,7 +460,7 @@ func (s *Server) sharedDelta(b store.Batch, w watcherOf) ([][]byte, error) {
 			break
 		}
 	}
-	e := s.watchBatches.get(k, maxSharedBatches)
+	var e *batchEncoding = s.watchBatches.get(k, maxSharedBatches)
 	e.once.Do(func() {
 		evs, _ := agentEvents(b.Events)
 		if len(evs) == 0 {
