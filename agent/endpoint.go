@@ -34,17 +34,25 @@ func (a *Agent) registerLoop(ctx context.Context, client apiv1.AgentClient) {
 		}
 		var err error
 		gen := a.conn.generation()
+		wasRegistered := registered
 		if !registered {
 			err = a.register(ctx, client)
 			registered = err == nil
 		} else if err = a.heartbeat(ctx, client); err != nil {
 			registered = false
+			wasRegistered = false
 			if status.Code(err) == codes.NotFound {
 				a.log.Info("broker lost this endpoint; registering again")
 				if err = a.register(ctx, client); err == nil {
 					registered = true
 				}
 			}
+		}
+		// Just registered: the first heartbeat comes after a wider random wait (a fleet
+		// registers together).
+		wait := brokerclient.HeartbeatDelay(a.cfg.HeartbeatInterval)
+		if registered && !wasRegistered {
+			wait = brokerclient.AfterRegistrationDelay(a.cfg.HeartbeatInterval)
 		}
 		if ctx.Err() != nil {
 			return
@@ -82,7 +90,7 @@ func (a *Agent) registerLoop(ctx context.Context, client apiv1.AgentClient) {
 				}
 			}
 		}
-		if !retry.Sleep(ctx, brokerclient.HeartbeatDelay(a.cfg.HeartbeatInterval)) {
+		if !retry.Sleep(ctx, wait) {
 			return
 		}
 		if err != nil {

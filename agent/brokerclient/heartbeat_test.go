@@ -65,5 +65,31 @@ func TestJitterStaysWithinItsBounds(t *testing.T) {
 		if d := FirstRegistrationDelay(interval); d < 0 || d > time.Second {
 			t.Fatalf("FirstRegistrationDelay(%s) = %s, outside [0, 1s]", interval, d)
 		}
+		if d := AfterRegistrationDelay(interval); d < interval/2 || d > interval {
+			t.Fatalf("AfterRegistrationDelay(%s) = %s, outside [5s, 10s]", interval, d)
+		}
+	}
+}
+
+// The first heartbeat after a registration waits between half the interval and all of it: a
+// fleet that registered in one second heartbeats over five, not two.
+func TestAfterRegistrationDelay(t *testing.T) {
+	lowest := func(int64) int64 { return 0 }
+	highest := func(k int64) int64 { return k - 1 }
+	for _, tt := range []struct {
+		name     string
+		interval time.Duration
+		n        func(int64) int64
+		want     time.Duration
+	}{
+		{"no jitter drawn waits the interval", 10 * time.Second, lowest, 10 * time.Second},
+		{"the most jitter waits half of it", 10 * time.Second, highest, 5 * time.Second},
+		{"a tiny interval waits it whole", time.Nanosecond, highest, time.Nanosecond},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := afterRegistrationDelay(tt.interval, tt.n); got != tt.want {
+				t.Errorf("afterRegistrationDelay(%s) = %s, want %s", tt.interval, got, tt.want)
+			}
+		})
 	}
 }

@@ -318,17 +318,20 @@ func (a *simAgent) beat(ctx context.Context, redial bool) {
 		a.conn.ResetConnectBackoff()
 	}
 	var err error
-	if !a.registered.Load() {
+	wasRegistered := a.registered.Load()
+	if !wasRegistered {
 		err = a.register(ctx, a.ep)
 		a.registered.Store(err == nil)
 	} else if err = a.heartbeat(ctx); err != nil {
 		a.registered.Store(false)
+		wasRegistered = false
 		if status.Code(err) == codes.NotFound {
 			if err = a.register(ctx, a.ep); err == nil {
 				a.registered.Store(true)
 			}
 		}
 	}
+	justRegistered := a.registered.Load() && !wasRegistered
 	if ctx.Err() != nil {
 		return
 	}
@@ -339,7 +342,10 @@ func (a *simAgent) beat(ctx context.Context, redial bool) {
 		}
 	}
 	d := heartbeatInterval
-	if a.f.jitter {
+	switch {
+	case a.f.jitter && justRegistered:
+		d = brokerclient.AfterRegistrationDelay(heartbeatInterval)
+	case a.f.jitter:
 		d = brokerclient.HeartbeatDelay(heartbeatInterval)
 	}
 	a.timerMu.Lock()
