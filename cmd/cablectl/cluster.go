@@ -21,6 +21,7 @@ import (
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/api/validation"
 	"github.com/cablemesh/cablemesh/broker/adminconfig"
+	"github.com/cablemesh/cablemesh/policy"
 )
 
 // adminTimeout bounds every admin call, so a dead broker fails the command instead of hanging it.
@@ -291,9 +292,9 @@ func printClusters(w io.Writer, format string, resp *apiv1.ListClustersResponse,
 			}
 			gws = append(gws, gw)
 		}
-		mode := "direct"
+		mode := policy.ModeDirect
 		if c.GatewayMode {
-			mode = "gateway"
+			mode = policy.ModeGateway
 		}
 		age := "-"
 		if c.JoinedAt != nil {

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/cablemesh/cablemesh/agent/statusapi"
+	"github.com/cablemesh/cablemesh/policy"
 )
 
 // defaultStatusSocket is the agent's default statusSocket (agent/config.DefaultStatusSocket);
@@ -193,7 +194,7 @@ func printStatus(w io.Writer, format string, s *statusapi.Status, now time.Time)
 	// Gateway-mode pairs carry only the two gateways' mesh addresses: say which (direct pairs,
 	// the default, need no line).
 	for _, c := range s.Connections {
-		if c.Mode == "gateway" {
+		if c.Mode == policy.ModeGateway {
 			fmt.Fprintf(w, "  %s: gateway mode: the cable carries only mesh addresses %s <-> %s\n", c.Cluster, statusDash(s.MeshAddress), strings.Join(c.Subnets, ","))
 		}
 	}
@@ -392,12 +393,8 @@ func statusAgo(t *time.Time, now time.Time) string {
 // statusConfigLine is the agent config in force: its revision, the start of its hash, and the
 // fields of a refused newer file (the messages are under Problems).
 func statusConfigLine(c *statusapi.ConfigStatus, now time.Time) string {
-	hash := c.Hash
-	if len(hash) > len("sha256:")+12 {
-		hash = hash[:len("sha256:")+12]
-	}
 	loaded := c.LoadedAt
-	line := fmt.Sprintf("Config: revision %d, %s, loaded %s", c.Revision, statusDash(hash), statusAgo(&loaded, now))
+	line := fmt.Sprintf("Config: revision %d, %s, loaded %s", c.Revision, statusDash(shortHash(c.Hash)), statusAgo(&loaded, now))
 	if len(c.Refused) > 0 {
 		var fields []string
 		for _, r := range c.Refused {
