@@ -35,6 +35,7 @@ func newDiagnoseCmd(g *globalFlags) *cobra.Command {
 			"  mtu X         ping -M do -s MTU-28 through the cable to the remote probe address answers while\n" +
 			"                small probes do: no MTU black hole on the underlay\n" +
 			"  charon        where ipsec is used: charon runs (not stopped) and answers on its vici socket\n" +
+			"  charon D      the same for the charon of driver D (vxlan+ipsec), where D is used\n" +
 			"  dns           where DNS is on: the agent's listener answers dns-version.clusterset.local TXT\n" +
 			"  ebpf          where services are on: the socket programs are pinned and attached to the cgroup\n" +
 			"Exit code 0 when every check passes, 1 when one failed, 2 on bad usage.",

@@ -17,7 +17,8 @@ import (
 
 // Result is one check's verdict, as `cablectl diagnose -o json` prints it.
 type Result struct {
-	// Check names the check and what it looked at: "mtu west", "cable-port west", "charon".
+	// Check names the check and what it looked at: "mtu west", "cable-port west", "charon",
+	// "charon vxlan+ipsec".
 	Check   string `json:"check"`
 	OK      bool   `json:"ok"`
 	Message string `json:"message"`
@@ -154,9 +155,7 @@ func LoadBalancerOn(s *statusapi.Status) bool {
 func Run(s *statusapi.Status, p Probes, now time.Time) []Result {
 	out := []Result{checkBroker(s), checkCertificate(s, now), checkClockSkew(s)}
 	out = append(out, checkPairs(s, p, now)...)
-	if r, ok := checkCharon(s); ok {
-		out = append(out, r)
-	}
+	out = append(out, checkCharon(s)...)
 	if s.Services != nil && s.Services.DNS.Enabled {
 		out = append(out, checkDNS(s, p.DNS))
 	}
@@ -404,29 +403,52 @@ func checkMTU(c statusapi.Connection, probes map[string]MTUProbe) Result {
 	return fail(name, fmt.Sprintf("MTU black hole: %d-byte packets with DF set are lost (%d/%d answered) while small ones cross (%d/%d), %s", p.MTU, p.Received, p.Sent, p.SmallReceived, p.SmallSent, path), hint)
 }
 
-// checkCharon applies where ipsec is configured or used.
-func checkCharon(s *statusapi.Status) (Result, bool) {
+// charonDrivers are the cable drivers that run a charon of their own (cable/ipsec's Name and
+// cable/vxlanipsec's; not imported, to keep this package free of the drivers' I/O), in the order
+// their checks are reported.
+var charonDrivers = []string{"ipsec", "vxlan+ipsec"}
+
+// checkCharon checks the charon of each driver in charonDrivers that is configured or used: one
+// result per driver, "charon" for ipsec, "charon <driver>" for the others.
+func checkCharon(s *statusapi.Status) []Result {
+	var out []Result
+	for _, driver := range charonDrivers {
+		if r, ok := checkDriverCharon(s, driver); ok {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// checkDriverCharon applies where driver (one of charonDrivers) is configured or used.
+func checkDriverCharon(s *statusapi.Status, driver string) (Result, bool) {
 	var ds *statusapi.DriverStatus
 	for i := range s.Drivers {
-		if s.Drivers[i].Name == "ipsec" {
+		if s.Drivers[i].Name == driver {
 			ds = &s.Drivers[i]
 		}
 	}
 	used := false
 	for _, c := range s.Connections {
-		used = used || c.Driver == "ipsec"
+		used = used || c.Driver == driver
 	}
 	if ds == nil && !used {
 		return Result{}, false
 	}
-	hint := "charon runs detached from the agent (its log: STATEDIR/ipsec/charon.log); the agent restarts one that exited, not one that is stopped (kill -CONT) or hangs"
+	// ipsec's check keeps its plain name (and its messages say just "charon"); another driver's
+	// charon is a different process, so its check and messages name the driver.
+	name, who := CheckCharon, "charon"
+	if driver != "ipsec" {
+		name, who = CheckCharon+" "+driver, "charon of "+driver
+	}
+	hint := "charon runs detached from the agent (its log: STATEDIR/" + driver + "/charon.log); the agent restarts one that exited, not one that is stopped (kill -CONT) or hangs"
 	switch {
 	case ds == nil:
-		return fail(CheckCharon, "a pair uses ipsec but this gateway does not run the ipsec driver", "add ipsec to cableDrivers"), true
+		return fail(name, "a pair uses "+driver+" but this gateway does not run the "+driver+" driver", "add "+driver+" to cableDrivers"), true
 	case !ds.Running:
-		return fail(CheckCharon, "the ipsec driver does not run: "+ds.Error, hint), true
+		return fail(name, "the "+driver+" driver does not run: "+ds.Error, hint), true
 	case ds.Daemon == nil:
-		return fail(CheckCharon, "the agent reports nothing of charon (an older agent?)", hint), true
+		return fail(name, "the agent reports nothing of "+who+" (an older agent?)", hint), true
 	}
 	d := ds.Daemon
 	pid := "pid " + strconv.Itoa(d.PID)
@@ -435,15 +457,15 @@ func checkCharon(s *statusapi.Status) (Result, bool) {
 	}
 	switch {
 	case d.State != "running":
-		msg := fmt.Sprintf("charon (%s) is %s", pid, d.State)
+		msg := fmt.Sprintf("%s (%s) is %s", who, pid, d.State)
 		if d.Error != "" {
 			msg += "; vici: " + d.Error
 		}
-		return fail(CheckCharon, msg, hint), true
+		return fail(name, msg, hint), true
 	case !d.Answering:
-		return fail(CheckCharon, fmt.Sprintf("charon (%s) runs but does not answer on %s: %s", pid, d.Control, d.Error), hint), true
+		return fail(name, fmt.Sprintf("%s (%s) runs but does not answer on %s: %s", who, pid, d.Control, d.Error), hint), true
 	}
-	return pass(CheckCharon, fmt.Sprintf("charon (%s) runs and answers on %s", pid, d.Control)), true
+	return pass(name, fmt.Sprintf("%s (%s) runs and answers on %s", who, pid, d.Control)), true
 }
 
 func checkDNS(s *statusapi.Status, p *DNSProbe) Result {

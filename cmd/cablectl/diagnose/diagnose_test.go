@@ -136,6 +136,13 @@ func TestEachFaultFailsItsCheckAndNamesIt(t *testing.T) {
 		{"ipsec driver down", func(s *statusapi.Status, _ *Probes) {
 			s.Drivers = append(s.Drivers, statusapi.DriverStatus{Name: "ipsec", Error: "charon not installed"})
 		}, "charon", []string{"does not run: charon not installed"}},
+		{"vxlan+ipsec charon stopped", func(s *statusapi.Status, _ *Probes) {
+			s.Drivers = append(s.Drivers, statusapi.DriverStatus{Name: "vxlan+ipsec", Running: true,
+				Daemon: &statusapi.Daemon{Name: "charon", PID: 4343, State: "stopped", Control: "/x/vxlan+ipsec/charon.vici", Error: "no answer to version within 1s"}})
+		}, "charon vxlan+ipsec", []string{"charon of vxlan+ipsec", "pid 4343", "stopped", "no answer"}},
+		{"vxlan+ipsec used but not run", func(s *statusapi.Status, _ *Probes) {
+			s.Connections = append(s.Connections, statusapi.Connection{Cluster: "north", Driver: "vxlan+ipsec", State: "connected"})
+		}, "charon vxlan+ipsec", []string{"a pair uses vxlan+ipsec", "does not run the vxlan+ipsec driver"}},
 		{"dns silent", func(_ *statusapi.Status, p *Probes) {
 			p.DNS = &DNSProbe{Server: "10.1.0.1:5353", Error: "i/o timeout"}
 		}, "dns", []string{"no answer from 10.1.0.1:5353", "i/o timeout"}},
@@ -214,6 +221,52 @@ func TestChecksThatDoNotApplyAreLeftOut(t *testing.T) {
 	s.Gateway, s.Broker.ClockSkewMs = false, nil
 	if r, _ := find(Run(s, healthyProbes(), now), "clock-skew"); !r.OK || !strings.Contains(r.Message, "only gateways") {
 		t.Errorf("clock-skew on a non-gateway: %+v", r)
+	}
+}
+
+func TestEachCharonDriverIsCheckedOnItsOwn(t *testing.T) {
+	// A gateway with only vxlan+ipsec runs that driver's charon: it is checked, under its own
+	// name, with the driver's state directory in the hint; no ipsec check is made up.
+	s := healthy()
+	s.Drivers = []statusapi.DriverStatus{{Name: "vxlan+ipsec", Running: true,
+		Daemon: &statusapi.Daemon{Name: "charon", PID: 51, State: "stopped", Control: "/x/vxlan+ipsec/charon.vici"}}}
+	rs := Run(s, healthyProbes(), now)
+	if _, ok := find(rs, "charon"); ok {
+		t.Errorf("an ipsec charon checked on a gateway without ipsec: %+v", rs)
+	}
+	r, ok := find(rs, "charon vxlan+ipsec")
+	if !ok {
+		t.Fatalf("no charon vxlan+ipsec check on a gateway running vxlan+ipsec: %+v", rs)
+	}
+	if r.OK || !strings.Contains(r.Message, "pid 51") || !strings.Contains(r.Hint, "STATEDIR/vxlan+ipsec/charon.log") {
+		t.Errorf("charon vxlan+ipsec: %+v, want a failure naming pid 51 and the driver's charon.log", r)
+	}
+
+	// With both drivers, each charon has its result, ipsec's first: a stopped one is not hidden
+	// behind a healthy one.
+	s.Drivers = append([]statusapi.DriverStatus{{Name: "ipsec", Running: true,
+		Daemon: &statusapi.Daemon{Name: "charon", PID: 50, State: "running", Control: "/x/ipsec/charon.vici", Answering: true}}}, s.Drivers...)
+	rs = Run(s, healthyProbes(), now)
+	var got []string
+	for _, r := range rs {
+		if strings.HasPrefix(r.Check, "charon") {
+			got = append(got, r.Check)
+		}
+	}
+	if strings.Join(got, ",") != "charon,charon vxlan+ipsec" {
+		t.Errorf("charon checks %v, want charon then charon vxlan+ipsec", got)
+	}
+	if r, _ := find(rs, "charon"); !r.OK || !strings.Contains(r.Message, "pid 50") {
+		t.Errorf("charon (ipsec): %+v, want a pass for pid 50", r)
+	}
+	if r, _ := find(rs, "charon vxlan+ipsec"); r.OK {
+		t.Errorf("charon vxlan+ipsec: %+v, want the stopped charon to fail", r)
+	}
+
+	// A healthy vxlan+ipsec charon passes.
+	s.Drivers[1].Daemon.State, s.Drivers[1].Daemon.Answering = "running", true
+	if r, _ := find(Run(s, healthyProbes(), now), "charon vxlan+ipsec"); !r.OK || r.Hint != "" {
+		t.Errorf("charon vxlan+ipsec running: %+v, want a pass", r)
 	}
 }
 
