@@ -15,7 +15,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
 	"sync"
 	"time"
 
@@ -481,14 +480,8 @@ func (s *Server) reapExpired(ctx context.Context, now time.Time) (time.Duration,
 		if err != nil {
 			return err
 		}
-		reaped := admission.Expired(eps, now)
-		expired = len(reaped) > 0
-		shortest = 0
-		for _, e := range eps {
-			if l := time.Duration(e.GetLeaseSeconds()) * time.Second; l > 0 && (shortest == 0 || l < shortest) && !slices.Contains(reaped, e) {
-				shortest = l
-			}
-		}
+		expired = len(admission.Expired(eps, now)) > 0
+		shortest = admission.ShortestLease(eps, now)
 		return nil
 	})
 	if err != nil || !expired {

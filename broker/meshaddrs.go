@@ -118,6 +118,7 @@ func releaseClusterMeshClaims(tx store.Tx, cluster string) ([]string, error) {
 // logged: it was admitted under the old range and is not removed.
 func (s *Server) reconcileMeshAddresses(ctx context.Context) error {
 	var plan admission.MeshPlan
+	var overlaps []admission.MeshOverlap
 	_, err := s.store.Update(ctx, func(tx store.Tx) error {
 		eps, err := tx.Endpoints()
 		if err != nil {
@@ -139,6 +140,7 @@ func (s *Server) reconcileMeshAddresses(ctx context.Context) error {
 		for _, c := range cs {
 			uids[c.Name] = c.Uid
 		}
+		overlaps = admission.MeshRangeOverlaps(cs, s.cfg.MeshAddressRange)
 		if plan, err = admission.PlanMeshAddresses(s.cfg.MeshAddressRange, eps, recs, claims, uids, s.cfg.Now()); err != nil {
 			return err
 		}
@@ -170,24 +172,9 @@ func (s *Server) reconcileMeshAddresses(ctx context.Context) error {
 	for _, e := range plan.Endpoints {
 		s.log.Info("mesh address assigned", "cluster", e.Cluster, "node", e.Node, "meshAddress", e.MeshAddress)
 	}
-	return s.warnMeshRangeOverlaps(ctx)
-}
-
-// warnMeshRangeOverlaps logs every cluster CIDR that overlaps the mesh address range.
-func (s *Server) warnMeshRangeOverlaps(ctx context.Context) error {
-	return s.store.View(ctx, func(tx store.ReadTx) error {
-		cs, err := tx.Clusters()
-		if err != nil {
-			return err
-		}
-		for _, c := range cs {
-			for _, p := range append(slices.Clone(c.PodCidrs), c.ServiceCidrs...) {
-				if q, err := netip.ParsePrefix(p); err == nil && q.Overlaps(s.cfg.MeshAddressRange) {
-					s.log.Warn("a cluster CIDR overlaps the mesh address range; gateway-mode pairs of that cluster may misroute: choose another --mesh-address-range",
-						"cluster", c.Name, "cidr", p, "meshAddressRange", s.cfg.MeshAddressRange.String())
-				}
-			}
-		}
-		return nil
-	})
+	for _, o := range overlaps {
+		s.log.Warn("a cluster CIDR overlaps the mesh address range; gateway-mode pairs of that cluster may misroute: choose another --mesh-address-range",
+			"cluster", o.Cluster, "cidr", o.CIDR.String(), "meshAddressRange", s.cfg.MeshAddressRange.String())
+	}
+	return nil
 }

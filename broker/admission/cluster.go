@@ -265,6 +265,25 @@ func CheckMeshRange(req ClusterRequest, meshRange netip.Prefix) error {
 	return nil
 }
 
+// MeshOverlap is a stored cluster CIDR that overlaps the mesh address range.
+type MeshOverlap struct {
+	Cluster string
+	CIDR    netip.Prefix
+}
+
+// MeshRangeOverlaps are the pod and service CIDRs of clusters that overlap meshRange, cluster by
+// cluster, pod CIDRs first. CheckMeshRange keeps new clusters out of it; these were admitted under
+// an earlier range, and are reported, not removed.
+func MeshRangeOverlaps(clusters []*apiv1.Cluster, meshRange netip.Prefix) []MeshOverlap {
+	var out []MeshOverlap
+	for _, n := range NetworksOf(clusters) {
+		if n.prefix.Overlaps(meshRange) {
+			out = append(out, MeshOverlap{Cluster: n.cluster, CIDR: n.prefix})
+		}
+	}
+	return out
+}
+
 // LabelChange is a validated label request: labels to set and keys to remove on cluster Name.
 type LabelChange struct {
 	Name   string

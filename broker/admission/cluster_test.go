@@ -3,6 +3,8 @@ package admission
 import (
 	"errors"
 	"fmt"
+	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -288,4 +290,20 @@ func TestRemovingAClusterWithdrawsItsEndpointsAndExportsOnly(t *testing.T) {
 	}
 	_, err = RemoveCluster("nope", nil, eps, exports)
 	wantErr[*NotFoundError](t, err, `cluster "nope" not found`)
+}
+
+func TestMeshRangeOverlapsNamesEveryClusterCIDRInTheRange(t *testing.T) {
+	mesh := netip.MustParsePrefix("242.0.0.0/16")
+	clusters := []*apiv1.Cluster{
+		{Name: "east", PodCidrs: []string{"10.1.0.0/16", "242.0.1.0/24"}, ServiceCidrs: []string{"242.0.0.0/8"}},
+		{Name: "west", PodCidrs: []string{"10.3.0.0/16"}, ServiceCidrs: []string{"10.96.0.0/16"}},
+	}
+	got := MeshRangeOverlaps(clusters, mesh)
+	want := []MeshOverlap{{"east", netip.MustParsePrefix("242.0.1.0/24")}, {"east", netip.MustParsePrefix("242.0.0.0/8")}}
+	if !slices.Equal(got, want) {
+		t.Fatalf("overlaps %v, want %v", got, want)
+	}
+	if got := MeshRangeOverlaps(clusters[1:], mesh); len(got) != 0 {
+		t.Fatalf("overlaps %v for clusters outside the range, want none", got)
+	}
 }

@@ -212,11 +212,29 @@ func ExtendLeases(eps []*apiv1.Endpoint, def time.Duration, now time.Time) []*ap
 func Expired(eps []*apiv1.Endpoint, now time.Time) []*apiv1.Endpoint {
 	var out []*apiv1.Endpoint
 	for _, e := range eps {
-		if e.LeaseExpires != nil && now.After(e.LeaseExpires.AsTime()) {
+		if expired(e, now) {
 			out = append(out, e)
 		}
 	}
 	return out
+}
+
+// ShortestLease is the shortest lease period among the endpoints of eps that have not expired at
+// now (by Expired's test), 0 when none registered one: the reaper runs often enough to withdraw
+// it in time.
+func ShortestLease(eps []*apiv1.Endpoint, now time.Time) time.Duration {
+	var shortest time.Duration
+	for _, e := range eps {
+		if l := leaseOf(e, 0); l > 0 && (shortest == 0 || l < shortest) && !expired(e, now) {
+			shortest = l
+		}
+	}
+	return shortest
+}
+
+// expired says whether e's lease has expired at now.
+func expired(e *apiv1.Endpoint, now time.Time) bool {
+	return e.LeaseExpires != nil && now.After(e.LeaseExpires.AsTime())
 }
 
 // leaseOf is the lease period of e: what it registered with, or def.

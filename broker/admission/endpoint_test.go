@@ -192,3 +192,31 @@ func TestLeasesExpireAndAreExtendedAtStart(t *testing.T) {
 		t.Fatal("extended leases expire at once, or the stored endpoints were modified")
 	}
 }
+
+func TestShortestLeaseIsAmongTheEndpointsNotExpired(t *testing.T) {
+	at := func(d time.Duration) *timestamppb.Timestamp { return timestamppb.New(t0.Add(d)) }
+	for _, tt := range []struct {
+		name string
+		eps  []*apiv1.Endpoint
+		want time.Duration
+	}{
+		{"no endpoints have none", nil, 0},
+		{"endpoints without a lease period have none", []*apiv1.Endpoint{{Node: "a", LeaseExpires: at(time.Second)}, {Node: "b"}}, 0},
+		{"the shortest of the live leases", []*apiv1.Endpoint{
+			{Node: "a", LeaseExpires: at(time.Second), LeaseSeconds: 30},
+			{Node: "b", LeaseExpires: at(time.Second), LeaseSeconds: 5},
+			{Node: "c", LeaseSeconds: 10},
+		}, 5 * time.Second},
+		{"an expired endpoint's lease is left out", []*apiv1.Endpoint{
+			{Node: "a", LeaseExpires: at(-time.Second), LeaseSeconds: 2},
+			{Node: "b", LeaseExpires: at(0), LeaseSeconds: 7},
+		}, 7 * time.Second},
+		{"only expired endpoints have none", []*apiv1.Endpoint{{Node: "a", LeaseExpires: at(-time.Second), LeaseSeconds: 2}}, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := ShortestLease(tt.eps, t0); got != tt.want {
+				t.Fatalf("ShortestLease = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
