@@ -31,11 +31,62 @@ import (
 // fleet start: 360 of 530 MB). In parts of at most 31 KiB each stream holds a few 32 KiB buffers
 // (gRPC's write quota, 64 KiB a stream, blocks Send beyond that) instead.
 const (
-	eventsField              = 2 // WatchResponse.events
 	DefaultWatchMessageBytes = 31 << 10
 	maxWatchEventBytes       = 4<<20 - 64<<10
 	maxDeleteValueBytes      = 4 << 10
 )
+
+// The fields of a WatchResponse, which the broker encodes by hand (encodeBatch, encodeSnapshot),
+// and a bound on the size of those besides the events, the imports and the CA bundle (snapshot,
+// revision, more) that packing a message under its budget allows for.
+const (
+	snapshotField   = 1
+	eventsField     = 2
+	revisionField   = 3
+	importsField    = 4
+	moreField       = 5
+	caField         = 6
+	messageOverhead = 64
+)
+
+// appendFlag appends boolean field num, set.
+func appendFlag(b []byte, num protowire.Number) []byte {
+	return protowire.AppendVarint(protowire.AppendTag(b, num, protowire.VarintType), 1)
+}
+
+// appendTail appends to a message's events the fields that follow them, in field order (as
+// proto.Marshal writes them): the revision when not 0, the imports, more when set, the CA bundle
+// (imports and ca encoded already, messageField; nil for none).
+func appendTail(b []byte, revision uint64, imports []byte, more bool, ca []byte) []byte {
+	if revision != 0 {
+		b = protowire.AppendVarint(protowire.AppendTag(b, revisionField, protowire.VarintType), revision)
+	}
+	b = append(b, imports...)
+	if more {
+		b = appendFlag(b, moreField)
+	}
+	return append(b, ca...)
+}
+
+// packParts splits items of the given sizes, in order, into parts [from, to) of at most budget
+// bytes each, overhead included: greedily, a new part when the next item would take the part
+// past the budget, and never an empty part (an item larger than the budget goes alone). There is
+// one part, empty, when there are no items.
+func packParts(sizes []int, budget, overhead int) [][2]int {
+	var parts [][2]int
+	from, size := 0, overhead
+	for i, n := range sizes {
+		if i > from && size+n > budget {
+			parts = append(parts, [2]int{from, i})
+			from, size = i, overhead
+		}
+		size += n
+	}
+	if from < len(sizes) || len(parts) == 0 {
+		parts = append(parts, [2]int{from, len(sizes)})
+	}
+	return parts
+}
 
 // messageBudget is Config.WatchMessageBytes or its default.
 func (s *Server) messageBudget() int {
@@ -115,19 +166,17 @@ type watchEncodings struct {
 
 const encodingShards = 64
 
+// encodingShard is one shard's generations, each full past limit bytes.
 type encodingShard struct {
-	mu       sync.Mutex
-	limit    int64
-	cur, old map[eventKey]*eventEncoding
-	curBytes atomic.Int64
-	_        [64]byte // keeps the shards' locks on separate cache lines
+	generations[eventKey, eventEncoding]
+	limit int64
+	_     [64]byte // keeps the shards' locks on separate cache lines
 }
 
 func newWatchEncodings(limit int64) *watchEncodings {
 	c := &watchEncodings{}
 	for i := range c.shards {
 		c.shards[i].limit = max(limit/encodingShards, 1)
-		c.shards[i].cur = map[eventKey]*eventEncoding{}
 	}
 	return c
 }
@@ -151,20 +200,7 @@ func (c *watchEncodings) shard(k eventKey) *encodingShard {
 // the shard, whose size the entry's encoding is added to.
 func (c *watchEncodings) get(k eventKey) (*eventEncoding, *encodingShard) {
 	sh := c.shard(k)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if sh.curBytes.Load() > sh.limit {
-		sh.old, sh.cur = sh.cur, map[eventKey]*eventEncoding{}
-		sh.curBytes.Store(0)
-	}
-	e := sh.cur[k]
-	if e == nil {
-		if e = sh.old[k]; e == nil {
-			e = &eventEncoding{}
-		}
-		sh.cur[k] = e
-	}
-	return e, sh
+	return sh.get(k, 0, sh.limit), sh
 }
 
 // agentEndpoint is endpoint e as agents receive it: without what only the broker uses (the
@@ -198,22 +234,23 @@ func (s *Server) event(ev *apiv1.Event, w watcherOf, bare bool) *eventEncoding {
 	}
 	e, sh := s.watchEnc.get(k)
 	e.once.Do(func() {
-		out := ev
+		// A copy of ev (shared, never changed) as this watcher is sent it.
+		out := &apiv1.Event{Type: ev.Type, Kind: ev.Kind, Key: ev.Key, Revision: ev.Revision, Resource: ev.Resource}
 		if pairPSK {
 			c = proto.Clone(c).(*apiv1.Cluster)
 			c.PairPsk = PairPSK(s.meshSecret, w.clusterUID, c.Uid)
-			out = &apiv1.Event{Type: ev.Type, Kind: ev.Kind, Key: ev.Key, Revision: ev.Revision,
-				Resource: &apiv1.Resource{Kind: &apiv1.Resource_Cluster{Cluster: c}}}
+			out.Resource = &apiv1.Resource{Kind: &apiv1.Resource_Cluster{Cluster: c}}
 		}
 		if ep := out.GetResource().GetEndpoint(); ep != nil {
-			out = &apiv1.Event{Type: out.Type, Kind: out.Kind, Key: out.Key, Revision: out.Revision,
-				Resource: &apiv1.Resource{Kind: &apiv1.Resource_Endpoint{Endpoint: agentEndpoint(ep)}}}
+			if a := agentEndpoint(ep); a != ep {
+				out.Resource = &apiv1.Resource{Kind: &apiv1.Resource_Endpoint{Endpoint: a}}
+			}
 		}
 		if out.Type == apiv1.Event_DELETE && out.Resource != nil && proto.Size(out.Resource) > maxDeleteValueBytes {
-			out = &apiv1.Event{Type: out.Type, Kind: out.Kind, Key: out.Key, Revision: out.Revision}
+			out.Resource = nil
 		}
-		if bare && out.Revision != 0 {
-			out = &apiv1.Event{Type: out.Type, Kind: out.Kind, Key: out.Key, Resource: out.Resource}
+		if bare {
+			out.Revision = 0
 		}
 		// Deterministic: the same event is the same bytes (map order aside, which agents do not
 		// care about, it makes the shared encoding comparable with a per-watcher one).
@@ -231,7 +268,7 @@ func (s *Server) event(ev *apiv1.Event, w watcherOf, bare bool) *eventEncoding {
 			f = protowire.AppendTag(f, eventsField, protowire.BytesType)
 			e.b = protowire.AppendBytes(f, b)
 		}
-		sh.curBytes.Add(int64(len(e.b)) + 64)
+		sh.bytes.Add(int64(len(e.b)) + 64)
 		s.watchEnc.encoded.Add(1)
 	})
 	return e
@@ -247,6 +284,7 @@ func (s *Server) event(ev *apiv1.Event, w watcherOf, bare bool) *eventEncoding {
 func (s *Server) encodeBatch(resp *apiv1.WatchResponse, w watcherOf, budget int) ([][]byte, error) {
 	evs := make([]*apiv1.Event, 0, len(resp.Events))
 	enc := make([][]byte, 0, len(resp.Events))
+	sizes := make([]int, 0, len(resp.Events))
 	eventsSize := 0
 	for _, ev := range resp.Events {
 		e := s.event(ev, w, false)
@@ -255,13 +293,14 @@ func (s *Server) encodeBatch(resp *apiv1.WatchResponse, w watcherOf, budget int)
 		}
 		evs = append(evs, ev)
 		enc = append(enc, e.b)
+		sizes = append(sizes, len(e.b))
 		eventsSize += len(e.b)
 	}
-	imports, err := messageField(4, resp.Imports)
+	imports, err := messageField(importsField, resp.Imports)
 	if err != nil {
 		return nil, fmt.Errorf("encode imports: %w", err)
 	}
-	ca, err := messageField(6, resp.Ca)
+	ca, err := messageField(caField, resp.Ca)
 	if err != nil {
 		return nil, fmt.Errorf("encode CA bundle: %w", err)
 	}
@@ -280,24 +319,18 @@ func (s *Server) encodeBatch(resp *apiv1.WatchResponse, w watcherOf, budget int)
 		more      bool
 		bareEvent bool
 	}
-	const overhead = 64 // the message's own fields
 	var parts []part
-	if eventsSize+tailSize+overhead <= budget {
+	if eventsSize+tailSize+messageOverhead <= budget {
 		parts = []part{{from: 0, to: len(evs), tail: true, revision: resp.Revision}}
 	} else {
-		from, size := 0, overhead
-		for i := range evs {
-			n := len(enc[i])
-			if i > from && size+n > budget {
-				parts = append(parts, part{from: from, to: i})
-				from, size = i, overhead
-			}
-			size += n
-		}
-		if from < len(evs) || len(parts) == 0 {
-			parts = append(parts, part{from: from, to: len(evs)})
+		for _, r := range packParts(sizes, budget, messageOverhead) {
+			parts = append(parts, part{from: r[0], to: r[1]})
 		}
 		if resp.Imports != nil || resp.Ca != nil {
+			last, size := parts[len(parts)-1], messageOverhead
+			for _, n := range sizes[last.from:last.to] {
+				size += n
+			}
 			if size+tailSize <= budget {
 				parts[len(parts)-1].tail = true
 			} else {
@@ -330,8 +363,7 @@ func (s *Server) encodeBatch(resp *apiv1.WatchResponse, w watcherOf, budget int)
 		}
 		b := make([]byte, 0, n)
 		if resp.Snapshot && i == 0 {
-			b = protowire.AppendTag(b, 1, protowire.VarintType)
-			b = protowire.AppendVarint(b, 1)
+			b = appendFlag(b, snapshotField)
 		}
 		for j := p.from; j < p.to; j++ {
 			if p.bareEvent {
@@ -340,19 +372,10 @@ func (s *Server) encodeBatch(resp *apiv1.WatchResponse, w watcherOf, budget int)
 				b = append(b, enc[j]...)
 			}
 		}
-		if p.revision != 0 {
-			b = protowire.AppendTag(b, 3, protowire.VarintType)
-			b = protowire.AppendVarint(b, p.revision)
-		}
 		if p.tail {
-			b = append(b, imports...)
-		}
-		if p.more {
-			b = protowire.AppendTag(b, 5, protowire.VarintType)
-			b = protowire.AppendVarint(b, 1)
-		}
-		if p.tail {
-			b = append(b, ca...)
+			b = appendTail(b, p.revision, imports, p.more, ca)
+		} else {
+			b = appendTail(b, p.revision, nil, p.more, nil)
 		}
 		out = append(out, b)
 	}
@@ -399,16 +422,30 @@ func sendEncoded(stream apiv1.Agent_WatchServer, msgs [][]byte) error {
 // stream has written them. Per watcher, encoding a batch was O(watchers x events) work and
 // garbage per commit: a copy of every commit for each of 5,000 watchers.
 
-// batchKey names the encoding of a delta batch: by its first event (shared by every watcher
-// that got the batch from the same publish), its length and revision, and, for a batch with
-// cluster UPSERTs, the watching cluster.
-type batchKey struct {
+// batchID names a batch as the store shares it: by its first event (shared by every watcher that
+// got the batch from the same publish), its length and revision.
+type batchID struct {
 	first *apiv1.Event
 	n     int
 	rev   uint64
-	psk   string
 }
 
+func batchIDOf(b store.Batch) batchID {
+	id := batchID{n: len(b.Events), rev: b.Revision}
+	if len(b.Events) > 0 {
+		id.first = b.Events[0]
+	}
+	return id
+}
+
+// batchKey names the encoding of a delta batch: its batchID and, for a batch with cluster
+// UPSERTs, the watching cluster.
+type batchKey struct {
+	batchID
+	psk string
+}
+
+// batchEncoding is messages encoded once, for whoever shares them (err: why they could not be).
 type batchEncoding struct {
 	once sync.Once
 	msgs [][]byte
@@ -423,19 +460,25 @@ type batchEncodings struct {
 
 const maxSharedBatches = 1024
 
-// generations keeps values by key in two generations of at most max each: when the newer is
-// full it becomes the older, and what is still asked for moves back into the newer.
+// generations keeps values by key in two generations: when the newer is full it becomes the
+// older, and what is still asked for moves back into the newer. Full is a number of values, or
+// of bytes as the users count them (bytes).
 type generations[K comparable, V any] struct {
 	mu       sync.Mutex
 	cur, old map[K]*V
+	// bytes is what the newer generation's values hold, as their users count it (they add to it);
+	// 0 again when it rotates.
+	bytes atomic.Int64
 }
 
-// get returns the value of k, a new zero one when neither generation holds it.
-func (g *generations[K, V]) get(k K, max int) *V {
+// get returns the value of k, a new zero one when neither generation holds it. The newer
+// generation is full at maxValues values, or past maxBytes bytes (0: no such bound).
+func (g *generations[K, V]) get(k K, maxValues int, maxBytes int64) *V {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.cur == nil || len(g.cur) >= max {
+	if g.cur == nil || (maxValues > 0 && len(g.cur) >= maxValues) || (maxBytes > 0 && g.bytes.Load() > maxBytes) {
 		g.old, g.cur = g.cur, map[K]*V{}
+		g.bytes.Store(0)
 	}
 	v := g.cur[k]
 	if v == nil {
@@ -453,14 +496,14 @@ func (s *Server) sharedDelta(b store.Batch, w watcherOf) ([][]byte, error) {
 	if len(b.Events) == 0 {
 		return nil, nil
 	}
-	k := batchKey{first: b.Events[0], n: len(b.Events), rev: b.Revision}
+	k := batchKey{batchID: batchIDOf(b)}
 	for _, ev := range b.Events {
 		if ev.Type == apiv1.Event_UPSERT && ev.GetResource().GetCluster() != nil {
 			k.psk = w.clusterUID
 			break
 		}
 	}
-	var e *batchEncoding = s.watchBatches.get(k, maxSharedBatches)
+	var e *batchEncoding = s.watchBatches.get(k, maxSharedBatches, 0)
 	e.once.Do(func() {
 		evs, _ := agentEvents(b.Events)
 		if len(evs) == 0 {

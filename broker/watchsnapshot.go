@@ -27,13 +27,6 @@ import (
 // with the clusters first, as the store orders a snapshot anyway. A snapshot that fits in one
 // message goes as encodeBatch makes it.
 
-// snapshotKey names a snapshot as the store shares it: its first event, its length and revision.
-type snapshotKey struct {
-	first *apiv1.Event
-	n     int
-	rev   uint64
-}
-
 // snapshotEncoding is what every watcher of one snapshot sends alike.
 type snapshotEncoding struct {
 	once sync.Once
@@ -45,23 +38,17 @@ type snapshotEncoding struct {
 	// PSKs they carry: clusterParts, by the watching cluster's UID).
 	clusters     []*apiv1.Event
 	mu           sync.Mutex
-	clusterParts map[string]*encodedParts
+	clusterParts map[string]*batchEncoding
 	// shared are the complete messages of step 2; last and lastBare the events of step 3, with
 	// and without their revisions.
 	shared         [][]byte
 	last, lastBare []byte
 }
 
-// encodedParts are messages encoded once, for whoever shares them.
-type encodedParts struct {
-	once sync.Once
-	msgs [][]byte
-}
-
 // snapshotEncodings keeps the encodings of the last few snapshots (two generations of
 // maxSharedSnapshots).
 type snapshotEncodings struct {
-	generations[snapshotKey, snapshotEncoding]
+	generations[batchID, snapshotEncoding]
 	encoded atomic.Int64 // snapshots encoded (tests count them)
 }
 
@@ -69,13 +56,10 @@ type snapshotEncodings struct {
 // snapshot per set of omitted kinds at a time, and a few older ones are still being sent.
 const maxSharedSnapshots = 8
 
-// snapshotOverhead bounds the fields of a message besides its events (snapshot, revision, more).
-const snapshotOverhead = 64
-
 // sharedSnapshot encodes, once for every watcher, the parts of snapshot b (as the store shares
 // it) that do not depend on the watcher.
 func (s *Server) sharedSnapshot(b store.Batch, w watcherOf, budget int) *snapshotEncoding {
-	e := s.watchSnapshots.get(snapshotKey{first: firstEvent(b.Events), n: len(b.Events), rev: b.Revision}, maxSharedSnapshots)
+	e := s.watchSnapshots.get(batchIDOf(b), maxSharedSnapshots, 0)
 	e.once.Do(func() {
 		s.watchSnapshots.encoded.Add(1)
 		evs, _ := agentEvents(b.Events)
@@ -83,6 +67,7 @@ func (s *Server) sharedSnapshot(b store.Batch, w watcherOf, budget int) *snapsho
 		// The other events' encodings, with their revisions (full) and without (bare): only
 		// cluster UPSERTs depend on the watcher, these are the same for all.
 		var full, bare [][]byte
+		var bareSizes []int
 		size := 0
 		for _, ev := range evs {
 			if ev.GetResource().GetCluster() != nil {
@@ -94,27 +79,30 @@ func (s *Server) sharedSnapshot(b store.Batch, w watcherOf, budget int) *snapsho
 				continue
 			}
 			full, bare = append(full, f.b), append(bare, b.b)
+			bareSizes = append(bareSizes, len(b.b))
 			size += len(f.b)
 		}
-		if size+snapshotOverhead <= budget {
+		if size+messageOverhead <= budget {
 			e.small = true
 			return
 		}
 		// Step 2 takes whole parts while what is left does not fit in one; that is step 3's.
 		left, from := size, 0
-		for left+snapshotOverhead > budget {
-			n, to := 0, from
-			for to < len(bare) && (to == from || n+len(bare[to])+snapshotOverhead <= budget) {
-				n += len(bare[to])
-				left -= len(full[to])
-				to++
+		for _, p := range packParts(bareSizes, budget, messageOverhead) {
+			if left+messageOverhead <= budget {
+				break
+			}
+			n := 0
+			for i := p[0]; i < p[1]; i++ {
+				n += len(bare[i])
+				left -= len(full[i])
 			}
 			msg := make([]byte, 0, n+2)
-			for _, r := range bare[from:to] {
+			for _, r := range bare[p[0]:p[1]] {
 				msg = append(msg, r...)
 			}
-			e.shared = append(e.shared, protowire.AppendVarint(protowire.AppendTag(msg, 5, protowire.VarintType), 1))
-			from = to
+			e.shared = append(e.shared, appendFlag(msg, moreField))
+			from = p[1]
 		}
 		for i := from; i < len(full); i++ {
 			e.last = append(e.last, full[i]...)
@@ -122,13 +110,6 @@ func (s *Server) sharedSnapshot(b store.Batch, w watcherOf, budget int) *snapsho
 		}
 	})
 	return e
-}
-
-func firstEvent(evs []*apiv1.Event) *apiv1.Event {
-	if len(evs) == 0 {
-		return nil
-	}
-	return evs[0]
 }
 
 // encodeSnapshot is the messages of snapshot b for watcher w, resp being the watcher's message
@@ -145,27 +126,23 @@ func (s *Server) encodeSnapshot(b store.Batch, resp *apiv1.WatchResponse, w watc
 	out = append(out, clusters...)
 	out = append(out, e.shared...)
 	// Step 3.
-	imports, err := messageField(4, resp.Imports)
+	imports, err := messageField(importsField, resp.Imports)
 	if err != nil {
 		return nil, err
 	}
-	ca, err := messageField(6, resp.Ca)
+	ca, err := messageField(caField, resp.Ca)
 	if err != nil {
 		return nil, err
 	}
+	// tail is a message of events (shared: copied) and the fields after them.
 	tail := func(events []byte, more bool) []byte {
-		m := make([]byte, 0, len(events)+len(imports)+len(ca)+16)
-		m = append(m, events...)
-		if !more {
-			m = protowire.AppendVarint(protowire.AppendTag(m, 3, protowire.VarintType), b.Revision)
-			m = append(m, imports...)
-			m = append(m, ca...)
-		} else {
-			m = protowire.AppendVarint(protowire.AppendTag(m, 5, protowire.VarintType), 1)
+		m := append(make([]byte, 0, len(events)+len(imports)+len(ca)+16), events...)
+		if more {
+			return appendTail(m, 0, nil, true, nil)
 		}
-		return m
+		return appendTail(m, b.Revision, imports, false, ca)
 	}
-	if len(e.last)+len(imports)+len(ca)+snapshotOverhead <= budget {
+	if len(e.last)+len(imports)+len(ca)+messageOverhead <= budget {
 		return append(out, tail(e.last, false)), nil
 	}
 	return append(out, tail(e.lastBare, true), tail(nil, false)), nil
@@ -177,31 +154,36 @@ func (s *Server) encodeSnapshot(b store.Batch, resp *apiv1.WatchResponse, w watc
 func (s *Server) snapshotClusters(e *snapshotEncoding, w watcherOf, budget int) [][]byte {
 	e.mu.Lock()
 	if e.clusterParts == nil {
-		e.clusterParts = map[string]*encodedParts{}
+		e.clusterParts = map[string]*batchEncoding{}
 	}
 	p := e.clusterParts[w.clusterUID]
 	if p == nil {
-		p = &encodedParts{}
+		p = &batchEncoding{}
 		e.clusterParts[w.clusterUID] = p
 	}
 	e.mu.Unlock()
 	p.once.Do(func() {
-		more := func(m []byte) []byte {
-			return protowire.AppendVarint(protowire.AppendTag(m, 5, protowire.VarintType), 1)
-		}
-		msg := protowire.AppendVarint(protowire.AppendTag(make([]byte, 0, budget), 1, protowire.VarintType), 1)
+		var enc [][]byte
+		var sizes []int
 		for _, ev := range e.clusters {
-			enc := s.event(ev, w, true)
-			if enc.skip {
-				continue
+			if c := s.event(ev, w, true); !c.skip {
+				enc, sizes = append(enc, c.b), append(sizes, len(c.b))
 			}
-			if len(msg) > 2 && len(msg)+len(enc.b)+snapshotOverhead > budget {
-				p.msgs = append(p.msgs, more(msg))
-				msg = make([]byte, 0, budget)
-			}
-			msg = append(msg, enc.b...)
 		}
-		p.msgs = append(p.msgs, more(msg))
+		// The first message says snapshot: its size counts with the first event's.
+		if len(sizes) > 0 {
+			sizes[0] += protowire.SizeTag(snapshotField) + protowire.SizeVarint(1)
+		}
+		for i, r := range packParts(sizes, budget, messageOverhead) {
+			msg := make([]byte, 0, budget)
+			if i == 0 {
+				msg = appendFlag(msg, snapshotField)
+			}
+			for _, b := range enc[r[0]:r[1]] {
+				msg = append(msg, b...)
+			}
+			p.msgs = append(p.msgs, appendFlag(msg, moreField))
+		}
 	})
 	return p.msgs
 }
