@@ -432,17 +432,7 @@ const maxCoalescedEvents = 256
 // the revision of the last batch taken. Only batches already buffered are taken (len(ch)), so
 // the close of ch is never consumed here.
 func coalesce(b store.Batch, ch <-chan store.Batch) store.Batch {
-	n := len(ch)
-	if n == 0 {
-		return b
-	}
-	evs := slices.Clone(b.Events)
-	for ; n > 0 && len(evs) < maxCoalescedEvents; n-- {
-		nb := <-ch
-		evs = append(evs, nb.Events...)
-		b.Revision = nb.Revision
-	}
-	b.Events = evs
+	b, _ = coalesceGroup(b, ch)
 	return b
 }
 
