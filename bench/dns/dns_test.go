@@ -525,13 +525,6 @@ func packQueries(qs []question) [][]byte {
 	return out
 }
 
-func envInt(name string, def int) int {
-	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
-		return v
-	}
-	return def
-}
-
 // Series is one server's runs in one profile and mode, and their medians.
 type Series struct {
 	Profile     string  `json:"profile"`
@@ -577,23 +570,6 @@ type Result struct {
 	Notes         []string  `json:"notes"`
 }
 
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s) == 0 {
-		return math.NaN()
-	}
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
-func readFile(path string) string {
-	b, _ := os.ReadFile(path)
-	return strings.TrimSpace(string(b))
-}
-
 // dnsperfVersion is the version dnsperf -h prints ("Version 2.10.0").
 func dnsperfVersion() string {
 	out, _ := exec.Command("dnsperf", "-h").CombinedOutput()
@@ -605,25 +581,15 @@ func dnsperfVersion() string {
 	return "(unknown version)"
 }
 
-func firstLine(name string, args ...string) string {
-	out, _ := exec.Command(name, args...).CombinedOutput()
-	for _, l := range strings.Split(string(out), "\n") {
-		if l = strings.TrimSpace(l); l != "" {
-			return l
-		}
-	}
-	return ""
-}
-
 // TestDNS measures queries per second and latency of the agent's DNS server and of dnsmasq
 // serving the same names, interleaved run by run, and writes bench/results/dns-<date>.*.
 func TestDNS(t *testing.T) {
 	if _, err := exec.LookPath("dnsmasq"); err != nil {
 		t.Skip("dnsmasq is not installed (Debian: dnsmasq-base); it is the anchor of this benchmark")
 	}
-	secs := envInt("DNS_BENCH_SECONDS", 10)
-	rounds := envInt("DNS_BENCH_ROUNDS", 3)
-	rate := envInt("DNS_BENCH_RATE", 2000)
+	secs := benchresults.EnvInt("DNS_BENCH_SECONDS", 10)
+	rounds := benchresults.EnvInt("DNS_BENCH_ROUNDS", 3)
+	rate := benchresults.EnvInt("DNS_BENCH_RATE", 2000)
 
 	svcs := benchServices()
 	z, err := agentdns.BuildZone(svcs, agentdns.ZoneOptions{})
@@ -632,11 +598,11 @@ func TestDNS(t *testing.T) {
 	}
 	res := Result{
 		Date:          time.Now().UTC().Format(time.RFC3339),
-		Kernel:        firstLine("uname", "-r"),
+		Kernel:        benchresults.FirstLine("uname", "-r"),
 		CPUs:          runtime.NumCPU(),
-		LoadAvgBefore: readFile("/proc/loadavg"),
+		LoadAvgBefore: benchresults.LoadAvg(),
 		GoVersion:     runtime.Version(),
-		Anchor:        firstLine("dnsmasq", "--version"),
+		Anchor:        benchresults.FirstLine("dnsmasq", "--version"),
 		RunSeconds:    secs,
 		Rounds:        rounds,
 		FixedRate:     rate,
@@ -723,7 +689,7 @@ func TestDNS(t *testing.T) {
 					qps, p50, p99 = append(qps, r.QPS), append(p50, r.P50Ms), append(p99, r.P99Ms)
 					s.LostTotal += r.Lost
 				}
-				s.MedianQPS, s.MedianP50Ms, s.MedianP99Ms = median(qps), median(p50), median(p99)
+				s.MedianQPS, s.MedianP50Ms, s.MedianP99Ms = benchresults.Median(qps), benchresults.Median(p50), benchresults.Median(p99)
 				res.Series = append(res.Series, *s)
 			}
 		}
@@ -734,7 +700,7 @@ func TestDNS(t *testing.T) {
 		p.P99RatioFixed = fixA.MedianP99Ms / fixD.MedianP99Ms
 		res.Profiles = append(res.Profiles, p)
 	}
-	res.LoadAvgAfter = readFile("/proc/loadavg")
+	res.LoadAvgAfter = benchresults.LoadAvg()
 	res.Notes = []string{
 		"Loopback only; the load generator and both servers share the machine's CPUs, so 'max' measures the three together, not a server alone. Other work on the machine shows in the load averages above.",
 		"The agent's server runs in its own process (this test binary re-executed) and uses every CPU (GOMAXPROCS default); dnsmasq is single-threaded by design.",

@@ -5,12 +5,9 @@ package ingressbench
 import (
 	"encoding/json"
 	"fmt"
-	"math"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -73,31 +70,6 @@ type Result struct {
 	PairedGbitRatio float64   `json:"medianPairedThroughputRatio"`
 	PairedP50Ratio  float64   `json:"medianPairedConnectP50Ratio"`
 	Notes           []string  `json:"notes"`
-}
-
-func envInt(name string, def int) int {
-	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
-		return v
-	}
-	return def
-}
-
-// binary returns tool from $CABLEMESH_BIN, else builds it from pkg into dir.
-func binary(t *testing.T, dir, tool, pkg string) string {
-	t.Helper()
-	if bin := os.Getenv("CABLEMESH_BIN"); bin != "" {
-		p := filepath.Join(bin, tool)
-		if st, err := os.Stat(p); err == nil && st.Mode()&0o111 != 0 {
-			return p
-		}
-	}
-	_, file, _, _ := runtime.Caller(0)
-	root := filepath.Join(filepath.Dir(file), "..", "..")
-	out := filepath.Join(dir, tool)
-	if o, err := nstest.RunWithin(10*time.Minute, "go", "-C", root, "build", "-o", out, pkg); err != nil {
-		t.Fatalf("build %s: %v\n%s", tool, err, o)
-	}
-	return out
 }
 
 // startServer runs argv in ns until the test ends.
@@ -167,37 +139,14 @@ func connbench(t *testing.T, tcpcheck, ns, addr string, n int) (p50, p99 float64
 	return s.P50, s.P99, s.Errors
 }
 
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s) == 0 {
-		return math.NaN()
-	}
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
-func firstLine(name string, args ...string) string {
-	out, _ := exec.Command(name, args...).CombinedOutput()
-	l, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
-	return strings.TrimSpace(l)
-}
-
-func loadavg() string {
-	b, _ := os.ReadFile("/proc/loadavg")
-	return strings.TrimSpace(string(b))
-}
-
 // TestIngress builds the two clusters, then measures direct and ingress paths interleaved round
 // by round (the one going first alternates), and writes bench/results/ingress-<date>.*.
 func TestIngress(t *testing.T) {
 	nstest.RequireRoot(t, "creates network namespaces, a VXLAN cable and nftables tables", "ip", "iperf3")
-	seconds, rounds, connects := envInt("INGRESS_BENCH_SECONDS", 4), envInt("INGRESS_BENCH_ROUNDS", 5), envInt("INGRESS_BENCH_CONNECTS", 2000)
+	seconds, rounds, connects := benchresults.EnvInt("INGRESS_BENCH_SECONDS", 4), benchresults.EnvInt("INGRESS_BENCH_ROUNDS", 5), benchresults.EnvInt("INGRESS_BENCH_CONNECTS", 2000)
 	tmp := t.TempDir()
-	ingressnft := binary(t, tmp, "ingressnft", "./tests/netns/cmd/ingressnft")
-	tcpcheck := binary(t, tmp, "tcpcheck", "./tests/netns/cmd/tcpcheck")
+	ingressnft := nstest.Binary(t, tmp, "./tests/netns/cmd/ingressnft")
+	tcpcheck := nstest.Binary(t, tmp, "./tests/netns/cmd/tcpcheck")
 
 	podA, gwA, gwB, pb := nsPrefix.Add(t, "poda"), nsPrefix.Add(t, "gwa"), nsPrefix.Add(t, "gwb"), nsPrefix.Add(t, "podb")
 	run := func(args ...string) { t.Helper(); nstest.MustRun(t, args...) }
@@ -246,11 +195,11 @@ func TestIngress(t *testing.T) {
 
 	res := Result{
 		Date:          time.Now().UTC().Format(time.RFC3339),
-		Kernel:        firstLine("uname", "-r"),
+		Kernel:        benchresults.FirstLine("uname", "-r"),
 		CPUs:          runtime.NumCPU(),
 		GoVersion:     runtime.Version(),
-		Iperf3:        firstLine("iperf3", "--version"),
-		LoadAvgBefore: loadavg(),
+		Iperf3:        benchresults.FirstLine("iperf3", "--version"),
+		LoadAvgBefore: benchresults.LoadAvg(),
 		Command:       "sudo make bench-ingress (or: go test -tags bench -run '^TestIngress$' -v -count=1 -timeout 30m ./bench/ingress/)",
 		Seconds:       seconds, Rounds: rounds, Connects: connects,
 	}
@@ -272,9 +221,9 @@ func TestIngress(t *testing.T) {
 			measure(&direct)
 		}
 	}
-	res.LoadAvgAfter = loadavg()
+	res.LoadAvgAfter = benchresults.LoadAvg()
 	for _, p := range []*Path{&direct, &ingress} {
-		p.MedGbits, p.MedP50us, p.MedP99us = median(p.Gbits), median(p.P50us), median(p.P99us)
+		p.MedGbits, p.MedP50us, p.MedP99us = benchresults.Median(p.Gbits), benchresults.Median(p.P50us), benchresults.Median(p.P99us)
 	}
 	res.Anchor, res.Ingress = direct, ingress
 	res.RatioGbits = ingress.MedGbits / direct.MedGbits
@@ -284,7 +233,7 @@ func TestIngress(t *testing.T) {
 		res.RoundGbitRatios = append(res.RoundGbitRatios, ingress.Gbits[i]/direct.Gbits[i])
 		res.RoundP50Ratios = append(res.RoundP50Ratios, ingress.P50us[i]/direct.P50us[i])
 	}
-	res.PairedGbitRatio, res.PairedP50Ratio = median(res.RoundGbitRatios), median(res.RoundP50Ratios)
+	res.PairedGbitRatio, res.PairedP50Ratio = benchresults.Median(res.RoundGbitRatios), benchresults.Median(res.RoundP50Ratios)
 	res.Notes = []string{
 		"Both gateways hold the cablemesh-ingress table (nat hooks registered, conntrack on) on both paths: the difference measured is the SNAT on gwA and the DNAT on gwB, plus the extra /32 route look-up.",
 		"Connect latency is connect() as Go's net.Dial returns (SYN/SYN-ACK over the cable); each connection is closed with a reset so no TIME_WAIT builds up.",

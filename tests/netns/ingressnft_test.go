@@ -2,17 +2,17 @@ package netns
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/cablemesh/cablemesh/tests/netns/harness"
 	"github.com/cablemesh/cablemesh/tests/netns/nstest"
 )
 
@@ -28,23 +28,6 @@ import (
 
 const ingressNSPrefix = nstest.Prefix("cbtn") // "cbt" + a non-hex letter: not harness's sweep pattern
 
-// ingressnftBinary is tests/netns/cmd/ingressnft: from $CABLEMESH_BIN when it holds it, else built.
-func ingressnftBinary(t *testing.T) string {
-	t.Helper()
-	if dir := os.Getenv("CABLEMESH_BIN"); dir != "" {
-		if p := filepath.Join(dir, "ingressnft"); fileExecutable(p) {
-			return p
-		}
-	}
-	_, file, _, _ := runtime.Caller(0)
-	root := filepath.Join(filepath.Dir(file), "..", "..")
-	out := filepath.Join(t.TempDir(), "ingressnft")
-	if o, err := nstest.RunWithin(10*time.Minute, "go", "-C", root, "build", "-o", out, "./tests/netns/cmd/ingressnft"); err != nil {
-		t.Fatalf("build ingressnft: %v\n%s", err, o)
-	}
-	return out
-}
-
 // ingressAnswer is what `ingressnft ask` prints.
 type ingressAnswer struct {
 	Reply string  `json:"reply"`
@@ -53,7 +36,7 @@ type ingressAnswer struct {
 	Ms    float64 `json:"ms"`
 }
 
-// name and peer split "NAME PEER" (the whoami reply).
+// name and peer split "NAME PEER" (the reply of the backends' tcpcheck hello and udpecho).
 func (a ingressAnswer) name() string { f := strings.Fields(a.Reply); return first(f, 0) }
 func (a ingressAnswer) peerIP() string {
 	p := first(strings.Fields(a.Reply), 1)
@@ -72,7 +55,8 @@ func first(f []string, i int) string {
 
 type ingressEnv struct {
 	t                         *testing.T
-	bin                       string
+	bin                       string // tests/netns/cmd/ingressnft
+	tcpcheck                  string // the backends' servers
 	client, gwa, gwb, backend string
 }
 
@@ -109,10 +93,11 @@ func (e *ingressEnv) dump(ns string) string {
 	return nstest.MustRun(e.t, "ip", "netns", "exec", ns, e.bin, "dump")
 }
 
-// start runs a whoami server in ns until the test ends and waits until it listens.
-func (e *ingressEnv) start(ns string, args ...string) {
+// start runs `tcpcheck MODE args...` (hello or udpecho) in ns until the test ends and waits until
+// it listens.
+func (e *ingressEnv) start(ns, mode string, args ...string) {
 	e.t.Helper()
-	cmd := exec.Command("ip", append([]string{"netns", "exec", ns, e.bin, "whoami"}, args...)...)
+	cmd := exec.Command("ip", append([]string{"netns", "exec", ns, e.tcpcheck, mode}, args...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -120,7 +105,7 @@ func (e *ingressEnv) start(ns string, args ...string) {
 	}
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
-		e.t.Fatalf("start whoami %v: %v", args, err)
+		e.t.Fatalf("start tcpcheck %s %v: %v", mode, args, err)
 	}
 	e.t.Cleanup(func() {
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
@@ -139,10 +124,10 @@ func (e *ingressEnv) start(ns string, args ...string) {
 	select {
 	case l := <-line:
 		if !strings.HasPrefix(l, "listening") {
-			e.t.Fatalf("whoami %v: %q", args, l)
+			e.t.Fatalf("tcpcheck %s %v: %q", mode, args, l)
 		}
 	case <-time.After(10 * time.Second):
-		e.t.Fatalf("whoami %v did not start listening", args)
+		e.t.Fatalf("tcpcheck %s %v did not start listening", mode, args)
 	}
 }
 
@@ -167,7 +152,11 @@ const (
 func setupIngressEnv(t *testing.T) *ingressEnv {
 	t.Helper()
 	nstest.RequireRoot(t, "creates network namespaces and nftables tables", "ip", "go")
-	e := &ingressEnv{t: t, bin: ingressnftBinary(t)}
+	bins, err := harness.Build(context.Background())
+	if err != nil {
+		t.Fatalf("build the test binaries: %v", err)
+	}
+	e := &ingressEnv{t: t, bin: nstest.Binary(t, t.TempDir(), "./tests/netns/cmd/ingressnft"), tcpcheck: bins.TCPCheck}
 	p := ingressNSPrefix
 	e.client, e.gwa, e.gwb, e.backend = p.Add(t, "client"), p.Add(t, "gwa"), p.Add(t, "gwb"), p.Add(t, "backend")
 	for _, ns := range []string{e.client, e.gwa, e.gwb, e.backend} {
@@ -193,9 +182,9 @@ func setupIngressEnv(t *testing.T) *ingressEnv {
 	nstest.MustRun(t, "ip", "-n", e.gwa, "route", "add", gwbMesh+"/32", "via", "192.168.77.2", "src", gwaMesh)
 	nstest.MustRun(t, "ip", "-n", e.gwb, "route", "add", gwaMesh+"/32", "via", "192.168.77.1", "src", gwbMesh)
 
-	e.start(e.backend, "-listen", "10.0.2.10:8080", "-name", "b1")
-	e.start(e.backend, "-listen", "10.0.2.11:8080", "-name", "b2")
-	e.start(e.backend, "-listen", "10.0.2.10:5353", "-name", "u1", "-udp")
+	e.start(e.backend, "hello", "-listen", "10.0.2.10:8080", "-reply", "b1 {peer}")
+	e.start(e.backend, "hello", "-listen", "10.0.2.11:8080", "-reply", "b2 {peer}")
+	e.start(e.backend, "udpecho", "-listen", "10.0.2.10:5353", "-reply", "u1 {peer}")
 	return e
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 	"github.com/cablemesh/cablemesh/tests/netns/harness"
+	"github.com/cablemesh/cablemesh/tests/netns/nstest"
 )
 
 // The agent's xDS server (issue 9) with a real xDS consumer: grpc-go's xDS client. Two clusters;
@@ -21,30 +22,6 @@ import (
 // xds:///grpc.demo.svc.clusterset.local:50051 with a bootstrap naming only the agent's socket,
 // and follows what it is served: adding, un-readying and removing an endpoint (cablectl service
 // export against west's agent) changes where its RPCs go, each measured from the export call.
-
-// xdsgrpcBinary is tests/netns/cmd/xdsgrpc: from $CABLEMESH_BIN when it holds it, else built.
-func xdsgrpcBinary(t *testing.T, m *harness.Mesh) string {
-	t.Helper()
-	if dir := os.Getenv(harness.BinEnv); dir != "" {
-		if p := filepath.Join(dir, "xdsgrpc"); fileExecutable(p) {
-			return p
-		}
-	}
-	root, err := harness.ModuleRoot(m.Ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := filepath.Join(m.Dir, "xdsgrpc")
-	if r := harness.RunTimeout(m.Ctx, 10*time.Minute, "go", "-C", root, "build", "-o", out, "./tests/netns/cmd/xdsgrpc"); r.Err != nil {
-		t.Fatalf("build xdsgrpc: %s", r)
-	}
-	return out
-}
-
-func fileExecutable(p string) bool {
-	st, err := os.Stat(p)
-	return err == nil && st.Mode()&0o111 != 0
-}
 
 // rpcLine is one call of `xdsgrpc call`.
 type rpcLine struct {
@@ -128,7 +105,7 @@ func settle(t *testing.T, p *harness.Process, since time.Time, all bool, want ..
 
 func TestGRPCXDSClientFollowsTheAgentsXDS(t *testing.T) {
 	m := harness.New(t)
-	bin := xdsgrpcBinary(t, m)
+	bin := nstest.Binary(t, m.Dir, "./tests/netns/cmd/xdsgrpc")
 	sock := filepath.Join(m.Dir, "west", "xds.sock")
 	east := m.AddLabelledCluster("east", "10.1.0.0/16", "", "")
 	west := m.AddLabelledCluster("west", "10.2.0.0/16", "", "ingress: {mode: envoy, xds: {listen: "+sock+"}}\n")

@@ -10,11 +10,10 @@
 //	ingressnft dump                              prints the table as text without rule handles
 //	                                             ("no table" when absent): equal dumps = equal rules
 //	ingressnft cleanup                           Dataplane.Cleanup: table and cbl-mesh0 removed
-//	ingressnft whoami -listen ADDR -name N [-udp]  server answering every connection / datagram
-//	                                             with "N PEER\n" (PEER = the source it saw); TCP
-//	                                             then echoes
-//	ingressnft ask -addr ADDR [-udp] [-timeout 2s]  one exchange; prints {"reply","error","errno","ms"}
-//	              [-hold D]                      and exits 0 either way (the test judges); -hold
+//	ingressnft ask -addr ADDR [-udp] [-timeout 2s]  one exchange with a tcpcheck hello (TCP: reads
+//	              [-hold D]                      the greeting line) or udpecho (UDP: sends a datagram,
+//	                                             reads one); prints {"reply","error","errno","ms"}
+//	                                             and exits 0 either way (the test judges); -hold
 //	                                             (TCP): after the greeting wait D, then check that
 //	                                             a line still echoes on the same connection
 //
@@ -28,7 +27,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -46,16 +44,14 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: ingressnft apply|dump|cleanup|whoami|ask [flags]")
+		fmt.Fprintln(os.Stderr, "usage: ingressnft apply|dump|cleanup|ask [flags]")
 		os.Exit(2)
 	}
 	fs := flag.NewFlagSet(os.Args[1], flag.ExitOnError)
 	config := fs.String("config", "", "apply: the ingress.Config as JSON")
 	meshLink := fs.Bool("mesh-link", false, "apply: put MeshAddress on cbl-mesh0 first")
-	listen := fs.String("listen", "", "whoami: address to listen on")
-	name := fs.String("name", "", "whoami: name to answer with")
 	addr := fs.String("addr", "", "ask: address to ask")
-	udp := fs.Bool("udp", false, "whoami/ask: UDP instead of TCP")
+	udp := fs.Bool("udp", false, "ask: UDP instead of TCP")
 	timeout := fs.Duration("timeout", 2*time.Second, "ask: deadline of the exchange")
 	hold := fs.Duration("hold", 0, "ask (TCP): wait this long after the greeting, then echo a line on the same connection")
 	_ = fs.Parse(os.Args[2:])
@@ -68,12 +64,6 @@ func main() {
 		err = dump()
 	case "cleanup":
 		err = cleanup()
-	case "whoami":
-		if *udp {
-			err = whoamiUDP(*listen, *name)
-		} else {
-			err = whoamiTCP(*listen, *name)
-		}
 	case "ask":
 		ask(*addr, *udp, *timeout, *hold)
 	default:
@@ -189,49 +179,6 @@ func dump() error {
 	return nil
 }
 
-func whoamiTCP(listen, name string) error {
-	ln, err := net.Listen("tcp", listen)
-	if err != nil {
-		return fmt.Errorf("listen %s: %w", listen, err)
-	}
-	fmt.Printf("listening %s\n", ln.Addr())
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			return fmt.Errorf("accept on %s: %w", listen, err)
-		}
-		go func() { // ends when the answer is written; the process is killed to stop
-			defer c.Close()
-			_, _ = fmt.Fprintf(c, "%s %s\n", name, c.RemoteAddr())
-			_ = c.SetDeadline(time.Now().Add(30 * time.Second))
-			_, _ = io.Copy(c, c) // echo: ask -hold checks the connection still carries data
-		}()
-	}
-}
-
-func whoamiUDP(listen, name string) error {
-	pc, err := net.ListenPacket("udp", listen)
-	if err != nil {
-		return fmt.Errorf("listen udp %s: %w", listen, err)
-	}
-	fmt.Printf("listening %s\n", pc.LocalAddr())
-	buf := make([]byte, 2048)
-	for {
-		_, from, err := pc.ReadFrom(buf)
-		if err != nil {
-			return fmt.Errorf("read on %s: %w", listen, err)
-		}
-		_, _ = fmt.Fprintf(writerTo{pc, from}, "%s %s\n", name, from)
-	}
-}
-
-type writerTo struct {
-	pc net.PacketConn
-	to net.Addr
-}
-
-func (w writerTo) Write(b []byte) (int, error) { return w.pc.WriteTo(b, w.to) }
-
 // answer is what ask prints.
 type answer struct {
 	Reply string  `json:"reply,omitempty"`
@@ -251,11 +198,16 @@ func ask(addr string, udp bool, timeout, hold time.Duration) {
 	if err == nil {
 		defer c.Close()
 		_ = c.SetDeadline(time.Now().Add(timeout))
-		if udp {
-			_, err = c.Write([]byte("who\n"))
-		}
 		rd := bufio.NewReader(c)
-		if err == nil {
+		if udp {
+			// One datagram each way; udpecho's reply has no newline.
+			if _, err = c.Write([]byte("who\n")); err == nil {
+				buf := make([]byte, 2048)
+				var n int
+				n, err = c.Read(buf)
+				a.Reply = strings.TrimSpace(string(buf[:n]))
+			}
+		} else {
 			var line string
 			line, err = rd.ReadString('\n')
 			a.Reply = strings.TrimSpace(line)
