@@ -33,10 +33,20 @@ func gatewayExports(name string, pod netip.Addr) string {
 // resolveVIP resolves svc-<name>.demo.svc.clusterset.local with from's agent DNS, from its pod.
 func resolveVIP(t *testing.T, m *harness.Mesh, from *harness.Cluster, name string) netip.Addr {
 	t.Helper()
+	vip, err := resolveVIPAt(m, from.PodNS, from.DNSAddr(), name)
+	if err != nil {
+		t.Fatalf("%s: %v", from.Name, err)
+	}
+	return vip
+}
+
+// resolveVIPAt resolves svc-<name>.demo.svc.clusterset.local with the DNS server dns, from pod
+// namespace podNS.
+func resolveVIPAt(m *harness.Mesh, podNS string, dns netip.AddrPort, name string) (netip.Addr, error) {
 	var vip netip.Addr
 	q := fmt.Sprintf("svc-%s.demo.svc.clusterset.local", name)
 	err := harness.WaitFor(30*time.Second, 250*time.Millisecond, func() (bool, string) {
-		d := m.Dig(from.PodNS, from.DNSAddr(), q, "A")
+		d := m.Dig(podNS, dns, q, "A")
 		if a := d.Data("A"); d.Status == "NOERROR" && len(a) == 1 {
 			vip = netip.MustParseAddr(a[0])
 			return true, ""
@@ -44,17 +54,25 @@ func resolveVIP(t *testing.T, m *harness.Mesh, from *harness.Cluster, name strin
 		return false, d.Raw
 	})
 	if err != nil {
-		t.Fatalf("%s: resolve %s: %v", from.Name, q, err)
+		return vip, fmt.Errorf("resolve %s at %s: %w", q, dns, err)
 	}
-	return vip
+	return vip, nil
 }
 
 // waitGatewayBackends waits until from's agent holds a backend for cluster name's service in its
 // maps at mesh (the remote gateway's mesh address), and never a pod IP.
 func waitGatewayBackends(t *testing.T, from *harness.Cluster, name string, mesh netip.Addr) {
 	t.Helper()
-	err := harness.WaitFor(40*time.Second, 250*time.Millisecond, func() (bool, string) {
-		st, err := from.Status()
+	if err := waitGatewayBackendsOf(from.Status, name, mesh); err != nil {
+		t.Fatalf("%s: backends of svc-%s: %v\n%s", from.Name, name, err, from.StatusTable())
+	}
+}
+
+// waitGatewayBackendsOf is waitGatewayBackends for the agent whose status document status reads
+// (a gateway's or a worker's).
+func waitGatewayBackendsOf(status func() (statusapi.Status, error), name string, mesh netip.Addr) error {
+	return harness.WaitFor(40*time.Second, 250*time.Millisecond, func() (bool, string) {
+		st, err := status()
 		if err != nil {
 			return false, err.Error()
 		}
@@ -78,9 +96,6 @@ func waitGatewayBackends(t *testing.T, from *harness.Cluster, name string, mesh 
 		}
 		return false, fmt.Sprintf("%+v", imp)
 	})
-	if err != nil {
-		t.Fatalf("%s: backends of svc-%s: %v\n%s", from.Name, name, err, from.StatusTable())
-	}
 }
 
 func TestGatewayModeOverlappingPodCIDRs(t *testing.T) {

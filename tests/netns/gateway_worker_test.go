@@ -1,11 +1,8 @@
 package netns
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
 	"net/netip"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -19,27 +16,6 @@ import (
 // remote gateway's mesh address and ingress port, the worker routes that /32 via its own
 // gateway (never the remote pod CIDR, which is its own cluster's too here), and its gateway
 // SNATs the call to its mesh address, so the backend sees a's gateway's mesh address.
-
-// workerAsk is Cluster.Ask for a worker's pod: tcpcheck ask (or udpask) from the worker's pod
-// namespace inside the worker's cgroup, so that its connect goes through the worker's hooks.
-func workerAsk(m *harness.Mesh, w *harness.Worker, udp bool, addr netip.AddrPort, timeout time.Duration) (harness.Hello, error) {
-	mode := "ask"
-	if udp {
-		mode = "udpask"
-	}
-	procs := filepath.Join(m.HostCgroup(w.Node), "cgroup.procs")
-	r := harness.RunTimeout(m.Ctx, timeout+10*time.Second, "sh", "-c", `echo $$ > "$0" && exec "$@"`, procs,
-		"ip", "netns", "exec", w.PodNS, m.Bin.TCPCheck, mode, "-addr", addr.String(), "-timeout", timeout.String())
-	var h harness.Hello
-	lines := strings.Split(strings.TrimSpace(r.Stdout), "\n")
-	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &h); err != nil {
-		return h, fmt.Errorf("%s: %w", r, err)
-	}
-	if h.Error != "" {
-		return h, errors.New(h.Error)
-	}
-	return h, nil
-}
 
 func TestGatewayModeWorkerCallsThroughItsGateway(t *testing.T) {
 	start := time.Now()
@@ -57,11 +33,7 @@ func TestGatewayModeWorkerCallsThroughItsGateway(t *testing.T) {
 	w := a.AddWorker("wk1", "10.40.5.0/24")
 	w.RouteOnGateway() // what a's CNI would do: a's gateway reaches the worker's pods via the worker
 	// A later token of a gateway-mode cluster says so too (the broker refuses a mode change).
-	r := m.Cablectl("cluster", "join-token", a.Name, "--gateway-mode")
-	if r.Err != nil {
-		t.Fatalf("join token for a's worker: %s", r)
-	}
-	w.WriteToken(strings.TrimSpace(r.Stdout))
+	a.JoinAnother(w, "--gateway-mode")
 	// The worker serves DNS to its pod on its pod link, as the gateway does.
 	dns := netip.AddrPortFrom(w.NodePodIP, harness.DNSPort)
 	w.WriteConfig(fmt.Sprintf("dns: {listen: %q}\n", dns.String()))
@@ -90,44 +62,11 @@ func TestGatewayModeWorkerCallsThroughItsGateway(t *testing.T) {
 
 	var vip netip.Addr
 	t.Run("the worker's DNS answers b's service and its maps hold b's gateway ingress", func(t *testing.T) {
-		q := "svc-b.demo.svc.clusterset.local"
-		err := harness.WaitFor(30*time.Second, 250*time.Millisecond, func() (bool, string) {
-			d := m.Dig(w.PodNS, dns, q, "A")
-			if a := d.Data("A"); d.Status == "NOERROR" && len(a) == 1 {
-				vip = netip.MustParseAddr(a[0])
-				return true, ""
-			}
-			return false, d.Raw
-		})
-		if err != nil {
-			t.Fatalf("worker pod: resolve %s at %s: %v", q, dns, err)
+		var err error
+		if vip, err = resolveVIPAt(m, w.PodNS, dns, "b"); err != nil {
+			t.Fatalf("worker pod: %v", err)
 		}
-		err = harness.WaitFor(30*time.Second, 250*time.Millisecond, func() (bool, string) {
-			st, err := w.Status()
-			if err != nil {
-				return false, err.Error()
-			}
-			imp, ok := importOf(st, "demo", "svc-b")
-			if !ok {
-				return false, "not imported yet"
-			}
-			for _, c := range imp.Clusters {
-				if c.Cluster != "b" {
-					continue
-				}
-				if len(c.Backends) != 2 {
-					return false, fmt.Sprintf("backends %v (want TCP and UDP), reason %q", c.Backends, c.Reason)
-				}
-				for _, be := range c.Backends {
-					if !strings.HasPrefix(be, mesh["b"].String()+":") {
-						return false, fmt.Sprintf("backend %s is not at b's mesh address %s", be, mesh["b"])
-					}
-				}
-				return true, ""
-			}
-			return false, fmt.Sprintf("%+v", imp)
-		})
-		if err != nil {
+		if err := waitGatewayBackendsOf(w.Status, "b", mesh["b"]); err != nil {
 			t.Fatalf("worker's backends of svc-b: %v", err)
 		}
 	})
@@ -141,14 +80,14 @@ func TestGatewayModeWorkerCallsThroughItsGateway(t *testing.T) {
 		// The first call may race the worker's maps settling after the import arrived.
 		err := harness.WaitFor(15*time.Second, 500*time.Millisecond, func() (bool, string) {
 			var err error
-			h, err = workerAsk(m, w, false, netip.AddrPortFrom(vip, 80), 3*time.Second)
+			h, err = w.Ask(false, netip.AddrPortFrom(vip, 80), 3*time.Second)
 			return err == nil && h.Reply == wantTCP, fmt.Sprintf("%+v, %v", h, err)
 		})
 		if err != nil {
 			t.Errorf("TCP from the worker's pod to %s:80: %v; want %q", vip, err, wantTCP)
 		}
 		wantUDP := fmt.Sprintf("echo from b to %s", mesh["a"])
-		h, err = workerAsk(m, w, true, netip.AddrPortFrom(vip, 9000), 3*time.Second)
+		h, err = w.Ask(true, netip.AddrPortFrom(vip, 9000), 3*time.Second)
 		if err != nil || h.Reply != wantUDP {
 			t.Errorf("UDP from the worker's pod to %s:9000: %+v, %v; want %q", vip, h, err, wantUDP)
 		}

@@ -57,10 +57,11 @@ func (c *Cluster) WriteGatewayConfig(extra string) {
 }
 
 // JoinAnother gets a join token for one more node of the existing cluster c (a token is used
-// once) and writes it to g's token file.
-func (c *Cluster) JoinAnother(g interface{ WriteToken(string) }) {
+// once), with extra flags of `cablectl cluster join-token` (e.g. "--gateway-mode"), and writes it
+// to g's token file.
+func (c *Cluster) JoinAnother(g interface{ WriteToken(string) }, extra ...string) {
 	c.m.T.Helper()
-	r := c.m.Cablectl("cluster", "join-token", c.Name)
+	r := c.m.Cablectl(append([]string{"cluster", "join-token", c.Name}, extra...)...)
 	if r.Err != nil || strings.TrimSpace(r.Stdout) == "" {
 		c.m.T.Fatalf("join token for another node of %s: %s", c.Name, r)
 	}

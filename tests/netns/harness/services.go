@@ -181,8 +181,14 @@ func (c *Cluster) Cgroup() string { return c.m.NodeCgroup(c.Name + "-gw") }
 // enters the cgroup before it execs anything, so even its first connect goes through the hooks.
 func (c *Cluster) PodArgv(argv ...string) []string {
 	c.Cgroup()
-	procs := filepath.Join(c.m.HostCgroup(c.Name+"-gw"), "cgroup.procs")
-	return append([]string{"sh", "-c", `echo $$ > "$0" && exec "$@"`, procs, "ip", "netns", "exec", c.PodNS}, argv...)
+	return podArgv(c.m.HostCgroup(c.Name+"-gw"), c.PodNS, argv...)
+}
+
+// podArgv is argv run in network namespace podNS inside the host cgroup cgroup, which it enters
+// before it execs anything.
+func podArgv(cgroup, podNS string, argv ...string) []string {
+	procs := filepath.Join(cgroup, "cgroup.procs")
+	return append([]string{"sh", "-c", `echo $$ > "$0" && exec "$@"`, procs, "ip", "netns", "exec", podNS}, argv...)
 }
 
 // PodRun runs argv in the pod namespace and the gateway's cgroup, to completion.
@@ -232,11 +238,17 @@ type Hello struct {
 // Ask connects from the cluster's pod (in its cgroup) to addr with tcpcheck ask (TCP, or udpask
 // with udp) and returns the greeting.
 func (c *Cluster) Ask(udp bool, addr netip.AddrPort, timeout time.Duration) (Hello, error) {
+	return c.m.ask(c.PodArgv, udp, addr, timeout)
+}
+
+// ask runs tcpcheck ask (or udpask) with inPod, which wraps an argv to run in a pod (PodArgv).
+func (m *Mesh) ask(inPod func(argv ...string) []string, udp bool, addr netip.AddrPort, timeout time.Duration) (Hello, error) {
 	mode := "ask"
 	if udp {
 		mode = "udpask"
 	}
-	r := c.PodRun(timeout+10*time.Second, c.m.Bin.TCPCheck, mode, "-addr", addr.String(), "-timeout", timeout.String())
+	full := inPod(m.Bin.TCPCheck, mode, "-addr", addr.String(), "-timeout", timeout.String())
+	r := RunTimeout(m.Ctx, timeout+10*time.Second, full[0], full[1:]...)
 	var h Hello
 	if err := json.Unmarshal([]byte(lastLine(r.Stdout)), &h); err != nil {
 		return h, fmt.Errorf("%s: %w", r, err)

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 )
@@ -145,6 +146,18 @@ func (w *Worker) StopAgent() int {
 // Status reads the worker agent's status document with `cablectl status --socket S -o json`.
 func (w *Worker) Status() (statusapi.Status, error) {
 	return w.m.agentStatus(w.StatusSocket, w.Node)
+}
+
+// PodArgv is argv run in the worker's pod namespace inside the worker's cgroup, so that even its
+// first connect goes through the worker agent's hooks.
+func (w *Worker) PodArgv(argv ...string) []string {
+	return podArgv(w.m.HostCgroup(w.Node), w.PodNS, argv...)
+}
+
+// Ask is Cluster.Ask for the worker's pod: tcpcheck ask (or udpask) to addr from its pod
+// namespace and cgroup.
+func (w *Worker) Ask(udp bool, addr netip.AddrPort, timeout time.Duration) (Hello, error) {
+	return w.m.ask(w.PodArgv, udp, addr, timeout)
 }
 
 // RouteEntry is one line of `ip route show`: destination and next hop ("" if none).
