@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -92,6 +93,18 @@ func (c *callCounters) failed(method string, err error) {
 		c.kinds = map[string]int{}
 	}
 	c.kinds[fmt.Sprintf("%s: %s: %s", method, st.Code(), msg)]++
+}
+
+// errorKinds lists the kinds of errors failed recorded, sorted, each as "N x KIND".
+func (c *callCounters) errorKinds() []string {
+	c.kindsMu.Lock()
+	defer c.kindsMu.Unlock()
+	kinds := make([]string, 0, len(c.kinds))
+	for k, n := range c.kinds {
+		kinds = append(kinds, fmt.Sprintf("%d x %s", n, k))
+	}
+	slices.Sort(kinds)
+	return kinds
 }
 
 // beatLog records when every heartbeat started (per second since t0) and how long it took.
@@ -318,20 +331,20 @@ func (a *simAgent) beat(ctx context.Context, redial bool) {
 		a.conn.ResetConnectBackoff()
 	}
 	var err error
-	wasRegistered := a.registered.Load()
-	if !wasRegistered {
+	justRegistered := false
+	if !a.registered.Load() {
 		err = a.register(ctx, a.ep)
 		a.registered.Store(err == nil)
+		justRegistered = err == nil
 	} else if err = a.heartbeat(ctx); err != nil {
 		a.registered.Store(false)
-		wasRegistered = false
 		if status.Code(err) == codes.NotFound {
 			if err = a.register(ctx, a.ep); err == nil {
 				a.registered.Store(true)
+				justRegistered = true
 			}
 		}
 	}
-	justRegistered := a.registered.Load() && !wasRegistered
 	if ctx.Err() != nil {
 		return
 	}

@@ -591,14 +591,7 @@ func runOne(t *testing.T, b brokerBuild, storeKind string, nClusters, gateways i
 	_, all2 := bp.takePeak()
 	r.PeakRSSMB = max(r.PeakRSSMB, float64(all2)/1024)
 	r.Calls = f.calls.snapshot()
-	f.calls.kindsMu.Lock()
-	kinds := make([]string, 0, len(f.calls.kinds))
-	for k, n := range f.calls.kinds {
-		kinds = append(kinds, fmt.Sprintf("%d x %s", n, k))
-	}
-	f.calls.kindsMu.Unlock()
-	slices.Sort(kinds)
-	for _, k := range kinds {
+	for _, k := range f.calls.errorKinds() {
 		r.Notes = append(r.Notes, "call errors (not deadlines): "+k)
 	}
 

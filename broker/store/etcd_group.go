@@ -179,11 +179,11 @@ func (s *Etcd) commitOnce(ctx context.Context, group []*etcdReq) (n int, _ group
 		})
 		defer stop()
 	}
-	fail := func(err error) (int, groupOutcome) {
-		for _, r := range group {
+	fail := func(rs []*etcdReq, err error) (int, groupOutcome) {
+		for _, r := range rs {
 			r.finish(Commit{}, err)
 		}
-		return len(group), groupDone
+		return len(rs), groupDone
 	}
 	st, err := s.fresh(ctx)
 	if err != nil {
@@ -193,7 +193,7 @@ func (s *Etcd) commitOnce(ctx context.Context, group []*etcdReq) (n int, _ group
 			}
 			return len(group), groupRetry
 		}
-		return fail(err)
+		return fail(group, err)
 	}
 	type result struct {
 		commit Commit
@@ -256,7 +256,7 @@ func (s *Etcd) commitOnce(ctx context.Context, group []*etcdReq) (n int, _ group
 				return n, groupTooLarge
 			}
 			events := len(results[0].commit.Events)
-			return fail(fmt.Errorf("commit to etcd: a transaction of %d operations (%d events): %w; raise etcd's --max-txn-ops and --max-request-bytes", len(ops), events, err))
+			return fail(group, fmt.Errorf("commit to etcd: a transaction of %d operations (%d events): %w; raise etcd's --max-txn-ops and --max-request-bytes", len(ops), events, err))
 		}
 		// An error here may hide a commit that happened (the member died after proposing it).
 		// The next attempt starts from a fresh state: if the commit happened each fn sees it,
@@ -268,8 +268,7 @@ func (s *Etcd) commitOnce(ctx context.Context, group []*etcdReq) (n int, _ group
 			}
 			return n, groupRetry
 		}
-		group = group[:n]
-		return fail(err)
+		return fail(group[:n], err)
 	}
 	if !resp.Succeeded {
 		var target int64
@@ -279,8 +278,7 @@ func (s *Etcd) commitOnce(ctx context.Context, group []*etcdReq) (n int, _ group
 			}
 		}
 		if err := s.waitFor(ctx, target); err != nil {
-			group = group[:n]
-			return fail(err)
+			return fail(group[:n], err)
 		}
 		for _, r := range group[:n] {
 			r.lastErr = errConflict
@@ -289,8 +287,7 @@ func (s *Etcd) commitOnce(ctx context.Context, group []*etcdReq) (n int, _ group
 	}
 	// Read your writes: the next View of this replica, and the commit's watchers, see it.
 	if err := s.waitFor(ctx, resp.Header.Revision); err != nil {
-		group = group[:n]
-		return fail(fmt.Errorf("committed at etcd revision %d but not yet applied here: %w", resp.Header.Revision, err))
+		return fail(group[:n], fmt.Errorf("committed at etcd revision %d but not yet applied here: %w", resp.Header.Revision, err))
 	}
 	return finish()
 }
