@@ -256,7 +256,9 @@ func (s *Etcd) commitOnce(ctx context.Context, group []*etcdReq) (n int, _ group
 				return n, groupTooLarge
 			}
 			events := len(results[0].commit.Events)
-			return fail(group, fmt.Errorf("commit to etcd: a transaction of %d operations (%d events): %w; raise etcd's --max-txn-ops and --max-request-bytes", len(ops), events, err))
+			// Only this one request is too large: the requests held back for the next
+			// transaction are not its.
+			return fail(group[:n], fmt.Errorf("commit to etcd: a transaction of %d operations (%d events): %w; raise etcd's --max-txn-ops and --max-request-bytes", len(ops), events, err))
 		}
 		// An error here may hide a commit that happened (the member died after proposing it).
 		// The next attempt starts from a fresh state: if the commit happened each fn sees it,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -188,6 +189,49 @@ func TestEtcdSplitsAGroupThatWouldExceedEtcdsLimits(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// An Update too large for etcd alone fails with an error that says so, and only it: the Updates
+// that waited behind it in the same group commit.
+func TestEtcdAnUpdateTooLargeForEtcdFailsAlone(t *testing.T) {
+	cluster := etcdtest.StartWith(t, 1, etcdtest.DefaultLimits...)
+	s := openEtcd(t, cluster.Client(t), newRoot(t), store.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for round := range 5 {
+		var wg sync.WaitGroup
+		bigErr := make(chan error, 1)
+		wg.Go(func() {
+			_, err := s.Update(ctx, func(tx store.Tx) error {
+				for j := range 100 { // 200 etcd operations: over the default 128
+					if err := tx.PutPolicy(&apiv1.Policy{Name: fmt.Sprintf("big%d-%03d", round, j)}); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			bigErr <- err
+		})
+		errs := make(chan error, 20)
+		for i := range 20 {
+			wg.Go(func() {
+				_, err := s.Update(ctx, func(tx store.Tx) error {
+					return tx.PutPolicy(&apiv1.Policy{Name: fmt.Sprintf("small%d-%02d", round, i)})
+				})
+				errs <- err
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatalf("round %d: a small update failed beside the large one: %v", round, err)
+			}
+		}
+		if err := <-bigErr; err == nil || !strings.Contains(err.Error(), "--max-txn-ops") {
+			t.Fatalf("round %d: the update of 200 operations: %v, want the error naming --max-txn-ops", round, err)
+		}
 	}
 }
 
