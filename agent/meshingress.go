@@ -69,7 +69,30 @@ type meshState struct {
 	linkAddr   netip.Addr // what cbl-mesh0 holds (as last ensured)
 	applyErr   string
 	applied    *ingress.Config // last Config the data plane accepted
-	trigger    chan struct{}
+	// fromPass is what the last reconcile pass resolved for the mesh (setMeshWants), so that
+	// meshOnce neither copies the broker state nor resolves the policies again; nil until the
+	// first pass.
+	fromPass *meshWants
+	trigger  chan struct{}
+}
+
+// meshWants is what the mesh takes from a reconcile pass's wanted connections.
+type meshWants struct {
+	gatewayMode bool         // gatewayModeUsed
+	remote      []netip.Addr // remoteMeshAddresses
+}
+
+// meshWantsOf is what the mesh needs of wants, with local our own cluster record.
+func meshWantsOf(local *apiv1.Cluster, wants []reconcile.Want) *meshWants {
+	return &meshWants{gatewayMode: gatewayModeUsed(local, wants), remote: remoteMeshAddresses(wants)}
+}
+
+// setMeshWants keeps what meshOnce needs of the wants a reconcile pass computed from st.
+func (a *Agent) setMeshWants(st *brokerstate.State, wants []reconcile.Want) {
+	mw := meshWantsOf(st.Clusters[a.cfg.Cluster], wants)
+	a.mesh.mu.Lock()
+	a.mesh.fromPass = mw
+	a.mesh.mu.Unlock()
 }
 
 // triggerMesh asks meshLoop for an Apply soon; triggers coalesce.
@@ -187,16 +210,25 @@ func (a *Agent) meshLoop(ctx context.Context) {
 // meshOnce is one observe → compute → apply pass: the mesh address on cbl-mesh0, then the data
 // plane's Config, applied when it changed (or force).
 func (a *Agent) meshOnce(ctx context.Context, force bool) {
-	st := a.snapshot()
 	a.mesh.mu.Lock()
-	reg, dp := a.mesh.registered, a.mesh.dp
+	reg, dp, mw := a.mesh.registered, a.mesh.dp, a.mesh.fromPass
 	a.mesh.mu.Unlock()
-	own := meshAddressOf(st, a.cfg.Cluster, a.cfg.Node, reg)
-	wants, _, _ := a.desired(st)
+	var own netip.Addr
+	if mw == nil {
+		// No reconcile pass has run yet (meshLoop's first pass): resolve here.
+		st := a.snapshot()
+		wants, _, _ := a.desired(st)
+		mw = meshWantsOf(st.Clusters[a.cfg.Cluster], wants)
+		own = meshAddressOf(st, a.cfg.Cluster, a.cfg.Node, reg)
+	} else {
+		a.mu.Lock()
+		own = meshAddressOf(a.state, a.cfg.Cluster, a.cfg.Node, reg)
+		a.mu.Unlock()
+	}
 	// The broker gives every gateway a mesh address, but only a gateway of a gateway-mode
 	// cluster, or with a gateway-mode pair, uses it: a mesh of direct pairs sees no mesh link and
 	// an empty table.
-	if !gatewayModeUsed(st.Clusters[a.cfg.Cluster], wants) {
+	if !mw.gatewayMode {
 		own = netip.Addr{}
 	}
 	linkErr := ""
@@ -226,7 +258,7 @@ func (a *Agent) meshOnce(ctx context.Context, force bool) {
 		return
 	}
 	set, _, _ := a.effectiveExports()
-	cfg := ingressConfig(own, wants, set, a.cfg.Ingress.Mode)
+	cfg := ingressConfig(own, mw.remote, set, a.cfg.Ingress.Mode)
 	a.mesh.mu.Lock()
 	same := a.mesh.applied != nil && reflect.DeepEqual(*a.mesh.applied, cfg)
 	a.mesh.mu.Unlock()
@@ -263,22 +295,31 @@ func gatewayModeUsed(local *apiv1.Cluster, wants []reconcile.Want) bool {
 	return false
 }
 
-// ingressConfig is the data plane's Config (pure): own mesh address; the remote mesh addresses
-// of the gateway-mode pairs among wants; every exported port with an ingress port that the data
-// plane serves (kernel mode: TCP and UDP; envoy mode: UDP only, Envoy serves TCP) and its ready
-// local endpoints (ip:targetPort). Sorted, so equal inputs give equal configs.
-func ingressConfig(own netip.Addr, wants []reconcile.Want, exports []*apiv1.ServiceExport, mode string) ingress.Config {
+// remoteMeshAddresses are the remote mesh addresses of the gateway-mode pairs among wants,
+// sorted, without duplicates; nil when there are none.
+func remoteMeshAddresses(wants []reconcile.Want) []netip.Addr {
+	var out []netip.Addr
+	for _, w := range wants {
+		if w.GatewayMode && w.RemoteMesh.IsValid() {
+			out = append(out, w.RemoteMesh)
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
+}
+
+// ingressConfig is the data plane's Config (pure): own mesh address; remote, the remote mesh
+// addresses of the gateway-mode pairs (remoteMeshAddresses); every exported port with an
+// ingress port that the data plane serves (kernel mode: TCP and UDP; envoy mode: UDP only,
+// Envoy serves TCP) and its ready local endpoints (ip:targetPort). Sorted, so equal inputs give
+// equal configs.
+func ingressConfig(own netip.Addr, remote []netip.Addr, exports []*apiv1.ServiceExport, mode string) ingress.Config {
 	cfg := ingress.Config{MeshAddress: own}
 	if !own.IsValid() {
 		return cfg // no mesh address yet: nothing is served or translated
 	}
-	for _, w := range wants {
-		if w.GatewayMode && w.RemoteMesh.IsValid() {
-			cfg.RemoteMeshAddresses = append(cfg.RemoteMeshAddresses, w.RemoteMesh)
-		}
-	}
-	slices.SortFunc(cfg.RemoteMeshAddresses, netip.Addr.Compare)
-	cfg.RemoteMeshAddresses = slices.Compact(cfg.RemoteMeshAddresses)
+	// A copy: the Config is kept as the applied one, and remote is shared with later passes.
+	cfg.RemoteMeshAddresses = slices.Clone(remote)
 	for _, e := range exports {
 		svc := ingress.Service{Namespace: e.GetNamespace(), Name: e.GetName()}
 		for _, p := range e.GetPorts() {

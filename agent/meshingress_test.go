@@ -99,7 +99,7 @@ func TestIngressConfig(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := ingressConfig(tt.own, wants, exports, tt.mode)
+			got := ingressConfig(tt.own, remoteMeshAddresses(wants), exports, tt.mode)
 			if !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("config =\n%+v\nwant\n%+v", got, tt.want)
 			}

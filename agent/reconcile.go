@@ -63,6 +63,8 @@ func (a *Agent) reconcileOnce(ctx context.Context) {
 	}
 	desired, problems, _ := a.desired(st)
 	a.logProblems(problems)
+	// meshOnce, which triggerMesh below wakes, takes what it needs from this pass's result.
+	a.setMeshWants(st, desired)
 	a.mu.Lock()
 	r := a.reconciler
 	a.mu.Unlock()
