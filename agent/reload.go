@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -22,6 +21,7 @@ import (
 	"github.com/cablemesh/cablemesh/agent/health"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/internal/retry"
 )
 
 // Configuration changes without a restart (issue 12, item 6; seed 004: Kubernetes updates a
@@ -299,7 +299,7 @@ func errorField(err error) string {
 // applyConfig applies plan, the live changes from cur to next, touching only what changed.
 func (a *Agent) applyConfig(ctx context.Context, client apiv1.AgentClient, cur, next *config.Config, plan config.ReloadPlan) {
 	if plan.LogLevel && a.opts.LogLevel != nil {
-		a.opts.LogLevel.Set(parseLevel(next.LogLevel))
+		a.opts.LogLevel.Set(next.SlogLevel())
 	}
 	if plan.Health {
 		// healthCheck.enabled starts or stops the probers; the other settings go to the ones
@@ -342,25 +342,11 @@ func (a *Agent) reregister(ctx context.Context, client apiv1.AgentClient) {
 		if err = a.register(ctx, client); err == nil || ctx.Err() != nil {
 			return
 		}
-		select {
-		case <-ctx.Done():
+		if !retry.Sleep(ctx, time.Duration(i+1)*500*time.Millisecond) {
 			return
-		case <-time.After(time.Duration(i+1) * 500 * time.Millisecond):
 		}
 	}
 	a.log.Warn("endpoint not re-registered after a driver change; the broker publishes the old ports until the next registration", "err", err)
-}
-
-func parseLevel(s string) slog.Level {
-	switch s {
-	case "debug":
-		return slog.LevelDebug
-	case "warn":
-		return slog.LevelWarn
-	case "error":
-		return slog.LevelError
-	}
-	return slog.LevelInfo
 }
 
 // errNoDNS is why a DNS change has nothing to apply to.

@@ -10,6 +10,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net"
 	"net/netip"
@@ -473,6 +474,19 @@ func Prefixes(cidrs []string) []netip.Prefix {
 		}
 	}
 	return out
+}
+
+// SlogLevel is LogLevel as a slog level; a value Validate would refuse reads as info.
+func (c *Config) SlogLevel() slog.Level {
+	switch c.LogLevel {
+	case "debug":
+		return slog.LevelDebug
+	case "warn":
+		return slog.LevelWarn
+	case "error":
+		return slog.LevelError
+	}
+	return slog.LevelInfo
 }
 
 // AdvertiseAddr returns the parsed advertise address (invalid when unset).

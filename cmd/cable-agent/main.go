@@ -82,7 +82,7 @@ func run(args []string, stderr io.Writer) int {
 	}
 	// A LevelVar, so that a config reload can change the level (agent/reload.go).
 	lv := new(slog.LevelVar)
-	lv.Set(level(cfg.LogLevel))
+	lv.Set(cfg.SlogLevel())
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lv}))
 	slog.SetDefault(log)
 
@@ -204,15 +204,3 @@ func prepareBPFFS(args []string, stderr io.Writer) {
 
 // bpffsPreparedEnv marks a process whose parent already prepared bpffs.
 const bpffsPreparedEnv = "CABLEMESH_BPFFS_PREPARED"
-
-func level(s string) slog.Level {
-	switch s {
-	case "debug":
-		return slog.LevelDebug
-	case "warn":
-		return slog.LevelWarn
-	case "error":
-		return slog.LevelError
-	}
-	return slog.LevelInfo
-}
