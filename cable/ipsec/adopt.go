@@ -89,17 +89,30 @@ type procStat struct {
 	Start uint64 // start time in clock ticks since boot: with the pid, it names one process
 }
 
-// parseProcStat parses /proc/PID/stat. The command name (field 2) is in parentheses and may hold
-// anything, spaces and parentheses included, so the fields are counted from its last ')'.
-func parseProcStat(data []byte) (procStat, error) {
+// statFields splits a /proc/PID/stat line into its fields from field 3 (the one-letter state)
+// on. The command name (field 2) is in parentheses and may hold anything, spaces and parentheses
+// included, so the fields are counted from its last ')'.
+func statFields(data []byte) ([]string, error) {
 	s := string(data)
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
-		return procStat{}, fmt.Errorf("no command name in %q", s)
+		return nil, fmt.Errorf("no command name in %q", s)
 	}
 	fields := strings.Fields(s[i+1:])
+	if len(fields) == 0 || len(fields[0]) != 1 {
+		return nil, fmt.Errorf("no one-letter state after the command name in %q", s)
+	}
+	return fields, nil
+}
+
+// parseProcStat parses /proc/PID/stat.
+func parseProcStat(data []byte) (procStat, error) {
+	fields, err := statFields(data)
+	if err != nil {
+		return procStat{}, err
+	}
 	// fields[0] is field 3 (state); the start time is field 22.
-	if len(fields) < 20 || len(fields[0]) != 1 {
+	if len(fields) < 20 {
 		return procStat{}, fmt.Errorf("%d fields after the command name, want at least 20", len(fields))
 	}
 	start, err := strconv.ParseUint(fields[19], 10, 64)

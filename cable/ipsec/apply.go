@@ -94,8 +94,8 @@ func (d *Driver) initOwn(ctx, life context.Context) error {
 			return err
 		}
 	}
-	d.charon, d.client, d.libipsec, d.mtu = p, client, libipsec, mtu
-	d.running.Store(p)
+	d.client, d.libipsec, d.mtu = client, libipsec, mtu
+	d.charon.Store(p)
 	d.underlayLink = linkName(u)
 	if verdict.Adopt {
 		d.adoptions.Add(1)
@@ -340,7 +340,7 @@ func (d *Driver) sharedIDs(ctx context.Context) ([]string, error) {
 func (d *Driver) replay(ctx context.Context, p *charonProcess) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.charon != p {
+	if d.charon.Load() != p {
 		return // Cleanup or Close is stopping this charon
 	}
 	for name, c := range d.conns {

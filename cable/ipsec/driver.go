@@ -101,10 +101,10 @@ type Driver struct {
 	// underlayLink is the name of the link holding the advertise address ("" when none does).
 	underlayLink string
 	client       viciClient
-	charon       *charonProcess // nil with a system charon
-	// running is charon too, for Helpers, which must not wait for mu (helper.go).
-	running atomic.Pointer[charonProcess]
-	conns   map[string]*loadedConn
+	// charon is our charon, nil with a system charon. It is written with mu held, and is atomic
+	// so that Helpers and CharonPID can read it without waiting for mu (helper.go).
+	charon atomic.Pointer[charonProcess]
+	conns  map[string]*loadedConn
 	// stop cancels the context the keeper and our charon's supervisor run under; wg waits for
 	// the keeper (charon.stop for the supervisor). kickKeeper makes the keeper look at once.
 	stop       context.CancelFunc
@@ -214,11 +214,9 @@ func (d *Driver) Stats() Stats {
 
 		CharonAdoptions: d.adoptions.Load(),
 	}
-	d.mu.Lock()
-	if d.charon != nil {
-		s.CharonStarts = uint64(d.charon.Starts())
+	if p := d.charon.Load(); p != nil {
+		s.CharonStarts = uint64(p.Starts())
 	}
-	d.mu.Unlock()
 	return s
 }
 
@@ -250,7 +248,7 @@ func (d *Driver) ViciSocket() string {
 // CharonPID is the pid of our own charon, 0 when none runs (or with a system charon, or after
 // Close). It does not wait for d.mu (see Helpers).
 func (d *Driver) CharonPID() int {
-	if p := d.running.Load(); p != nil {
+	if p := d.charon.Load(); p != nil {
 		return p.PID()
 	}
 	return 0
@@ -473,9 +471,8 @@ func (d *Driver) Close() error {
 // release marks the driver not initialised and hands over what runs in this process for wait to
 // stop. Called with d.mu held.
 func (d *Driver) release() (context.CancelFunc, *charonProcess) {
-	stop, p := d.stop, d.charon
-	d.initialised, d.stop, d.charon, d.client, d.kickKeeper = false, nil, nil, nil, nil
-	d.running.Store(nil)
+	stop, p := d.stop, d.charon.Swap(nil)
+	d.initialised, d.stop, d.client, d.kickKeeper = false, nil, nil, nil
 	return stop, p
 }
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/cablemesh/cablemesh/cable"
@@ -17,7 +16,7 @@ import (
 // very charon that hangs, and the status must say so at once.
 func (d *Driver) Helpers(ctx context.Context) []cable.HelperStatus {
 	pid := 0
-	if p := d.running.Load(); p != nil {
+	if p := d.charon.Load(); p != nil {
 		pid = p.PID()
 	}
 	return []cable.HelperStatus{charonStatus(ctx, pid, d.ViciSocket(), d.dial(d.ViciSocket()))}
@@ -56,19 +55,17 @@ func procState(pid int) cable.HelperState {
 	return procStateOf(data)
 }
 
-// procStateOf reads the state letter after the command name, which ends at the last ')' (the
-// name may hold anything). Only the letter is needed, so a short or odd stat still gives one of
-// the three states.
+// procStateOf reads the state letter (statFields). Only the letter is needed, so a short stat
+// still gives one of the three states.
 func procStateOf(stat []byte) cable.HelperState {
-	s := string(stat)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 || i+2 >= len(s) {
+	fields, err := statFields(stat)
+	if err != nil {
 		return cable.HelperNotRunning
 	}
-	switch s[i+2] {
-	case 'T', 't':
+	switch st := (procStat{State: fields[0][0]}); {
+	case st.State == 'T' || st.State == 't':
 		return cable.HelperStopped
-	case 'Z', 'X', 'x':
+	case !st.alive():
 		return cable.HelperNotRunning
 	}
 	return cable.HelperRunning
