@@ -82,7 +82,7 @@ func (b *builds) of(name string) []*fakedriver.Driver {
 	return slices.Clone(b.all[name])
 }
 
-func reloadConfigText(b *fakebroker.Broker, cfg *config.Config, extra string) string {
+func reloadConfigText(b *fakebroker.Broker, cfg *config.Config, drivers []string, extra string) string {
 	return fmt.Sprintf(`cluster: east
 node: east-gw1
 broker: %s
@@ -92,11 +92,49 @@ gateway: true
 advertiseAddress: 127.0.0.11
 podCIDRs: [10.1.0.0/16]
 statusSocket: %s
-cableDrivers: [wireguard, reload-vx]
+cableDrivers: [%s]
 leaseSeconds: 2
 heartbeatInterval: 100ms
 resyncInterval: 1s
-`, b.Addr(), cfg.JoinTokenFile, cfg.StateDir, cfg.StatusSocket) + extra
+`, b.Addr(), cfg.JoinTokenFile, cfg.StateDir, cfg.StatusSocket, strings.Join(drivers, ", ")) + extra
+}
+
+// Driver sets for reloadConfigText.
+var (
+	bothDrivers   = []string{"wireguard", reloadVX}
+	wireguardOnly = []string{"wireguard"}
+)
+
+// westOnReloadVX gives the broker a policy that pairs east and west over reload-vx and west's
+// endpoint, which has wireguard and reload-vx (port 4789).
+func westOnReloadVX(t *testing.T, b *fakebroker.Broker) {
+	t.Helper()
+	b.UpsertPolicy(policyRecord(t, eastWestOn(reloadVX), false))
+	west := remoteEndpoint("west", "w1", "127.0.0.12", "S1dFU1Qta2V5")
+	west.Drivers = []string{"wireguard", reloadVX}
+	west.CablePorts[reloadVX] = 4789
+	b.UpsertEndpoint(west)
+}
+
+// startReloadAgent writes text as the agent's config file, loads it and starts an agent that
+// reloads from that file and builds its drivers with bl; mod, when not nil, sets more options.
+func startReloadAgent(t *testing.T, text string, mod func(*Options)) (r *running, cfg *config.Config, path string, bl *builds) {
+	t.Helper()
+	path = filepath.Join(t.TempDir(), "agent.yaml")
+	writeRenamed(t, path, text)
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bl = &builds{all: map[string][]*fakedriver.Driver{}}
+	r = startAgentWith(t, cfg, nil, func(o *Options) {
+		o.NewDriver = bl.factory
+		o.ConfigPath = path
+		if mod != nil {
+			mod(o)
+		}
+	})
+	return r, cfg, path, bl
 }
 
 // writeRenamed replaces path as a ConfigMap update does: a new file renamed over the old one.
@@ -116,24 +154,10 @@ func writeRenamed(t *testing.T, path, text string) time.Time {
 func TestAReloadAppliesOnlyWhatChangedAndRefusesTheClusterName(t *testing.T) {
 	registerReloadDrivers()
 	b := multiBroker(t)
-	b.UpsertPolicy(policyRecord(t, eastWestOn(reloadVX), false))
-	west := remoteEndpoint("west", "w1", "127.0.0.12", "S1dFU1Qta2V5")
-	west.Drivers = []string{"wireguard", reloadVX}
-	west.CablePorts[reloadVX] = 4789
-	b.UpsertEndpoint(west)
+	westOnReloadVX(t, b)
 	base := testConfig(t, b, true)
-	path := filepath.Join(t.TempDir(), "agent.yaml")
-	text := reloadConfigText(b, base, "reload-vx: {port: 4789}\nhealthCheck: {period: 1s}\n")
-	writeRenamed(t, path, text)
-	cfg, err := config.Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bl := &builds{all: map[string][]*fakedriver.Driver{}}
 	logs := &syncBuffer{}
-	r := startAgentWith(t, cfg, nil, func(o *Options) {
-		o.NewDriver = bl.factory
-		o.ConfigPath = path
+	r, cfg, path, bl := startReloadAgent(t, reloadConfigText(b, base, bothDrivers, "reload-vx: {port: 4789}\nhealthCheck: {period: 1s}\n"), func(o *Options) {
 		o.Log = slog.New(slog.NewTextHandler(logs, nil))
 	})
 	eventually(t, "west on vxlan, north on wireguard", func() bool {
@@ -155,7 +179,7 @@ func TestAReloadAppliesOnlyWhatChangedAndRefusesTheClusterName(t *testing.T) {
 	wg.Calls() // drains: what follows is what the reload made
 
 	// A new vxlan port, a new export and a new probe period, in one rename.
-	renamed := writeRenamed(t, path, reloadConfigText(b, base, `reload-vx: {port: 4790}
+	renamed := writeRenamed(t, path, reloadConfigText(b, base, bothDrivers, `reload-vx: {port: 4790}
 healthCheck: {period: 2s}
 exports:
 - {name: api, namespace: shop, ports: [{port: 8080}], endpoints: [{ip: 10.1.0.6}]}
@@ -198,7 +222,7 @@ exports:
 	}
 
 	// The cluster name cannot change: the whole file is refused, even its live vxlan change.
-	writeRenamed(t, path, strings.Replace(reloadConfigText(b, base, "reload-vx: {port: 4791}\n"), "cluster: east", "cluster: renamed", 1))
+	writeRenamed(t, path, strings.Replace(reloadConfigText(b, base, bothDrivers, "reload-vx: {port: 4791}\n"), "cluster: east", "cluster: renamed", 1))
 	eventually(t, "status names the refused field", func() bool {
 		s, _ := getStatus(t, cfg.StatusSocket)
 		return s.Config != nil && len(s.Config.Refused) == 1 && s.Config.Refused[0].Field == "cluster"
@@ -218,13 +242,13 @@ exports:
 	}
 
 	// A file that does not parse is refused too, naming the field.
-	writeRenamed(t, path, reloadConfigText(b, base, "healthCheck: {period: 1ms}\n"))
+	writeRenamed(t, path, reloadConfigText(b, base, bothDrivers, "healthCheck: {period: 1ms}\n"))
 	eventually(t, "status names the bad field", func() bool {
 		s, _ := getStatus(t, cfg.StatusSocket)
 		return s.Config != nil && len(s.Config.Refused) == 1 && s.Config.Refused[0].Field == "healthCheck.period"
 	})
 	// Back to the config in force: nothing to refuse any more, and nothing applied.
-	writeRenamed(t, path, reloadConfigText(b, base, `reload-vx: {port: 4790}
+	writeRenamed(t, path, reloadConfigText(b, base, bothDrivers, `reload-vx: {port: 4790}
 healthCheck: {period: 2s}
 exports:
 - {name: api, namespace: shop, ports: [{port: 8080}], endpoints: [{ip: 10.1.0.6}]}
@@ -405,23 +429,10 @@ func FuzzErrorField(f *testing.F) {
 func TestAReloadChangesDNSTheLogLevelAndTheDriverSet(t *testing.T) {
 	registerReloadDrivers()
 	b := multiBroker(t)
-	b.UpsertPolicy(policyRecord(t, eastWestOn(reloadVX), false))
-	west := remoteEndpoint("west", "w1", "127.0.0.12", "S1dFU1Qta2V5")
-	west.Drivers = []string{"wireguard", reloadVX}
-	west.CablePorts[reloadVX] = 4789
-	b.UpsertEndpoint(west)
+	westOnReloadVX(t, b)
 	base := testConfig(t, b, true)
-	path := filepath.Join(t.TempDir(), "agent.yaml")
-	writeRenamed(t, path, reloadConfigText(b, base, "dns: {listen: \"127.0.0.1:0\", upstream: [10.0.0.53], ttl: 5}\n"))
-	cfg, err := config.Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bl := &builds{all: map[string][]*fakedriver.Driver{}}
 	lv := new(slog.LevelVar)
-	r := startAgentWith(t, cfg, nil, func(o *Options) {
-		o.NewDriver = bl.factory
-		o.ConfigPath = path
+	r, cfg, path, bl := startReloadAgent(t, reloadConfigText(b, base, bothDrivers, "dns: {listen: \"127.0.0.1:0\", upstream: [10.0.0.53], ttl: 5}\n"), func(o *Options) {
 		o.LogLevel = lv
 	})
 	eventually(t, "west on reload-vx", func() bool {
@@ -440,8 +451,7 @@ func TestAReloadChangesDNSTheLogLevelAndTheDriverSet(t *testing.T) {
 	}
 
 	// New upstreams and TTL, debug logs, and reload-vx left out of cableDrivers.
-	writeRenamed(t, path, strings.Replace(reloadConfigText(b, base, "dns: {listen: \"127.0.0.1:0\", upstream: [10.0.0.54], ttl: 9}\nlogLevel: debug\n"),
-		"cableDrivers: [wireguard, reload-vx]", "cableDrivers: [wireguard]", 1))
+	writeRenamed(t, path, reloadConfigText(b, base, wireguardOnly, "dns: {listen: \"127.0.0.1:0\", upstream: [10.0.0.54], ttl: 9}\nlogLevel: debug\n"))
 	eventually(t, "revision 2 in force", func() bool {
 		s, _ := getStatus(t, cfg.StatusSocket)
 		return s.Config != nil && s.Config.Revision == 2
@@ -467,7 +477,7 @@ func TestAReloadChangesDNSTheLogLevelAndTheDriverSet(t *testing.T) {
 	}
 
 	// Back in the list: built and started again, and west reconnected over it.
-	writeRenamed(t, path, reloadConfigText(b, base, "dns: {listen: \"127.0.0.1:0\", upstream: [10.0.0.54], ttl: 9}\nlogLevel: debug\n"))
+	writeRenamed(t, path, reloadConfigText(b, base, bothDrivers, "dns: {listen: \"127.0.0.1:0\", upstream: [10.0.0.54], ttl: 9}\nlogLevel: debug\n"))
 	eventually(t, "reload-vx back, west on it", func() bool {
 		vx := bl.of(reloadVX)
 		return len(vx) == 2 && connectedClusters(vx[1]) == "west"
@@ -485,7 +495,7 @@ func TestAConfigMapSymlinkSwapIsAppliedAtOnce(t *testing.T) {
 	base := testConfig(t, b, true)
 	dir := t.TempDir()
 	text := func(period string) string {
-		return strings.Replace(reloadConfigText(b, base, "healthCheck: {period: "+period+"}\n"), "cableDrivers: [wireguard, reload-vx]", "cableDrivers: [wireguard]", 1)
+		return reloadConfigText(b, base, wireguardOnly, "healthCheck: {period: "+period+"}\n")
 	}
 	version := func(name, content string) {
 		t.Helper()
@@ -535,7 +545,7 @@ func TestADeletedConfigFileKeepsTheRunningConfig(t *testing.T) {
 	b := newBroker(t)
 	base := testConfig(t, b, true)
 	path := filepath.Join(t.TempDir(), "agent.yaml")
-	writeRenamed(t, path, strings.Replace(reloadConfigText(b, base, ""), "cableDrivers: [wireguard, reload-vx]", "cableDrivers: [wireguard]", 1))
+	writeRenamed(t, path, reloadConfigText(b, base, wireguardOnly, ""))
 	cfg, err := config.Load(path)
 	if err != nil {
 		t.Fatal(err)
@@ -572,17 +582,7 @@ func TestAReloadTurnsProbesOffAndOnAndChangesTheImportSelector(t *testing.T) {
 	registerReloadDrivers()
 	b := multiBroker(t)
 	base := testConfig(t, b, true)
-	path := filepath.Join(t.TempDir(), "agent.yaml")
-	writeRenamed(t, path, reloadConfigText(b, base, "healthCheck: {period: 1s}\n"))
-	cfg, err := config.Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bl := &builds{all: map[string][]*fakedriver.Driver{}}
-	r := startAgentWith(t, cfg, nil, func(o *Options) {
-		o.NewDriver = bl.factory
-		o.ConfigPath = path
-	})
+	r, cfg, path, _ := startReloadAgent(t, reloadConfigText(b, base, bothDrivers, "healthCheck: {period: 1s}\n"), nil)
 	revision := func(want int) func() bool {
 		return func() bool {
 			s, _ := getStatus(t, cfg.StatusSocket)
@@ -593,11 +593,11 @@ func TestAReloadTurnsProbesOffAndOnAndChangesTheImportSelector(t *testing.T) {
 	eventually(t, "probes and the repair check at 1s", func() bool { return r.agent.healthManager() != nil && repairEvery() == time.Second })
 	watches := len(b.WatchRequests())
 
-	writeRenamed(t, path, reloadConfigText(b, base, "healthCheck: {period: 1s, enabled: false}\n"))
+	writeRenamed(t, path, reloadConfigText(b, base, bothDrivers, "healthCheck: {period: 1s, enabled: false}\n"))
 	eventually(t, "revision 2 in force, nothing refused", revision(2))
 	eventually(t, "no probes, no repair check", func() bool { return r.agent.healthManager() == nil && repairEvery() == 0 })
 
-	writeRenamed(t, path, reloadConfigText(b, base, "healthCheck: {period: 1s, enabled: true}\nimports: {selector: \"team=shop\"}\n"))
+	writeRenamed(t, path, reloadConfigText(b, base, bothDrivers, "healthCheck: {period: 1s, enabled: true}\nimports: {selector: \"team=shop\"}\n"))
 	eventually(t, "revision 3 in force, nothing refused", revision(3))
 	eventually(t, "probes and the repair check again", func() bool { return r.agent.healthManager() != nil && repairEvery() == time.Second })
 	eventually(t, "a new watch with the new selector, from a full snapshot", func() bool {
