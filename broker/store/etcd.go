@@ -69,6 +69,9 @@ type Etcd struct {
 	// reqs takes Updates to the committer (commitLoop), which commits those that wait together
 	// in one etcd transaction; unbuffered, so a request is either taken or refused.
 	reqs chan *etcdReq
+	// maxOps is the most comparisons or operations the committer puts in one transaction:
+	// EtcdOptions.MaxTxnOps, lowered when etcd refuses a transaction as too large (learnTxnOps).
+	maxOps atomic.Int64
 
 	// fresh's shared linearizable reads: fnext gathers callers until the read in flight
 	// (freading) ends.
@@ -117,13 +120,37 @@ type EtcdOptions struct {
 	// (ErrUnavailable) and watches etcd again. Negative disables the check.
 	HealthInterval time.Duration
 	// MaxTxnOps bounds the comparisons, and the operations, of one etcd transaction of a group
-	// of Updates (default 128, etcd's own --max-txn-ops default); an Update that needs more
-	// alone is still sent alone.
+	// of Updates (default 1024); an Update that needs more alone is still sent alone. An etcd
+	// whose --max-txn-ops is lower (its default is 128) refuses the first larger transaction,
+	// and the store then sends at most half of that, and so on down to what etcd takes: larger
+	// groups mean fewer round trips to etcd when many agents write at once.
 	MaxTxnOps int
 	// MaxTxnBytes bounds the keys and values a group of Updates writes in one transaction
 	// (default 1 MiB, under etcd's --max-request-bytes default of 1.5 MiB).
 	MaxTxnBytes int
 	Logger      *slog.Logger
+}
+
+// DefaultEtcdMaxTxnOps is EtcdOptions.MaxTxnOps's default.
+const DefaultEtcdMaxTxnOps = 1024
+
+// txnOps is the most comparisons or operations of one transaction (maxOps).
+func (s *Etcd) txnOps() int { return int(s.maxOps.Load()) }
+
+// learnTxnOps lowers maxOps after etcd refused a transaction whose largest count was tried.
+func (s *Etcd) learnTxnOps(tried int) {
+	next := int64(max(1, tried/2))
+	for {
+		cur := s.maxOps.Load()
+		if next >= cur {
+			return
+		}
+		if s.maxOps.CompareAndSwap(cur, next) {
+			s.log.Info("etcd refused a transaction as too large (its --max-txn-ops is lower than this store's): transactions now hold at most half as much; raise etcd's --max-txn-ops to commit larger groups",
+				"refusedOps", tried, "maxOps", next)
+			return
+		}
+	}
 }
 
 // etcdState is the mirror as of etcd revision rev: every key of the prefix, immutable.
@@ -165,7 +192,7 @@ func OpenEtcd(ctx context.Context, cli *clientv3.Client, root string, opts Optio
 		eopts.HealthInterval = 2 * time.Second
 	}
 	if eopts.MaxTxnOps <= 0 {
-		eopts.MaxTxnOps = 128
+		eopts.MaxTxnOps = DefaultEtcdMaxTxnOps
 	}
 	if eopts.MaxTxnBytes <= 0 {
 		eopts.MaxTxnBytes = 1 << 20
@@ -174,6 +201,7 @@ func OpenEtcd(ctx context.Context, cli *clientv3.Client, root string, opts Optio
 		cli: cli, prefix: EtcdPrefix(root), opts: opts, eopts: eopts, log: eopts.Logger,
 		hub: newHub(opts.WatchBuffer), reqs: make(chan *etcdReq), advanced: make(chan struct{}), done: make(chan struct{}),
 	}
+	s.maxOps.Store(int64(eopts.MaxTxnOps))
 	st, err := s.load(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("load store from etcd %s: %w", s.prefix, err)
@@ -239,6 +267,18 @@ func (s *Etcd) View(ctx context.Context, fn func(ReadTx) error) error {
 		return err
 	}
 	return fn(newTxn(s.readKV(st), false))
+}
+
+// ViewLocal implements LocalViewer: fn reads the mirror as it is, without the linearizable read
+// of View (a round trip to etcd's leader, the longest wait of a busy replica's calls).
+func (s *Etcd) ViewLocal(ctx context.Context, fn func(ReadTx) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	return fn(newTxn(s.readKV(s.state.Load()), false))
 }
 
 // Watch implements Store.

@@ -9,19 +9,20 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // Group commit in etcd. Every Update of a replica goes to one committer goroutine, which takes
 // the Updates waiting at that moment and commits them in one etcd transaction: it runs each fn in
 // turn on the mirror, each in a transaction of its own over the writes of the ones before it (so
 // each sees them, as in Bolt), and sends the union of their writes under the union of their
-// conditions. Each attempt first brings the mirror up to date with a linearizable read (fresh),
-// as View does: a group that writes nothing (each fn found nothing to do, or failed) then answers
-// from a state no older than any write acknowledged before it, and, while etcd elects a new
-// leader, that read waits for it instead of a commit hanging on the old one (a proposal to a
-// leader that is gone blocks for etcd's request timeout, 7 s by default). The attempt ends early
-// when every caller of the group has given up. The conditions are those of the first read of each key in the group: a key
+// conditions. A group's first attempt runs on the mirror as it is (commitOnce says why that is
+// safe); a group that writes nothing, and every attempt after one that did not commit, first
+// brings the mirror up to date with a linearizable read (fresh), as View does: a group that
+// writes nothing (each fn found nothing to do, or failed) then answers from a state no older than
+// any write acknowledged before it, and, while etcd elects a new leader, that read waits for it
+// instead of a commit hanging on the old one (a proposal to a leader that is gone blocks for
+// etcd's request timeout, 7 s by default; an attempt without that read gives up after
+// staleAttemptTimeout). The attempt ends early when every caller of the group has given up. The conditions are those of the first read of each key in the group: a key
 // that an earlier Update of the group wrote is a dependency inside the transaction, not on etcd,
 // and is not compared. So a group commits exactly when every one of its Updates would have
 // committed alone, one after the other, on the same state.
@@ -31,8 +32,8 @@ import (
 // at a time, so that a conflict with another replica costs the Updates it touches, not every
 // Update waiting. An Update whose fn returns an error writes nothing, and its error is given only
 // once the group it ran in has committed (it may have depended on an earlier Update's writes).
-// A group stops before the Update that would make its transaction exceed MaxTxnOps or
-// MaxTxnBytes; the rest wait for the next transaction.
+// A group stops before the Update that would make its transaction exceed MaxTxnOps (as learnt
+// from etcd's refusals, learnTxnOps) or MaxTxnBytes; the rest wait for the next transaction.
 
 // etcdReq is one Update waiting for the committer.
 type etcdReq struct {
@@ -103,6 +104,7 @@ func (s *Etcd) commitLoop(ctx context.Context) {
 func (s *Etcd) commitGroup(ctx context.Context, group []*etcdReq) {
 	limit := len(group) // how many the next transaction may hold; halved by repeated conflicts
 	attempt, conflicts := 0, 0
+	fresh := false // the next attempt reads etcd's revision first (a group that writes nothing)
 	for len(group) > 0 {
 		// A request whose caller gave up is not run again.
 		live := group[:0]
@@ -135,11 +137,15 @@ func (s *Etcd) commitGroup(ctx context.Context, group []*etcdReq) {
 				continue
 			}
 		}
-		n, out := s.commitOnce(ctx, group[:min(limit, len(group))])
+		n, out := s.commitOnce(ctx, group[:min(limit, len(group))], fresh)
+		// After anything but a commit the next attempt reads etcd's revision first: a group
+		// that writes nothing needs it, and after a failure it waits out an election.
+		fresh = out != groupDone
 		switch out {
 		case groupDone:
 			group = group[n:]
 			limit, attempt, conflicts = len(group), 0, 0
+		case groupReadOnly:
 		case groupConflict:
 			attempt++
 			if conflicts++; conflicts >= 2 {
@@ -161,11 +167,19 @@ const (
 	groupConflict                     // its conditions failed; the mirror has caught up
 	groupTooLarge                     // etcd refused it as too large: fewer requests next time
 	groupRetry                        // etcd was unavailable; worth another attempt
+	groupReadOnly                     // it writes nothing: it runs again on a fresh state
 )
 
-// commitOnce runs the requests of group that fit in one transaction on the mirror, brought up to
-// date first, and commits them; n is how many it ran.
-func (s *Etcd) commitOnce(ctx context.Context, group []*etcdReq) (n int, _ groupOutcome) {
+// commitOnce runs the requests of group that fit in one transaction on the mirror and commits
+// them; n is how many it ran. The mirror is brought up to date first (a linearizable read, fresh)
+// only when asked: a transaction that writes compares every key its requests read, so on a
+// stale mirror it fails and runs again rather than commit what a newer state would not have
+// (and the watch keeps the mirror within milliseconds of etcd, so that is rare). A group that
+// writes nothing has no such check: it answers from what it read, which must be no older than
+// any write acknowledged before it, so it runs again on a fresh state (groupReadOnly). That read
+// was a round trip to etcd's leader before every transaction, the longest wait of a busy
+// committer.
+func (s *Etcd) commitOnce(ctx context.Context, group []*etcdReq, fresh bool) (n int, _ groupOutcome) {
 	// The attempt is the callers': it ends when the last of them gives up.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -185,28 +199,29 @@ func (s *Etcd) commitOnce(ctx context.Context, group []*etcdReq) (n int, _ group
 		}
 		return len(rs), groupDone
 	}
-	st, err := s.fresh(ctx)
-	if err != nil {
-		if transient(err) {
-			for _, r := range group {
-				r.lastErr = err
+	st := s.state.Load()
+	if fresh {
+		var err error
+		if st, err = s.fresh(ctx); err != nil {
+			if transient(err) {
+				for _, r := range group {
+					r.lastErr = err
+				}
+				return len(group), groupRetry
 			}
-			return len(group), groupRetry
+			return fail(group, err)
 		}
-		return fail(group, err)
 	}
 	type result struct {
 		commit Commit
 		err    error
 	}
 	var (
-		all     = &etcdTxnKV{s: s, base: st, tree: st.tree, track: true}
+		g       = newGroupTxn(s, st)
 		tree    = st.tree
 		results []result
 		bumps   bool
-		cmps    []clientv3.Cmp
-		failure []clientv3.Op
-		ops     []clientv3.Op
+		maxOps  = s.txnOps()
 	)
 	for i, r := range group {
 		kv := &etcdTxnKV{s: s, base: st, tree: tree, track: true}
@@ -215,21 +230,18 @@ func (s *Etcd) commitOnce(ctx context.Context, group []*etcdReq) (n int, _ group
 		if err == nil {
 			err = t.finish(s.opts.LogSize)
 		}
-		next := all.clone()
 		if err != nil {
 			// It writes nothing, but what it read decided its error: the group commits only if
 			// that still holds.
 			kv.writes = nil
 		}
-		next.absorb(kv)
+		g.add(kv)
 		nb := bumps || (err == nil && len(t.events) > 0)
-		nc, nf := next.conditions(nb)
-		no := next.ops()
-		if i > 0 && (len(nc) > s.eopts.MaxTxnOps || len(nf) > s.eopts.MaxTxnOps || len(no) > s.eopts.MaxTxnOps ||
-			next.writeBytes() > s.eopts.MaxTxnBytes) {
+		if i > 0 && g.size(nb).exceeds(maxOps, s.eopts.MaxTxnBytes) {
+			g.drop()
 			break // this one and the rest go in the next transaction
 		}
-		all, bumps, cmps, failure, ops = next, nb, nc, nf, no
+		bumps = nb
 		if err != nil {
 			results = append(results, result{err: err})
 			continue
@@ -244,14 +256,37 @@ func (s *Etcd) commitOnce(ctx context.Context, group []*etcdReq) (n int, _ group
 		}
 		return n, groupDone
 	}
+	all := g.all
 	if len(all.writes) == 0 {
+		if !fresh {
+			return n, groupReadOnly
+		}
 		return finish()
 	}
-	actx, cancel := context.WithTimeout(ctx, s.eopts.AttemptTimeout)
+	cmps, failure := all.conditions(bumps)
+	ops := all.ops()
+	timeout := s.eopts.AttemptTimeout
+	if !fresh {
+		// Unchecked, the member may be waiting for a leader that is gone, and etcd answers a
+		// proposal made then only after its request timeout (7 s): give up sooner and try
+		// again after a fresh read, which waits for the new leader instead.
+		timeout = min(timeout, staleAttemptTimeout)
+	}
+	actx, cancel := context.WithTimeout(ctx, timeout)
 	resp, err := s.cli.Txn(actx).If(cmps...).Then(ops...).Else(failure...).Commit()
 	cancel()
+	if err != nil && !fresh && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+		err = fmt.Errorf("commit to etcd: no answer within %s; trying again after a fresh read", timeout)
+		for _, r := range group[:n] {
+			r.lastErr = err
+		}
+		return n, groupRetry
+	}
 	if err != nil {
 		if errors.Is(err, rpctypes.ErrTooManyOps) || errors.Is(err, rpctypes.ErrRequestTooLarge) {
+			if errors.Is(err, rpctypes.ErrTooManyOps) {
+				s.learnTxnOps(max(len(cmps), len(failure), len(ops)))
+			}
 			if n > 1 {
 				return n, groupTooLarge
 			}
@@ -294,53 +329,8 @@ func (s *Etcd) commitOnce(ctx context.Context, group []*etcdReq) (n int, _ group
 	return finish()
 }
 
+// staleAttemptTimeout bounds the commit of an attempt that did not read etcd's revision first.
+const staleAttemptTimeout = 2 * time.Second
+
 // errConflict is an attempt whose conditions failed: another replica changed what fn read.
 var errConflict = errors.New("conflict with a concurrent write")
-
-// clone copies k's bookkeeping (reads, scans, writes), not its tree.
-func (k *etcdTxnKV) clone() *etcdTxnKV {
-	c := &etcdTxnKV{s: k.s, base: k.base, tree: k.tree, track: k.track,
-		reads: make(map[string]int64, len(k.reads)), scans: make(map[string]string, len(k.scans)), writes: make(map[string]*[]byte, len(k.writes))}
-	for key, v := range k.reads {
-		c.reads[key] = v
-	}
-	for key, v := range k.scans {
-		c.scans[key] = v
-	}
-	for key, v := range k.writes {
-		c.writes[key] = v
-	}
-	return c
-}
-
-// absorb adds the reads and writes of o, a transaction that ran after every one k holds, on
-// their writes: a key o read that one of them wrote is not a condition (the group writes it),
-// and a key read before keeps the mod revision it was first read with.
-func (k *etcdTxnKV) absorb(o *etcdTxnKV) {
-	for key, mod := range o.reads {
-		if _, wrote := k.writes[key]; wrote {
-			continue
-		}
-		if _, seen := k.reads[key]; !seen {
-			k.reads[key] = mod
-		}
-	}
-	for start, end := range o.scans {
-		k.scans[start] = end
-	}
-	for key, v := range o.writes {
-		k.writes[key] = v
-	}
-}
-
-// writeBytes is the size of the keys and values k writes.
-func (k *etcdTxnKV) writeBytes() int {
-	n := 0
-	for key, v := range k.writes {
-		n += len(key)
-		if v != nil {
-			n += len(*v)
-		}
-	}
-	return n
-}

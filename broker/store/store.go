@@ -204,6 +204,23 @@ type Store interface {
 	Close() error
 }
 
+// LocalViewer is a Store whose replica reads its own copy of the state without first asking
+// the others what they committed (Etcd: its mirror, which etcd's watch keeps within milliseconds
+// of the cluster). Such a read may miss a write that another replica committed a moment ago.
+type LocalViewer interface {
+	ViewLocal(ctx context.Context, fn func(ReadTx) error) error
+}
+
+// ViewLocal runs fn on st's local state when st keeps one (LocalViewer), else as View does. Use
+// it only where what fn decides is decided again linearizably before it matters: by the
+// transaction of a write, or by View when the local answer is a refusal.
+func ViewLocal(ctx context.Context, st Store, fn func(ReadTx) error) error {
+	if l, ok := st.(LocalViewer); ok {
+		return l.ViewLocal(ctx, fn)
+	}
+	return st.View(ctx, fn)
+}
+
 // EndpointKey is the event key of an endpoint.
 func EndpointKey(cluster, node string) string { return cluster + "/" + node }
 
