@@ -197,8 +197,12 @@ func TestGatewayAgentAgainstABroker(t *testing.T) {
 		t.Fatalf("agent.key: %v, %v", fi, err)
 	}
 
-	// The snapshot leads to a connection to every other cluster.
+	// The snapshot leads to a connection to every other cluster. It came compressed (the agent
+	// accepts zstd, and the fake broker, as the broker, compresses what gains from it).
 	eventually(t, "connections to north and west", func() bool { return connectedClusters(d) == "north,west" })
+	if n := b.EncodedSent(); n == 0 {
+		t.Errorf("the broker sent no compressed watch message; the agent's watch asked for %v", b.WatchRequests()[0].GetAcceptEncodings())
+	}
 	west, _ := d.Has("west")
 	if west.Address != netip.MustParseAddr("127.0.0.12") || west.Port != 51820 || west.Attributes["publicKey"] != "S1dFU1Qta2V5" || west.ClusterID != 2 ||
 		!slices.Equal(west.Subnets, []netip.Prefix{netip.MustParsePrefix("10.2.0.0/16"), netip.MustParsePrefix("10.96.2.0/24")}) {

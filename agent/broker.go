@@ -13,6 +13,7 @@ import (
 
 	"github.com/cablemesh/cablemesh/agent/brokerclient"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/api/watchzstd"
 	"github.com/cablemesh/cablemesh/internal/retry"
 )
 
@@ -135,7 +136,8 @@ func (a *Agent) watchOnce(ctx context.Context, client apiv1.AgentClient) (got bo
 		}
 	}()
 	since := a.watchSince()
-	stream, err := client.Watch(ctx, &apiv1.WatchRequest{SinceRevision: since, WantImports: true, ImportSelector: a.importSelector()})
+	stream, err := client.Watch(ctx, &apiv1.WatchRequest{SinceRevision: since, WantImports: true, ImportSelector: a.importSelector(),
+		AcceptEncodings: []string{watchzstd.Name}})
 	if err != nil {
 		return false, a.watchErr(moved, reopened, fmt.Errorf("open watch: %w", err))
 	}
@@ -144,6 +146,10 @@ func (a *Agent) watchOnce(ctx context.Context, client apiv1.AgentClient) (got bo
 		resp, err := stream.Recv()
 		if err != nil {
 			return got, a.watchErr(moved, reopened, fmt.Errorf("watch: %w", err))
+		}
+		// Large messages come compressed (the broker shares them between agents).
+		if err := watchzstd.Expand(resp); err != nil {
+			return got, fmt.Errorf("watch: a message at revision %d cannot be decoded: %w", resp.GetRevision(), err)
 		}
 		// A batch too large for one message comes in parts (more set on all but the last): apply
 		// them together, never a part of a snapshot as if it were the whole state.

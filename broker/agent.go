@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/api/watchzstd"
 	"github.com/cablemesh/cablemesh/broker/admission"
 	"github.com/cablemesh/cablemesh/broker/pki"
 	"github.com/cablemesh/cablemesh/broker/store"
@@ -141,6 +142,11 @@ func (a *agentService) RegisterEndpoint(ctx context.Context, req *apiv1.Register
 		if err != nil {
 			return err
 		}
+		// The call was authorized on this replica's local state (checkAgent); the write
+		// decides on the committed one.
+		if _, err := admission.AgentCertificate(id, rec, "", a.s.cfg.Now()); err != nil {
+			return err
+		}
 		if err := admission.CheckBinding(id, old, rec); err != nil {
 			return err
 		}
@@ -216,6 +222,9 @@ func (a *agentService) Heartbeat(ctx context.Context, req *apiv1.HeartbeatReques
 		if err != nil {
 			return err
 		}
+		if _, err := admission.AgentCertificate(id, rec, "", now); err != nil {
+			return err
+		}
 		if err := admission.CheckBinding(id, e, rec); err != nil {
 			return err
 		}
@@ -252,6 +261,10 @@ func (a *agentService) Watch(req *apiv1.WatchRequest, stream apiv1.Agent_WatchSe
 	if n := len(req.ImportSelector); n > admission.MaxSelectorBytes {
 		return rpcError("watch", &admission.InvalidError{Field: "import_selector", Err: fmt.Errorf("import_selector: %d bytes, at most %d", n, admission.MaxSelectorBytes)})
 	}
+	zstd, err := admission.WatchEncodings(req.AcceptEncodings, watchzstd.Name)
+	if err != nil {
+		return rpcError("watch", err)
+	}
 	if req.WantImports {
 		var err error
 		if sel, err = mcs.ParseImportSelector(req.ImportSelector); err != nil {
@@ -265,8 +278,8 @@ func (a *agentService) Watch(req *apiv1.WatchRequest, stream apiv1.Agent_WatchSe
 		return rpcError("watch", err)
 	}
 	log := a.s.log.With("cluster", id.Cluster, "node", id.Node)
-	watcher := watcherOf{cluster: id.Cluster, clusterUID: id.ClusterUID, log: log}
-	log.Info("watch started", "sinceRevision", req.SinceRevision, "wantImports", req.WantImports, "importSelector", req.ImportSelector)
+	watcher := watcherOf{cluster: id.Cluster, clusterUID: id.ClusterUID, log: log, zstd: zstd}
+	log.Info("watch started", "sinceRevision", req.SinceRevision, "wantImports", req.WantImports, "importSelector", req.ImportSelector, "zstd", zstd)
 	var expired <-chan time.Time
 	if !id.NotAfter.IsZero() {
 		t := time.NewTimer(time.Until(id.NotAfter))

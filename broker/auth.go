@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -128,36 +129,76 @@ func peerIdentity(ctx context.Context) (pki.Identity, [][]*x509.Certificate, err
 // UID its certificate names and that its certificate is still good for its node (not revoked, not
 // replaced: admission.AgentCertificate). A certificate's first use is recorded, and one issued
 // before the broker kept node records is adopted, in a write of its own.
+//
+// The check reads this replica's own state (store.ViewLocal): on etcd a linearizable read is a
+// round trip to the leader for every call, and at 5,100 agents starting at once those reads
+// were the longest wait of every call. What it lets through is decided again where it matters:
+// an agent's writes check the certificate's binding in their own transaction, a watch checks
+// again whenever the node's record changes, and a refusal is confirmed with a linearizable read
+// before it is given (the local state may not yet hold a join that another replica committed).
 func (s *Server) checkAgent(ctx context.Context, id pki.Identity, issuer string) error {
-	var (
-		c      *apiv1.Cluster
-		update *apiv1.NodeCertificate
-	)
-	decide := func(tx store.ReadTx) error {
-		var err error
-		if c, err = tx.Cluster(id.Cluster); err != nil {
-			return err
-		}
-		if err := admission.AgentCluster(id, c); err != nil {
-			return err
-		}
-		rec, err := tx.NodeCertificate(id.Cluster, id.Node)
-		if err != nil {
-			return err
-		}
-		update, err = admission.AgentCertificate(id, rec, issuer, s.cfg.Now())
+	var update *apiv1.NodeCertificate
+	decide := func(tx store.ReadTx) (err error) {
+		update, err = s.decideAgent(tx, id, issuer)
 		return err
 	}
-	if err := s.store.View(ctx, decide); err != nil {
-		return rpcError("authorize", err)
+	if err := store.ViewLocal(ctx, s.store, decide); err != nil {
+		if err := s.store.View(ctx, decide); err != nil {
+			return rpcError("authorize", err)
+		}
 	}
 	if update == nil {
 		return nil
 	}
-	// Decided again in the transaction: another call of the same certificate, or a join, may
-	// have written the record since.
+	// An agent's first calls come together (its watch and its registration): they share one
+	// write of the first use, which does not end with the first caller's context.
+	_, err, _ := s.firstUse.Do(id.Cluster+"/"+id.Node+"/"+id.Serial, func() (any, error) {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), firstUseTimeout)
+		defer cancel()
+		return nil, s.recordFirstUse(ctx, id, issuer)
+	})
+	return err
+}
+
+// firstUseTimeout bounds the write of a certificate's first use (the calls that wait for it
+// have deadlines of their own).
+const firstUseTimeout = 30 * time.Second
+
+// decideAgent is checkAgent's decision on tx: an error when agent id may not call, else the node
+// record to write first (nil when there is nothing to write).
+func (s *Server) decideAgent(tx store.ReadTx, id pki.Identity, issuer string) (*apiv1.NodeCertificate, error) {
+	c, err := tx.Cluster(id.Cluster)
+	if err != nil {
+		return nil, err
+	}
+	if err := admission.AgentCluster(id, c); err != nil {
+		return nil, err
+	}
+	rec, err := tx.NodeCertificate(id.Cluster, id.Node)
+	if err != nil {
+		return nil, err
+	}
+	return admission.AgentCertificate(id, rec, issuer, s.cfg.Now())
+}
+
+// stillGood decides again, in a write's own transaction, that agent id's certificate is good:
+// checkAgent authorized the call on the replica's local state, which may lag by a moment.
+func (s *Server) stillGood(tx store.ReadTx, id pki.Identity) error {
+	rec, err := tx.NodeCertificate(id.Cluster, id.Node)
+	if err != nil {
+		return err
+	}
+	_, err = admission.AgentCertificate(id, rec, "", s.cfg.Now())
+	return err
+}
+
+// recordFirstUse records the first use of agent id's certificate (or adopts one issued before the
+// broker kept node records), deciding again in the transaction: another call of the same
+// certificate, or a join, may have written the record since.
+func (s *Server) recordFirstUse(ctx context.Context, id pki.Identity, issuer string) error {
 	_, err := s.store.Update(ctx, func(tx store.Tx) error {
-		if err := decide(tx); err != nil || update == nil {
+		update, err := s.decideAgent(tx, id, issuer)
+		if err != nil || update == nil {
 			return err
 		}
 		old, err := tx.NodeCertificate(id.Cluster, id.Node)

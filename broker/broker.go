@@ -18,6 +18,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/singleflight"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
@@ -140,6 +142,9 @@ type Server struct {
 	watchSnapshots snapshotEncodings
 	// metrics are served by MetricsHandler (metrics.go).
 	metrics *metrics
+	// firstUse shares the write of a certificate's first use between the calls that need it
+	// (checkAgent).
+	firstUse singleflight.Group
 	// writing counts the registrations and heartbeats in flight (snapshots wait while there
 	// are many).
 	writing *backlog

@@ -258,6 +258,9 @@ func (a *agentService) SetClusterPolicies(ctx context.Context, req *apiv1.SetClu
 	var changed int
 	_, err = a.s.store.Update(ctx, func(tx store.Tx) error {
 		resp.Policies, resp.Outcomes, resp.Deleted, changed = nil, nil, nil, 0
+		if err := a.s.stillGood(tx, id); err != nil {
+			return err
+		}
 		stored, err := tx.Policies()
 		if err != nil {
 			return err

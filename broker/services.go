@@ -107,6 +107,9 @@ func (a *agentService) SetExports(ctx context.Context, req *apiv1.SetExportsRequ
 		resp *apiv1.SetExportsResponse
 	)
 	decide := func(tx store.ReadTx) error {
+		if err := a.s.stillGood(tx, id); err != nil {
+			return err
+		}
 		c, err := tx.Cluster(id.Cluster)
 		if err != nil {
 			return err

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/api/watchzstd"
 	"github.com/cablemesh/cablemesh/broker/store"
 )
 
@@ -222,6 +223,9 @@ func agentEndpoint(e *apiv1.Endpoint) *apiv1.Endpoint {
 type watcherOf struct {
 	cluster, clusterUID string
 	log                 *slog.Logger
+	// zstd: the agent accepts compressed messages (WatchRequest.accept_encodings); the shared
+	// ones, snapshots' parts and delta batches, go to it compressed (compressed once for all).
+	zstd bool
 }
 
 // event returns ev encoded for watcher w (bare: without its revision).
@@ -450,6 +454,28 @@ type batchEncoding struct {
 	once sync.Once
 	msgs [][]byte
 	err  error
+	// zmsgs are msgs as agents that accept zstd are sent them (forZstd), compressed once.
+	zonce sync.Once
+	zmsgs [][]byte
+}
+
+// sendable is e's messages as watcher w is sent them: compressed when it accepts zstd.
+func (e *batchEncoding) sendable(w watcherOf) [][]byte {
+	if !w.zstd || e.err != nil {
+		return e.msgs
+	}
+	e.zonce.Do(func() { e.zmsgs = compressAll(e.msgs) })
+	return e.zmsgs
+}
+
+// compressAll is msgs as an agent that accepts zstd is sent them (watchzstd.Encode: those too
+// small to gain stay as they are).
+func compressAll(msgs [][]byte) [][]byte {
+	out := make([][]byte, len(msgs))
+	for i, m := range msgs {
+		out[i] = watchzstd.Encode(m)
+	}
+	return out
 }
 
 // batchEncodings keeps the encodings of the last batches (two generations of maxSharedBatches).
@@ -512,7 +538,7 @@ func (s *Server) sharedDelta(b store.Batch, w watcherOf) ([][]byte, error) {
 		e.msgs, e.err = s.encodeBatch(&apiv1.WatchResponse{Events: evs, Revision: b.Revision}, w, s.messageBudget())
 		s.watchBatches.encoded.Add(1)
 	})
-	return e.msgs, e.err
+	return e.sendable(w), e.err
 }
 
 // sendShared sends a group of delta batches, each as encoded once for every watcher, but for the

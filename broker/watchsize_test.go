@@ -4,12 +4,16 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/api/watchzstd"
 )
 
 // bigPolicy is a valid policy of about 60 KiB of JSON (just under the 64 KiB bound): a cluster
@@ -175,5 +179,68 @@ func TestSplitBatchKeepsPartsUnderTheBudgetAndResumable(t *testing.T) {
 				t.Error("the CA bundle is not on the last part")
 			}
 		})
+	}
+}
+
+// A snapshot goes compressed to an agent that accepts zstd, and what it holds once expanded is
+// what an agent that does not accept it gets, in a quarter of the bytes at most.
+func TestASnapshotGoesCompressedToAnAgentThatAcceptsZstd(t *testing.T) {
+	b := startBroker(t, t.TempDir(), brokerOpts{})
+	ec := mustJoin(t, b.addr, b.token("east", "10.1.0.0/16"), "east", "gw1").client(t, b.addr)
+	var ps []*apiv1.Policy
+	for i := range 12 {
+		ps = append(ps, bigPolicy(t, fmt.Sprintf("big-%02d", i), i))
+	}
+	if _, err := b.admin.ApplyPolicies(ctxT(t), &apiv1.ApplyPoliciesRequest{Policies: ps}); err != nil {
+		t.Fatal(err)
+	}
+	end := b.list().Revision
+	// snapshot reads a watch's snapshot: its policies, and its bytes on the wire and expanded.
+	snapshot := func(req *apiv1.WatchRequest) (policies []string, wire, expanded, encoded int) {
+		w, err := ec.Watch(ctxT(t), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for {
+			m := recv(t, w)
+			wire += proto.Size(m)
+			if len(m.Encoded) > 0 {
+				encoded++
+			}
+			if err := watchzstd.Expand(m); err != nil {
+				t.Fatal(err)
+			}
+			expanded += proto.Size(m)
+			for _, ev := range m.Events {
+				if ev.Kind == "policy" {
+					policies = append(policies, ev.Key+":"+string(ev.GetResource().GetPolicy().GetJson()))
+				}
+			}
+			if !m.More && m.Revision >= end {
+				slices.Sort(policies)
+				return policies, wire, expanded, encoded
+			}
+		}
+	}
+	plain, plainWire, _, plainEncoded := snapshot(&apiv1.WatchRequest{})
+	got, wire, expanded, encoded := snapshot(&apiv1.WatchRequest{AcceptEncodings: []string{"br", watchzstd.Name}})
+	if plainEncoded != 0 || encoded == 0 {
+		t.Fatalf("compressed messages: %d to the agent that does not accept zstd, %d to the one that does", plainEncoded, encoded)
+	}
+	if !slices.Equal(got, plain) || len(got) != 13 {
+		t.Fatalf("expanded, the snapshot holds %d policies, not the %d of the uncompressed one", len(got), len(plain))
+	}
+	if wire*4 > plainWire {
+		t.Fatalf("the compressed snapshot is %d bytes (%d expanded), the uncompressed %d: want at most a quarter", wire, expanded, plainWire)
+	}
+	t.Logf("snapshot of 13 policies: %d bytes, %d compressed", plainWire, wire)
+
+	// A watch that lists too many encodings is refused, naming the field.
+	w, err := ec.Watch(ctxT(t), &apiv1.WatchRequest{AcceptEncodings: slices.Repeat([]string{"zstd"}, 9)})
+	if err == nil {
+		_, err = w.Recv()
+	}
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "accept_encodings") {
+		t.Fatalf("a watch with 9 encodings: %v, want InvalidArgument naming accept_encodings", err)
 	}
 }

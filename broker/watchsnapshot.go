@@ -1,12 +1,14 @@
 package broker
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 
 	"google.golang.org/protobuf/encoding/protowire"
 
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/api/watchzstd"
 	"github.com/cablemesh/cablemesh/broker/store"
 )
 
@@ -43,6 +45,23 @@ type snapshotEncoding struct {
 	// and without their revisions.
 	shared         [][]byte
 	last, lastBare []byte
+	// For agents that accept zstd (compressed once, on the first such watcher): the shared
+	// parts, and lastBare as a message of its own (more set) that the watcher's own last
+	// message then follows with only the revision, imports and CA bundle.
+	zonce   sync.Once
+	zshared [][]byte
+	zlast   []byte
+}
+
+// compressed is e's shared parts and last events (zshared, zlast) for agents that accept zstd.
+func (e *snapshotEncoding) compressed() ([][]byte, []byte) {
+	e.zonce.Do(func() {
+		e.zshared = compressAll(e.shared)
+		if len(e.lastBare) > 0 {
+			e.zlast = watchzstd.Encode(appendFlag(slices.Clip(e.lastBare), moreField))
+		}
+	})
+	return e.zshared, e.zlast
 }
 
 // snapshotEncodings keeps the encodings of the last few snapshots (two generations of
@@ -124,7 +143,11 @@ func (s *Server) encodeSnapshot(b store.Batch, resp *apiv1.WatchResponse, w watc
 	clusters := s.snapshotClusters(e, w, budget)
 	out := make([][]byte, 0, len(clusters)+len(e.shared)+2)
 	out = append(out, clusters...)
-	out = append(out, e.shared...)
+	shared, zlast := e.shared, []byte(nil)
+	if w.zstd {
+		shared, zlast = e.compressed()
+	}
+	out = append(out, shared...)
 	// Step 3.
 	imports, err := messageField(importsField, resp.Imports)
 	if err != nil {
@@ -142,6 +165,13 @@ func (s *Server) encodeSnapshot(b store.Batch, resp *apiv1.WatchResponse, w watc
 		}
 		return appendTail(m, b.Revision, imports, false, ca)
 	}
+	if w.zstd {
+		// The last events go compressed as shared, the watcher's own fields after them.
+		if zlast != nil {
+			out = append(out, zlast)
+		}
+		return append(out, tail(nil, false)), nil
+	}
 	if len(e.last)+len(imports)+len(ca)+messageOverhead <= budget {
 		return append(out, tail(e.last, false)), nil
 	}
@@ -150,7 +180,7 @@ func (s *Server) encodeSnapshot(b store.Batch, resp *apiv1.WatchResponse, w watc
 
 // snapshotClusters is step 1 of snapshot e for watcher w: its cluster events, with the pair PSKs
 // of w's cluster, in parts of the budget, the first message saying snapshot. They are encoded
-// once for every watcher of the same cluster.
+// (and compressed, for watchers that accept zstd) once for every watcher of the same cluster.
 func (s *Server) snapshotClusters(e *snapshotEncoding, w watcherOf, budget int) [][]byte {
 	e.mu.Lock()
 	if e.clusterParts == nil {
@@ -185,7 +215,7 @@ func (s *Server) snapshotClusters(e *snapshotEncoding, w watcherOf, budget int) 
 			p.msgs = append(p.msgs, appendFlag(msg, moreField))
 		}
 	})
-	return p.msgs
+	return p.sendable(w)
 }
 
 // sendSnapshot sends snapshot b to watcher w (encodeSnapshot).

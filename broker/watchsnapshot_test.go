@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/api/watchzstd"
 	"github.com/cablemesh/cablemesh/broker/store"
 )
 
@@ -42,10 +43,7 @@ func joinMessages(t *testing.T, msgs [][]byte) *apiv1.WatchResponse {
 	t.Helper()
 	out := &apiv1.WatchResponse{}
 	for i, m := range msgs {
-		var p apiv1.WatchResponse
-		if err := proto.Unmarshal(m, &p); err != nil {
-			t.Fatalf("message %d does not decode: %v", i, err)
-		}
+		p := decodeMessage(t, i, m)
 		out.Snapshot = out.Snapshot || p.Snapshot
 		out.Events = append(out.Events, p.Events...)
 		out.Revision = p.Revision
@@ -59,6 +57,19 @@ func joinMessages(t *testing.T, msgs [][]byte) *apiv1.WatchResponse {
 	return out
 }
 
+// decodeMessage decodes message i, expanding it when it is compressed (as the agent does).
+func decodeMessage(t *testing.T, i int, m []byte) *apiv1.WatchResponse {
+	t.Helper()
+	var p apiv1.WatchResponse
+	if err := proto.Unmarshal(m, &p); err != nil {
+		t.Fatalf("message %d does not decode: %v", i, err)
+	}
+	if err := watchzstd.Expand(&p); err != nil {
+		t.Fatalf("message %d does not expand: %v", i, err)
+	}
+	return &p
+}
+
 // checkFraming fails t unless msgs are framed as a snapshot in parts: snapshot on the first
 // message only, more on all but the last, none over budget.
 func checkFraming(t *testing.T, msgs [][]byte, budget int) {
@@ -67,9 +78,9 @@ func checkFraming(t *testing.T, msgs [][]byte, budget int) {
 		if len(m) > budget {
 			t.Fatalf("message %d of %d: %d bytes, over the budget of %d", i, len(msgs), len(m), budget)
 		}
-		var p apiv1.WatchResponse
-		if err := proto.Unmarshal(m, &p); err != nil {
-			t.Fatalf("message %d does not decode: %v", i, err)
+		p := decodeMessage(t, i, m)
+		if len(p.Encoded) > 0 {
+			t.Fatalf("message %d: still encoded after expanding", i)
 		}
 		if p.Snapshot != (i == 0) || p.More != (i < len(msgs)-1) {
 			t.Fatalf("message %d of %d: snapshot %v, more %v", i, len(msgs), p.Snapshot, p.More)
@@ -109,58 +120,78 @@ func TestASnapshotIsEncodedOnceForAllItsWatchers(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for _, budget := range []int{2000, 10000, DefaultWatchMessageBytes} {
 		for _, n := range []int{3, 400, 3000} {
-			t.Run(fmt.Sprintf("budget %d, %d endpoints", budget, n), func(t *testing.T) {
-				s := testEncServer(watchEncodingBytes)
-				snap := bigSnapshot(rng, clusters, n)
-				var shared [][]byte
-				for i, self := range clusters {
-					resp := &apiv1.WatchResponse{Snapshot: true, Revision: snap.Revision, Events: snap.Events}
-					switch i % 3 {
-					case 1:
-						resp.Imports = &apiv1.ServiceImports{Imports: []*apiv1.ServiceImport{{Namespace: "shop", Name: "web", Vips: []string{"241.0.0.1"}}}}
-						resp.Ca = &apiv1.CABundle{Pem: []byte("small CA"), IssuingCa: "sha256:x"}
-					case 2:
-						// Too large to go beside the last events: a message of its own.
-						resp.Ca = &apiv1.CABundle{Pem: bytes.Repeat([]byte("c"), budget-200), IssuingCa: "sha256:x"}
-					}
-					w := watcherOf{cluster: self, clusterUID: "uid-" + self, log: log}
-					msgs, err := s.encodeSnapshot(snap, resp, w, budget)
-					if err != nil {
-						t.Fatal(err)
-					}
-					want := joinMessages(t, perWatcher(t, testEncServer(0), resp, self, budget))
-					checkFraming(t, msgs, budget)
-					sameState(t, "watcher of "+self, joinMessages(t, msgs), want)
-					// The parts after the clusters and before the last are shared: the same
-					// backing bytes for every watcher.
-					e := s.sharedSnapshot(snap, w, budget)
-					if e.small {
-						continue
-					}
-					if i == 0 {
-						shared = e.shared
-					}
-					found := 0
-					for _, m := range msgs {
-						for _, sm := range shared {
-							if len(m) > 0 && len(sm) > 0 && &m[0] == &sm[0] {
-								found++
+			for _, zstd := range []bool{false, true} {
+				t.Run(fmt.Sprintf("budget %d, %d endpoints, zstd %v", budget, n, zstd), func(t *testing.T) {
+					s := testEncServer(watchEncodingBytes)
+					snap := bigSnapshot(rng, clusters, n)
+					var shared [][]byte
+					for i, self := range clusters {
+						resp := &apiv1.WatchResponse{Snapshot: true, Revision: snap.Revision, Events: snap.Events}
+						switch i % 3 {
+						case 1:
+							resp.Imports = &apiv1.ServiceImports{Imports: []*apiv1.ServiceImport{{Namespace: "shop", Name: "web", Vips: []string{"241.0.0.1"}}}}
+							resp.Ca = &apiv1.CABundle{Pem: []byte("small CA"), IssuingCa: "sha256:x"}
+						case 2:
+							// Too large to go beside the last events: a message of its own.
+							resp.Ca = &apiv1.CABundle{Pem: bytes.Repeat([]byte("c"), budget-200), IssuingCa: "sha256:x"}
+						}
+						w := watcherOf{cluster: self, clusterUID: "uid-" + self, log: log, zstd: zstd}
+						msgs, err := s.encodeSnapshot(snap, resp, w, budget)
+						if err != nil {
+							t.Fatal(err)
+						}
+						plain := perWatcher(t, testEncServer(0), resp, self, budget)
+						want := joinMessages(t, plain)
+						checkFraming(t, msgs, budget)
+						sameState(t, "watcher of "+self, joinMessages(t, msgs), want)
+						// The parts after the clusters and before the last are shared: the same
+						// backing bytes for every watcher (compressed once, for those that accept
+						// zstd).
+						e := s.sharedSnapshot(snap, w, budget)
+						if e.small {
+							continue
+						}
+						if zstd {
+							if got, was := totalBytes(msgs), totalBytes(plain); got*4 > was*3 {
+								t.Fatalf("compressed, the snapshot is %d bytes, %d uncompressed: want at most three quarters", got, was)
 							}
 						}
+						if i == 0 {
+							shared = e.shared
+							if zstd {
+								shared, _ = e.compressed()
+							}
+						}
+						found := 0
+						for _, m := range msgs {
+							for _, sm := range shared {
+								if len(m) > 0 && len(sm) > 0 && &m[0] == &sm[0] {
+									found++
+								}
+							}
+						}
+						if found != len(shared) {
+							t.Fatalf("watcher of %s sent %d of the %d shared parts as they are", self, found, len(shared))
+						}
 					}
-					if found != len(shared) {
-						t.Fatalf("watcher of %s sent %d of the %d shared parts as they are", self, found, len(shared))
+					if got := s.watchSnapshots.encoded.Load(); got != 1 {
+						t.Fatalf("the snapshot was encoded %d times for %d watchers, want once", got, len(clusters))
 					}
-				}
-				if got := s.watchSnapshots.encoded.Load(); got != 1 {
-					t.Fatalf("the snapshot was encoded %d times for %d watchers, want once", got, len(clusters))
-				}
-				if small := s.sharedSnapshot(snap, watcherOf{log: log}, budget).small; small != (n == 3) {
-					t.Fatalf("%d endpoints at a budget of %d: small %v", n, budget, small)
-				}
-			})
+					if small := s.sharedSnapshot(snap, watcherOf{log: log}, budget).small; small != (n == 3) {
+						t.Fatalf("%d endpoints at a budget of %d: small %v", n, budget, small)
+					}
+				})
+			}
 		}
 	}
+}
+
+func totalBytes(msgs [][]byte) int {
+	n := 0
+	for _, m := range msgs {
+		n += len(m)
+	}
+	return n
 }
 
 // An agent's watch carries endpoints without what only the broker uses (the certificate an

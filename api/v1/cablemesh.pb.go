@@ -3708,9 +3708,14 @@ type WatchRequest struct {
 	// cluster imports; empty imports nothing. Only read when want_imports is set.
 	ImportSelector string `protobuf:"bytes,2,opt,name=import_selector,json=importSelector,proto3" json:"import_selector,omitempty"`
 	// want_imports: the agent understands service imports; the broker then sends them.
-	WantImports   bool `protobuf:"varint,3,opt,name=want_imports,json=wantImports,proto3" json:"want_imports,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	WantImports bool `protobuf:"varint,3,opt,name=want_imports,json=wantImports,proto3" json:"want_imports,omitempty"`
+	// accept_encodings: the encodings of WatchResponse.encoded this agent decodes; "zstd" is the
+	// only one. A broker sends large messages to such an agent compressed (each endpoint goes to
+	// every agent: at 5,000 gateways a fleet start is 5.7 GB of watch messages, a quarter of that
+	// compressed), and older brokers ignore the field.
+	AcceptEncodings []string `protobuf:"bytes,4,rep,name=accept_encodings,json=acceptEncodings,proto3" json:"accept_encodings,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *WatchRequest) Reset() {
@@ -3764,6 +3769,13 @@ func (x *WatchRequest) GetWantImports() bool {
 	return false
 }
 
+func (x *WatchRequest) GetAcceptEncodings() []string {
+	if x != nil {
+		return x.AcceptEncodings
+	}
+	return nil
+}
+
 type WatchResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// snapshot: events hold the complete state (all UPSERTs); the watcher replaces what it had.
@@ -3782,7 +3794,13 @@ type WatchResponse struct {
 	More bool `protobuf:"varint,5,opt,name=more,proto3" json:"more,omitempty"`
 	// ca: the CA bundle, on the first message of a stream and whenever it changes (a rotation);
 	// a message may carry only this.
-	Ca            *CABundle `protobuf:"bytes,6,opt,name=ca,proto3" json:"ca,omitempty"`
+	Ca *CABundle `protobuf:"bytes,6,opt,name=ca,proto3" json:"ca,omitempty"`
+	// encoded: a zstd frame (RFC 8878) whose content is a WatchResponse, encoded, sent instead of
+	// that message's other fields to an agent that accepts "zstd" (WatchRequest.accept_encodings).
+	// The agent decodes it and merges it into this message (proto merge: its events follow any
+	// here), then applies the message as usual. Its content is at most as large as the agent
+	// would receive uncompressed.
+	Encoded       []byte `protobuf:"bytes,7,opt,name=encoded,proto3" json:"encoded,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3855,6 +3873,13 @@ func (x *WatchResponse) GetMore() bool {
 func (x *WatchResponse) GetCa() *CABundle {
 	if x != nil {
 		return x.Ca
+	}
+	return nil
+}
+
+func (x *WatchResponse) GetEncoded() []byte {
+	if x != nil {
+		return x.Encoded
 	}
 	return nil
 }
@@ -4387,18 +4412,20 @@ const file_cablemesh_proto_rawDesc = "" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12;\n" +
 	"\vbroker_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"brokerTime\x12%\n" +
-	"\x0ebroker_version\x18\x04 \x01(\tR\rbrokerVersion\"\x81\x01\n" +
+	"\x0ebroker_version\x18\x04 \x01(\tR\rbrokerVersion\"\xac\x01\n" +
 	"\fWatchRequest\x12%\n" +
 	"\x0esince_revision\x18\x01 \x01(\x04R\rsinceRevision\x12'\n" +
 	"\x0fimport_selector\x18\x02 \x01(\tR\x0eimportSelector\x12!\n" +
-	"\fwant_imports\x18\x03 \x01(\bR\vwantImports\"\xe8\x01\n" +
+	"\fwant_imports\x18\x03 \x01(\bR\vwantImports\x12)\n" +
+	"\x10accept_encodings\x18\x04 \x03(\tR\x0facceptEncodings\"\x82\x02\n" +
 	"\rWatchResponse\x12\x1a\n" +
 	"\bsnapshot\x18\x01 \x01(\bR\bsnapshot\x12+\n" +
 	"\x06events\x18\x02 \x03(\v2\x13.cablemesh.v1.EventR\x06events\x12\x1a\n" +
 	"\brevision\x18\x03 \x01(\x04R\brevision\x126\n" +
 	"\aimports\x18\x04 \x01(\v2\x1c.cablemesh.v1.ServiceImportsR\aimports\x12\x12\n" +
 	"\x04more\x18\x05 \x01(\bR\x04more\x12&\n" +
-	"\x02ca\x18\x06 \x01(\v2\x16.cablemesh.v1.CABundleR\x02ca\"J\n" +
+	"\x02ca\x18\x06 \x01(\v2\x16.cablemesh.v1.CABundleR\x02ca\x12\x18\n" +
+	"\aencoded\x18\a \x01(\fR\aencoded\"J\n" +
 	"\x11SetExportsRequest\x125\n" +
 	"\aexports\x18\x01 \x03(\v2\x1b.cablemesh.v1.ServiceExportR\aexports\"\xa4\x01\n" +
 	"\x12SetExportsResponse\x125\n" +

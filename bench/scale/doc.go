@@ -13,8 +13,10 @@
 //	CABLEMESH_SCALE_BROKER        the broker builds to measure, side by side in one run:
 //	                              LABEL=PATH[@AGENT],... (or one PATH); AGENT is current (the
 //	                              agent's heartbeat and first-registration jitter,
-//	                              brokerclient.HeartbeatDelay) or fixed (heartbeats every interval
-//	                              from the registration, as agents did before the jitter), e.g.
+//	                              brokerclient.HeartbeatDelay, and compressed watch messages,
+//	                              watchzstd), uncompressed (the same without accepting zstd, as
+//	                              agents did before it) or fixed (heartbeats every interval from
+//	                              the registration, as agents did before the jitter), e.g.
 //	                              before=/tmp/old/cable-broker@fixed,after=bin/cable-broker
 //	CABLEMESH_SCALE_BROKER_ARGS   more flags for every broker, e.g. "--metrics-listen
 //	                              127.0.0.1:9465 --pprof" to profile it during a run
@@ -27,6 +29,9 @@
 //	CABLEMESH_SCALE_CHANGES       policy changes and endpoint changes measured, each (default 5)
 //	CABLEMESH_SCALE_START_TIMEOUT seconds to wait for the fleet to be current (default 240)
 //	CABLEMESH_BENCH_RESULTS       results directory (default bench/results)
+//	CABLEMESH_SCALE_LOGS          a directory to keep the brokers' logs in
+//	                              (broker-LABEL-STORE-CxG.log; default: a temp dir, removed)
+//	CABLEMESH_SCALE_GOGC          the simulated fleet's GOGC (default 400; the broker's is its own)
 //
 // A run, for each fleet, store and build: the broker starts on an empty data dir (or etcd);
 // a join token per cluster (--max-nodes its gateways); every agent joins at once (join time);

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -31,7 +32,7 @@ import (
 type Result struct {
 	Label    string `json:"label"`
 	Broker   string `json:"broker"`
-	Agent    string `json:"agent"` // current (jittered heartbeats) or fixed
+	Agent    string `json:"agent"` // current (jittered heartbeats, compressed watch), uncompressed or fixed
 	Store    string `json:"store"`
 	Clusters int    `json:"clusters"`
 	Gateways int    `json:"gateways"`
@@ -158,8 +159,8 @@ func builds(t *testing.T) []brokerBuild {
 			e, b.agent = p, a
 		}
 		b.path = e
-		if b.agent != "current" && b.agent != "fixed" {
-			t.Fatalf("CABLEMESH_SCALE_BROKER entry %q: agent %q is neither current nor fixed", e, b.agent)
+		if b.agent != "current" && b.agent != "fixed" && b.agent != "uncompressed" {
+			t.Fatalf("CABLEMESH_SCALE_BROKER entry %q: agent %q is not current, uncompressed nor fixed", e, b.agent)
 		}
 		if _, err := os.Stat(b.path); err != nil {
 			t.Fatalf("CABLEMESH_SCALE_BROKER entry %q: %v", e, err)
@@ -173,6 +174,10 @@ func builds(t *testing.T) []brokerBuild {
 // writes the results. It asserts only what makes the figures meaningless when it fails (the
 // fleet joined, every change was applied); the goals are reported, not asserted.
 func TestScale(t *testing.T) {
+	// The simulated fleet collects its garbage less often than Go's default: its GC is a cost of
+	// the simulation (5,000 agents in one process, sharing the CPUs with the broker), not of the
+	// broker, whose own GC is as an operator runs it.
+	defer debug.SetGCPercent(debug.SetGCPercent(envInt(t, "CABLEMESH_SCALE_GOGC", 400)))
 	var fleets [][2]int
 	for _, f := range strings.Split(env("CABLEMESH_SCALE_FLEETS", "100x10,255x20"), ",") {
 		c, g, ok := strings.Cut(f, "x")
@@ -397,6 +402,10 @@ func runOne(t *testing.T, b brokerBuild, storeKind string, nClusters, gateways i
 	dir := t.TempDir()
 	dataDir := filepath.Join(dir, "broker")
 	logPath := filepath.Join(dir, "broker.log")
+	if d := os.Getenv("CABLEMESH_SCALE_LOGS"); d != "" {
+		logPath = filepath.Join(d, fmt.Sprintf("broker-%s-%s-%dx%d.log", b.label, storeKind, nClusters, gateways))
+		_ = os.Remove(logPath)
+	}
 	var etcdURLs []string
 	if storeKind == "etcd" {
 		etcdURLs = etcdtest.Start(t, 1).Endpoints()
@@ -432,7 +441,8 @@ func runOne(t *testing.T, b brokerBuild, storeKind string, nClusters, gateways i
 		clusters = append(clusters, name)
 		tokenFiles = append(tokenFiles, p)
 	}
-	f := newFleet(listen, clusters, gateways, tokenFiles, filepath.Join(dir, "agents"), b.agent == "current")
+	f := newFleet(listen, clusters, gateways, tokenFiles, filepath.Join(dir, "agents"), b.agent != "fixed")
+	f.zstd = b.agent == "current"
 	bctx, cancelAll := context.WithCancel(ctx)
 	defer cancelAll()
 

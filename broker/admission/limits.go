@@ -41,4 +41,8 @@ const (
 	MaxTokenBytes    = 4 << 10
 	MaxCSRBytes      = 16 << 10
 	MaxSelectorBytes = 4 << 10
+
+	// MaxWatchEncodings bounds a watch's accept_encodings, MaxEncodingNameBytes one name.
+	MaxWatchEncodings    = 8
+	MaxEncodingNameBytes = 32
 )

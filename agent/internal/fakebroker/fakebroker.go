@@ -24,6 +24,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -36,6 +37,7 @@ import (
 
 	"github.com/cablemesh/cablemesh/api/jointoken"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/api/watchzstd"
 )
 
 // PKI is a mesh CA with a broker serving certificate.
@@ -98,6 +100,8 @@ var tokenKey = []byte("0123456789abcdef0123456789abcdef-fake-broker")
 type Broker struct {
 	apiv1.UnimplementedAgentServer
 	PKI *PKI
+
+	encodedSent atomic.Int64 // watch messages sent compressed (EncodedSent)
 
 	mu        sync.Mutex
 	rev       uint64
@@ -644,6 +648,12 @@ func (b *Broker) Watch(req *apiv1.WatchRequest, stream grpc.ServerStreamingServe
 	sentCA := b.caVersion
 	b.mu.Unlock()
 	first.Events = forCallerAll(first.Events, caller)
+	// As the broker does, a large message goes compressed to an agent that accepts it.
+	if slices.Contains(req.GetAcceptEncodings(), watchzstd.Name) {
+		if first, err = b.compressed(first); err != nil {
+			return err
+		}
+	}
 	if err := stream.Send(first); err != nil {
 		return err
 	}
@@ -679,6 +689,28 @@ func (b *Broker) Watch(req *apiv1.WatchRequest, stream grpc.ServerStreamingServe
 		}
 	}
 }
+
+// compressed is resp as the broker sends it to an agent that accepts zstd: only its encoded
+// field, when compressing makes it smaller (counted: EncodedSent).
+func (b *Broker) compressed(resp *apiv1.WatchResponse) (*apiv1.WatchResponse, error) {
+	raw, err := proto.Marshal(resp)
+	if err != nil {
+		return nil, err
+	}
+	msg := watchzstd.Encode(raw)
+	if len(msg) == len(raw) {
+		return resp, nil
+	}
+	out := &apiv1.WatchResponse{}
+	if err := proto.Unmarshal(msg, out); err != nil {
+		return nil, err
+	}
+	b.encodedSent.Add(1)
+	return out, nil
+}
+
+// EncodedSent is how many watch messages went compressed.
+func (b *Broker) EncodedSent() int64 { return b.encodedSent.Load() }
 
 func (b *Broker) eventsAfterLocked(rev uint64) []*apiv1.Event {
 	var out []*apiv1.Event
