@@ -90,18 +90,11 @@ bench-xds: deps
 bench-ingress: deps
 	$(GO) test -tags bench -run '^TestIngress$$' -v -count=1 -timeout 30m ./bench/ingress/
 
-# Fuzz the parsers of outside input for FUZZTIME each (not part of make test).
+# Fuzz every fuzz target of the module (scripts/fuzz.sh finds them) for FUZZTIME each (not part
+# of make test).
 FUZZTIME ?= 60s
 fuzz:
-	$(GO) test -run '^$$' -fuzz '^FuzzServeDNS$$' -fuzztime $(FUZZTIME) ./agent/dns/
-	$(GO) test -run '^$$' -fuzz '^FuzzBuildZone$$' -fuzztime $(FUZZTIME) ./agent/dns/
-	$(GO) test -run '^$$' -fuzz '^FuzzNormalize$$' -fuzztime $(FUZZTIME) ./mcs/
-	$(GO) test -run '^$$' -fuzz '^FuzzPlanSync$$' -fuzztime $(FUZZTIME) ./bpf/
-	$(GO) test -run '^$$' -fuzz '^FuzzAgentManifests$$' -fuzztime $(FUZZTIME) ./deploy/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseXDSListen$$' -fuzztime $(FUZZTIME) ./agent/config/
-	$(GO) test -run '^$$' -fuzz '^FuzzParsePortRange$$' -fuzztime $(FUZZTIME) ./agent/config/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./agent/ingressport/
-	$(GO) test -run '^$$' -fuzz '^FuzzNewPlan$$' -fuzztime $(FUZZTIME) ./agent/ingress/nftables/
+	GO=$(GO) FUZZTIME=$(FUZZTIME) scripts/fuzz.sh
 
 # Regenerates the protobuf Go code (needs protoc, protoc-gen-go and protoc-gen-go-grpc) and the
 # eBPF objects with bpf2go (needs clang and llvm-strip; the objects are committed, so `go build`

@@ -58,8 +58,11 @@ func (a *agentService) Join(ctx context.Context, req *apiv1.JoinRequest) (*apiv1
 	}
 	// The certificate is signed before the write, not in it: the store's one committer would
 	// otherwise sign for every node of a fleet joining at once, one after the other. A
-	// certificate is good only once its node's record lists it, which the write decides.
-	err = a.s.store.View(ctx, func(tx store.ReadTx) error {
+	// certificate is good only once its node's record lists it, which the write decides. The
+	// read is the replica's local state (store.ViewLocal): the write decides again, and a
+	// refusal is confirmed with a linearizable read (the cluster may have been created through
+	// another replica a moment ago).
+	readCluster := func(tx store.ReadTx) error {
 		var err error
 		if c, err = tx.Cluster(req.Cluster); err != nil {
 			return err
@@ -68,9 +71,11 @@ func (a *agentService) Join(ctx context.Context, req *apiv1.JoinRequest) (*apiv1
 			return err
 		}
 		return issue()
-	})
-	if err != nil {
-		return nil, rpcError("join", err)
+	}
+	if err := store.ViewLocal(ctx, a.s.store, readCluster); err != nil {
+		if err := a.s.store.View(ctx, readCluster); err != nil {
+			return nil, rpcError("join", err)
+		}
 	}
 	_, err = a.s.store.Update(ctx, func(tx store.Tx) error {
 		var err error
