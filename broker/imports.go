@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/broker/store"
+	"github.com/cablemesh/cablemesh/internal/retry"
 )
 
 // maxImportViews is how many views the tracker keeps. A watcher asks for the view of the
@@ -53,12 +55,15 @@ func (t *importTracker) start(ctx context.Context, st store.Store, wg *sync.Wait
 	return nil
 }
 
-// run applies every batch of w, and of the watches that resume it when the store drops it as too
-// slow, until ctx ends or the store closes. w starts with a snapshot, so the first batch always
-// makes a view.
+// run applies every batch of w, and of the watches that resume it whenever the store ends one
+// (too slow, or a replica that lost etcd for a while), until ctx ends or the store closes. w
+// starts with a snapshot, so the first batch always makes a view. It used to stop for good on
+// anything but "too slow": after an etcd outage, or a health check that timed out under load,
+// every agent's watch then failed at its first message on that replica until it was restarted.
 func (t *importTracker) run(ctx context.Context, st store.Store, w store.Watch) error {
 	state := newImportState()
 	var since uint64
+	bo := retry.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
 	for {
 		for b := range w.C() {
 			if state.apply(b) {
@@ -75,14 +80,30 @@ func (t *importTracker) run(ctx context.Context, st store.Store, w store.Watch) 
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if err := w.Err(); !errors.Is(err, store.ErrWatcherTooSlow) {
+		err := w.Err()
+		if errors.Is(err, store.ErrClosed) {
 			return err
 		}
-		t.log.Warn("service import tracker fell behind the store; resuming", "revision", since)
-		var err error
-		if w, err = st.Watch(ctx, since, store.OmitResources(store.KindNodeCertificate)); err != nil {
-			return err
+		if errors.Is(err, store.ErrWatcherTooSlow) {
+			t.log.Warn("service import tracker fell behind the store; resuming", "revision", since)
+		} else {
+			t.log.Warn("service import tracker's watch of the store ended; resuming", "revision", since, "err", err)
 		}
+		// Resumed from the last revision applied: the store sends what followed (or a snapshot,
+		// which state.apply takes as a whole). While the store cannot be read, try again.
+		for {
+			if w, err = st.Watch(ctx, since, store.OmitResources(store.KindNodeCertificate)); err == nil {
+				break
+			}
+			if errors.Is(err, store.ErrClosed) || ctx.Err() != nil {
+				return err
+			}
+			t.log.Warn("service import tracker cannot watch the store; trying again", "revision", since, "err", err)
+			if !retry.Sleep(ctx, bo.Next()) {
+				return ctx.Err()
+			}
+		}
+		bo.Reset()
 	}
 }
 

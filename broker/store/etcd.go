@@ -614,11 +614,15 @@ func (s *Etcd) dropWatchersLocked(err error) {
 // reaches what it returned within the interval. A replica cut off from etcd (partitioned, or
 // its members gone) would otherwise keep its watchers on a stream that never moves again; after
 // two failed checks in a row it disconnects them, so that agents go to a replica that works, and
-// it restarts its etcd watch in case that is what stalled.
+// it restarts its etcd watch in case that is what stalled. A check that timed out while the
+// mirror moved on since the last one is not a failure: the replica follows etcd, late (at 5,100
+// agents starting at once, etcd and the mirror lagged past the interval, and the replica
+// disconnected every agent of a mesh it was serving).
 func (s *Etcd) healthLoop(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	failed := 0
+	last := s.state.Load().rev
 	for {
 		select {
 		case <-ctx.Done():
@@ -631,7 +635,10 @@ func (s *Etcd) healthLoop(ctx context.Context, interval time.Duration) {
 		if ctx.Err() != nil {
 			return
 		}
-		if err == nil {
+		rev := s.state.Load().rev
+		moved := rev > last
+		last = rev
+		if err == nil || moved {
 			failed = 0
 			continue
 		}
