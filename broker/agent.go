@@ -73,9 +73,7 @@ func (a *agentService) Join(ctx context.Context, req *apiv1.JoinRequest) (*apiv1
 		return issue()
 	}
 	if err := store.ViewLocal(ctx, a.s.store, readCluster); err != nil {
-		if err := a.s.store.View(ctx, readCluster); err != nil {
-			return nil, rpcError("join", err)
-		}
+		return nil, rpcError("join", err)
 	}
 	_, err = a.s.store.Update(ctx, func(tx store.Tx) error {
 		var err error

@@ -143,9 +143,7 @@ func (s *Server) checkAgent(ctx context.Context, id pki.Identity, issuer string)
 		return err
 	}
 	if err := store.ViewLocal(ctx, s.store, decide); err != nil {
-		if err := s.store.View(ctx, decide); err != nil {
-			return rpcError("authorize", err)
-		}
+		return rpcError("authorize", err)
 	}
 	if update == nil {
 		return nil

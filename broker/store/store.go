@@ -211,12 +211,17 @@ type LocalViewer interface {
 	ViewLocal(ctx context.Context, fn func(ReadTx) error) error
 }
 
-// ViewLocal runs fn on st's local state when st keeps one (LocalViewer), else as View does. Use
-// it only where what fn decides is decided again linearizably before it matters: by the
-// transaction of a write, or by View when the local answer is a refusal.
+// ViewLocal runs fn on st's local state when st keeps one (LocalViewer), else as View does;
+// when fn fails on the local state it runs again with View, so that an error (a refusal) is
+// never given from a state that may lag. Use it only where what fn lets through is decided again
+// linearizably before it matters (by the transaction of a write).
 func ViewLocal(ctx context.Context, st Store, fn func(ReadTx) error) error {
-	if l, ok := st.(LocalViewer); ok {
-		return l.ViewLocal(ctx, fn)
+	l, ok := st.(LocalViewer)
+	if !ok {
+		return st.View(ctx, fn)
+	}
+	if err := l.ViewLocal(ctx, fn); err == nil {
+		return nil
 	}
 	return st.View(ctx, fn)
 }
