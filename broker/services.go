@@ -114,9 +114,6 @@ func (a *agentService) SetExports(ctx context.Context, req *apiv1.SetExportsRequ
 		if err != nil {
 			return err
 		}
-		if err := admission.CheckExportScope(c, req.GetExports(), func() ([]string, error) { return clusterMeshAddresses(tx, id.Cluster) }); err != nil {
-			return err
-		}
 		all, err := tx.ServiceExports()
 		if err != nil {
 			return err
@@ -125,8 +122,10 @@ func (a *agentService) SetExports(ctx context.Context, req *apiv1.SetExportsRequ
 		if err != nil {
 			return err
 		}
-		plan, err = admission.PlanExports(id, c, req.GetExports(), all, vips, a.s.cfg.ServiceVIPRanges, now)
-		return err
+		if plan, err = admission.PlanExports(id, c, req.GetExports(), all, vips, a.s.cfg.ServiceVIPRanges, now); err != nil {
+			return err
+		}
+		return admission.CheckExportScope(c, req.GetExports(), func() ([]string, error) { return clusterMeshAddresses(tx, id.Cluster) })
 	}
 	// Every agent sends its exports on every new stream, mostly the ones the broker has: those
 	// are answered from a read (a linearizable one on etcd), not queued behind the writes of a
