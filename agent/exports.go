@@ -251,7 +251,7 @@ func (a *Agent) PutExport(v statusapi.Export) (statusapi.ExportResult, error) {
 	if err != nil {
 		return statusapi.ExportResult{}, err
 	}
-	if err := a.checkExportScope("export", p); err != nil {
+	if err := a.checkExportScope("export", v); err != nil {
 		return statusapi.ExportResult{}, err
 	}
 	k := mcs.Key(p.Namespace, p.Name)

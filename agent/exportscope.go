@@ -3,6 +3,7 @@ package agent
 import (
 	"fmt"
 
+	"github.com/cablemesh/cablemesh/agent/statusapi"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/mcs"
 )
@@ -37,15 +38,21 @@ func (a *Agent) ownExportScope() (mcs.EndpointScope, bool) {
 	return mcs.ScopeOf(c, mesh), true
 }
 
-// checkExportScope refuses export e, named field, when one of its endpoints lies outside this
-// cluster (the broker would refuse the node's whole set of exports for it): the error names the
-// field, the value and the CIDRs.
-func (a *Agent) checkExportScope(field string, e *apiv1.ServiceExport) error {
+// checkExportScope refuses a runtime export, named field, when one of its endpoints (v's, in
+// the order the caller gave them, so that the index is the caller's) lies outside this cluster
+// (the broker would refuse the node's whole set of exports for it): the error names the field,
+// the value and the CIDRs.
+func (a *Agent) checkExportScope(field string, v statusapi.Export) error {
 	scope, known := a.ownExportScope()
 	if !known {
 		return nil
 	}
-	return scope.CheckEndpoints(field, e)
+	for i, ep := range v.Endpoints {
+		if err := scope.Check(fmt.Sprintf("%s.endpoints[%d].ip", field, i), ep.IP); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // kubeExportsInScope is the Kubernetes source's exports without their endpoints outside scope
