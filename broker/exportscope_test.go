@@ -97,3 +97,28 @@ func TestAStoredEndpointOutsideItsClusterIsNotServed(t *testing.T) {
 		t.Fatalf("after east's CIDRs changed: %s; want no east endpoint and both named", got)
 	}
 }
+
+// In gateway mode a cluster's services are reached at its gateways: its gateways' mesh addresses
+// are in its scope, another cluster's are not.
+func TestAGatewayModeClusterMayExportItsGatewaysMeshAddress(t *testing.T) {
+	b := startBroker(t, t.TempDir(), brokerOpts{})
+	tokens := map[string]string{}
+	for _, c := range []string{"east", "west"} {
+		resp, err := b.admin.CreateJoinToken(ctxT(t), &apiv1.CreateJoinTokenRequest{Cluster: c, PodCidrs: []string{"10.1.0.0/16"}, GatewayMode: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tokens[c] = resp.Token
+	}
+	east := mustJoin(t, b.addr, tokens["east"], "east", "gw1")
+	west := mustJoin(t, b.addr, tokens["west"], "west", "gw1")
+	eastMesh := register(t, b.addr, east, "192.0.2.1").MeshAddress
+	westMesh := register(t, b.addr, west, "192.0.2.2").MeshAddress
+	c := east.client(t, b.addr)
+	mesh := svc("mesh", 80)
+	mesh.Endpoints = []*apiv1.ServiceEndpoint{{Ip: "10.1.0.5", Ready: true}, {Ip: eastMesh, Ready: true}}
+	setExports(t, c, mesh)
+	mesh.Endpoints[1].Ip = westMesh
+	_, err := c.SetExports(ctxT(t), &apiv1.SetExportsRequest{Exports: []*apiv1.ServiceExport{mesh}})
+	wantCode(t, err, codes.InvalidArgument, fmt.Sprintf("exports[0].endpoints[1].ip %s is not in cluster east's pod CIDRs [10.1.0.0/16] or service CIDRs [], nor a mesh address of its gateways [%s]", westMesh, eastMesh))
+}
