@@ -238,7 +238,9 @@ func (a *Agent) servicesOnce(ctx context.Context) {
 		return
 	}
 	reach := services.Reachability(a.cfg.Cluster, a.cfg.Gateway, a.pairs(ctx, wants, problems, decisions))
-	plan := services.Compute(st.Imports, a.cfg.Cluster, reach)
+	imports, outOfScope := services.InScope(st.Imports, st.Clusters, st.Endpoints)
+	plan := services.Compute(imports, a.cfg.Cluster, reach)
+	plan.Problems = append(outOfScope, plan.Problems...)
 	a.applyServices(ctx, dp, plan)
 }
 

@@ -93,6 +93,8 @@ func (s *importState) apply(b store.Batch) bool {
 			}
 			if old == nil || del || old.GetId() != res.GetCluster().GetId() {
 				s.idsChanged = true
+			} else if scopeChanged(old, res.GetCluster()) {
+				s.markClusterDirty(ev.GetKey())
 			}
 			s.labelsChanged, changed = true, true
 		case store.KindPolicy:
@@ -149,9 +151,14 @@ func (s *importState) apply(b store.Batch) bool {
 				s.mesh[ev.GetKey()] = addr
 			}
 			// The services this node exports show its ingress: merge them again. A snapshot
-			// merges everything anyway.
+			// merges everything anyway. In gateway mode the mesh address may be an endpoint of
+			// any of its cluster's exports.
 			for svc := range s.nodeServices[ev.GetKey()] {
 				s.dirty[svc], changed = true, true
+			}
+			cluster, _, _ := strings.Cut(ev.GetKey(), "/")
+			if s.clusters[cluster].GetGatewayMode() && s.markClusterDirty(cluster) {
+				changed = true
 			}
 		}
 	}
@@ -195,12 +202,13 @@ func (s *importState) view(rev uint64) (*importView, error) {
 			}
 		}
 		for k := range todo {
-			exps := slices.Collect(maps.Values(s.exports[k]))
+			exps, outOfScope := exportsInScope(slices.Collect(maps.Values(s.exports[k])), s.clusters, s.mesh)
 			imps := mcs.Merge(exps, ids, map[string][]string{k: s.vips[k]})
 			if len(imps) == 0 {
 				delete(s.merged, k)
 			} else {
 				addIngresses(imps[0], exps, s.mesh)
+				addScopeConflicts(imps[0], outOfScope[k])
 				s.merged[k] = s.newEntry(imps[0])
 			}
 		}
