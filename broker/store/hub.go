@@ -6,6 +6,8 @@ import (
 	"strings"
 	"sync"
 
+	"google.golang.org/protobuf/proto"
+
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 )
 
@@ -33,9 +35,13 @@ type hub struct {
 	// encoding) of the whole mesh for every few watchers.
 	snaps map[string]Batch
 	// published is the revision of the last batch published; recent the last batches published
-	// (at most maxRecent, ascending, contiguous), for watchers whose first batch is older.
-	published uint64
-	recent    []Batch
+	// (at most maxRecent, and at most maxRecentBytes of events, ascending, contiguous), for
+	// watchers whose first batch is older; recentBytes the size of their events, and
+	// recentSizes the size of each.
+	published   uint64
+	recent      []Batch
+	recentSizes []int
+	recentBytes int
 	// reading are the snapshot reads in flight, by the kinds their watchers omit: a watcher
 	// that starts meanwhile waits for one and shares it instead of reading its own (while a
 	// fleet registers, commits come too fast for snaps to serve many).
@@ -49,8 +55,18 @@ type snapshotRead struct {
 	err  error
 }
 
-// maxRecent is how many published batches the hub keeps for watchers that subscribe after them.
-const maxRecent = 256
+// maxRecent is how many published batches the hub keeps for watchers that subscribe after them,
+// and maxRecentBytes how large their events may be together, encoded (what they hold decoded in
+// the heap is several times that: about 7x for exports of many endpoints). A fleet that starts
+// at once commits hundreds of small batches a second, which the count serves; the bytes bound a
+// few large ones. Counted only, one agent that wrote its 512 exports of 128 endpoints and
+// withdrew them, again and again, kept 256 of those commits, gigabytes, past the broker's
+// 512Mi limit. A watcher whose first batch is older than what recent keeps reads another
+// (subscribe), so the bound costs a read, never a revision.
+const (
+	maxRecent      = 256
+	maxRecentBytes = 4 << 20
+)
 
 // firstReadAttempts is how often subscribe reads a first batch without the lock before it reads
 // one under it (when commits came faster than recent could cover).
@@ -74,10 +90,7 @@ func (w *watch) Err() error      { return w.err }
 // never blocks writers.
 func (h *hub) publishLocked(b Batch) {
 	h.published = b.Revision
-	if len(h.recent) == maxRecent {
-		h.recent = append(h.recent[:0:0], h.recent[1:]...)
-	}
-	h.recent = append(h.recent, b)
+	h.keepRecentLocked(b)
 	// One copy of the events for the watchers that want every resource, one bare copy per set of
 	// omitted kinds: never one per watcher.
 	var bare map[string][]*apiv1.Event
@@ -102,6 +115,35 @@ func (h *hub) publishLocked(b Batch) {
 			h.dropLocked(w, ErrWatcherTooSlow)
 		}
 	}
+}
+
+// keepRecentLocked adds b to recent and drops the oldest batches until recent is within
+// maxRecent batches and maxRecentBytes; a batch larger than maxRecentBytes alone is not kept at
+// all (the watchers that would need it read a snapshot or the log instead).
+func (h *hub) keepRecentLocked(b Batch) {
+	size := batchBytes(b)
+	h.recent = append(h.recent, b)
+	h.recentSizes = append(h.recentSizes, size)
+	h.recentBytes += size
+	drop := 0
+	for drop < len(h.recent) && (len(h.recent)-drop > maxRecent || h.recentBytes > maxRecentBytes) {
+		h.recentBytes -= h.recentSizes[drop]
+		drop++
+	}
+	if drop > 0 {
+		// A new array: the dropped batches' events must not stay reachable from the old one.
+		h.recent = append([]Batch(nil), h.recent[drop:]...)
+		h.recentSizes = append([]int(nil), h.recentSizes[drop:]...)
+	}
+}
+
+// batchBytes is the size of b's events, encoded.
+func batchBytes(b Batch) int {
+	n := 0
+	for _, ev := range b.Events {
+		n += proto.Size(ev)
+	}
+	return n
 }
 
 // advanceLocked is snapshot snap, read earlier for watchers with opts, brought up to the last
@@ -159,7 +201,7 @@ func (h *hub) advanceLocked(snap Batch, opts watchOptions) (Batch, bool) {
 // forgetLocked empties recent and drops the shared snapshots: the store could not publish a
 // contiguous sequence (Etcd), so the next watchers read their first batch afresh.
 func (h *hub) forgetLocked() {
-	h.recent = nil
+	h.recent, h.recentSizes, h.recentBytes = nil, nil, 0
 	h.snaps = nil
 }
 
