@@ -184,7 +184,7 @@ func (s *Bolt) commitGroup(group []*boltReq) {
 				t := newTxn(boltKV{btx}, true)
 				err := r.fn(t)
 				if err == nil {
-					err = t.finish(s.opts.LogSize)
+					err = t.finish(s.opts.LogSize, s.opts.LogBytes)
 				}
 				if err != nil {
 					failed = i
@@ -259,6 +259,8 @@ func (s *Bolt) Watch(ctx context.Context, since uint64, opts ...WatchOption) (Wa
 type boltKV struct{ tx *bolt.Tx }
 
 func (b boltKV) get(bucket, key []byte) []byte { return b.tx.Bucket(bucket).Get(key) }
+
+func (b boltKV) peek(bucket, key []byte) []byte { return b.get(bucket, key) }
 
 func (b boltKV) put(bucket, key, value []byte) error { return b.tx.Bucket(bucket).Put(key, value) }
 

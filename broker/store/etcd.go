@@ -731,6 +731,15 @@ func (k *etcdTxnKV) get(bucket, key []byte) []byte {
 	return it.value
 }
 
+// peek reads key as get does, but records no read: the transaction's commit does not compare it.
+func (k *etcdTxnKV) peek(bucket, key []byte) []byte {
+	it, ok := k.tree.Get(etcdItem{key: k.s.key(bucket, key)})
+	if !ok {
+		return nil
+	}
+	return it.value
+}
+
 func (k *etcdTxnKV) write(full string, v *[]byte) {
 	if !k.cloned {
 		// Clone marks the shared nodes read-only in the tree it clones: two transactions on

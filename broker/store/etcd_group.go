@@ -228,7 +228,7 @@ func (s *Etcd) commitOnce(ctx context.Context, group []*etcdReq, fresh bool) (n 
 		t := newTxn(kv, true)
 		err := r.fn(t)
 		if err == nil {
-			err = t.finish(s.opts.LogSize)
+			err = t.finish(s.opts.LogSize, s.opts.LogBytes)
 		}
 		if err != nil {
 			// It writes nothing, but what it read decided its error: the group commits only if

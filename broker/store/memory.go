@@ -76,7 +76,7 @@ func (m *Memory) Update(ctx context.Context, fn func(Tx) error) (Commit, error) 
 	if err := fn(t); err != nil {
 		return Commit{}, err
 	}
-	if err := t.finish(m.opts.LogSize); err != nil {
+	if err := t.finish(m.opts.LogSize, m.opts.LogBytes); err != nil {
 		return Commit{}, err
 	}
 	if s.next != nil {
@@ -140,6 +140,8 @@ func (s *memKV) writable(bucket []byte) map[string][]byte {
 }
 
 func (s *memKV) get(bucket, key []byte) []byte { return s.current()[string(bucket)][string(key)] }
+
+func (s *memKV) peek(bucket, key []byte) []byte { return s.get(bucket, key) }
 
 func (s *memKV) put(bucket, key, value []byte) error {
 	s.writable(bucket)[string(key)] = bytes.Clone(value)

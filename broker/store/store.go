@@ -38,8 +38,13 @@ var ErrClosed = errors.New("store is closed")
 
 // Options tune a store; zero values take the defaults.
 type Options struct {
-	// LogSize is how many events the log keeps for resuming watchers (default 10,000).
-	LogSize int
+	// LogSize is how many events the log keeps for resuming watchers (default 10,000), and
+	// LogBytes how large they may be, encoded (default 16 MiB): the oldest go when either is
+	// reached. A watcher that resumes from a revision the log no longer holds gets a snapshot.
+	// (Etcd keeps the log in every replica's memory, and a resuming watcher decodes it: counted
+	// only, 10,000 events of exports at the largest a node may send are gigabytes.)
+	LogSize  int
+	LogBytes int
 	// WatchBuffer is how many batches a watcher may lag behind before it is dropped (default 1,024).
 	WatchBuffer int
 }
@@ -47,6 +52,9 @@ type Options struct {
 func (o Options) withDefaults() Options {
 	if o.LogSize <= 0 {
 		o.LogSize = 10000
+	}
+	if o.LogBytes <= 0 {
+		o.LogBytes = 16 << 20
 	}
 	if o.WatchBuffer <= 0 {
 		o.WatchBuffer = 1024

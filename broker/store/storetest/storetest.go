@@ -38,6 +38,7 @@ func Run(t *testing.T, open Open) {
 		{"TouchingAnAbsentEndpointFails", touchingAnAbsentEndpointFails},
 		{"StateSurvivesCloseAndReopen", stateSurvivesCloseAndReopen},
 		{"WatchResumesFromTheLogOrFallsBackToASnapshot", watchResumesFromTheLogOrFallsBackToASnapshot},
+		{"TheLogKeepsAtMostLogBytes", theLogKeepsAtMostLogBytes},
 		{"WatchDeliversLaterCommitsInOrder", watchDeliversLaterCommitsInOrder},
 		{"ASlowWatcherIsDroppedWithoutBlockingWriters", aSlowWatcherIsDroppedWithoutBlockingWriters},
 		{"AWatchEndsWithItsContextAndWithTheStore", aWatchEndsWithItsContextAndWithTheStore},
@@ -253,6 +254,58 @@ func watchResumesFromTheLogOrFallsBackToASnapshot(t *testing.T, open Open) {
 				t.Fatalf("first delta has revision %d, want %d", b.Events[0].Revision, tt.since+1)
 			}
 		})
+	}
+}
+
+// bigExport is export shop/<name> of east/gw1 with n endpoints.
+func bigExport(name string, n int) *apiv1.ServiceExport {
+	e := &apiv1.ServiceExport{Cluster: "east", Node: "gw1", Namespace: "shop", Name: name}
+	for i := range n {
+		e.Endpoints = append(e.Endpoints, &apiv1.ServiceEndpoint{Ip: fmt.Sprintf("10.1.%d.%d", i>>8, i&0xff), Ready: true})
+	}
+	return e
+}
+
+func putExport(t *testing.T, s store.Store, e *apiv1.ServiceExport) store.Commit {
+	t.Helper()
+	c, err := s.Update(context.Background(), func(tx store.Tx) error { return tx.PutServiceExport(e) })
+	if err != nil {
+		t.Fatalf("put export %s: %v", e.Name, err)
+	}
+	return c
+}
+
+// theLogKeepsAtMostLogBytes: the log is bounded by the size of its events too, not only by
+// their count; a watcher that resumes from beyond it gets a snapshot, one within it the deltas.
+func theLogKeepsAtMostLogBytes(t *testing.T, open Open) {
+	scratch, _ := open(t, store.Options{})
+	size := proto.Size(putExport(t, scratch, bigExport("s1", 100)).Events[0]) // every event below is this size
+	s, _ := open(t, store.Options{LogBytes: 3*size + size/2})
+	for i := 1; i <= 6; i++ { // revisions 1..6; the log keeps 4..6
+		putExport(t, s, bigExport(fmt.Sprintf("s%d", i), 100))
+	}
+	first := func(since uint64) store.Batch {
+		t.Helper()
+		w, err := s.Watch(t.Context(), since)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return <-w.C()
+	}
+	if b := first(3); b.Snapshot || len(b.Events) != 3 || b.Events[0].Revision != 4 {
+		t.Fatalf("since 3: snapshot=%v, %d events; want the 3 deltas 4..6 the log holds", b.Snapshot, len(b.Events))
+	}
+	if b := first(2); !b.Snapshot || len(b.Events) != 6 {
+		t.Fatalf("since 2: snapshot=%v, %d events; want a snapshot of 6 exports (event 3 is beyond the log's bytes)", b.Snapshot, len(b.Events))
+	}
+	// An event larger than the log's bytes alone is not kept: resuming before it is a snapshot.
+	putExport(t, s, bigExport("huge", 1000))
+	if b := first(6); !b.Snapshot || len(b.Events) != 7 || b.Revision != 7 {
+		t.Fatalf("since 6 after a large event: snapshot=%v, %d events, revision %d; want a snapshot of 7 exports at 7", b.Snapshot, len(b.Events), b.Revision)
+	}
+	putExport(t, s, bigExport("s7", 100))
+	if b := first(7); b.Snapshot || len(b.Events) != 1 || b.Events[0].Revision != 8 {
+		t.Fatalf("since 7: snapshot=%v, %d events; want the delta 8", b.Snapshot, len(b.Events))
 	}
 }
 
