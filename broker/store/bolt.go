@@ -71,7 +71,7 @@ func OpenBolt(path string, opts Options) (*Bolt, error) {
 		db.Close()
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
-	s := &Bolt{db: db, opts: opts, hub: newHub(opts.WatchBuffer), reqs: make(chan *boltReq), stop: make(chan struct{}), done: make(chan struct{})}
+	s := &Bolt{db: db, opts: opts, hub: newHub(opts), reqs: make(chan *boltReq), stop: make(chan struct{}), done: make(chan struct{})}
 	go s.commitLoop()
 	return s, nil
 }

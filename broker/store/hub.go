@@ -24,10 +24,11 @@ import (
 // snapshotLocked): at a thousand watchers, a copy per watcher of every event was most of the
 // broker's work and memory when a fleet started at once. Watchers must not modify them.
 type hub struct {
-	mu     sync.Mutex
-	buffer int // batches a watcher may lag behind before it is dropped
-	subs   map[*watch]struct{}
-	closed bool
+	mu          sync.Mutex
+	buffer      int // batches a watcher may lag behind before it is dropped
+	bufferBytes int // bytes of delta batches (encoded, as sent to it) a watcher may lag behind
+	subs        map[*watch]struct{}
+	closed      bool
 	// snaps are the last snapshot, by the kinds their watchers omit, to share between the
 	// watchers that start later: brought up to date with the batches published since it was
 	// read (advanceLocked), as long as recent holds them. A fleet registering at once commits
@@ -72,8 +73,8 @@ const (
 // one under it (when commits came faster than recent could cover).
 const firstReadAttempts = 3
 
-func newHub(buffer int) hub {
-	return hub{buffer: buffer, subs: map[*watch]struct{}{}}
+func newHub(opts Options) hub {
+	return hub{buffer: opts.WatchBuffer, bufferBytes: opts.WatchBufferBytes, subs: map[*watch]struct{}{}}
 }
 
 type watch struct {
@@ -81,36 +82,78 @@ type watch struct {
 	opts watchOptions
 	from uint64 // the revision of the first batch: later batches up to it are not sent
 	err  error  // written under hub.mu before ch is closed; read after ch is closed
+	// sizes[head:] are the sizes of the batches sent on ch, oldest first, as far as the watcher
+	// may not have received them yet, and queued their sum (under hub.mu). ch is first in, first
+	// out, so those it received are the oldest: as many as ch holds fewer than sizes. The first
+	// batch counts 0: a snapshot is the state itself, shared, and no lag.
+	sizes  []int
+	head   int
+	queued int
+}
+
+// lagging reports whether w, sent a batch of n more bytes, would hold more than limit bytes it
+// has not received. A watcher that received everything takes any one batch, however large.
+func (w *watch) lagging(n, limit int) bool {
+	for len(w.sizes)-w.head > len(w.ch) {
+		w.queued -= w.sizes[w.head]
+		w.head++
+	}
+	if w.head > 0 && w.head >= len(w.sizes)-w.head {
+		// Move what is left to the front of the same array: it stays no larger than the most
+		// the watcher lagged by, and needs no allocation per batch.
+		w.sizes = w.sizes[:copy(w.sizes, w.sizes[w.head:])]
+		w.head = 0
+	}
+	return w.queued > 0 && w.queued+n > limit
+}
+
+// sent records a batch of n bytes sent on w.ch.
+func (w *watch) sent(n int) {
+	w.sizes = append(w.sizes, n)
+	w.queued += n
 }
 
 func (w *watch) C() <-chan Batch { return w.ch }
 func (w *watch) Err() error      { return w.err }
 
-// publishLocked sends b to every watcher and drops those whose buffer is full: a slow watcher
-// never blocks writers.
+// publishLocked sends b to every watcher and drops those whose buffer is full (in batches or
+// in bytes): a slow watcher never blocks writers, nor holds more than bufferBytes of commits
+// that every other watcher has received.
 func (h *hub) publishLocked(b Batch) {
 	h.published = b.Revision
-	h.keepRecentLocked(b)
+	size := h.keepRecentLocked(b)
 	// One copy of the events for the watchers that want every resource, one bare copy per set of
 	// omitted kinds: never one per watcher.
-	var bare map[string][]*apiv1.Event
+	type bareCopy struct {
+		evs  []*apiv1.Event
+		size int
+	}
+	var bare map[string]bareCopy
 	for w := range h.subs {
 		if b.Revision <= w.from {
 			continue // its first batch holds this commit already
 		}
-		evs := b.Events
+		evs, n := b.Events, size
 		if len(w.opts.omit) > 0 && omitsAny(b.Events, w.opts) {
 			sig := w.opts.signature()
-			if evs = bare[sig]; evs == nil {
+			c, ok := bare[sig]
+			if !ok {
 				if bare == nil {
-					bare = map[string][]*apiv1.Event{}
+					bare = map[string]bareCopy{}
 				}
-				evs = omitEvents(b.Events, w.opts)
-				bare[sig] = evs
+				c.evs = omitEvents(b.Events, w.opts)
+				c.size = eventsBytes(c.evs)
+				bare[sig] = c
 			}
+			evs, n = c.evs, c.size
+		}
+		if w.lagging(n, h.bufferBytes) {
+			h.dropLocked(w, ErrWatcherTooSlow)
+			continue
 		}
 		select {
 		case w.ch <- Batch{Snapshot: b.Snapshot, Revision: b.Revision, Events: evs}:
+			w.sent(n)
 		default:
 			h.dropLocked(w, ErrWatcherTooSlow)
 		}
@@ -120,8 +163,8 @@ func (h *hub) publishLocked(b Batch) {
 // keepRecentLocked adds b to recent and drops the oldest batches until recent is within
 // maxRecent batches and maxRecentBytes; a batch larger than maxRecentBytes alone is not kept at
 // all (the watchers that would need it read a snapshot or the log instead).
-func (h *hub) keepRecentLocked(b Batch) {
-	size := batchBytes(b)
+func (h *hub) keepRecentLocked(b Batch) (size int) {
+	size = eventsBytes(b.Events)
 	h.recent = append(h.recent, b)
 	h.recentSizes = append(h.recentSizes, size)
 	h.recentBytes += size
@@ -135,12 +178,13 @@ func (h *hub) keepRecentLocked(b Batch) {
 		h.recent = append([]Batch(nil), h.recent[drop:]...)
 		h.recentSizes = append([]int(nil), h.recentSizes[drop:]...)
 	}
+	return size
 }
 
-// batchBytes is the size of b's events, encoded.
-func batchBytes(b Batch) int {
+// eventsBytes is the size of evs, encoded.
+func eventsBytes(evs []*apiv1.Event) int {
 	n := 0
-	for _, ev := range b.Events {
+	for _, ev := range evs {
 		n += proto.Size(ev)
 	}
 	return n
@@ -281,7 +325,9 @@ func (h *hub) subscribe(ctx context.Context, since uint64, opts watchOptions, re
 		if ok && len(backlog)+1 <= h.buffer {
 			w := h.subscribeLocked(ctx, first, opts)
 			for _, b := range backlog {
-				w.ch <- h.forWatcher(w, b)
+				b = h.forWatcher(w, b)
+				w.ch <- b
+				w.sent(eventsBytes(b.Events))
 			}
 			h.mu.Unlock()
 			return w, nil
@@ -330,6 +376,7 @@ func (h *hub) dropLocked(w *watch, err error) {
 func (h *hub) subscribeLocked(ctx context.Context, first Batch, opts watchOptions) *watch {
 	w := &watch{ch: make(chan Batch, h.buffer+1), opts: opts, from: first.Revision}
 	w.ch <- first
+	w.sent(0)
 	h.subs[w] = struct{}{}
 	// The watch's context owns this goroutine; it also ends when the watch is dropped for another
 	// reason, because dropLocked is idempotent and the goroutine only waits for ctx.

@@ -29,7 +29,7 @@ type memData map[string]map[string][]byte
 // NewMemory returns an empty in-memory store.
 func NewMemory(opts Options) *Memory {
 	opts = opts.withDefaults()
-	m := &Memory{opts: opts, hub: newHub(opts.WatchBuffer)}
+	m := &Memory{opts: opts, hub: newHub(opts)}
 	d := memData{}
 	for _, b := range buckets {
 		d[string(b)] = map[string][]byte{}

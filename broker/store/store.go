@@ -45,8 +45,13 @@ type Options struct {
 	// only, 10,000 events of exports at the largest a node may send are gigabytes.)
 	LogSize  int
 	LogBytes int
-	// WatchBuffer is how many batches a watcher may lag behind before it is dropped (default 1,024).
-	WatchBuffer int
+	// WatchBuffer is how many batches a watcher may lag behind before it is dropped (default
+	// 1,024), and WatchBufferBytes how large they may be, encoded as the watcher gets them
+	// (default 16 MiB; a watcher that received every batch takes the next however large). The
+	// batches a watcher has not received stay in memory for it: counted only, one that stopped
+	// reading held 1,024 commits of whatever size. A dropped watcher resumes from its revision.
+	WatchBuffer      int
+	WatchBufferBytes int
 }
 
 func (o Options) withDefaults() Options {
@@ -58,6 +63,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.WatchBuffer <= 0 {
 		o.WatchBuffer = 1024
+	}
+	if o.WatchBufferBytes <= 0 {
+		o.WatchBufferBytes = 16 << 20
 	}
 	return o
 }

@@ -41,6 +41,7 @@ func Run(t *testing.T, open Open) {
 		{"TheLogKeepsAtMostLogBytes", theLogKeepsAtMostLogBytes},
 		{"WatchDeliversLaterCommitsInOrder", watchDeliversLaterCommitsInOrder},
 		{"ASlowWatcherIsDroppedWithoutBlockingWriters", aSlowWatcherIsDroppedWithoutBlockingWriters},
+		{"AWatcherThatLagsByWatchBufferBytesIsDropped", aWatcherThatLagsByWatchBufferBytesIsDropped},
 		{"AWatchEndsWithItsContextAndWithTheStore", aWatchEndsWithItsContextAndWithTheStore},
 		{"AClosedStoreRefusesWritesAndWatches", aClosedStoreRefusesWritesAndWatches},
 		{"PoliciesAreRevisionedWatchedAndSurviveReopen", policiesAreRevisionedWatchedAndSurviveReopen},
@@ -353,6 +354,47 @@ func aSlowWatcherIsDroppedWithoutBlockingWriters(t *testing.T, open Open) {
 	}
 	if !errors.Is(w.Err(), store.ErrWatcherTooSlow) || n != 3 {
 		t.Fatalf("slow watcher got %d batches then err %v; want 3 (snapshot + 2 buffered) then ErrWatcherTooSlow", n, w.Err())
+	}
+}
+
+// aWatcherThatLagsByWatchBufferBytesIsDropped: a watcher that does not read is dropped once the
+// batches it has not received are larger than WatchBufferBytes, however few they are; one that
+// reads along gets every batch, even one larger than that alone.
+func aWatcherThatLagsByWatchBufferBytesIsDropped(t *testing.T, open Open) {
+	scratch, _ := open(t, store.Options{})
+	size := proto.Size(putExport(t, scratch, bigExport("s1", 100)).Events[0]) // every event below but "huge" is this size
+	s, _ := open(t, store.Options{WatchBufferBytes: 3*size + size/2})
+	// Ended after the writes, so that a watcher that is never dropped ends too (with another error).
+	slowCtx, endSlow := context.WithCancel(t.Context())
+	defer endSlow()
+	slow, err := s.Watch(slowCtx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reader, err := s.Watch(t.Context(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := <-reader.C(); !b.Snapshot {
+		t.Fatal("first batch is not a snapshot")
+	}
+	for i := 1; i <= 5; i++ {
+		putExport(t, s, bigExport(fmt.Sprintf("s%d", i), 100))
+		if b, ok := <-reader.C(); !ok || b.Revision != uint64(i) {
+			t.Fatalf("reader: batch of revision %d (open %v), want %d; err %v", b.Revision, ok, i, reader.Err())
+		}
+	}
+	c := putExport(t, s, bigExport("huge", 1000))
+	if b, ok := <-reader.C(); !ok || b.Revision != c.Revision {
+		t.Fatalf("reader: batch of revision %d (open %v), want the large one, %d; err %v", b.Revision, ok, c.Revision, reader.Err())
+	}
+	endSlow()
+	n := 0
+	for range slow.C() {
+		n++
+	}
+	if !errors.Is(slow.Err(), store.ErrWatcherTooSlow) || n != 4 {
+		t.Fatalf("a watcher that did not read got %d batches then err %v; want 4 (the snapshot and the 3 deltas within the bytes) then ErrWatcherTooSlow", n, slow.Err())
 	}
 }
 
