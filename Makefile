@@ -41,9 +41,11 @@ check-bpf:
 unit-test:
 	pkgs=$$($(GO) list ./... | grep -v -e '/tests/netns' -e '/tests/vm$$'); $(GO) test -count=1 $$pkgs
 
-# End-to-end tests with the real binaries in network namespaces (need root; they skip otherwise).
+# End-to-end tests with the real binaries in network namespaces (need root; they skip otherwise),
+# and those on loopback that need no root (tests/brokerchurn).
 netns-test: build
 	CABLEMESH_BIN=$(BIN) $(GO) test -v -count=1 -timeout $(NETNS_TIMEOUT) ./tests/netns/...
+	CABLEMESH_BIN=$(abspath $(BIN)) $(GO) test -v -count=1 ./tests/brokerchurn/
 
 # The kernel datapaths (kernel WireGuard, kernel ESP) in a VM: see tests/vm.
 vm-test: build
