@@ -25,8 +25,9 @@ func (a *Agent) registerLoop(ctx context.Context, client apiv1.AgentClient) {
 	var quiet repeatFilter
 	// The first registration goes at once: a gateway joining a quiet mesh is not kept waiting for
 	// a storm that is not happening. A fleet that starts together is spread by the broker, which
-	// answers registrations it has no room for with "busy, come back in a while" (busyWait), and
-	// by the jittered waits of its heartbeats (brokerclient.HeartbeatDelay).
+	// answers registrations it has no room for with "busy, come back in a while"
+	// (brokerclient.BusyWait), and by the jittered waits of its heartbeats
+	// (brokerclient.HeartbeatDelay).
 	for {
 		if a.certificateRefused() != "" {
 			return
