@@ -13,7 +13,7 @@ NETNS_TIMEOUT ?= 40m
 # kernel fails instead of skipping.
 VM_TIMEOUT ?= 45m
 
-.PHONY: all build deps test lint check-bpf unit-test netns-test vm-test demo demo-down bench bench-services bench-dns bench-scale bench-xds bench-ingress fuzz generate fmt vet clean
+.PHONY: all build deps test lint check-bpf unit-test netns-test vm-test demo demo-down bench bench-services bench-dns bench-scale bench-xds bench-ingress bench-start fuzz generate fmt vet clean
 
 all: build
 
@@ -91,6 +91,11 @@ bench-xds: deps
 # results in bench/results/ingress-<date>.*. Knobs: INGRESS_BENCH_* (bench/ingress/doc.go).
 bench-ingress: deps
 	$(GO) test -tags bench -run '^TestIngress$$' -v -count=1 -timeout 30m ./bench/ingress/
+
+# A new pair's first packets (root): 20 fresh two-cluster starts each of the previous build
+# (built from git, CABLEMESH_START_PREVIOUS_REV) and this one, interleaved; bench/pairstart.md.
+bench-start: deps build
+	./bench/pairstart.sh
 
 # Fuzz every fuzz target of the module (scripts/fuzz.sh finds them) for FUZZTIME each (not part
 # of make test).

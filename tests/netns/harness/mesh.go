@@ -111,12 +111,20 @@ func RequireRoot(t testing.TB) {
 func New(t testing.TB) *Mesh {
 	t.Helper()
 	RequireRoot(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	bins, err := Build(ctx)
+	bins, err := Build(context.Background())
 	if err != nil {
-		cancel()
 		t.Fatalf("%v", err)
 	}
+	return NewWithBinaries(t, bins)
+}
+
+// NewWithBinaries is New running the given binaries instead of the test's build: a benchmark
+// runs an earlier build side by side with the current one.
+func NewWithBinaries(t testing.TB, bins Binaries) *Mesh {
+	t.Helper()
+	RequireRoot(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	var err error
 	m := &Mesh{T: t, Ctx: ctx, cancel: cancel, Bin: bins, Prefix: NewPrefix(), clusters: map[string]*Cluster{}, nextHost: 10}
 	if err := ClaimPrefix(m.Prefix); err != nil {
 		cancel()
