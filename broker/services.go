@@ -123,6 +123,9 @@ func (a *agentService) SetExports(ctx context.Context, req *apiv1.SetExportsRequ
 			return err
 		}
 		plan, err = admission.PlanExports(id, c, req.GetExports(), all, vips, a.s.cfg.ServiceVIPRanges, now)
+		if err == nil {
+			err = admission.CheckExportQuota(id.Cluster, id.Node, plan.Exports, all, len(a.s.cfg.ServiceVIPRanges), a.s.cfg.ExportQuota)
+		}
 		return err
 	}
 	// Every agent sends its exports on every new stream, mostly the ones the broker has: those
