@@ -121,9 +121,9 @@ type Options struct {
 }
 
 // The compiled sizes of the service and backend maps (LB_MAX_SERVICE_ENTRIES and
-// LB_MAX_BACKENDS in c/lb.h). Preallocated hash maps: the kernel reserves their memory at
-// creation, about 100 bytes per entry (ServiceMapBytesPerEntry), so 65,536 entries of each cost
-// about 13 MiB per node.
+// LB_MAX_BACKENDS in c/lb.h). They are preallocated hash maps: the kernel reserves their memory
+// when they are created, measured at 96 bytes per service map entry and 104 per backend map
+// entry (memlock), so 65,536 of each cost 12.5 MiB per node (docs/limits.md).
 const (
 	DefaultServiceMapEntries = 65536
 	DefaultBackendMapEntries = 65536
