@@ -416,7 +416,7 @@ func (a *Agent) syncFit(dp *datapath, plan services.Plan, before []bpf.Service) 
 		g := order[i]
 		if _, had := dp.refused[g.Import]; !had {
 			a.log.Warn("service import refused by the load balancer: its maps are too full for it; the others are applied",
-				"service", g.Import, "cluster", g.Owner, "reason", refused[g.Import])
+				"service", g.Import, "countsAgainst", g.Owner, "reason", refused[g.Import])
 		}
 	}
 	for key := range dp.refused {

@@ -54,10 +54,13 @@ func backendsOf(imp statusapi.ServiceImport) []string {
 
 func TestServicesAClusterFillingTheMapsStopsNoOtherService(t *testing.T) {
 	m := harness.New(t)
-	east := m.AddLabelledCluster("east", "10.1.0.0/16", "", bulkExports(1, "e"))
-	south := m.AddLabelledCluster("south", "10.4.0.0/16", "", bulkExports(4, "s"))
-	west := m.AddLabelledCluster("west", "10.2.0.0/16", "", "")
-	north := m.AddLabelledCluster("north", "10.3.0.0/16", "", "")
+	// Every agent plans 65,536 backends on this small machine: probes that time out under that
+	// load would take clusters out and back by the thousand backends, which is not under test.
+	const patientProbes = "healthCheck: {period: 1s, timeout: 1s, failureThreshold: 20}\n"
+	east := m.AddLabelledCluster("east", "10.1.0.0/16", "", patientProbes+bulkExports(1, "e"))
+	south := m.AddLabelledCluster("south", "10.4.0.0/16", "", patientProbes+bulkExports(4, "s"))
+	west := m.AddLabelledCluster("west", "10.2.0.0/16", "", patientProbes)
+	north := m.AddLabelledCluster("north", "10.3.0.0/16", "", patientProbes)
 	for _, c := range []*harness.Cluster{east, south, west, north} {
 		c.StartAgent("--cleanup-on-exit")
 	}
@@ -97,7 +100,8 @@ func TestServicesAClusterFillingTheMapsStopsNoOtherService(t *testing.T) {
 	waitBackends := func(want ...string) statusapi.ServiceImport {
 		t.Helper()
 		var imp statusapi.ServiceImport
-		err := harness.WaitFor(60*time.Second, 250*time.Millisecond, func() (bool, string) {
+		// A status read renders every endpoint of the 512 imports: poll it gently.
+		err := harness.WaitFor(120*time.Second, time.Second, func() (bool, string) {
 			st, err := north.Status()
 			if err != nil {
 				return false, err.Error()
