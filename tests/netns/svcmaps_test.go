@@ -137,8 +137,13 @@ func TestServicesAClusterFillingTheMapsStopsNoOtherService(t *testing.T) {
 	})
 
 	t.Run("the import that no longer fits is refused alone, in its status", func(t *testing.T) {
-		st, err := north.Status()
-		if err != nil {
+		var st statusapi.Status
+		// A status read may time out on a loaded machine: retry it.
+		if err := harness.WaitFor(60*time.Second, time.Second, func() (bool, string) {
+			var err error
+			st, err = north.Status()
+			return err == nil && st.Services != nil, fmt.Sprint(err)
+		}); err != nil {
 			t.Fatal(err)
 		}
 		var refused []string
