@@ -125,6 +125,9 @@ func (a *agentService) SetExports(ctx context.Context, req *apiv1.SetExportsRequ
 		if plan, err = admission.PlanExports(id, c, req.GetExports(), all, vips, a.s.cfg.ServiceVIPRanges, now); err != nil {
 			return err
 		}
+		if err = admission.CheckExportQuota(id.Cluster, id.Node, plan.Exports, all, len(a.s.cfg.ServiceVIPRanges), a.s.cfg.ExportQuota); err != nil {
+			return err
+		}
 		return admission.CheckExportScope(c, req.GetExports(), func() ([]string, error) { return clusterMeshAddresses(tx, id.Cluster) })
 	}
 	// Every agent sends its exports on every new stream, mostly the ones the broker has: those

@@ -228,6 +228,9 @@ func (c *Config) validateServices() error {
 	if filepath.Clean(c.BPFPinDir) == BPFFSMount || filepath.Clean(c.BPFPinDir) == "/" {
 		return fmt.Errorf("bpfPinDir: %q must be a directory of its own below a bpf filesystem (e.g. %s), not its root", c.BPFPinDir, DefaultBPFPinDir)
 	}
+	if err := c.LoadBalancer.validate(); err != nil {
+		return err
+	}
 	if c.Imports.Selector != nil {
 		if _, err := mcs.ParseImportSelector(*c.Imports.Selector); err != nil {
 			return fmt.Errorf("imports.selector: %w", err)
@@ -264,4 +267,35 @@ func checkUpstream(u string) error {
 		return nil
 	}
 	return errors.New("is not ip, ip:port or the absolute path of a resolv.conf")
+}
+
+// LoadBalancer sizes the maps of the eBPF socket load balancer. A node needs one service map
+// entry per imported VIP x port, plus one per backend of it, and one backend map entry per
+// backend; when the imports need more, the maps take what fits and refuse the rest, service by
+// service (see docs/limits.md). Each entry costs about 100 bytes of kernel memory, reserved when
+// the map is created. Maps pinned by an earlier run keep their size until they are removed.
+type LoadBalancer struct {
+	// ServiceMapEntries sizes the service map; 0: 65536 (bpf.DefaultServiceMapEntries).
+	ServiceMapEntries int `yaml:"serviceMapEntries" json:"serviceMapEntries,omitempty"`
+	// BackendMapEntries sizes the backend map; 0: 65536 (bpf.DefaultBackendMapEntries).
+	BackendMapEntries int `yaml:"backendMapEntries" json:"backendMapEntries,omitempty"`
+}
+
+// The bounds of loadBalancer.serviceMapEntries and backendMapEntries (bpf.MinMapEntries and
+// bpf.MaxMapEntries; the config package does not load the bpf package).
+const (
+	minLBMapEntries = 16
+	maxLBMapEntries = 1 << 22
+)
+
+func (l LoadBalancer) validate() error {
+	for _, f := range []struct {
+		name string
+		n    int
+	}{{"loadBalancer.serviceMapEntries", l.ServiceMapEntries}, {"loadBalancer.backendMapEntries", l.BackendMapEntries}} {
+		if f.n != 0 && (f.n < minLBMapEntries || f.n > maxLBMapEntries) {
+			return fmt.Errorf("%s: %d is out of range (%d..%d, or 0 for the default 65536)", f.name, f.n, minLBMapEntries, maxLBMapEntries)
+		}
+	}
+	return nil
 }

@@ -77,6 +77,8 @@ func TestBadServicesFieldsFailNamingTheField(t *testing.T) {
 		{"a ttl out of range", "dns: {ttl: 7200}\n", []string{"dns.ttl: 7200"}},
 		{"a relative cgroupPath", "cgroupPath: sys/fs/cgroup\n", []string{`cgroupPath: "sys/fs/cgroup" is not an absolute path`}},
 		{"a relative bpfPinDir", "bpfPinDir: bpf\n", []string{`bpfPinDir: "bpf"`}},
+		{"a service map too small", "loadBalancer: {serviceMapEntries: 8}\n", []string{"loadBalancer.serviceMapEntries: 8 is out of range (16..4194304"}},
+		{"a backend map too large", "loadBalancer: {backendMapEntries: 4194305}\n", []string{"loadBalancer.backendMapEntries: 4194305"}},
 		{"bpfPinDir at the bpffs root", "bpfPinDir: /sys/fs/bpf\n", []string{`bpfPinDir: "/sys/fs/bpf" must be a directory of its own`}},
 		{"a selector that does not parse", "imports: {selector: \"a b\"}\n", []string{`imports.selector: import selector "a b"`}},
 		{"an unknown imports field", "imports: {selecter: x}\n", []string{`unknown field "selecter"`}},
