@@ -439,6 +439,10 @@ func (s *Server) ServeDNS(w mdns.ResponseWriter, req *mdns.Msg) {
 		return
 	}
 	resp.RecursionAvailable = len(s.ups()) > 0
+	// An upstream's OPT advertises the upstream's size; the client talks to this server.
+	if opt := resp.IsEdns0(); opt != nil && opt.UDPSize() > MaxUDPResponse {
+		opt.SetUDPSize(MaxUDPResponse)
+	}
 	if tcp {
 		resp.Truncate(mdns.MaxMsgSize)
 	} else {

@@ -256,6 +256,12 @@ func TestServerForwardsOtherNames(t *testing.T) {
 			t.Fatalf("%d answers, TC %v; want all 60 without TC", len(resp.Answer), resp.Truncated)
 		}
 	})
+	t.Run("a forwarded answer advertises this server's UDP size, not the upstream's", func(t *testing.T) {
+		resp := exchange(t, "udp", addr, query("example.com.", mdns.TypeA).SetEdns0(65000, false))
+		if opt := resp.IsEdns0(); opt == nil || opt.UDPSize() != MaxUDPResponse {
+			t.Fatalf("OPT %v, want UDP size %d", opt, MaxUDPResponse)
+		}
+	})
 	t.Run("a client over TCP is forwarded over TCP", func(t *testing.T) {
 		tcpBefore := up.tcp.Load()
 		resp := exchange(t, "tcp", addr, query(bigName, mdns.TypeA))
