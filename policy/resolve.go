@@ -251,6 +251,12 @@ func newTally(a, b string, hasOrigin map[string]bool) tally {
 	return tally{a: a, b: b, needOwn: [2]bool{hasOrigin[a], hasOrigin[b]}}
 }
 
+// reset empties t for the pair {a, b}, keeping its buffers (ResolveAll reuses one tally).
+func (t *tally) reset(a, b string, needA, needB bool) {
+	t.a, t.b, t.needOwn, t.last = a, b, [2]bool{needA, needB}, nil
+	t.top, t.mesh, t.own[0], t.own[1] = t.top[:0], t.mesh[:0], t.own[0][:0], t.own[1][:0]
+}
+
 // see records that the scan reached c (covering the pair or not); it must be called for
 // every policy in order before add, so done knows which ranks are complete.
 func (t *tally) see(c *compiled) { t.last = c }
@@ -653,12 +659,17 @@ func (r *Resolver) ResolveAll(clusters []Cluster) *Result {
 		index:  make(map[[2]string]int, n*(n-1)/2),
 	}
 	stats := make([]Status, m+1) // last: the default
+	var t tally
+	hasOrigin := make([]bool, n)
+	for i := range cl {
+		hasOrigin[i] = r.hasOrigin[cl[i].Name]
+	}
 	has := func(b []uint64, p int) bool { return b[p/64]&(1<<(p%64)) != 0 }
 	for i := 0; i < n; i++ {
 		si, li, ri := scope(i), left(i), right(i)
 		for j := i + 1; j < n; j++ {
 			sj, lj, rj := scope(j), left(j), right(j)
-			t := newTally(cl[i].Name, cl[j].Name, r.hasOrigin)
+			t.reset(cl[i].Name, cl[j].Name, hasOrigin[i], hasOrigin[j])
 		scan:
 			for w := 0; w < words; w++ {
 				x := si[w] & sj[w]
