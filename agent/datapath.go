@@ -13,6 +13,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/cablemesh/cablemesh/agent/config"
 	"github.com/cablemesh/cablemesh/agent/dns"
 	"github.com/cablemesh/cablemesh/agent/reconcile"
 	"github.com/cablemesh/cablemesh/agent/services"
@@ -122,7 +123,7 @@ func (a *Agent) startDatapath(ctx context.Context) error {
 	if a.cfg.DNS.Listen != "" {
 		s, err := dns.NewServer(dns.Config{
 			Listen: a.cfg.DNS.Listen, Upstreams: a.cfg.DNS.Upstream, TTL: time.Duration(a.cfg.DNS.TTL) * time.Second,
-			Logger: a.log, Registerer: a.registry,
+			Clients: a.dnsClients(a.cfg), LocalAddrs: a.nodeAddrs, Logger: a.log, Registerer: a.registry,
 		})
 		if err == nil {
 			err = s.Start()
@@ -317,6 +318,27 @@ func (a *Agent) pairs(ctx context.Context, wants []reconcile.Want, problems []re
 	return out
 }
 
+// nodeAddrs are this node's addresses, for the DNS server's clients.
+func (a *Agent) nodeAddrs() ([]netip.Addr, error) { return a.opts.InterfaceAddrs(), nil }
+
+// dnsClients are the prefixes the DNS server answers besides loopback and the node's own
+// addresses: the cluster's pod and service CIDRs (the config's and the broker's record both:
+// the config's may name this node's share only) and dns.allowClients, sorted and unique.
+func (a *Agent) dnsClients(cfg *config.Config) []netip.Prefix {
+	cidrs := slices.Concat(cfg.PodCIDRs, cfg.ServiceCIDRs, cfg.DNS.AllowClients)
+	if c := a.localCluster(); c != nil {
+		cidrs = slices.Concat(cidrs, c.GetPodCidrs(), c.GetServiceCidrs())
+	}
+	out := config.Prefixes(cidrs)
+	slices.SortFunc(out, func(x, y netip.Prefix) int {
+		if c := x.Addr().Compare(y.Addr()); c != 0 {
+			return c
+		}
+		return x.Bits() - y.Bits()
+	})
+	return slices.Compact(out)
+}
+
 // applyServices applies a plan: the DNS zone (when it changed), the load balancer's maps
 // (always: Sync writes only differences, and repairs drift), then the destruction of sockets
 // whose backend left the maps.
@@ -330,6 +352,11 @@ func (a *Agent) applyServices(ctx context.Context, dp *datapath, plan services.P
 		dp.mu.Unlock()
 	}
 	if dp.dns != nil {
+		// The cluster's CIDRs may have arrived with this state (first join, a CIDR change).
+		if clients := a.dnsClients(a.liveConfig()); !slices.Equal(clients, dp.dns.Clients()) {
+			dp.dns.SetClients(clients)
+			a.log.Info("dns clients changed", "clients", clients)
+		}
 		dp.mu.Lock()
 		changed := !dp.dnsUpdated || !reflect.DeepEqual(dp.lastDNS, plan.DNS)
 		dp.mu.Unlock()
@@ -569,6 +596,12 @@ func (a *Agent) servicesStatus() *statusapi.Services {
 	out.LoadBalancer = statusapi.LoadBalancer{Running: dp.lb != nil, CgroupPath: dp.cgroup, PinDir: a.cfg.BPFPinDir, Error: dp.lbErr}
 	dp.mu.Lock()
 	out.DNS = statusapi.DNSStatus{Enabled: dp.dns != nil, Listen: a.cfg.DNS.Listen, Upstreams: a.liveConfig().DNS.Upstream, Error: dp.dnsErr}
+	if dp.dns != nil {
+		out.DNS.Warnings = dp.dns.Warnings()
+		for _, p := range dp.dns.Clients() {
+			out.DNS.Clients = append(out.DNS.Clients, p.String())
+		}
+	}
 	plan, planned := dp.plan, dp.planned
 	if dp.syncErr != "" {
 		out.LoadBalancer.Error = dp.syncErr

@@ -39,6 +39,12 @@ type DNS struct {
 	Upstream StringList `yaml:"upstream" json:"upstream,omitempty"`
 	// TTL of the records, whole seconds, 1..3600. Default: 5.
 	TTL int `yaml:"ttl" json:"ttl,omitempty"`
+	// AllowClients are CIDRs whose hosts the server answers besides its own clients: the
+	// cluster's pod and service CIDRs (podCIDRs and serviceCIDRs, else the cluster's at the
+	// broker), the node's own addresses and loopback. Any other source is answered REFUSED,
+	// so the server is never an open resolver. Give here, e.g., the nodes of a host-network
+	// CoreDNS. Default: none.
+	AllowClients []string `yaml:"allowClients" json:"allowClients,omitempty"`
 }
 
 // StringList is a YAML value that is either one string or a list of strings.
@@ -215,6 +221,9 @@ func (c *Config) validateServices() error {
 		if err := checkUpstream(u); err != nil {
 			return fmt.Errorf("dns.upstream[%d]: %q %v", i, u, err)
 		}
+	}
+	if err := checkCIDRs("dns.allowClients", c.DNS.AllowClients); err != nil {
+		return err
 	}
 	if c.DNS.TTL < 1 || c.DNS.TTL > 3600 {
 		return fmt.Errorf("dns.ttl: %d is out of range (1..3600 seconds)", c.DNS.TTL)

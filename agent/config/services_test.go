@@ -75,6 +75,7 @@ func TestBadServicesFieldsFailNamingTheField(t *testing.T) {
 		{"an upstream that is no address", "dns: {upstream: [10.0.0.1, dns.google]}\n", []string{`dns.upstream[1]: "dns.google"`}},
 		{"an upstream that is a mapping", "dns: {upstream: {a: b}}\n", []string{"want a string or a list of strings"}},
 		{"a ttl out of range", "dns: {ttl: 7200}\n", []string{"dns.ttl: 7200"}},
+		{"an allowClients entry that is no CIDR", "dns: {allowClients: [10.0.0.0/8, 10.1.0.1]}\n", []string{"dns.allowClients[1]", "10.1.0.1"}},
 		{"a relative cgroupPath", "cgroupPath: sys/fs/cgroup\n", []string{`cgroupPath: "sys/fs/cgroup" is not an absolute path`}},
 		{"a relative bpfPinDir", "bpfPinDir: bpf\n", []string{`bpfPinDir: "bpf"`}},
 		{"a service map too small", "loadBalancer: {serviceMapEntries: 8}\n", []string{"loadBalancer.serviceMapEntries: 8 is out of range (16..4194304"}},

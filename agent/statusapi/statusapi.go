@@ -125,6 +125,11 @@ type DNSStatus struct {
 	Listen    string   `json:"listen,omitempty"`
 	Upstreams []string `json:"upstreams,omitempty"`
 	Error     string   `json:"error,omitempty"`
+	// Clients are the CIDRs the server answers besides loopback and the node's own addresses
+	// (any other source is REFUSED).
+	Clients []string `json:"clients,omitempty"`
+	// Warnings are configuration warnings, e.g. a wildcard dns.listen.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // LoadBalancer is the eBPF socket load balancer.

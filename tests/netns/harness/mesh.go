@@ -82,6 +82,9 @@ type Cluster struct {
 	// Hostname, when set, is the gateway's host name: its agent runs in a UTS namespace of its
 	// own (`unshare --uts`) named so. Default: the host's.
 	Hostname string
+	// DNSExtra are flow-mapping entries added to the gateway's dns block (`upstream: ...`;
+	// with `listen: ...` it replaces the default listen address). Set it before WriteConfig.
+	DNSExtra string
 
 	GwNS, PodNS   string
 	GwUnderlay    netip.Addr // the gateway's underlay address (its advertiseAddress)
@@ -378,7 +381,7 @@ podCIDRs: [%s]
 statusSocket: %s
 wireguard: {interface: %s, port: %d}
 %s%s`, c.Name, node, c.m.BrokerAddress(), c.TokenPath, c.StateDir, c.GwUnderlay, c.PodCIDR,
-		c.StatusSocket, c.WGInterface, WGPort, c.m.datapathConfig(c.Name+"-gw", c.GwPodIP), extra)
+		c.StatusSocket, c.WGInterface, WGPort, c.m.datapathConfigDNS(c.Name+"-gw", c.GwPodIP, c.DNSExtra), extra)
 }
 
 // WriteConfig writes the agent config (extra appended verbatim, for malformed-config tests).
