@@ -80,3 +80,31 @@ func TestAccessAllows(t *testing.T) {
 		t.Error("allowGID")
 	}
 }
+
+// FuzzNodeTableAdmit: whatever node IDs clients send, the table stays within its bound and
+// refuses IDs that would garble the status.
+func FuzzNodeTableAdmit(f *testing.F) {
+	for _, s := range []string{"envoy", "", "a\nb", strings.Repeat("x", 300), "\xff\xfe"} {
+		f.Add(s, uint8(3))
+	}
+	f.Fuzz(func(t *testing.T, id string, n uint8) {
+		tb := newNodeTable(4, time.Minute)
+		now := time.Unix(0, 0)
+		for i := range int(n%16) + 1 {
+			node := fmt.Sprintf("%s-%d", id, i)
+			got, _, _, err := tb.admit(streamKey{id: int64(i)}, node, true, now)
+			if err == nil && got != node {
+				t.Fatalf("admitted %q as %q", node, got)
+			}
+			if err == nil && (len(node) > MaxNodeIDLength || strings.ContainsAny(node, "\n\r\x00")) {
+				t.Fatalf("admitted a bad node id %q", node)
+			}
+			if i%2 == 0 {
+				tb.closed(streamKey{id: int64(i)}, now)
+			}
+			if len(tb.nodes) > 4 {
+				t.Fatalf("%d nodes in a table of 4", len(tb.nodes))
+			}
+		}
+	})
+}
