@@ -5,11 +5,14 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/pem"
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listener "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
@@ -196,5 +199,54 @@ func checkSecretsAreNotTheAgents(t *testing.T, cc *grpc.ClientConn, stateDir str
 	}
 	if !found {
 		t.Error("no TLS certificate secret served")
+	}
+}
+
+// TestAReloadToLoopbackTCPXDSIsRefused: a live reload that moves ingress.xds.listen to loopback
+// TCP is refused whole, naming the field; the unix socket keeps serving.
+func TestAReloadToLoopbackTCPXDSIsRefused(t *testing.T) {
+	registerReloadDrivers()
+	b := multiBroker(t)
+	base := testConfig(t, b, true)
+	sock := filepath.Join(t.TempDir(), "xds.sock")
+	listen := fmt.Sprintf("ingress: {mode: envoy, xds: {listen: %q}}\n", sock)
+	r, cfg, path, _ := startReloadAgent(t, reloadConfigText(b, base, bothDrivers, listen), nil)
+	<-r.ready
+	eventually(t, "the xDS server in status", func() bool {
+		s, _ := getStatus(t, cfg.StatusSocket)
+		return s.Ingress != nil && s.Ingress.XDS != nil && s.Ingress.XDS.Listen == sock
+	})
+	tries := 0
+	eventually(t, "status names the refused field", func() bool {
+		// Written again (a new comment, a new hash) until seen: the first write may come before
+		// the agent's file watch is armed.
+		tries++
+		writeRenamed(t, path, reloadConfigText(b, base, bothDrivers, fmt.Sprintf("# try %d\ningress: {mode: envoy, xds: {listen: \"127.0.0.1:18000\"}}\n", tries)))
+		time.Sleep(300 * time.Millisecond)
+		s, _ := getStatus(t, cfg.StatusSocket)
+		return s.Config != nil && len(s.Config.Refused) == 1 && s.Config.Refused[0].Field == "ingress.xds.listen" &&
+			strings.Contains(s.Config.Refused[0].Message, `"127.0.0.1:18000" is a TCP address`)
+	})
+	s, _ := getStatus(t, cfg.StatusSocket)
+	if s.Ingress.XDS.Listen != sock {
+		t.Errorf("xDS listen in status %q after the refused reload, want %q", s.Ingress.XDS.Listen, sock)
+	}
+	cc, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c := client.NewADSClient(ctx, &core.Node{Id: "after-reload"}, resourcev3.ListenerType)
+	if err := c.InitConnect(cc); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Fetch(); err != nil {
+		t.Errorf("the unix socket stopped serving after the refused reload: %v", err)
+	}
+	if conn, err := net.DialTimeout("tcp", "127.0.0.1:18000", time.Second); err == nil {
+		conn.Close()
+		t.Error("something listens on 127.0.0.1:18000 after the refused reload")
 	}
 }
