@@ -250,3 +250,26 @@ func TestAReloadToLoopbackTCPXDSIsRefused(t *testing.T) {
 		t.Error("something listens on 127.0.0.1:18000 after the refused reload")
 	}
 }
+
+// TestAnOldBrokerGetsNoAgentKeyServed: a broker without Agent.IssueIngressCertificate leaves
+// the ingress without a certificate: no secret is served (never agent.key), and status says why.
+func TestAnOldBrokerGetsNoAgentKeyServed(t *testing.T) {
+	b := newBroker(t)
+	b.ActAsOldBroker()
+	sock := filepath.Join(t.TempDir(), "xds.sock")
+	_, cfg, _, _ := servicesAgent(t, b, &switchPinger{}, func(c *config.Config, _ *Options) {
+		c.Ingress.XDS.Listen = sock
+	})
+	eventually(t, "status says the broker issues no ingress certificate", func() bool {
+		s, _ := getStatus(t, cfg.StatusSocket)
+		return s.Ingress != nil && strings.Contains(s.Ingress.Error, "does not issue ingress certificates") &&
+			s.Ingress.XDS != nil && strings.Contains(s.Ingress.XDS.IngressCertificate, "upgrade the broker")
+	})
+	s, _ := getStatus(t, cfg.StatusSocket)
+	if s.Ingress.XDS.Versions["secrets"] != emptySecretsVersion(t) {
+		t.Errorf("secrets version %q, want that of no secrets", s.Ingress.XDS.Versions["secrets"])
+	}
+	if _, err := os.Stat(filepath.Join(cfg.StateDir, IngressKeyFile)); err == nil {
+		t.Error("an ingress key was written without a certificate")
+	}
+}

@@ -129,16 +129,17 @@ type Broker struct {
 	// serves until the rotation finishes), the lifetime of agent certificates, the good serials
 	// of each node (newest first, at most two), revoked nodes, and the serial of each node's
 	// last authenticated call.
-	next          *PKI
-	certLifetime  time.Duration
-	goodSerials   map[string][]string
-	revoked       map[string]bool
-	lastSerial    map[string]string
-	ingressIssued int
-	renewals      int
-	renewErr      error
-	joinErr       error
-	caVersion     uint64
+	next           *PKI
+	certLifetime   time.Duration
+	goodSerials    map[string][]string
+	revoked        map[string]bool
+	lastSerial     map[string]string
+	ingressIssued  int
+	noIngressCerts bool
+	renewals       int
+	renewErr       error
+	joinErr        error
+	caVersion      uint64
 
 	srv  *grpc.Server
 	lis  net.Listener
@@ -558,6 +559,12 @@ func (b *Broker) IssueIngressCertificate(ctx context.Context, req *apiv1.IssueIn
 	if err != nil {
 		return nil, err
 	}
+	b.mu.Lock()
+	old := b.noIngressCerts
+	b.mu.Unlock()
+	if old {
+		return nil, status.Error(codes.Unimplemented, "method IssueIngressCertificate not implemented")
+	}
 	blk, _ := pem.Decode(req.GetCsrPem())
 	if blk == nil {
 		return nil, status.Error(codes.InvalidArgument, "csr_pem holds no PEM block")
@@ -588,6 +595,13 @@ func (b *Broker) IssueIngressCertificate(ctx context.Context, req *apiv1.IssueIn
 	}
 	cert, _ := x509.ParseCertificate(der)
 	return &apiv1.IssueIngressCertificateResponse{CertificatePem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), NotAfter: timestamppb.New(cert.NotAfter)}, nil
+}
+
+// ActAsOldBroker makes IssueIngressCertificate answer Unimplemented, as a broker older than it.
+func (b *Broker) ActAsOldBroker() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.noIngressCerts = true
 }
 
 // IngressIssued counts the ingress certificates issued.
