@@ -46,7 +46,7 @@ const (
 // bundle (a rotation) can change at any time.
 const ingressCertRecheck = time.Minute
 
-// errNoIngressCert is the status of an agent whose broker issues no ingress certificates.
+// errNoIngressCertOldBroker is the status of an agent whose broker issues no ingress certificates.
 const errNoIngressCertOldBroker = "the broker does not issue ingress certificates (Agent.IssueIngressCertificate is unimplemented: upgrade the broker): no certificate is served over SDS and the ingress's mTLS HTTP listener is left out; the agent's own key is never served"
 
 // ingressCertLoop keeps stateDir's ingress certificate issued and current while the xDS server
