@@ -371,6 +371,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	wg.Go(func() { a.watchLoop(ctx, client) })
 	wg.Go(func() { a.exportsLoop(ctx, client) })
 	wg.Go(func() { a.certLoop(ctx, client) })
+	if a.cfg.Ingress.XDS.Listen != "" {
+		wg.Go(func() { a.ingressCertLoop(ctx, client) })
+	}
 	wg.Go(func() { a.runClusterPolicies(ctx, client) })
 	if a.cfg.Kubernetes.Enabled {
 		wg.Go(func() { a.runExportSource(ctx, a.opts.Kubernetes) })

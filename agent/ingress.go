@@ -5,14 +5,11 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/cablemesh/cablemesh/agent/brokerclient"
 	"github.com/cablemesh/cablemesh/agent/config"
 	"github.com/cablemesh/cablemesh/agent/ingress"
 	"github.com/cablemesh/cablemesh/agent/ingressport"
@@ -40,6 +37,7 @@ type ingressState struct {
 	ports    map[ingressport.Key]uint16
 	allocErr string
 	buildErr string
+	certErr  string // why no ingress certificate is served (ingresscert.go)
 
 	srv     *xds.Server // nil without ingress.xds.listen
 	trigger chan struct{}
@@ -122,7 +120,7 @@ func (a *Agent) startIngress(ctx context.Context) (stop func(), err error) {
 		return func() {}, nil
 	}
 	srv := xds.NewServer(a.log)
-	lis, err := srv.Listen(a.cfg.Ingress.XDS.Listen)
+	lis, err := srv.ListenWith(a.cfg.Ingress.XDS.Listen, xds.Access{UID: uint32(a.cfg.Ingress.XDS.AllowUID), GID: uint32(a.cfg.Ingress.XDS.AllowGID)})
 	if err != nil {
 		return nil, err
 	}
@@ -164,7 +162,7 @@ func (a *Agent) ingressLoop(ctx context.Context) {
 			if same {
 				continue
 			}
-			a.log.Info("node certificate files changed; serving the new ingress certificate over SDS")
+			a.log.Info("ingress certificate files changed; serving them over SDS")
 		}
 		a.updateXDS(ctx)
 	}
@@ -204,22 +202,6 @@ func sameCerts(a, b *xds.Certs) bool {
 		return a == b
 	}
 	return bytes.Equal(a.CertPEM, b.CertPEM) && bytes.Equal(a.KeyPEM, b.KeyPEM) && bytes.Equal(a.CAPEM, b.CAPEM)
-}
-
-// readCerts reads the node's certificate, key and CA bundle; nil until the node has all three.
-func readCerts(dir string) *xds.Certs {
-	var c xds.Certs
-	for _, f := range []struct {
-		name string
-		dst  *[]byte
-	}{{brokerclient.CertFile, &c.CertPEM}, {brokerclient.KeyFile, &c.KeyPEM}, {brokerclient.CAFile, &c.CAPEM}} {
-		b, err := os.ReadFile(filepath.Join(dir, f.name))
-		if err != nil || len(bytes.TrimSpace(b)) == 0 {
-			return nil
-		}
-		*f.dst = b
-	}
-	return &c
 }
 
 // updateXDS serves the snapshot of the current state (nothing when its versions are unchanged).
@@ -267,7 +249,7 @@ func (a *Agent) ingressStatus() *statusapi.Ingress {
 		x.mu.Unlock()
 		return nil
 	}
-	out := &statusapi.Ingress{Mode: a.cfg.Ingress.Mode, Ports: []statusapi.IngressPort{}, Error: joinMsgs(x.allocErr, x.buildErr)}
+	out := &statusapi.Ingress{Mode: a.cfg.Ingress.Mode, Ports: []statusapi.IngressPort{}, Error: joinMsgs(x.allocErr, x.buildErr, x.certErr)}
 	for _, k := range slices.SortedFunc(maps.Keys(x.ports), func(p, q ingressport.Key) int { return int(x.ports[p]) - int(x.ports[q]) }) {
 		out.Ports = append(out.Ports, statusapi.IngressPort{Namespace: k.Namespace, Name: k.Name, Port: k.Port, Protocol: k.Protocol, IngressPort: uint32(x.ports[k])})
 	}
@@ -277,16 +259,20 @@ func (a *Agent) ingressStatus() *statusapi.Ingress {
 		return out
 	}
 	x.mu.Lock()
-	xs := &statusapi.XDSStatus{Listen: a.cfg.Ingress.XDS.Listen, Versions: map[string]string{}, Nodes: []statusapi.XDSNode{}, IngressPortsBind: x.bind}
+	xs := &statusapi.XDSStatus{Listen: a.cfg.Ingress.XDS.Listen, Versions: map[string]string{}, Nodes: []statusapi.XDSNode{}, IngressPortsBind: x.bind,
+		MaxNodes: xds.DefaultMaxNodes, NodeTTL: xds.DefaultNodeTTL.String(), AllowUID: uint32(a.cfg.Ingress.XDS.AllowUID), AllowGID: uint32(a.cfg.Ingress.XDS.AllowGID),
+		IngressCertificate: ingressCertStatus(x.certs, x.certErr)}
 	x.mu.Unlock()
+	xs.RefusedConnections, xs.LastRefused = srv.Refused()
 	if xs.IngressPortsBind == "0.0.0.0" {
 		xs.IngressPortsBindNote = "no mesh address on " + ingress.MeshLinkName + " (not in gateway mode, or not allocated yet): the ingress-port listeners bind every address"
 	}
 	for url, v := range srv.Versions() {
 		xs.Versions[xds.ShortType(url)] = v
 	}
+	streams := srv.NodeStreams()
 	for _, n := range srv.Status() {
-		node := statusapi.XDSNode{Node: n.Node, Types: []statusapi.XDSType{}}
+		node := statusapi.XDSNode{Node: n.Node, Streams: streams[n.Node], Types: []statusapi.XDSType{}}
 		for _, t := range n.Types {
 			u := t.Updated.UTC()
 			node.Types = append(node.Types, statusapi.XDSType{Type: t.Type, Sent: t.Sent, Acked: t.Acked, NackError: t.NackError, NackVersion: t.NackVersion, Updated: &u})

@@ -1,14 +1,23 @@
 package agent
 
 import (
+	"bytes"
 	"context"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listener "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	client "github.com/envoyproxy/go-control-plane/pkg/client/sotw/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
@@ -55,6 +64,17 @@ func TestIngressPortsAndXDS(t *testing.T) {
 		t.Fatalf("ingress status %+v", st.Ingress)
 	}
 
+	// The ingress certificate comes from the broker; until then no secret (and no HTTP listener)
+	// is served: never the agent's own key.
+	eventually(t, "the ingress certificate in status", func() bool {
+		s, _ := getStatus(t, cfg.StatusSocket)
+		return s.Ingress != nil && s.Ingress.XDS != nil && strings.HasPrefix(s.Ingress.XDS.IngressCertificate, "ingress certificate ")
+	})
+	eventually(t, "the snapshot with the HTTP listener", func() bool {
+		s, _ := getStatus(t, cfg.StatusSocket)
+		return s.Ingress.XDS.Versions["secrets"] != "" && s.Ingress.XDS.Versions["secrets"] != emptySecretsVersion(t)
+	})
+
 	// The xDS server serves the TCP listener of the TCP port.
 	cc, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -85,6 +105,7 @@ func TestIngressPortsAndXDS(t *testing.T) {
 	if err := c.Ack(); err != nil {
 		t.Fatal(err)
 	}
+	checkSecretsAreNotTheAgents(t, cc, cfg.StateDir)
 
 	// A rotated certificate file: new secrets, the other types unchanged.
 	before, _ := getStatus(t, cfg.StatusSocket)
@@ -122,4 +143,133 @@ func TestIngressPortsAndXDS(t *testing.T) {
 		got := ingressPortsAtBroker(b)
 		return got["web/TCP"] == want["web/TCP"] && got["web/UDP"] == want["web/UDP"] && got["api/TCP"] == 15002
 	})
+}
+
+// emptySecretsVersion is the secrets version of a snapshot without certificates.
+func emptySecretsVersion(t *testing.T) string {
+	t.Helper()
+	var bd xds.Builder
+	snap, err := bd.Build(xds.State{Cluster: "east", MeshDomain: "cablemesh.local"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return snap.Resources[types.Secret].Version
+}
+
+// checkSecretsAreNotTheAgents fetches the SDS secrets over cc and checks that the certificate
+// served is an ingress certificate whose key is not agent.key's.
+func checkSecretsAreNotTheAgents(t *testing.T, cc *grpc.ClientConn, stateDir string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c := client.NewADSClient(ctx, &core.Node{Id: "unit-sds"}, resourcev3.SecretType)
+	if err := c.InitConnect(cc); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := c.Fetch()
+	if err != nil {
+		t.Fatal(err)
+	}
+	agentKey, err := os.ReadFile(filepath.Join(stateDir, "agent.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, a := range resp.Resources {
+		var sec tlsv3.Secret
+		if err := a.UnmarshalTo(&sec); err != nil {
+			t.Fatal(err)
+		}
+		tc := sec.GetTlsCertificate()
+		if tc == nil {
+			continue
+		}
+		found = true
+		if bytes.Equal(tc.GetPrivateKey().GetInlineBytes(), agentKey) {
+			t.Errorf("secret %s serves agent.key", sec.Name)
+		}
+		blk, _ := pem.Decode(tc.GetCertificateChain().GetInlineBytes())
+		leaf, err := x509.ParseCertificate(blk.Bytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(leaf.ExtKeyUsage, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}) || !strings.HasPrefix(leaf.Subject.Organization[0], "cablemesh:ingress:") {
+			t.Errorf("secret %s: certificate %v with usages %v, want an ingress serving certificate", sec.Name, leaf.Subject, leaf.ExtKeyUsage)
+		}
+	}
+	if !found {
+		t.Error("no TLS certificate secret served")
+	}
+}
+
+// TestAReloadToLoopbackTCPXDSIsRefused: a live reload that moves ingress.xds.listen to loopback
+// TCP is refused whole, naming the field; the unix socket keeps serving.
+func TestAReloadToLoopbackTCPXDSIsRefused(t *testing.T) {
+	registerReloadDrivers()
+	b := multiBroker(t)
+	base := testConfig(t, b, true)
+	sock := filepath.Join(t.TempDir(), "xds.sock")
+	listen := fmt.Sprintf("ingress: {mode: envoy, xds: {listen: %q}}\n", sock)
+	r, cfg, path, _ := startReloadAgent(t, reloadConfigText(b, base, bothDrivers, listen), nil)
+	<-r.ready
+	eventually(t, "the xDS server in status", func() bool {
+		s, _ := getStatus(t, cfg.StatusSocket)
+		return s.Ingress != nil && s.Ingress.XDS != nil && s.Ingress.XDS.Listen == sock
+	})
+	tries := 0
+	eventually(t, "status names the refused field", func() bool {
+		// Written again (a new comment, a new hash) until seen: the first write may come before
+		// the agent's file watch is armed.
+		tries++
+		writeRenamed(t, path, reloadConfigText(b, base, bothDrivers, fmt.Sprintf("# try %d\ningress: {mode: envoy, xds: {listen: \"127.0.0.1:18000\"}}\n", tries)))
+		time.Sleep(300 * time.Millisecond)
+		s, _ := getStatus(t, cfg.StatusSocket)
+		return s.Config != nil && len(s.Config.Refused) == 1 && s.Config.Refused[0].Field == "ingress.xds.listen" &&
+			strings.Contains(s.Config.Refused[0].Message, `"127.0.0.1:18000" is a TCP address`)
+	})
+	s, _ := getStatus(t, cfg.StatusSocket)
+	if s.Ingress.XDS.Listen != sock {
+		t.Errorf("xDS listen in status %q after the refused reload, want %q", s.Ingress.XDS.Listen, sock)
+	}
+	cc, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c := client.NewADSClient(ctx, &core.Node{Id: "after-reload"}, resourcev3.ListenerType)
+	if err := c.InitConnect(cc); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Fetch(); err != nil {
+		t.Errorf("the unix socket stopped serving after the refused reload: %v", err)
+	}
+	if conn, err := net.DialTimeout("tcp", "127.0.0.1:18000", time.Second); err == nil {
+		conn.Close()
+		t.Error("something listens on 127.0.0.1:18000 after the refused reload")
+	}
+}
+
+// TestAnOldBrokerGetsNoAgentKeyServed: a broker without Agent.IssueIngressCertificate leaves
+// the ingress without a certificate: no secret is served (never agent.key), and status says why.
+func TestAnOldBrokerGetsNoAgentKeyServed(t *testing.T) {
+	b := newBroker(t)
+	b.ActAsOldBroker()
+	sock := filepath.Join(t.TempDir(), "xds.sock")
+	_, cfg, _, _ := servicesAgent(t, b, &switchPinger{}, func(c *config.Config, _ *Options) {
+		c.Ingress.XDS.Listen = sock
+	})
+	eventually(t, "status says the broker issues no ingress certificate", func() bool {
+		s, _ := getStatus(t, cfg.StatusSocket)
+		return s.Ingress != nil && strings.Contains(s.Ingress.Error, "does not issue ingress certificates") &&
+			s.Ingress.XDS != nil && strings.Contains(s.Ingress.XDS.IngressCertificate, "upgrade the broker")
+	})
+	s, _ := getStatus(t, cfg.StatusSocket)
+	if s.Ingress.XDS.Versions["secrets"] != emptySecretsVersion(t) {
+		t.Errorf("secrets version %q, want that of no secrets", s.Ingress.XDS.Versions["secrets"])
+	}
+	if _, err := os.Stat(filepath.Join(cfg.StateDir, IngressKeyFile)); err == nil {
+		t.Error("an ingress key was written without a certificate")
+	}
 }

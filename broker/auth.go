@@ -118,11 +118,25 @@ func peerIdentity(ctx context.Context) (pki.Identity, [][]*x509.Certificate, err
 		return refused(errors.New("this call needs a client certificate of the mesh CA (the admin certificate, or the agent certificate issued at Join); none was presented"))
 	}
 	leaf := ti.State.VerifiedChains[0][0]
+	if err := refuseIngressCertificate(leaf); err != nil {
+		return refused(err)
+	}
 	id, err := pki.IdentityOf(leaf)
 	if err != nil {
 		return refused(fmt.Errorf("client certificate: %w", err))
 	}
 	return id, ti.State.VerifiedChains, nil
+}
+
+// refuseIngressCertificate refuses a node's ingress certificate for every call: Envoy holds its
+// key, and whoever can read Envoy's secrets must not be able to act as the node. Its serverAuth-only
+// usage already fails the TLS layer's client check, and its URI names no agent; this says so by
+// name, whatever the chain.
+func refuseIngressCertificate(leaf *x509.Certificate) error {
+	if pki.IsIngress(leaf) {
+		return fmt.Errorf("client certificate %q (%v) is an ingress certificate: it serves the node's ingress and authenticates no caller at the broker", leaf.Subject.CommonName, leaf.Subject.Organization)
+	}
+	return nil
 }
 
 // checkAgent checks, on every call and stream of agent id, that its cluster still exists with the

@@ -54,12 +54,20 @@ type Ingress struct {
 
 // XDS configures the agent's xDS server (agent/xds).
 type XDS struct {
-	// Listen is where the xDS server listens: the absolute path of a unix socket (or
-	// "unix:PATH"), or a loopback host:port (127.0.0.1:PORT, [::1]:PORT, localhost:PORT).
-	// Anything else is refused: the server hands out the ingress's private key. Default: ""
-	// (no xDS server).
+	// Listen is the unix socket the xDS server listens on: an absolute path, or "unix:PATH".
+	// TCP is refused: the server hands out the ingress's private key and checks each client's
+	// uid and gid (SO_PEERCRED), which only a unix socket can tell. Default: "" (no xDS server).
 	Listen string `yaml:"listen" json:"listen,omitempty"`
+	// AllowUID is a uid, besides root and the agent's own, whose processes may use the xDS
+	// server (Envoy's user); the socket file is given to it. 0: none.
+	AllowUID int64 `yaml:"allowUID" json:"allowUID,omitempty"`
+	// AllowGID is a gid whose processes (by their effective gid) may use the xDS server; the
+	// socket file is given to the group, mode 0660. 0: none.
+	AllowGID int64 `yaml:"allowGID" json:"allowGID,omitempty"`
 }
+
+// maxID is the largest uid or gid: (uid_t)-1 means "no id" to the kernel.
+const maxID = 1<<32 - 2
 
 // applyIngressDefaults fills the ingress block's defaults.
 func (c *Config) applyIngressDefaults() {
@@ -114,6 +122,17 @@ func (c *Config) validateIngress() error {
 			return fmt.Errorf("ingress.xds.listen: %w", err)
 		}
 	}
+	for _, id := range []struct {
+		field string
+		v     int64
+	}{{"ingress.xds.allowUID", in.XDS.AllowUID}, {"ingress.xds.allowGID", in.XDS.AllowGID}} {
+		if id.v < 0 || id.v > maxID {
+			return fmt.Errorf("%s: %d is not a uid/gid (0..%d)", id.field, id.v, int64(maxID))
+		}
+		if id.v != 0 && in.XDS.Listen == "" {
+			return fmt.Errorf("%s: %d is set, but ingress.xds.listen is not (there is no xDS server to allow it on)", id.field, id.v)
+		}
+	}
 	return nil
 }
 
@@ -153,41 +172,31 @@ func checkMeshDomain(s string) error {
 	return nil
 }
 
-// ParseXDSListen parses ingress.xds.listen into a net.Listen network and address: "unix" and a
-// path for an absolute path or "unix:PATH", "tcp" and host:port for a loopback address. Every
-// other address is refused, since the xDS server hands out the ingress's private key and has no
-// authentication of its own: only this host may reach it.
+// ParseXDSListen parses ingress.xds.listen: an absolute path or "unix:PATH", returned as the
+// net.Listen network "unix" and the cleaned path. Everything else is refused, TCP above all (even
+// loopback): the xDS server hands out the ingress's private key and admits a client by its uid
+// and gid (SO_PEERCRED), which a TCP connection does not carry; on loopback TCP every local user,
+// and every pod of a host-network node, could fetch it.
 func ParseXDSListen(s string) (network, address string, err error) {
-	if p, ok := strings.CutPrefix(s, "unix:"); ok || strings.HasPrefix(s, "/") {
-		if !ok {
-			p = s
+	p, ok := strings.CutPrefix(s, "unix:")
+	if !ok && !strings.HasPrefix(s, "/") {
+		if _, perr := netip.ParseAddrPort(s); perr == nil || strings.Contains(s, ":") {
+			return "", "", fmt.Errorf("%q is a TCP address: the xDS server listens only on a unix socket, where it checks each client's uid and gid (root, the agent's user, ingress.xds.allowUID, ingress.xds.allowGID); use an absolute path such as /run/cablemesh/xds.sock", s)
 		}
-		if !filepath.IsAbs(p) {
-			return "", "", fmt.Errorf("%q: a unix socket path must be absolute", s)
-		}
-		// sun_path holds 108 bytes including the terminating NUL.
-		if len(p) > 107 {
-			return "", "", fmt.Errorf("%q: longer than the 107 bytes a unix socket path may have", s)
-		}
-		return "unix", filepath.Clean(p), nil
+		return "", "", fmt.Errorf("%q is not a unix socket path (an absolute path, or unix:PATH)", s)
 	}
-	ap, err := netip.ParseAddrPort(s)
-	if err != nil {
-		host, port, ok := strings.Cut(s, ":")
-		if !ok || host != "localhost" {
-			return "", "", fmt.Errorf("%q is neither a unix socket path nor a loopback ip:port", s)
-		}
-		n, perr := strconv.ParseUint(port, 10, 16)
-		if perr != nil || n == 0 {
-			return "", "", fmt.Errorf("%q has no valid port (1..65535)", s)
-		}
-		return "tcp", "127.0.0.1:" + port, nil
+	if !ok {
+		p = s
 	}
-	if !ap.Addr().IsLoopback() || ap.Addr().Zone() != "" {
-		return "", "", fmt.Errorf("%q is not a loopback address: the xDS server serves the ingress's private key and must only be reachable from this host (use 127.0.0.1, ::1 or a unix socket)", s)
+	if !filepath.IsAbs(p) {
+		return "", "", fmt.Errorf("%q: a unix socket path must be absolute", s)
 	}
-	if ap.Port() == 0 {
-		return "", "", fmt.Errorf("%q has no valid port (1..65535)", s)
+	// sun_path holds 108 bytes including the terminating NUL.
+	if len(p) > 107 {
+		return "", "", fmt.Errorf("%q: longer than the 107 bytes a unix socket path may have", s)
 	}
-	return "tcp", ap.String(), nil
+	if strings.ContainsRune(p, 0) {
+		return "", "", fmt.Errorf("%q: a unix socket path may not contain NUL", s)
+	}
+	return "unix", filepath.Clean(p), nil
 }

@@ -60,14 +60,30 @@ type XDSStatus struct {
 	// Versions are the current snapshot's versions by resource type (listeners, routes,
 	// clusters, endpoints, secrets): hashes of the content, unchanged while nothing changes.
 	Versions map[string]string `json:"versions"`
-	// Nodes are the xDS clients that connected, by node ID.
+	// Nodes are the xDS clients that connected, by node ID: at most MaxNodes, each kept while it
+	// has a stream open and NodeTTL after (agent/xds node table).
 	Nodes []XDSNode `json:"nodes"`
+	// MaxNodes and NodeTTL are the node table's bounds.
+	MaxNodes int    `json:"maxNodes,omitempty"`
+	NodeTTL  string `json:"nodeTTL,omitempty"`
+	// Access says who may connect to the socket besides root and the agent's user.
+	AllowUID uint32 `json:"allowUID,omitempty"`
+	AllowGID uint32 `json:"allowGID,omitempty"`
+	// RefusedConnections counts the connections refused by their peer's uid/gid (SO_PEERCRED);
+	// LastRefused says whose and when.
+	RefusedConnections uint64 `json:"refusedConnections,omitempty"`
+	LastRefused        string `json:"lastRefused,omitempty"`
+	// IngressCertificate says what the ingress serves over SDS: "ingress certificate SERIAL
+	// until TIME", or why none (the agent's own key is never served).
+	IngressCertificate string `json:"ingressCertificate,omitempty"`
 }
 
 // XDSNode is one xDS client's state per resource type.
 type XDSNode struct {
-	Node  string    `json:"node"`
-	Types []XDSType `json:"types"`
+	Node string `json:"node"`
+	// Streams are the node's open streams; 0: it left, and is forgotten after the TTL.
+	Streams int       `json:"streams"`
+	Types   []XDSType `json:"types"`
 }
 
 // XDSType is one resource type of one xDS client.

@@ -9,7 +9,9 @@ import (
 	"net"
 	"os"
 	"sync"
+	"time"
 
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	clusterservice "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	endpointservice "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
@@ -37,9 +39,10 @@ type Server struct {
 
 	mu       sync.Mutex
 	snap     *cache.Snapshot // nil until the first Update
-	nodes    map[string]bool // every node ID that sent a request
-	lis      net.Listener
-	sockPath string // the unix socket to remove on Close ("" for TCP)
+	nodes    *nodeTable      // the nodes served (bounded, expiring: nodes.go)
+	now      func() time.Time
+	lis      *peerListener
+	sockPath string // the unix socket to remove on Close
 }
 
 // NewServer builds a server that serves nothing until Update and Serve.
@@ -47,11 +50,11 @@ func NewServer(log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Server{log: log, tracker: newTracker(), nodes: map[string]bool{}}
+	s := &Server{log: log, tracker: newTracker(), nodes: newNodeTable(DefaultMaxNodes, DefaultNodeTTL), now: time.Now}
 	// Not ADS mode: in ADS mode the cache answers a request that names a subset of the
 	// resources only once all of them exist, and gRPC clients always name theirs.
 	s.cache = cache.NewSnapshotCache(false, cache.IDHash{}, nil)
-	cb := s.tracker.callbacks(s.sawNode)
+	cb := s.tracker.callbacks(s)
 	xs := serverv3.NewServer(context.Background(), s.cache, cb)
 	// grpc-go's xDS client and Envoy keep one long stream; no message limits beyond the
 	// defaults: a snapshot of 1,000 services fits well under gRPC's 4 MiB.
@@ -66,43 +69,39 @@ func NewServer(log *slog.Logger) *Server {
 	return s
 }
 
-// Listen opens addr as ingress.xds.listen allows it (a unix socket path, or a loopback
-// host:port); anything else is refused with an error naming it. A stale socket file left by a
-// previous agent is replaced; any other file at the path is an error.
-func (s *Server) Listen(addr string) (net.Listener, error) {
-	network, address, err := config.ParseXDSListen(addr)
+// Listen is ListenWith without clients beyond root and the agent's own user.
+func (s *Server) Listen(addr string) (net.Listener, error) { return s.ListenWith(addr, Access{}) }
+
+// ListenWith opens the unix socket ingress.xds.listen names (config.ParseXDSListen: TCP is
+// refused) for the clients acc allows; a connection of anyone else is closed at once
+// (peerListener). The socket file is made under a temporary name, given its owner and mode
+// (acc.fileOwner), and only then renamed into place, so that it never exists at its path with
+// looser permissions. A stale socket left by a previous agent is replaced; any other file at
+// the path is an error.
+func (s *Server) ListenWith(addr string, acc Access) (net.Listener, error) {
+	_, address, err := config.ParseXDSListen(addr)
 	if err != nil {
 		return nil, fmt.Errorf("ingress.xds.listen: %w", err)
 	}
-	if network == "unix" {
-		if fi, err := os.Lstat(address); err == nil {
-			if fi.Mode().Type() != fs.ModeSocket {
-				return nil, fmt.Errorf("ingress.xds.listen: %s exists and is not a socket", address)
-			}
-			if err := os.Remove(address); err != nil {
-				return nil, fmt.Errorf("ingress.xds.listen: remove stale socket: %w", err)
-			}
+	if fi, err := os.Lstat(address); err == nil {
+		if fi.Mode().Type() != fs.ModeSocket {
+			return nil, fmt.Errorf("ingress.xds.listen: %s exists and is not a socket", address)
 		}
-		if err := os.MkdirAll(dirOf(address), 0o755); err != nil {
-			return nil, fmt.Errorf("ingress.xds.listen: %w", err)
+		if err := os.Remove(address); err != nil {
+			return nil, fmt.Errorf("ingress.xds.listen: remove stale socket: %w", err)
 		}
 	}
-	lis, err := net.Listen(network, address)
+	if err := os.MkdirAll(dirOf(address), 0o755); err != nil {
+		return nil, fmt.Errorf("ingress.xds.listen: %w", err)
+	}
+	ul, err := listenUnixAs(address, acc)
 	if err != nil {
 		return nil, fmt.Errorf("ingress.xds.listen: %w", err)
 	}
-	if network == "unix" {
-		// The socket hands out the ingress's private key: the agent's user alone.
-		if err := os.Chmod(address, 0o600); err != nil {
-			lis.Close()
-			return nil, fmt.Errorf("ingress.xds.listen: %w", err)
-		}
-	}
+	lis := newPeerListener(ul, acc, s.log)
 	s.mu.Lock()
 	s.lis = lis
-	if network == "unix" {
-		s.sockPath = address
-	}
+	s.sockPath = address
 	s.mu.Unlock()
 	return lis, nil
 }
@@ -130,6 +129,9 @@ func (s *Server) Close() {
 	s.grpc.Stop()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.lis != nil {
+		s.lis.Close()
+	}
 	if s.sockPath != "" {
 		os.Remove(s.sockPath)
 		s.sockPath = ""
@@ -157,7 +159,7 @@ func (s *Server) SetSnapshot(ctx context.Context, snap *cache.Snapshot) (bool, e
 	}
 	s.snap = snap
 	s.tracker.setCurrent(versions(snap))
-	for node := range s.nodes {
+	for node := range s.nodes.nodes {
 		if err := s.cache.SetSnapshot(ctx, node, snap); err != nil {
 			return true, fmt.Errorf("xds: set snapshot of node %s: %w", node, err)
 		}
@@ -165,20 +167,83 @@ func (s *Server) SetSnapshot(ctx context.Context, snap *cache.Snapshot) (bool, e
 	return true, nil
 }
 
-// sawNode gives a node seen for the first time the current snapshot (per-node snapshots: the
-// cache holds one per node ID, all the same content).
-func (s *Server) sawNode(node string) {
+// admit is the node of a request on stream k (nodeHooks): on a stream's first request the node
+// it names enters the node table, and a node new to it gets the current snapshot (per-node
+// snapshots: the cache holds one per node ID, all the same content); nodes that left the table
+// lose theirs.
+func (s *Server) admit(k streamKey, n *core.Node) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.nodes[node] {
-		return
+	node, isNew, dropped, err := s.nodes.admit(k, n.GetId(), n != nil, s.now())
+	s.dropLocked(dropped)
+	if err != nil {
+		s.log.Debug("xDS stream refused", "err", err)
+		return "", err
 	}
-	s.nodes[node] = true
-	if s.snap != nil {
+	if isNew && s.snap != nil {
 		if err := s.cache.SetSnapshot(context.Background(), node, s.snap); err != nil {
 			s.log.Warn("xds: cannot set the snapshot of a new node", "xdsNode", node, "err", err)
 		}
 	}
+	return node, nil
+}
+
+// dropLocked forgets nodes that left the node table: their snapshot and status.
+func (s *Server) dropLocked(nodes []string) {
+	for _, n := range nodes {
+		s.cache.ClearSnapshot(n)
+	}
+	s.tracker.forget(nodes)
+}
+
+func (s *Server) nodeOf(k streamKey) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.nodes.nodeOf(k)
+}
+
+func (s *Server) closed(k streamKey) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.nodes.closed(k, s.now())
+}
+
+// SetNodeLimits replaces the node table's bounds (before Serve; for tests and benchmarks).
+func (s *Server) SetNodeLimits(max int, ttl time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.nodes.max, s.nodes.ttl = max, ttl
+}
+
+// expireNodes drops the nodes idle longer than the TTL (status calls it: a table nobody adds
+// to still forgets).
+func (s *Server) expireNodes() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.dropLocked(s.nodes.expire(s.now()))
+}
+
+// NodeStreams is the number of open streams per node in the table.
+func (s *Server) NodeStreams() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]int, len(s.nodes.nodes))
+	for n := range s.nodes.nodes {
+		out[n] = s.nodes.streamsOf(n)
+	}
+	return out
+}
+
+// Refused are the connections the socket refused (a client neither root, the agent's user nor
+// allowed), and the last of them.
+func (s *Server) Refused() (count uint64, last string) {
+	s.mu.Lock()
+	lis := s.lis
+	s.mu.Unlock()
+	if lis == nil {
+		return 0, ""
+	}
+	return lis.refused()
 }
 
 // Versions are the current snapshot's version per type URL (nil before the first Update).
@@ -191,8 +256,12 @@ func (s *Server) Versions() map[string]string {
 	return versions(s.snap)
 }
 
-// Status is every node's ACK/NACK state per resource type, sorted.
-func (s *Server) Status() []NodeStatus { return s.tracker.status() }
+// Status is every node's ACK/NACK state per resource type, sorted: the nodes of the node table
+// that have been sent or have answered anything.
+func (s *Server) Status() []NodeStatus {
+	s.expireNodes()
+	return s.tracker.status()
+}
 
 // Changed returns a channel closed at the next change of the tracked state (a response sent,
 // an ACK, a NACK): tests and benchmarks wait on it instead of polling.

@@ -11,6 +11,7 @@ import (
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 )
 
@@ -62,16 +63,42 @@ type typeState struct {
 type tracker struct {
 	mu      sync.Mutex
 	current map[string]string           // type URL -> current version
-	streams map[int64]string            // sotw stream -> node ID (only the first request must carry the node)
-	deltas  map[int64]string            // delta stream -> node ID
 	nonces  map[int64]map[string]string // delta stream -> nonce -> version sent
 	state   map[typeKey]*typeState
 	ch      chan struct{}
 }
 
 func newTracker() *tracker {
-	return &tracker{current: map[string]string{}, streams: map[int64]string{}, deltas: map[int64]string{},
-		nonces: map[int64]map[string]string{}, state: map[typeKey]*typeState{}, ch: make(chan struct{})}
+	return &tracker{current: map[string]string{}, nonces: map[int64]map[string]string{}, state: map[typeKey]*typeState{}, ch: make(chan struct{})}
+}
+
+// maxNackLength bounds a NACK's error detail as status keeps it (Envoy's are a line or two).
+const maxNackLength = 1024
+
+// tracked says url is one of the served types: requests for any other type are not recorded
+// (the type URL comes from the client; the status must not grow with made-up ones).
+func tracked(url string) bool {
+	for _, t := range served {
+		if u, _ := cache.GetResponseTypeURL(t); u == url {
+			return true
+		}
+	}
+	return false
+}
+
+// forget drops the state of nodes that left the node table.
+func (t *tracker) forget(nodes []string) {
+	if len(nodes) == 0 {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for k := range t.state {
+		if slices.Contains(nodes, k.node) {
+			delete(t.state, k)
+		}
+	}
+	t.notifyLocked()
 }
 
 func (t *tracker) changed() <-chan struct{} {
@@ -103,18 +130,14 @@ func (t *tracker) get(node, url string) *typeState {
 	return s
 }
 
-func nodeID(n *core.Node) (string, bool) {
-	if n == nil {
-		return "", false
-	}
-	return n.GetId(), true
-}
-
 // request records an ACK or a NACK: a request that answers a response (a nonce) is a NACK when
 // it carries error_detail, an ACK of version otherwise.
 func (t *tracker) request(node, url, nonce, version, errDetail string, nack bool) {
-	if nonce == "" {
-		return // the first request of the type: nothing to answer yet
+	if nonce == "" || !tracked(url) {
+		return // the first request of the type (nothing to answer yet), or a type not served
+	}
+	if len(errDetail) > maxNackLength {
+		errDetail = errDetail[:maxNackLength] + "..."
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -135,6 +158,9 @@ func (t *tracker) request(node, url, nonce, version, errDetail string, nack bool
 }
 
 func (t *tracker) sent(node, url, version string) {
+	if !tracked(url) {
+		return
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	s := t.get(node, url)
@@ -142,54 +168,53 @@ func (t *tracker) sent(node, url, version string) {
 	t.notifyLocked()
 }
 
-// callbacks are the server callbacks; saw is told every node ID a request names.
-func (t *tracker) callbacks(saw func(string)) serverv3.CallbackFuncs {
+// nodeHooks are the server's node table as the callbacks use it.
+type nodeHooks interface {
+	// admit returns the node of a request on stream k (admitting it on the stream's first
+	// request), or the error that ends the stream.
+	admit(k streamKey, node *core.Node) (string, error)
+	nodeOf(k streamKey) string
+	closed(k streamKey)
+}
+
+// callbacks are the server callbacks.
+func (t *tracker) callbacks(h nodeHooks) serverv3.CallbackFuncs {
 	return serverv3.CallbackFuncs{
 		StreamRequestFunc: func(id int64, req *discovery.DiscoveryRequest) error {
-			node, ok := nodeID(req.GetNode())
-			t.mu.Lock()
-			if ok {
-				t.streams[id] = node
-			} else {
-				node = t.streams[id]
+			node, err := h.admit(streamKey{id: id}, req.GetNode())
+			if err != nil {
+				return err
 			}
-			t.mu.Unlock()
-			saw(node)
 			t.request(node, req.GetTypeUrl(), req.GetResponseNonce(), req.GetVersionInfo(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
 			return nil
 		},
 		StreamResponseFunc: func(_ context.Context, id int64, req *discovery.DiscoveryRequest, resp *discovery.DiscoveryResponse) {
-			t.mu.Lock()
-			node := t.streams[id]
-			t.mu.Unlock()
-			t.sent(node, resp.GetTypeUrl(), resp.GetVersionInfo())
+			t.sent(h.nodeOf(streamKey{id: id}), resp.GetTypeUrl(), resp.GetVersionInfo())
 		},
-		StreamClosedFunc: func(id int64, _ *core.Node) {
-			t.mu.Lock()
-			delete(t.streams, id)
-			t.mu.Unlock()
-		},
+		StreamClosedFunc: func(id int64, _ *core.Node) { h.closed(streamKey{id: id}) },
 		StreamDeltaRequestFunc: func(id int64, req *discovery.DeltaDiscoveryRequest) error {
-			node, ok := nodeID(req.GetNode())
-			t.mu.Lock()
-			if ok {
-				t.deltas[id] = node
-			} else {
-				node = t.deltas[id]
+			node, err := h.admit(streamKey{delta: true, id: id}, req.GetNode())
+			if err != nil {
+				return err
 			}
+			t.mu.Lock()
 			// Delta requests carry no version: the nonce says which response they answer.
 			version := t.nonces[id][req.GetResponseNonce()]
 			delete(t.nonces[id], req.GetResponseNonce())
 			t.mu.Unlock()
-			saw(node)
 			t.request(node, req.GetTypeUrl(), req.GetResponseNonce(), version, req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
 			return nil
 		},
 		StreamDeltaResponseFunc: func(id int64, req *discovery.DeltaDiscoveryRequest, resp *discovery.DeltaDiscoveryResponse) {
+			node := h.nodeOf(streamKey{delta: true, id: id})
 			t.mu.Lock()
-			node := t.deltas[id]
 			if t.nonces[id] == nil {
 				t.nonces[id] = map[string]string{}
+			}
+			// A response per type at most is unanswered at a time; keep the map from growing
+			// with responses a client never answers.
+			if len(t.nonces[id]) >= len(served)*4 {
+				clear(t.nonces[id])
 			}
 			t.nonces[id][resp.GetNonce()] = resp.GetSystemVersionInfo()
 			t.mu.Unlock()
@@ -197,9 +222,9 @@ func (t *tracker) callbacks(saw func(string)) serverv3.CallbackFuncs {
 		},
 		DeltaStreamClosedFunc: func(id int64, _ *core.Node) {
 			t.mu.Lock()
-			delete(t.deltas, id)
 			delete(t.nonces, id)
 			t.mu.Unlock()
+			h.closed(streamKey{delta: true, id: id})
 		},
 	}
 }

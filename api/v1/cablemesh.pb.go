@@ -2840,6 +2840,109 @@ func (x *RenewCertificateResponse) GetCa() *CABundle {
 	return nil
 }
 
+// IssueIngressCertificateRequest asks for the certificate the node's ingress (its Envoy, over
+// the agent's xDS SDS) serves with: a key of its own, never the agent's key.
+type IssueIngressCertificateRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// PEM-encoded PKCS#10 certificate request (ECDSA P-256 or P-384). Its subject is ignored: the
+	// certificate names the caller's cluster and node as an ingress.
+	CsrPem        []byte `protobuf:"bytes,1,opt,name=csr_pem,json=csrPem,proto3" json:"csr_pem,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IssueIngressCertificateRequest) Reset() {
+	*x = IssueIngressCertificateRequest{}
+	mi := &file_cablemesh_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IssueIngressCertificateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IssueIngressCertificateRequest) ProtoMessage() {}
+
+func (x *IssueIngressCertificateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IssueIngressCertificateRequest.ProtoReflect.Descriptor instead.
+func (*IssueIngressCertificateRequest) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *IssueIngressCertificateRequest) GetCsrPem() []byte {
+	if x != nil {
+		return x.CsrPem
+	}
+	return nil
+}
+
+type IssueIngressCertificateResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A serving certificate (extended key usage serverAuth only; subject Organization
+	// "cablemesh:ingress:<cluster>", URI cablemesh://ingress/<cluster>/node/<node>) that the broker
+	// refuses for every call.
+	CertificatePem []byte                 `protobuf:"bytes,1,opt,name=certificate_pem,json=certificatePem,proto3" json:"certificate_pem,omitempty"`
+	NotAfter       *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=not_after,json=notAfter,proto3" json:"not_after,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *IssueIngressCertificateResponse) Reset() {
+	*x = IssueIngressCertificateResponse{}
+	mi := &file_cablemesh_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IssueIngressCertificateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IssueIngressCertificateResponse) ProtoMessage() {}
+
+func (x *IssueIngressCertificateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IssueIngressCertificateResponse.ProtoReflect.Descriptor instead.
+func (*IssueIngressCertificateResponse) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *IssueIngressCertificateResponse) GetCertificatePem() []byte {
+	if x != nil {
+		return x.CertificatePem
+	}
+	return nil
+}
+
+func (x *IssueIngressCertificateResponse) GetNotAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NotAfter
+	}
+	return nil
+}
+
 type ApplyPoliciesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// policies: each Policy.json holds one policy; name must equal the JSON metadata.name.
@@ -2852,7 +2955,7 @@ type ApplyPoliciesRequest struct {
 
 func (x *ApplyPoliciesRequest) Reset() {
 	*x = ApplyPoliciesRequest{}
-	mi := &file_cablemesh_proto_msgTypes[36]
+	mi := &file_cablemesh_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2864,7 +2967,7 @@ func (x *ApplyPoliciesRequest) String() string {
 func (*ApplyPoliciesRequest) ProtoMessage() {}
 
 func (x *ApplyPoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[36]
+	mi := &file_cablemesh_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2877,7 +2980,7 @@ func (x *ApplyPoliciesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyPoliciesRequest.ProtoReflect.Descriptor instead.
 func (*ApplyPoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{36}
+	return file_cablemesh_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ApplyPoliciesRequest) GetPolicies() []*Policy {
@@ -2905,7 +3008,7 @@ type ApplyPoliciesResponse struct {
 
 func (x *ApplyPoliciesResponse) Reset() {
 	*x = ApplyPoliciesResponse{}
-	mi := &file_cablemesh_proto_msgTypes[37]
+	mi := &file_cablemesh_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2917,7 +3020,7 @@ func (x *ApplyPoliciesResponse) String() string {
 func (*ApplyPoliciesResponse) ProtoMessage() {}
 
 func (x *ApplyPoliciesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[37]
+	mi := &file_cablemesh_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2930,7 +3033,7 @@ func (x *ApplyPoliciesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyPoliciesResponse.ProtoReflect.Descriptor instead.
 func (*ApplyPoliciesResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{37}
+	return file_cablemesh_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ApplyPoliciesResponse) GetPolicies() []*Policy {
@@ -2956,7 +3059,7 @@ type DeletePoliciesRequest struct {
 
 func (x *DeletePoliciesRequest) Reset() {
 	*x = DeletePoliciesRequest{}
-	mi := &file_cablemesh_proto_msgTypes[38]
+	mi := &file_cablemesh_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2968,7 +3071,7 @@ func (x *DeletePoliciesRequest) String() string {
 func (*DeletePoliciesRequest) ProtoMessage() {}
 
 func (x *DeletePoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[38]
+	mi := &file_cablemesh_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2981,7 +3084,7 @@ func (x *DeletePoliciesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePoliciesRequest.ProtoReflect.Descriptor instead.
 func (*DeletePoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{38}
+	return file_cablemesh_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *DeletePoliciesRequest) GetNames() []string {
@@ -3000,7 +3103,7 @@ type DeletePoliciesResponse struct {
 
 func (x *DeletePoliciesResponse) Reset() {
 	*x = DeletePoliciesResponse{}
-	mi := &file_cablemesh_proto_msgTypes[39]
+	mi := &file_cablemesh_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3012,7 +3115,7 @@ func (x *DeletePoliciesResponse) String() string {
 func (*DeletePoliciesResponse) ProtoMessage() {}
 
 func (x *DeletePoliciesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[39]
+	mi := &file_cablemesh_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3025,7 +3128,7 @@ func (x *DeletePoliciesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePoliciesResponse.ProtoReflect.Descriptor instead.
 func (*DeletePoliciesResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{39}
+	return file_cablemesh_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *DeletePoliciesResponse) GetDeleted() []string {
@@ -3043,7 +3146,7 @@ type ListPoliciesRequest struct {
 
 func (x *ListPoliciesRequest) Reset() {
 	*x = ListPoliciesRequest{}
-	mi := &file_cablemesh_proto_msgTypes[40]
+	mi := &file_cablemesh_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3055,7 +3158,7 @@ func (x *ListPoliciesRequest) String() string {
 func (*ListPoliciesRequest) ProtoMessage() {}
 
 func (x *ListPoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[40]
+	mi := &file_cablemesh_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3068,7 +3171,7 @@ func (x *ListPoliciesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoliciesRequest.ProtoReflect.Descriptor instead.
 func (*ListPoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{40}
+	return file_cablemesh_proto_rawDescGZIP(), []int{42}
 }
 
 type ListPoliciesResponse struct {
@@ -3081,7 +3184,7 @@ type ListPoliciesResponse struct {
 
 func (x *ListPoliciesResponse) Reset() {
 	*x = ListPoliciesResponse{}
-	mi := &file_cablemesh_proto_msgTypes[41]
+	mi := &file_cablemesh_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3093,7 +3196,7 @@ func (x *ListPoliciesResponse) String() string {
 func (*ListPoliciesResponse) ProtoMessage() {}
 
 func (x *ListPoliciesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[41]
+	mi := &file_cablemesh_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3106,7 +3209,7 @@ func (x *ListPoliciesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoliciesResponse.ProtoReflect.Descriptor instead.
 func (*ListPoliciesResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{41}
+	return file_cablemesh_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ListPoliciesResponse) GetPolicies() []*Policy {
@@ -3133,7 +3236,7 @@ type ExplainConnectionRequest struct {
 
 func (x *ExplainConnectionRequest) Reset() {
 	*x = ExplainConnectionRequest{}
-	mi := &file_cablemesh_proto_msgTypes[42]
+	mi := &file_cablemesh_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3145,7 +3248,7 @@ func (x *ExplainConnectionRequest) String() string {
 func (*ExplainConnectionRequest) ProtoMessage() {}
 
 func (x *ExplainConnectionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[42]
+	mi := &file_cablemesh_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3158,7 +3261,7 @@ func (x *ExplainConnectionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainConnectionRequest.ProtoReflect.Descriptor instead.
 func (*ExplainConnectionRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{42}
+	return file_cablemesh_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ExplainConnectionRequest) GetClusterA() string {
@@ -3185,7 +3288,7 @@ type ExplainConnectionResponse struct {
 
 func (x *ExplainConnectionResponse) Reset() {
 	*x = ExplainConnectionResponse{}
-	mi := &file_cablemesh_proto_msgTypes[43]
+	mi := &file_cablemesh_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3197,7 +3300,7 @@ func (x *ExplainConnectionResponse) String() string {
 func (*ExplainConnectionResponse) ProtoMessage() {}
 
 func (x *ExplainConnectionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[43]
+	mi := &file_cablemesh_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3210,7 +3313,7 @@ func (x *ExplainConnectionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainConnectionResponse.ProtoReflect.Descriptor instead.
 func (*ExplainConnectionResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{43}
+	return file_cablemesh_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ExplainConnectionResponse) GetJson() []byte {
@@ -3228,7 +3331,7 @@ type ListServicesRequest struct {
 
 func (x *ListServicesRequest) Reset() {
 	*x = ListServicesRequest{}
-	mi := &file_cablemesh_proto_msgTypes[44]
+	mi := &file_cablemesh_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3240,7 +3343,7 @@ func (x *ListServicesRequest) String() string {
 func (*ListServicesRequest) ProtoMessage() {}
 
 func (x *ListServicesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[44]
+	mi := &file_cablemesh_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3253,7 +3356,7 @@ func (x *ListServicesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListServicesRequest.ProtoReflect.Descriptor instead.
 func (*ListServicesRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{44}
+	return file_cablemesh_proto_rawDescGZIP(), []int{46}
 }
 
 type ListServicesResponse struct {
@@ -3267,7 +3370,7 @@ type ListServicesResponse struct {
 
 func (x *ListServicesResponse) Reset() {
 	*x = ListServicesResponse{}
-	mi := &file_cablemesh_proto_msgTypes[45]
+	mi := &file_cablemesh_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3279,7 +3382,7 @@ func (x *ListServicesResponse) String() string {
 func (*ListServicesResponse) ProtoMessage() {}
 
 func (x *ListServicesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[45]
+	mi := &file_cablemesh_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3292,7 +3395,7 @@ func (x *ListServicesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListServicesResponse.ProtoReflect.Descriptor instead.
 func (*ListServicesResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{45}
+	return file_cablemesh_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ListServicesResponse) GetImports() []*ServiceImport {
@@ -3329,7 +3432,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_cablemesh_proto_msgTypes[46]
+	mi := &file_cablemesh_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3341,7 +3444,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[46]
+	mi := &file_cablemesh_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3354,7 +3457,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{46}
+	return file_cablemesh_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *JoinRequest) GetToken() string {
@@ -3400,7 +3503,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_cablemesh_proto_msgTypes[47]
+	mi := &file_cablemesh_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3412,7 +3515,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[47]
+	mi := &file_cablemesh_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3425,7 +3528,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{47}
+	return file_cablemesh_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *JoinResponse) GetCertificatePem() []byte {
@@ -3474,7 +3577,7 @@ type RegisterEndpointRequest struct {
 
 func (x *RegisterEndpointRequest) Reset() {
 	*x = RegisterEndpointRequest{}
-	mi := &file_cablemesh_proto_msgTypes[48]
+	mi := &file_cablemesh_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3486,7 +3589,7 @@ func (x *RegisterEndpointRequest) String() string {
 func (*RegisterEndpointRequest) ProtoMessage() {}
 
 func (x *RegisterEndpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[48]
+	mi := &file_cablemesh_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3499,7 +3602,7 @@ func (x *RegisterEndpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterEndpointRequest.ProtoReflect.Descriptor instead.
 func (*RegisterEndpointRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{48}
+	return file_cablemesh_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *RegisterEndpointRequest) GetEndpoint() *Endpoint {
@@ -3530,7 +3633,7 @@ type RegisterEndpointResponse struct {
 
 func (x *RegisterEndpointResponse) Reset() {
 	*x = RegisterEndpointResponse{}
-	mi := &file_cablemesh_proto_msgTypes[49]
+	mi := &file_cablemesh_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3542,7 +3645,7 @@ func (x *RegisterEndpointResponse) String() string {
 func (*RegisterEndpointResponse) ProtoMessage() {}
 
 func (x *RegisterEndpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[49]
+	mi := &file_cablemesh_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3555,7 +3658,7 @@ func (x *RegisterEndpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterEndpointResponse.ProtoReflect.Descriptor instead.
 func (*RegisterEndpointResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{49}
+	return file_cablemesh_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *RegisterEndpointResponse) GetEndpoint() *Endpoint {
@@ -3595,7 +3698,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_cablemesh_proto_msgTypes[50]
+	mi := &file_cablemesh_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3607,7 +3710,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[50]
+	mi := &file_cablemesh_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3620,7 +3723,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{50}
+	return file_cablemesh_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *HeartbeatRequest) GetNode() string {
@@ -3643,7 +3746,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_cablemesh_proto_msgTypes[51]
+	mi := &file_cablemesh_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3655,7 +3758,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[51]
+	mi := &file_cablemesh_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3668,7 +3771,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{51}
+	return file_cablemesh_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *HeartbeatResponse) GetLeaseExpires() *timestamppb.Timestamp {
@@ -3720,7 +3823,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_cablemesh_proto_msgTypes[52]
+	mi := &file_cablemesh_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3732,7 +3835,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[52]
+	mi := &file_cablemesh_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3745,7 +3848,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{52}
+	return file_cablemesh_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *WatchRequest) GetSinceRevision() uint64 {
@@ -3807,7 +3910,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_cablemesh_proto_msgTypes[53]
+	mi := &file_cablemesh_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3819,7 +3922,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[53]
+	mi := &file_cablemesh_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3832,7 +3935,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{53}
+	return file_cablemesh_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *WatchResponse) GetSnapshot() bool {
@@ -3895,7 +3998,7 @@ type SetExportsRequest struct {
 
 func (x *SetExportsRequest) Reset() {
 	*x = SetExportsRequest{}
-	mi := &file_cablemesh_proto_msgTypes[54]
+	mi := &file_cablemesh_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3907,7 +4010,7 @@ func (x *SetExportsRequest) String() string {
 func (*SetExportsRequest) ProtoMessage() {}
 
 func (x *SetExportsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[54]
+	mi := &file_cablemesh_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3920,7 +4023,7 @@ func (x *SetExportsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetExportsRequest.ProtoReflect.Descriptor instead.
 func (*SetExportsRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{54}
+	return file_cablemesh_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *SetExportsRequest) GetExports() []*ServiceExport {
@@ -3943,7 +4046,7 @@ type SetExportsResponse struct {
 
 func (x *SetExportsResponse) Reset() {
 	*x = SetExportsResponse{}
-	mi := &file_cablemesh_proto_msgTypes[55]
+	mi := &file_cablemesh_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3955,7 +4058,7 @@ func (x *SetExportsResponse) String() string {
 func (*SetExportsResponse) ProtoMessage() {}
 
 func (x *SetExportsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[55]
+	mi := &file_cablemesh_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3968,7 +4071,7 @@ func (x *SetExportsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetExportsResponse.ProtoReflect.Descriptor instead.
 func (*SetExportsResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{55}
+	return file_cablemesh_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *SetExportsResponse) GetExports() []*ServiceExport {
@@ -4005,7 +4108,7 @@ type SetClusterPoliciesRequest struct {
 
 func (x *SetClusterPoliciesRequest) Reset() {
 	*x = SetClusterPoliciesRequest{}
-	mi := &file_cablemesh_proto_msgTypes[56]
+	mi := &file_cablemesh_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4017,7 +4120,7 @@ func (x *SetClusterPoliciesRequest) String() string {
 func (*SetClusterPoliciesRequest) ProtoMessage() {}
 
 func (x *SetClusterPoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[56]
+	mi := &file_cablemesh_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4030,7 +4133,7 @@ func (x *SetClusterPoliciesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetClusterPoliciesRequest.ProtoReflect.Descriptor instead.
 func (*SetClusterPoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{56}
+	return file_cablemesh_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *SetClusterPoliciesRequest) GetPolicies() []*Policy {
@@ -4055,7 +4158,7 @@ type SetClusterPoliciesResponse struct {
 
 func (x *SetClusterPoliciesResponse) Reset() {
 	*x = SetClusterPoliciesResponse{}
-	mi := &file_cablemesh_proto_msgTypes[57]
+	mi := &file_cablemesh_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4067,7 +4170,7 @@ func (x *SetClusterPoliciesResponse) String() string {
 func (*SetClusterPoliciesResponse) ProtoMessage() {}
 
 func (x *SetClusterPoliciesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cablemesh_proto_msgTypes[57]
+	mi := &file_cablemesh_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4080,7 +4183,7 @@ func (x *SetClusterPoliciesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetClusterPoliciesResponse.ProtoReflect.Descriptor instead.
 func (*SetClusterPoliciesResponse) Descriptor() ([]byte, []int) {
-	return file_cablemesh_proto_rawDescGZIP(), []int{57}
+	return file_cablemesh_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *SetClusterPoliciesResponse) GetPolicies() []*Policy {
@@ -4360,7 +4463,12 @@ const file_cablemesh_proto_rawDesc = "" +
 	"\x0fcertificate_pem\x18\x01 \x01(\fR\x0ecertificatePem\x12\x15\n" +
 	"\x06ca_pem\x18\x02 \x01(\fR\x05caPem\x127\n" +
 	"\tnot_after\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\x12&\n" +
-	"\x02ca\x18\x04 \x01(\v2\x16.cablemesh.v1.CABundleR\x02ca\"a\n" +
+	"\x02ca\x18\x04 \x01(\v2\x16.cablemesh.v1.CABundleR\x02ca\"9\n" +
+	"\x1eIssueIngressCertificateRequest\x12\x17\n" +
+	"\acsr_pem\x18\x01 \x01(\fR\x06csrPem\"\x83\x01\n" +
+	"\x1fIssueIngressCertificateResponse\x12'\n" +
+	"\x0fcertificate_pem\x18\x01 \x01(\fR\x0ecertificatePem\x127\n" +
+	"\tnot_after\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\"a\n" +
 	"\x14ApplyPoliciesRequest\x120\n" +
 	"\bpolicies\x18\x01 \x03(\v2\x14.cablemesh.v1.PolicyR\bpolicies\x12\x17\n" +
 	"\adry_run\x18\x02 \x01(\bR\x06dryRun\"e\n" +
@@ -4453,7 +4561,7 @@ const file_cablemesh_proto_rawDesc = "" +
 	"RevokeNode\x12\x1f.cablemesh.v1.RevokeNodeRequest\x1a .cablemesh.v1.RevokeNodeResponse\x12a\n" +
 	"\x10ListCertificates\x12%.cablemesh.v1.ListCertificatesRequest\x1a&.cablemesh.v1.ListCertificatesResponse\x12f\n" +
 	"\x15RenewAdminCertificate\x12%.cablemesh.v1.RenewCertificateRequest\x1a&.cablemesh.v1.RenewCertificateResponse\x12I\n" +
-	"\bRotateCA\x12\x1d.cablemesh.v1.RotateCARequest\x1a\x1e.cablemesh.v1.RotateCAResponse2\xd8\x04\n" +
+	"\bRotateCA\x12\x1d.cablemesh.v1.RotateCARequest\x1a\x1e.cablemesh.v1.RotateCAResponse2\xd0\x05\n" +
 	"\x05Agent\x12=\n" +
 	"\x04Join\x12\x19.cablemesh.v1.JoinRequest\x1a\x1a.cablemesh.v1.JoinResponse\x12a\n" +
 	"\x10RegisterEndpoint\x12%.cablemesh.v1.RegisterEndpointRequest\x1a&.cablemesh.v1.RegisterEndpointResponse\x12L\n" +
@@ -4462,7 +4570,8 @@ const file_cablemesh_proto_rawDesc = "" +
 	"\n" +
 	"SetExports\x12\x1f.cablemesh.v1.SetExportsRequest\x1a .cablemesh.v1.SetExportsResponse\x12g\n" +
 	"\x12SetClusterPolicies\x12'.cablemesh.v1.SetClusterPoliciesRequest\x1a(.cablemesh.v1.SetClusterPoliciesResponse\x12a\n" +
-	"\x10RenewCertificate\x12%.cablemesh.v1.RenewCertificateRequest\x1a&.cablemesh.v1.RenewCertificateResponseB-Z+github.com/cablemesh/cablemesh/api/v1;apiv1b\x06proto3"
+	"\x10RenewCertificate\x12%.cablemesh.v1.RenewCertificateRequest\x1a&.cablemesh.v1.RenewCertificateResponse\x12v\n" +
+	"\x17IssueIngressCertificate\x12,.cablemesh.v1.IssueIngressCertificateRequest\x1a-.cablemesh.v1.IssueIngressCertificateResponseB-Z+github.com/cablemesh/cablemesh/api/v1;apiv1b\x06proto3"
 
 var (
 	file_cablemesh_proto_rawDescOnce sync.Once
@@ -4477,85 +4586,87 @@ func file_cablemesh_proto_rawDescGZIP() []byte {
 }
 
 var file_cablemesh_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_cablemesh_proto_msgTypes = make([]protoimpl.MessageInfo, 66)
+var file_cablemesh_proto_msgTypes = make([]protoimpl.MessageInfo, 68)
 var file_cablemesh_proto_goTypes = []any{
-	(Event_Type)(0),                    // 0: cablemesh.v1.Event.Type
-	(*Cluster)(nil),                    // 1: cablemesh.v1.Cluster
-	(*Endpoint)(nil),                   // 2: cablemesh.v1.Endpoint
-	(*CableAttributes)(nil),            // 3: cablemesh.v1.CableAttributes
-	(*Resource)(nil),                   // 4: cablemesh.v1.Resource
-	(*Policy)(nil),                     // 5: cablemesh.v1.Policy
-	(*Event)(nil),                      // 6: cablemesh.v1.Event
-	(*ServicePort)(nil),                // 7: cablemesh.v1.ServicePort
-	(*ServiceEndpoint)(nil),            // 8: cablemesh.v1.ServiceEndpoint
-	(*ServiceExport)(nil),              // 9: cablemesh.v1.ServiceExport
-	(*ServiceVIP)(nil),                 // 10: cablemesh.v1.ServiceVIP
-	(*ServiceConflict)(nil),            // 11: cablemesh.v1.ServiceConflict
-	(*ImportedCluster)(nil),            // 12: cablemesh.v1.ImportedCluster
-	(*GatewayIngress)(nil),             // 13: cablemesh.v1.GatewayIngress
-	(*ServiceImport)(nil),              // 14: cablemesh.v1.ServiceImport
-	(*ServiceImports)(nil),             // 15: cablemesh.v1.ServiceImports
-	(*ListClustersRequest)(nil),        // 16: cablemesh.v1.ListClustersRequest
-	(*ListClustersResponse)(nil),       // 17: cablemesh.v1.ListClustersResponse
-	(*LabelClusterRequest)(nil),        // 18: cablemesh.v1.LabelClusterRequest
-	(*RemoveClusterRequest)(nil),       // 19: cablemesh.v1.RemoveClusterRequest
-	(*RemoveClusterResponse)(nil),      // 20: cablemesh.v1.RemoveClusterResponse
-	(*CreateJoinTokenRequest)(nil),     // 21: cablemesh.v1.CreateJoinTokenRequest
-	(*CreateJoinTokenResponse)(nil),    // 22: cablemesh.v1.CreateJoinTokenResponse
-	(*JoinTokenRecord)(nil),            // 23: cablemesh.v1.JoinTokenRecord
-	(*IssuedCertificate)(nil),          // 24: cablemesh.v1.IssuedCertificate
-	(*NodeCertificate)(nil),            // 25: cablemesh.v1.NodeCertificate
-	(*MeshAddressClaim)(nil),           // 26: cablemesh.v1.MeshAddressClaim
-	(*CAInfo)(nil),                     // 27: cablemesh.v1.CAInfo
-	(*CABundle)(nil),                   // 28: cablemesh.v1.CABundle
-	(*RevokeNodeRequest)(nil),          // 29: cablemesh.v1.RevokeNodeRequest
-	(*RevokeNodeResponse)(nil),         // 30: cablemesh.v1.RevokeNodeResponse
-	(*ListCertificatesRequest)(nil),    // 31: cablemesh.v1.ListCertificatesRequest
-	(*ListCertificatesResponse)(nil),   // 32: cablemesh.v1.ListCertificatesResponse
-	(*RotateCARequest)(nil),            // 33: cablemesh.v1.RotateCARequest
-	(*RotateCAResponse)(nil),           // 34: cablemesh.v1.RotateCAResponse
-	(*RenewCertificateRequest)(nil),    // 35: cablemesh.v1.RenewCertificateRequest
-	(*RenewCertificateResponse)(nil),   // 36: cablemesh.v1.RenewCertificateResponse
-	(*ApplyPoliciesRequest)(nil),       // 37: cablemesh.v1.ApplyPoliciesRequest
-	(*ApplyPoliciesResponse)(nil),      // 38: cablemesh.v1.ApplyPoliciesResponse
-	(*DeletePoliciesRequest)(nil),      // 39: cablemesh.v1.DeletePoliciesRequest
-	(*DeletePoliciesResponse)(nil),     // 40: cablemesh.v1.DeletePoliciesResponse
-	(*ListPoliciesRequest)(nil),        // 41: cablemesh.v1.ListPoliciesRequest
-	(*ListPoliciesResponse)(nil),       // 42: cablemesh.v1.ListPoliciesResponse
-	(*ExplainConnectionRequest)(nil),   // 43: cablemesh.v1.ExplainConnectionRequest
-	(*ExplainConnectionResponse)(nil),  // 44: cablemesh.v1.ExplainConnectionResponse
-	(*ListServicesRequest)(nil),        // 45: cablemesh.v1.ListServicesRequest
-	(*ListServicesResponse)(nil),       // 46: cablemesh.v1.ListServicesResponse
-	(*JoinRequest)(nil),                // 47: cablemesh.v1.JoinRequest
-	(*JoinResponse)(nil),               // 48: cablemesh.v1.JoinResponse
-	(*RegisterEndpointRequest)(nil),    // 49: cablemesh.v1.RegisterEndpointRequest
-	(*RegisterEndpointResponse)(nil),   // 50: cablemesh.v1.RegisterEndpointResponse
-	(*HeartbeatRequest)(nil),           // 51: cablemesh.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),          // 52: cablemesh.v1.HeartbeatResponse
-	(*WatchRequest)(nil),               // 53: cablemesh.v1.WatchRequest
-	(*WatchResponse)(nil),              // 54: cablemesh.v1.WatchResponse
-	(*SetExportsRequest)(nil),          // 55: cablemesh.v1.SetExportsRequest
-	(*SetExportsResponse)(nil),         // 56: cablemesh.v1.SetExportsResponse
-	(*SetClusterPoliciesRequest)(nil),  // 57: cablemesh.v1.SetClusterPoliciesRequest
-	(*SetClusterPoliciesResponse)(nil), // 58: cablemesh.v1.SetClusterPoliciesResponse
-	nil,                                // 59: cablemesh.v1.Cluster.LabelsEntry
-	nil,                                // 60: cablemesh.v1.Endpoint.CablePortsEntry
-	nil,                                // 61: cablemesh.v1.Endpoint.CableAttributesEntry
-	nil,                                // 62: cablemesh.v1.CableAttributes.ValuesEntry
-	nil,                                // 63: cablemesh.v1.ServiceExport.LabelsEntry
-	nil,                                // 64: cablemesh.v1.ImportedCluster.LabelsEntry
-	nil,                                // 65: cablemesh.v1.LabelClusterRequest.SetEntry
-	nil,                                // 66: cablemesh.v1.CreateJoinTokenRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),      // 67: google.protobuf.Timestamp
+	(Event_Type)(0),                         // 0: cablemesh.v1.Event.Type
+	(*Cluster)(nil),                         // 1: cablemesh.v1.Cluster
+	(*Endpoint)(nil),                        // 2: cablemesh.v1.Endpoint
+	(*CableAttributes)(nil),                 // 3: cablemesh.v1.CableAttributes
+	(*Resource)(nil),                        // 4: cablemesh.v1.Resource
+	(*Policy)(nil),                          // 5: cablemesh.v1.Policy
+	(*Event)(nil),                           // 6: cablemesh.v1.Event
+	(*ServicePort)(nil),                     // 7: cablemesh.v1.ServicePort
+	(*ServiceEndpoint)(nil),                 // 8: cablemesh.v1.ServiceEndpoint
+	(*ServiceExport)(nil),                   // 9: cablemesh.v1.ServiceExport
+	(*ServiceVIP)(nil),                      // 10: cablemesh.v1.ServiceVIP
+	(*ServiceConflict)(nil),                 // 11: cablemesh.v1.ServiceConflict
+	(*ImportedCluster)(nil),                 // 12: cablemesh.v1.ImportedCluster
+	(*GatewayIngress)(nil),                  // 13: cablemesh.v1.GatewayIngress
+	(*ServiceImport)(nil),                   // 14: cablemesh.v1.ServiceImport
+	(*ServiceImports)(nil),                  // 15: cablemesh.v1.ServiceImports
+	(*ListClustersRequest)(nil),             // 16: cablemesh.v1.ListClustersRequest
+	(*ListClustersResponse)(nil),            // 17: cablemesh.v1.ListClustersResponse
+	(*LabelClusterRequest)(nil),             // 18: cablemesh.v1.LabelClusterRequest
+	(*RemoveClusterRequest)(nil),            // 19: cablemesh.v1.RemoveClusterRequest
+	(*RemoveClusterResponse)(nil),           // 20: cablemesh.v1.RemoveClusterResponse
+	(*CreateJoinTokenRequest)(nil),          // 21: cablemesh.v1.CreateJoinTokenRequest
+	(*CreateJoinTokenResponse)(nil),         // 22: cablemesh.v1.CreateJoinTokenResponse
+	(*JoinTokenRecord)(nil),                 // 23: cablemesh.v1.JoinTokenRecord
+	(*IssuedCertificate)(nil),               // 24: cablemesh.v1.IssuedCertificate
+	(*NodeCertificate)(nil),                 // 25: cablemesh.v1.NodeCertificate
+	(*MeshAddressClaim)(nil),                // 26: cablemesh.v1.MeshAddressClaim
+	(*CAInfo)(nil),                          // 27: cablemesh.v1.CAInfo
+	(*CABundle)(nil),                        // 28: cablemesh.v1.CABundle
+	(*RevokeNodeRequest)(nil),               // 29: cablemesh.v1.RevokeNodeRequest
+	(*RevokeNodeResponse)(nil),              // 30: cablemesh.v1.RevokeNodeResponse
+	(*ListCertificatesRequest)(nil),         // 31: cablemesh.v1.ListCertificatesRequest
+	(*ListCertificatesResponse)(nil),        // 32: cablemesh.v1.ListCertificatesResponse
+	(*RotateCARequest)(nil),                 // 33: cablemesh.v1.RotateCARequest
+	(*RotateCAResponse)(nil),                // 34: cablemesh.v1.RotateCAResponse
+	(*RenewCertificateRequest)(nil),         // 35: cablemesh.v1.RenewCertificateRequest
+	(*RenewCertificateResponse)(nil),        // 36: cablemesh.v1.RenewCertificateResponse
+	(*IssueIngressCertificateRequest)(nil),  // 37: cablemesh.v1.IssueIngressCertificateRequest
+	(*IssueIngressCertificateResponse)(nil), // 38: cablemesh.v1.IssueIngressCertificateResponse
+	(*ApplyPoliciesRequest)(nil),            // 39: cablemesh.v1.ApplyPoliciesRequest
+	(*ApplyPoliciesResponse)(nil),           // 40: cablemesh.v1.ApplyPoliciesResponse
+	(*DeletePoliciesRequest)(nil),           // 41: cablemesh.v1.DeletePoliciesRequest
+	(*DeletePoliciesResponse)(nil),          // 42: cablemesh.v1.DeletePoliciesResponse
+	(*ListPoliciesRequest)(nil),             // 43: cablemesh.v1.ListPoliciesRequest
+	(*ListPoliciesResponse)(nil),            // 44: cablemesh.v1.ListPoliciesResponse
+	(*ExplainConnectionRequest)(nil),        // 45: cablemesh.v1.ExplainConnectionRequest
+	(*ExplainConnectionResponse)(nil),       // 46: cablemesh.v1.ExplainConnectionResponse
+	(*ListServicesRequest)(nil),             // 47: cablemesh.v1.ListServicesRequest
+	(*ListServicesResponse)(nil),            // 48: cablemesh.v1.ListServicesResponse
+	(*JoinRequest)(nil),                     // 49: cablemesh.v1.JoinRequest
+	(*JoinResponse)(nil),                    // 50: cablemesh.v1.JoinResponse
+	(*RegisterEndpointRequest)(nil),         // 51: cablemesh.v1.RegisterEndpointRequest
+	(*RegisterEndpointResponse)(nil),        // 52: cablemesh.v1.RegisterEndpointResponse
+	(*HeartbeatRequest)(nil),                // 53: cablemesh.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),               // 54: cablemesh.v1.HeartbeatResponse
+	(*WatchRequest)(nil),                    // 55: cablemesh.v1.WatchRequest
+	(*WatchResponse)(nil),                   // 56: cablemesh.v1.WatchResponse
+	(*SetExportsRequest)(nil),               // 57: cablemesh.v1.SetExportsRequest
+	(*SetExportsResponse)(nil),              // 58: cablemesh.v1.SetExportsResponse
+	(*SetClusterPoliciesRequest)(nil),       // 59: cablemesh.v1.SetClusterPoliciesRequest
+	(*SetClusterPoliciesResponse)(nil),      // 60: cablemesh.v1.SetClusterPoliciesResponse
+	nil,                                     // 61: cablemesh.v1.Cluster.LabelsEntry
+	nil,                                     // 62: cablemesh.v1.Endpoint.CablePortsEntry
+	nil,                                     // 63: cablemesh.v1.Endpoint.CableAttributesEntry
+	nil,                                     // 64: cablemesh.v1.CableAttributes.ValuesEntry
+	nil,                                     // 65: cablemesh.v1.ServiceExport.LabelsEntry
+	nil,                                     // 66: cablemesh.v1.ImportedCluster.LabelsEntry
+	nil,                                     // 67: cablemesh.v1.LabelClusterRequest.SetEntry
+	nil,                                     // 68: cablemesh.v1.CreateJoinTokenRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),           // 69: google.protobuf.Timestamp
 }
 var file_cablemesh_proto_depIdxs = []int32{
-	59, // 0: cablemesh.v1.Cluster.labels:type_name -> cablemesh.v1.Cluster.LabelsEntry
-	67, // 1: cablemesh.v1.Cluster.joined_at:type_name -> google.protobuf.Timestamp
-	60, // 2: cablemesh.v1.Endpoint.cable_ports:type_name -> cablemesh.v1.Endpoint.CablePortsEntry
-	67, // 3: cablemesh.v1.Endpoint.last_heartbeat:type_name -> google.protobuf.Timestamp
-	67, // 4: cablemesh.v1.Endpoint.lease_expires:type_name -> google.protobuf.Timestamp
-	61, // 5: cablemesh.v1.Endpoint.cable_attributes:type_name -> cablemesh.v1.Endpoint.CableAttributesEntry
-	62, // 6: cablemesh.v1.CableAttributes.values:type_name -> cablemesh.v1.CableAttributes.ValuesEntry
+	61, // 0: cablemesh.v1.Cluster.labels:type_name -> cablemesh.v1.Cluster.LabelsEntry
+	69, // 1: cablemesh.v1.Cluster.joined_at:type_name -> google.protobuf.Timestamp
+	62, // 2: cablemesh.v1.Endpoint.cable_ports:type_name -> cablemesh.v1.Endpoint.CablePortsEntry
+	69, // 3: cablemesh.v1.Endpoint.last_heartbeat:type_name -> google.protobuf.Timestamp
+	69, // 4: cablemesh.v1.Endpoint.lease_expires:type_name -> google.protobuf.Timestamp
+	63, // 5: cablemesh.v1.Endpoint.cable_attributes:type_name -> cablemesh.v1.Endpoint.CableAttributesEntry
+	64, // 6: cablemesh.v1.CableAttributes.values:type_name -> cablemesh.v1.CableAttributes.ValuesEntry
 	1,  // 7: cablemesh.v1.Resource.cluster:type_name -> cablemesh.v1.Cluster
 	2,  // 8: cablemesh.v1.Resource.endpoint:type_name -> cablemesh.v1.Endpoint
 	5,  // 9: cablemesh.v1.Resource.policy:type_name -> cablemesh.v1.Policy
@@ -4565,13 +4676,13 @@ var file_cablemesh_proto_depIdxs = []int32{
 	0,  // 13: cablemesh.v1.Event.type:type_name -> cablemesh.v1.Event.Type
 	4,  // 14: cablemesh.v1.Event.resource:type_name -> cablemesh.v1.Resource
 	7,  // 15: cablemesh.v1.ServiceExport.ports:type_name -> cablemesh.v1.ServicePort
-	63, // 16: cablemesh.v1.ServiceExport.labels:type_name -> cablemesh.v1.ServiceExport.LabelsEntry
+	65, // 16: cablemesh.v1.ServiceExport.labels:type_name -> cablemesh.v1.ServiceExport.LabelsEntry
 	8,  // 17: cablemesh.v1.ServiceExport.endpoints:type_name -> cablemesh.v1.ServiceEndpoint
-	67, // 18: cablemesh.v1.ServiceExport.created:type_name -> google.protobuf.Timestamp
-	67, // 19: cablemesh.v1.ServiceVIP.allocated:type_name -> google.protobuf.Timestamp
+	69, // 18: cablemesh.v1.ServiceExport.created:type_name -> google.protobuf.Timestamp
+	69, // 19: cablemesh.v1.ServiceVIP.allocated:type_name -> google.protobuf.Timestamp
 	8,  // 20: cablemesh.v1.ImportedCluster.endpoints:type_name -> cablemesh.v1.ServiceEndpoint
 	7,  // 21: cablemesh.v1.ImportedCluster.ports:type_name -> cablemesh.v1.ServicePort
-	64, // 22: cablemesh.v1.ImportedCluster.labels:type_name -> cablemesh.v1.ImportedCluster.LabelsEntry
+	66, // 22: cablemesh.v1.ImportedCluster.labels:type_name -> cablemesh.v1.ImportedCluster.LabelsEntry
 	13, // 23: cablemesh.v1.ImportedCluster.ingresses:type_name -> cablemesh.v1.GatewayIngress
 	7,  // 24: cablemesh.v1.GatewayIngress.ports:type_name -> cablemesh.v1.ServicePort
 	7,  // 25: cablemesh.v1.ServiceImport.ports:type_name -> cablemesh.v1.ServicePort
@@ -4580,96 +4691,99 @@ var file_cablemesh_proto_depIdxs = []int32{
 	14, // 28: cablemesh.v1.ServiceImports.imports:type_name -> cablemesh.v1.ServiceImport
 	1,  // 29: cablemesh.v1.ListClustersResponse.clusters:type_name -> cablemesh.v1.Cluster
 	2,  // 30: cablemesh.v1.ListClustersResponse.endpoints:type_name -> cablemesh.v1.Endpoint
-	65, // 31: cablemesh.v1.LabelClusterRequest.set:type_name -> cablemesh.v1.LabelClusterRequest.SetEntry
+	67, // 31: cablemesh.v1.LabelClusterRequest.set:type_name -> cablemesh.v1.LabelClusterRequest.SetEntry
 	1,  // 32: cablemesh.v1.RemoveClusterResponse.cluster:type_name -> cablemesh.v1.Cluster
-	66, // 33: cablemesh.v1.CreateJoinTokenRequest.labels:type_name -> cablemesh.v1.CreateJoinTokenRequest.LabelsEntry
+	68, // 33: cablemesh.v1.CreateJoinTokenRequest.labels:type_name -> cablemesh.v1.CreateJoinTokenRequest.LabelsEntry
 	1,  // 34: cablemesh.v1.CreateJoinTokenResponse.cluster:type_name -> cablemesh.v1.Cluster
-	67, // 35: cablemesh.v1.CreateJoinTokenResponse.expires:type_name -> google.protobuf.Timestamp
-	67, // 36: cablemesh.v1.JoinTokenRecord.expires:type_name -> google.protobuf.Timestamp
-	67, // 37: cablemesh.v1.JoinTokenRecord.created:type_name -> google.protobuf.Timestamp
-	67, // 38: cablemesh.v1.IssuedCertificate.not_before:type_name -> google.protobuf.Timestamp
-	67, // 39: cablemesh.v1.IssuedCertificate.not_after:type_name -> google.protobuf.Timestamp
+	69, // 35: cablemesh.v1.CreateJoinTokenResponse.expires:type_name -> google.protobuf.Timestamp
+	69, // 36: cablemesh.v1.JoinTokenRecord.expires:type_name -> google.protobuf.Timestamp
+	69, // 37: cablemesh.v1.JoinTokenRecord.created:type_name -> google.protobuf.Timestamp
+	69, // 38: cablemesh.v1.IssuedCertificate.not_before:type_name -> google.protobuf.Timestamp
+	69, // 39: cablemesh.v1.IssuedCertificate.not_after:type_name -> google.protobuf.Timestamp
 	24, // 40: cablemesh.v1.NodeCertificate.certificates:type_name -> cablemesh.v1.IssuedCertificate
-	67, // 41: cablemesh.v1.NodeCertificate.revoked_at:type_name -> google.protobuf.Timestamp
-	67, // 42: cablemesh.v1.MeshAddressClaim.claimed:type_name -> google.protobuf.Timestamp
-	67, // 43: cablemesh.v1.CAInfo.not_before:type_name -> google.protobuf.Timestamp
-	67, // 44: cablemesh.v1.CAInfo.not_after:type_name -> google.protobuf.Timestamp
-	67, // 45: cablemesh.v1.CAInfo.trusted_until:type_name -> google.protobuf.Timestamp
-	67, // 46: cablemesh.v1.CABundle.previous_trusted_until:type_name -> google.protobuf.Timestamp
+	69, // 41: cablemesh.v1.NodeCertificate.revoked_at:type_name -> google.protobuf.Timestamp
+	69, // 42: cablemesh.v1.MeshAddressClaim.claimed:type_name -> google.protobuf.Timestamp
+	69, // 43: cablemesh.v1.CAInfo.not_before:type_name -> google.protobuf.Timestamp
+	69, // 44: cablemesh.v1.CAInfo.not_after:type_name -> google.protobuf.Timestamp
+	69, // 45: cablemesh.v1.CAInfo.trusted_until:type_name -> google.protobuf.Timestamp
+	69, // 46: cablemesh.v1.CABundle.previous_trusted_until:type_name -> google.protobuf.Timestamp
 	25, // 47: cablemesh.v1.RevokeNodeResponse.node:type_name -> cablemesh.v1.NodeCertificate
 	25, // 48: cablemesh.v1.ListCertificatesResponse.nodes:type_name -> cablemesh.v1.NodeCertificate
 	27, // 49: cablemesh.v1.ListCertificatesResponse.cas:type_name -> cablemesh.v1.CAInfo
 	24, // 50: cablemesh.v1.ListCertificatesResponse.admin:type_name -> cablemesh.v1.IssuedCertificate
 	27, // 51: cablemesh.v1.RotateCAResponse.cas:type_name -> cablemesh.v1.CAInfo
-	67, // 52: cablemesh.v1.RenewCertificateResponse.not_after:type_name -> google.protobuf.Timestamp
+	69, // 52: cablemesh.v1.RenewCertificateResponse.not_after:type_name -> google.protobuf.Timestamp
 	28, // 53: cablemesh.v1.RenewCertificateResponse.ca:type_name -> cablemesh.v1.CABundle
-	5,  // 54: cablemesh.v1.ApplyPoliciesRequest.policies:type_name -> cablemesh.v1.Policy
-	5,  // 55: cablemesh.v1.ApplyPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
-	5,  // 56: cablemesh.v1.ListPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
-	14, // 57: cablemesh.v1.ListServicesResponse.imports:type_name -> cablemesh.v1.ServiceImport
-	9,  // 58: cablemesh.v1.ListServicesResponse.exports:type_name -> cablemesh.v1.ServiceExport
-	1,  // 59: cablemesh.v1.JoinResponse.cluster:type_name -> cablemesh.v1.Cluster
-	67, // 60: cablemesh.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
-	28, // 61: cablemesh.v1.JoinResponse.ca:type_name -> cablemesh.v1.CABundle
-	2,  // 62: cablemesh.v1.RegisterEndpointRequest.endpoint:type_name -> cablemesh.v1.Endpoint
-	2,  // 63: cablemesh.v1.RegisterEndpointResponse.endpoint:type_name -> cablemesh.v1.Endpoint
-	67, // 64: cablemesh.v1.RegisterEndpointResponse.broker_time:type_name -> google.protobuf.Timestamp
-	67, // 65: cablemesh.v1.HeartbeatResponse.lease_expires:type_name -> google.protobuf.Timestamp
-	67, // 66: cablemesh.v1.HeartbeatResponse.broker_time:type_name -> google.protobuf.Timestamp
-	6,  // 67: cablemesh.v1.WatchResponse.events:type_name -> cablemesh.v1.Event
-	15, // 68: cablemesh.v1.WatchResponse.imports:type_name -> cablemesh.v1.ServiceImports
-	28, // 69: cablemesh.v1.WatchResponse.ca:type_name -> cablemesh.v1.CABundle
-	9,  // 70: cablemesh.v1.SetExportsRequest.exports:type_name -> cablemesh.v1.ServiceExport
-	9,  // 71: cablemesh.v1.SetExportsResponse.exports:type_name -> cablemesh.v1.ServiceExport
-	11, // 72: cablemesh.v1.SetExportsResponse.conflicts:type_name -> cablemesh.v1.ServiceConflict
-	5,  // 73: cablemesh.v1.SetClusterPoliciesRequest.policies:type_name -> cablemesh.v1.Policy
-	5,  // 74: cablemesh.v1.SetClusterPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
-	3,  // 75: cablemesh.v1.Endpoint.CableAttributesEntry.value:type_name -> cablemesh.v1.CableAttributes
-	16, // 76: cablemesh.v1.Admin.ListClusters:input_type -> cablemesh.v1.ListClustersRequest
-	18, // 77: cablemesh.v1.Admin.LabelCluster:input_type -> cablemesh.v1.LabelClusterRequest
-	19, // 78: cablemesh.v1.Admin.RemoveCluster:input_type -> cablemesh.v1.RemoveClusterRequest
-	21, // 79: cablemesh.v1.Admin.CreateJoinToken:input_type -> cablemesh.v1.CreateJoinTokenRequest
-	37, // 80: cablemesh.v1.Admin.ApplyPolicies:input_type -> cablemesh.v1.ApplyPoliciesRequest
-	39, // 81: cablemesh.v1.Admin.DeletePolicies:input_type -> cablemesh.v1.DeletePoliciesRequest
-	41, // 82: cablemesh.v1.Admin.ListPolicies:input_type -> cablemesh.v1.ListPoliciesRequest
-	43, // 83: cablemesh.v1.Admin.ExplainConnection:input_type -> cablemesh.v1.ExplainConnectionRequest
-	45, // 84: cablemesh.v1.Admin.ListServices:input_type -> cablemesh.v1.ListServicesRequest
-	29, // 85: cablemesh.v1.Admin.RevokeNode:input_type -> cablemesh.v1.RevokeNodeRequest
-	31, // 86: cablemesh.v1.Admin.ListCertificates:input_type -> cablemesh.v1.ListCertificatesRequest
-	35, // 87: cablemesh.v1.Admin.RenewAdminCertificate:input_type -> cablemesh.v1.RenewCertificateRequest
-	33, // 88: cablemesh.v1.Admin.RotateCA:input_type -> cablemesh.v1.RotateCARequest
-	47, // 89: cablemesh.v1.Agent.Join:input_type -> cablemesh.v1.JoinRequest
-	49, // 90: cablemesh.v1.Agent.RegisterEndpoint:input_type -> cablemesh.v1.RegisterEndpointRequest
-	51, // 91: cablemesh.v1.Agent.Heartbeat:input_type -> cablemesh.v1.HeartbeatRequest
-	53, // 92: cablemesh.v1.Agent.Watch:input_type -> cablemesh.v1.WatchRequest
-	55, // 93: cablemesh.v1.Agent.SetExports:input_type -> cablemesh.v1.SetExportsRequest
-	57, // 94: cablemesh.v1.Agent.SetClusterPolicies:input_type -> cablemesh.v1.SetClusterPoliciesRequest
-	35, // 95: cablemesh.v1.Agent.RenewCertificate:input_type -> cablemesh.v1.RenewCertificateRequest
-	17, // 96: cablemesh.v1.Admin.ListClusters:output_type -> cablemesh.v1.ListClustersResponse
-	1,  // 97: cablemesh.v1.Admin.LabelCluster:output_type -> cablemesh.v1.Cluster
-	20, // 98: cablemesh.v1.Admin.RemoveCluster:output_type -> cablemesh.v1.RemoveClusterResponse
-	22, // 99: cablemesh.v1.Admin.CreateJoinToken:output_type -> cablemesh.v1.CreateJoinTokenResponse
-	38, // 100: cablemesh.v1.Admin.ApplyPolicies:output_type -> cablemesh.v1.ApplyPoliciesResponse
-	40, // 101: cablemesh.v1.Admin.DeletePolicies:output_type -> cablemesh.v1.DeletePoliciesResponse
-	42, // 102: cablemesh.v1.Admin.ListPolicies:output_type -> cablemesh.v1.ListPoliciesResponse
-	44, // 103: cablemesh.v1.Admin.ExplainConnection:output_type -> cablemesh.v1.ExplainConnectionResponse
-	46, // 104: cablemesh.v1.Admin.ListServices:output_type -> cablemesh.v1.ListServicesResponse
-	30, // 105: cablemesh.v1.Admin.RevokeNode:output_type -> cablemesh.v1.RevokeNodeResponse
-	32, // 106: cablemesh.v1.Admin.ListCertificates:output_type -> cablemesh.v1.ListCertificatesResponse
-	36, // 107: cablemesh.v1.Admin.RenewAdminCertificate:output_type -> cablemesh.v1.RenewCertificateResponse
-	34, // 108: cablemesh.v1.Admin.RotateCA:output_type -> cablemesh.v1.RotateCAResponse
-	48, // 109: cablemesh.v1.Agent.Join:output_type -> cablemesh.v1.JoinResponse
-	50, // 110: cablemesh.v1.Agent.RegisterEndpoint:output_type -> cablemesh.v1.RegisterEndpointResponse
-	52, // 111: cablemesh.v1.Agent.Heartbeat:output_type -> cablemesh.v1.HeartbeatResponse
-	54, // 112: cablemesh.v1.Agent.Watch:output_type -> cablemesh.v1.WatchResponse
-	56, // 113: cablemesh.v1.Agent.SetExports:output_type -> cablemesh.v1.SetExportsResponse
-	58, // 114: cablemesh.v1.Agent.SetClusterPolicies:output_type -> cablemesh.v1.SetClusterPoliciesResponse
-	36, // 115: cablemesh.v1.Agent.RenewCertificate:output_type -> cablemesh.v1.RenewCertificateResponse
-	96, // [96:116] is the sub-list for method output_type
-	76, // [76:96] is the sub-list for method input_type
-	76, // [76:76] is the sub-list for extension type_name
-	76, // [76:76] is the sub-list for extension extendee
-	0,  // [0:76] is the sub-list for field type_name
+	69, // 54: cablemesh.v1.IssueIngressCertificateResponse.not_after:type_name -> google.protobuf.Timestamp
+	5,  // 55: cablemesh.v1.ApplyPoliciesRequest.policies:type_name -> cablemesh.v1.Policy
+	5,  // 56: cablemesh.v1.ApplyPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
+	5,  // 57: cablemesh.v1.ListPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
+	14, // 58: cablemesh.v1.ListServicesResponse.imports:type_name -> cablemesh.v1.ServiceImport
+	9,  // 59: cablemesh.v1.ListServicesResponse.exports:type_name -> cablemesh.v1.ServiceExport
+	1,  // 60: cablemesh.v1.JoinResponse.cluster:type_name -> cablemesh.v1.Cluster
+	69, // 61: cablemesh.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
+	28, // 62: cablemesh.v1.JoinResponse.ca:type_name -> cablemesh.v1.CABundle
+	2,  // 63: cablemesh.v1.RegisterEndpointRequest.endpoint:type_name -> cablemesh.v1.Endpoint
+	2,  // 64: cablemesh.v1.RegisterEndpointResponse.endpoint:type_name -> cablemesh.v1.Endpoint
+	69, // 65: cablemesh.v1.RegisterEndpointResponse.broker_time:type_name -> google.protobuf.Timestamp
+	69, // 66: cablemesh.v1.HeartbeatResponse.lease_expires:type_name -> google.protobuf.Timestamp
+	69, // 67: cablemesh.v1.HeartbeatResponse.broker_time:type_name -> google.protobuf.Timestamp
+	6,  // 68: cablemesh.v1.WatchResponse.events:type_name -> cablemesh.v1.Event
+	15, // 69: cablemesh.v1.WatchResponse.imports:type_name -> cablemesh.v1.ServiceImports
+	28, // 70: cablemesh.v1.WatchResponse.ca:type_name -> cablemesh.v1.CABundle
+	9,  // 71: cablemesh.v1.SetExportsRequest.exports:type_name -> cablemesh.v1.ServiceExport
+	9,  // 72: cablemesh.v1.SetExportsResponse.exports:type_name -> cablemesh.v1.ServiceExport
+	11, // 73: cablemesh.v1.SetExportsResponse.conflicts:type_name -> cablemesh.v1.ServiceConflict
+	5,  // 74: cablemesh.v1.SetClusterPoliciesRequest.policies:type_name -> cablemesh.v1.Policy
+	5,  // 75: cablemesh.v1.SetClusterPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
+	3,  // 76: cablemesh.v1.Endpoint.CableAttributesEntry.value:type_name -> cablemesh.v1.CableAttributes
+	16, // 77: cablemesh.v1.Admin.ListClusters:input_type -> cablemesh.v1.ListClustersRequest
+	18, // 78: cablemesh.v1.Admin.LabelCluster:input_type -> cablemesh.v1.LabelClusterRequest
+	19, // 79: cablemesh.v1.Admin.RemoveCluster:input_type -> cablemesh.v1.RemoveClusterRequest
+	21, // 80: cablemesh.v1.Admin.CreateJoinToken:input_type -> cablemesh.v1.CreateJoinTokenRequest
+	39, // 81: cablemesh.v1.Admin.ApplyPolicies:input_type -> cablemesh.v1.ApplyPoliciesRequest
+	41, // 82: cablemesh.v1.Admin.DeletePolicies:input_type -> cablemesh.v1.DeletePoliciesRequest
+	43, // 83: cablemesh.v1.Admin.ListPolicies:input_type -> cablemesh.v1.ListPoliciesRequest
+	45, // 84: cablemesh.v1.Admin.ExplainConnection:input_type -> cablemesh.v1.ExplainConnectionRequest
+	47, // 85: cablemesh.v1.Admin.ListServices:input_type -> cablemesh.v1.ListServicesRequest
+	29, // 86: cablemesh.v1.Admin.RevokeNode:input_type -> cablemesh.v1.RevokeNodeRequest
+	31, // 87: cablemesh.v1.Admin.ListCertificates:input_type -> cablemesh.v1.ListCertificatesRequest
+	35, // 88: cablemesh.v1.Admin.RenewAdminCertificate:input_type -> cablemesh.v1.RenewCertificateRequest
+	33, // 89: cablemesh.v1.Admin.RotateCA:input_type -> cablemesh.v1.RotateCARequest
+	49, // 90: cablemesh.v1.Agent.Join:input_type -> cablemesh.v1.JoinRequest
+	51, // 91: cablemesh.v1.Agent.RegisterEndpoint:input_type -> cablemesh.v1.RegisterEndpointRequest
+	53, // 92: cablemesh.v1.Agent.Heartbeat:input_type -> cablemesh.v1.HeartbeatRequest
+	55, // 93: cablemesh.v1.Agent.Watch:input_type -> cablemesh.v1.WatchRequest
+	57, // 94: cablemesh.v1.Agent.SetExports:input_type -> cablemesh.v1.SetExportsRequest
+	59, // 95: cablemesh.v1.Agent.SetClusterPolicies:input_type -> cablemesh.v1.SetClusterPoliciesRequest
+	35, // 96: cablemesh.v1.Agent.RenewCertificate:input_type -> cablemesh.v1.RenewCertificateRequest
+	37, // 97: cablemesh.v1.Agent.IssueIngressCertificate:input_type -> cablemesh.v1.IssueIngressCertificateRequest
+	17, // 98: cablemesh.v1.Admin.ListClusters:output_type -> cablemesh.v1.ListClustersResponse
+	1,  // 99: cablemesh.v1.Admin.LabelCluster:output_type -> cablemesh.v1.Cluster
+	20, // 100: cablemesh.v1.Admin.RemoveCluster:output_type -> cablemesh.v1.RemoveClusterResponse
+	22, // 101: cablemesh.v1.Admin.CreateJoinToken:output_type -> cablemesh.v1.CreateJoinTokenResponse
+	40, // 102: cablemesh.v1.Admin.ApplyPolicies:output_type -> cablemesh.v1.ApplyPoliciesResponse
+	42, // 103: cablemesh.v1.Admin.DeletePolicies:output_type -> cablemesh.v1.DeletePoliciesResponse
+	44, // 104: cablemesh.v1.Admin.ListPolicies:output_type -> cablemesh.v1.ListPoliciesResponse
+	46, // 105: cablemesh.v1.Admin.ExplainConnection:output_type -> cablemesh.v1.ExplainConnectionResponse
+	48, // 106: cablemesh.v1.Admin.ListServices:output_type -> cablemesh.v1.ListServicesResponse
+	30, // 107: cablemesh.v1.Admin.RevokeNode:output_type -> cablemesh.v1.RevokeNodeResponse
+	32, // 108: cablemesh.v1.Admin.ListCertificates:output_type -> cablemesh.v1.ListCertificatesResponse
+	36, // 109: cablemesh.v1.Admin.RenewAdminCertificate:output_type -> cablemesh.v1.RenewCertificateResponse
+	34, // 110: cablemesh.v1.Admin.RotateCA:output_type -> cablemesh.v1.RotateCAResponse
+	50, // 111: cablemesh.v1.Agent.Join:output_type -> cablemesh.v1.JoinResponse
+	52, // 112: cablemesh.v1.Agent.RegisterEndpoint:output_type -> cablemesh.v1.RegisterEndpointResponse
+	54, // 113: cablemesh.v1.Agent.Heartbeat:output_type -> cablemesh.v1.HeartbeatResponse
+	56, // 114: cablemesh.v1.Agent.Watch:output_type -> cablemesh.v1.WatchResponse
+	58, // 115: cablemesh.v1.Agent.SetExports:output_type -> cablemesh.v1.SetExportsResponse
+	60, // 116: cablemesh.v1.Agent.SetClusterPolicies:output_type -> cablemesh.v1.SetClusterPoliciesResponse
+	36, // 117: cablemesh.v1.Agent.RenewCertificate:output_type -> cablemesh.v1.RenewCertificateResponse
+	38, // 118: cablemesh.v1.Agent.IssueIngressCertificate:output_type -> cablemesh.v1.IssueIngressCertificateResponse
+	98, // [98:119] is the sub-list for method output_type
+	77, // [77:98] is the sub-list for method input_type
+	77, // [77:77] is the sub-list for extension type_name
+	77, // [77:77] is the sub-list for extension extendee
+	0,  // [0:77] is the sub-list for field type_name
 }
 
 func init() { file_cablemesh_proto_init() }
@@ -4691,7 +4805,7 @@ func file_cablemesh_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cablemesh_proto_rawDesc), len(file_cablemesh_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   66,
+			NumMessages:   68,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -600,13 +600,14 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Agent_Join_FullMethodName               = "/cablemesh.v1.Agent/Join"
-	Agent_RegisterEndpoint_FullMethodName   = "/cablemesh.v1.Agent/RegisterEndpoint"
-	Agent_Heartbeat_FullMethodName          = "/cablemesh.v1.Agent/Heartbeat"
-	Agent_Watch_FullMethodName              = "/cablemesh.v1.Agent/Watch"
-	Agent_SetExports_FullMethodName         = "/cablemesh.v1.Agent/SetExports"
-	Agent_SetClusterPolicies_FullMethodName = "/cablemesh.v1.Agent/SetClusterPolicies"
-	Agent_RenewCertificate_FullMethodName   = "/cablemesh.v1.Agent/RenewCertificate"
+	Agent_Join_FullMethodName                    = "/cablemesh.v1.Agent/Join"
+	Agent_RegisterEndpoint_FullMethodName        = "/cablemesh.v1.Agent/RegisterEndpoint"
+	Agent_Heartbeat_FullMethodName               = "/cablemesh.v1.Agent/Heartbeat"
+	Agent_Watch_FullMethodName                   = "/cablemesh.v1.Agent/Watch"
+	Agent_SetExports_FullMethodName              = "/cablemesh.v1.Agent/SetExports"
+	Agent_SetClusterPolicies_FullMethodName      = "/cablemesh.v1.Agent/SetClusterPolicies"
+	Agent_RenewCertificate_FullMethodName        = "/cablemesh.v1.Agent/RenewCertificate"
+	Agent_IssueIngressCertificate_FullMethodName = "/cablemesh.v1.Agent/IssueIngressCertificate"
 )
 
 // AgentClient is the client API for Agent service.
@@ -625,6 +626,11 @@ type AgentClient interface {
 	// its current certificate; refused once revoked). The caller keeps working with the certificate
 	// it renewed with until it switches.
 	RenewCertificate(ctx context.Context, in *RenewCertificateRequest, opts ...grpc.CallOption) (*RenewCertificateResponse, error)
+	// IssueIngressCertificate issues a serving certificate for the caller's ingress (Envoy's
+	// mesh mTLS listener), of a key the agent made for it: the agent's own key never leaves the
+	// agent. The certificate cannot authenticate anyone at the broker. Optional: an older broker
+	// answers Unimplemented, and the agent then serves no ingress certificate.
+	IssueIngressCertificate(ctx context.Context, in *IssueIngressCertificateRequest, opts ...grpc.CallOption) (*IssueIngressCertificateResponse, error)
 }
 
 type agentClient struct {
@@ -714,6 +720,16 @@ func (c *agentClient) RenewCertificate(ctx context.Context, in *RenewCertificate
 	return out, nil
 }
 
+func (c *agentClient) IssueIngressCertificate(ctx context.Context, in *IssueIngressCertificateRequest, opts ...grpc.CallOption) (*IssueIngressCertificateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(IssueIngressCertificateResponse)
+	err := c.cc.Invoke(ctx, Agent_IssueIngressCertificate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServer is the server API for Agent service.
 // All implementations must embed UnimplementedAgentServer
 // for forward compatibility.
@@ -730,6 +746,11 @@ type AgentServer interface {
 	// its current certificate; refused once revoked). The caller keeps working with the certificate
 	// it renewed with until it switches.
 	RenewCertificate(context.Context, *RenewCertificateRequest) (*RenewCertificateResponse, error)
+	// IssueIngressCertificate issues a serving certificate for the caller's ingress (Envoy's
+	// mesh mTLS listener), of a key the agent made for it: the agent's own key never leaves the
+	// agent. The certificate cannot authenticate anyone at the broker. Optional: an older broker
+	// answers Unimplemented, and the agent then serves no ingress certificate.
+	IssueIngressCertificate(context.Context, *IssueIngressCertificateRequest) (*IssueIngressCertificateResponse, error)
 	mustEmbedUnimplementedAgentServer()
 }
 
@@ -760,6 +781,9 @@ func (UnimplementedAgentServer) SetClusterPolicies(context.Context, *SetClusterP
 }
 func (UnimplementedAgentServer) RenewCertificate(context.Context, *RenewCertificateRequest) (*RenewCertificateResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RenewCertificate not implemented")
+}
+func (UnimplementedAgentServer) IssueIngressCertificate(context.Context, *IssueIngressCertificateRequest) (*IssueIngressCertificateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method IssueIngressCertificate not implemented")
 }
 func (UnimplementedAgentServer) mustEmbedUnimplementedAgentServer() {}
 func (UnimplementedAgentServer) testEmbeddedByValue()               {}
@@ -901,6 +925,24 @@ func _Agent_RenewCertificate_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Agent_IssueIngressCertificate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(IssueIngressCertificateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).IssueIngressCertificate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_IssueIngressCertificate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).IssueIngressCertificate(ctx, req.(*IssueIngressCertificateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Agent_ServiceDesc is the grpc.ServiceDesc for Agent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -931,6 +973,10 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RenewCertificate",
 			Handler:    _Agent_RenewCertificate_Handler,
+		},
+		{
+			MethodName: "IssueIngressCertificate",
+			Handler:    _Agent_IssueIngressCertificate_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

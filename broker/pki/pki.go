@@ -497,6 +497,50 @@ func (p *PKI) IssueAgent(csrPEM []byte, cluster, uid, node string, now time.Time
 	return p.sign(tmpl, csr, "agent")
 }
 
+// IngressOrgPrefix begins the subject Organization of every ingress certificate:
+// "cablemesh:ingress:<cluster>". Agent certificates carry "cablemesh:cluster:<cluster>".
+const IngressOrgPrefix = "cablemesh:ingress:"
+
+// IssueIngress verifies a PEM CSR and issues the serving certificate of a node's ingress (the
+// Envoy beside the agent presents it on its mesh mTLS listener, and gets it over SDS). It is
+// made useless at the broker three ways: its extended key usage is serverAuth only (the
+// broker's TLS layer accepts client certificates with clientAuth), its URI is
+// cablemesh://ingress/<cluster>/node/<node> (not the cablemesh://cluster/... that IdentityOf
+// reads an agent from), and its Organization begins with IngressOrgPrefix, which the broker's
+// authorization refuses by name (IsIngress). Its key is the ingress's own, never the agent's.
+func (p *PKI) IssueIngress(csrPEM []byte, cluster, node string, now time.Time) ([]byte, *x509.Certificate, error) {
+	csr, err := parseCSR(csrPEM)
+	if err != nil {
+		return nil, nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(),
+		Subject:      pkix.Name{CommonName: node, Organization: []string{IngressOrgPrefix + cluster}},
+		URIs:         []*url.URL{{Scheme: "cablemesh", Host: "ingress", Path: "/" + cluster + "/node/" + node}},
+		NotBefore:    now.Add(-5 * time.Minute),
+		NotAfter:     now.Add(Validity),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	return p.sign(tmpl, csr, "ingress")
+}
+
+// IsIngress says cert is an ingress certificate (IssueIngress), by its Organization or its URI:
+// one that must never authenticate a caller at the broker.
+func IsIngress(cert *x509.Certificate) bool {
+	for _, o := range cert.Subject.Organization {
+		if strings.HasPrefix(o, IngressOrgPrefix) {
+			return true
+		}
+	}
+	for _, u := range cert.URIs {
+		if u.Scheme == "cablemesh" && u.Host == "ingress" {
+			return true
+		}
+	}
+	return false
+}
+
 // IssueAdmin verifies a PEM CSR and issues an admin client certificate for its key.
 func (p *PKI) IssueAdmin(csrPEM []byte, now time.Time) ([]byte, *x509.Certificate, error) {
 	csr, err := parseCSR(csrPEM)

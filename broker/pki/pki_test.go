@@ -218,3 +218,37 @@ func TestRotateKeepsThePreviousCATrustedAndServingUntilFinished(t *testing.T) {
 		t.Fatalf("load after the overlap: %v", err)
 	}
 }
+
+func TestIngressCertificateIsAServingCertificateThatNamesNoAgent(t *testing.T) {
+	p, _, err := LoadOrCreate(t.TempDir(), loopback, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	_, cert, err := p.IssueIngress(csr(t, key), "east", "east-gw1", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !IsIngress(cert) || cert.Subject.Organization[0] != "cablemesh:ingress:east" || cert.Subject.CommonName != "east-gw1" {
+		t.Errorf("subject %v: not an ingress certificate of east/east-gw1", cert.Subject)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(p.CACert)
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
+		t.Errorf("not a serving certificate of the mesh CA: %v", err)
+	}
+	// What the broker's TLS layer checks of a client certificate, and what it reads from one.
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err == nil {
+		t.Error("the ingress certificate verifies as a client certificate")
+	}
+	if id, err := IdentityOf(cert); err == nil {
+		t.Errorf("IdentityOf reads %v from an ingress certificate", id)
+	}
+	_, agent, err := p.IssueAgent(csr(t, key), "east", "uid", "east-gw1", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if IsIngress(agent) {
+		t.Error("an agent certificate is taken for an ingress certificate")
+	}
+}

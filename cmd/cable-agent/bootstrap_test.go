@@ -24,9 +24,8 @@ func TestEnvoyBootstrapParsesAsAnEnvoyBootstrapAndPointsAtTheAgent(t *testing.T)
 		{"a unix socket", "/run/cablemesh/xds.sock", func(b *bootstrap.Bootstrap) string {
 			return b.GetStaticResources().GetClusters()[0].GetLoadAssignment().GetEndpoints()[0].GetLbEndpoints()[0].GetEndpoint().GetAddress().GetPipe().GetPath()
 		}},
-		{"a loopback port", "127.0.0.1:18000", func(b *bootstrap.Bootstrap) string {
-			sa := b.GetStaticResources().GetClusters()[0].GetLoadAssignment().GetEndpoints()[0].GetLbEndpoints()[0].GetEndpoint().GetAddress().GetSocketAddress()
-			return fmt.Sprintf("%s:%d", sa.GetAddress(), sa.GetPortValue())
+		{"a unix: socket", "unix:/run/x/xds.sock", func(b *bootstrap.Bootstrap) string {
+			return "unix:" + b.GetStaticResources().GetClusters()[0].GetLoadAssignment().GetEndpoints()[0].GetLbEndpoints()[0].GetEndpoint().GetAddress().GetPipe().GetPath()
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -82,7 +81,8 @@ func TestEnvoyBootstrapRefusals(t *testing.T) {
 	}{
 		{"no --config", nil, "usage"},
 		{"no xDS server configured", []string{"--config", write(base)}, "ingress.xds.listen is not set"},
-		{"a non-loopback xDS address", []string{"--config", write(base + "ingress: {xds: {listen: \"0.0.0.0:18000\"}}\n")}, `ingress.xds.listen: "0.0.0.0:18000" is not a loopback address`},
+		{"a TCP xDS address", []string{"--config", write(base + "ingress: {xds: {listen: \"0.0.0.0:18000\"}}\n")}, `ingress.xds.listen: "0.0.0.0:18000" is a TCP address`},
+		{"a loopback TCP xDS address", []string{"--config", write(base + "ingress: {xds: {listen: \"127.0.0.1:18000\"}}\n")}, `ingress.xds.listen: "127.0.0.1:18000" is a TCP address`},
 		{"a non-loopback admin address", []string{"--config", write(base + "ingress: {xds: {listen: /run/x.sock}}\n"), "--admin-address", "0.0.0.0:9901"}, `admin address "0.0.0.0:9901" is not a loopback`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

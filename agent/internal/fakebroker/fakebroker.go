@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"math/big"
 	"net"
+	"net/url"
 	"slices"
 	"sort"
 	"sync"
@@ -128,15 +129,17 @@ type Broker struct {
 	// serves until the rotation finishes), the lifetime of agent certificates, the good serials
 	// of each node (newest first, at most two), revoked nodes, and the serial of each node's
 	// last authenticated call.
-	next         *PKI
-	certLifetime time.Duration
-	goodSerials  map[string][]string
-	revoked      map[string]bool
-	lastSerial   map[string]string
-	renewals     int
-	renewErr     error
-	joinErr      error
-	caVersion    uint64
+	next           *PKI
+	certLifetime   time.Duration
+	goodSerials    map[string][]string
+	revoked        map[string]bool
+	lastSerial     map[string]string
+	ingressIssued  int
+	noIngressCerts bool
+	renewals       int
+	renewErr       error
+	joinErr        error
+	caVersion      uint64
 
 	srv  *grpc.Server
 	lis  net.Listener
@@ -547,6 +550,65 @@ func (b *Broker) RenewCertificate(ctx context.Context, req *apiv1.RenewCertifica
 	b.renewals++
 	bundle := b.bundleLocked()
 	return &apiv1.RenewCertificateResponse{CertificatePem: certPEM, CaPem: bundle.Pem, NotAfter: timestamppb.New(cert.NotAfter), Ca: bundle}, nil
+}
+
+// IssueIngressCertificate issues an ingress serving certificate (as broker/pki.IssueIngress
+// shapes it) for the caller's node from the issuing CA.
+func (b *Broker) IssueIngressCertificate(ctx context.Context, req *apiv1.IssueIngressCertificateRequest) (*apiv1.IssueIngressCertificateResponse, error) {
+	cluster, node, err := b.identity(ctx)
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	old := b.noIngressCerts
+	b.mu.Unlock()
+	if old {
+		return nil, status.Error(codes.Unimplemented, "method IssueIngressCertificate not implemented")
+	}
+	blk, _ := pem.Decode(req.GetCsrPem())
+	if blk == nil {
+		return nil, status.Error(codes.InvalidArgument, "csr_pem holds no PEM block")
+	}
+	csr, err := x509.ParseCertificateRequest(blk.Bytes)
+	if err == nil {
+		err = csr.CheckSignature()
+	}
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "bad CSR: %v", err)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.ingressIssued++
+	ca := b.issuingLocked()
+	now := time.Now()
+	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
+		SerialNumber: big.NewInt(now.UnixNano()),
+		Subject:      pkix.Name{CommonName: node, Organization: []string{"cablemesh:ingress:" + cluster}},
+		URIs:         []*url.URL{{Scheme: "cablemesh", Host: "ingress", Path: "/" + cluster + "/node/" + node}},
+		NotBefore:    now.Add(-time.Second),
+		NotAfter:     now.Add(b.certLifetime),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}, ca.CA, csr.PublicKey, ca.CAKey)
+	if err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	cert, _ := x509.ParseCertificate(der)
+	return &apiv1.IssueIngressCertificateResponse{CertificatePem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), NotAfter: timestamppb.New(cert.NotAfter)}, nil
+}
+
+// ActAsOldBroker makes IssueIngressCertificate answer Unimplemented, as a broker older than it.
+func (b *Broker) ActAsOldBroker() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.noIngressCerts = true
+}
+
+// IngressIssued counts the ingress certificates issued.
+func (b *Broker) IngressIssued() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.ingressIssued
 }
 
 // identity returns the cluster and node of the caller's client certificate, refusing it as the
