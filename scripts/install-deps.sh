@@ -64,7 +64,7 @@ entries() {
 	done <"$list"
 }
 
-packages() { awk '$2 != "-" {print $2}' | sort -u; }
+packages() { awk '$2 != "-" {print $2}' | LC_ALL=C sort -u; }
 
 if [ $mode = packages ]; then
 	entries all | packages

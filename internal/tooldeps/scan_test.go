@@ -2,6 +2,8 @@ package tooldeps
 
 import (
 	"fmt"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -117,6 +119,42 @@ func TestListIsConsistent(t *testing.T) {
 	for _, h := range heavy {
 		if slices.Contains(demo, h) {
 			t.Errorf("the demo's set %v holds %s, which only the tests or benches need", demo, h)
+		}
+	}
+}
+
+// TestInstallDepsReadsTheListAsParseDoes runs install-deps.sh --packages (bash reading the list)
+// and compares its packages with the ones Parse gives for the same stages.
+func TestInstallDepsReadsTheListAsParseDoes(t *testing.T) {
+	root, err := RepoRoot(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	progs, err := Load(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	profiles := map[string][]string{
+		"demo":  {"demo"},
+		"test":  {"unit", "netns", "vm", "run"},
+		"bench": {"bench", "netns", "run"},
+		"image": {"image"},
+	}
+	for profile, stages := range profiles {
+		var want []string
+		for _, p := range progs {
+			if p.Package != "-" && slices.ContainsFunc(stages, p.For) {
+				want = append(want, p.Package)
+			}
+		}
+		slices.Sort(want)
+		want = slices.Compact(want)
+		out, err := exec.Command("bash", filepath.Join(root, "scripts/install-deps.sh"), "--packages", profile).Output()
+		if err != nil {
+			t.Fatalf("install-deps.sh --packages %s: %v", profile, err)
+		}
+		if got := strings.Fields(string(out)); !slices.Equal(got, want) {
+			t.Errorf("install-deps.sh --packages %s = %v, want (from the list) %v", profile, got, want)
 		}
 	}
 }
