@@ -62,8 +62,10 @@ netns-test: build
 vm-test: build
 	CABLEMESH_BIN=$(BIN) CABLEMESH_VM_REQUIRED=1 $(GO) test -v -count=1 -timeout $(VM_TIMEOUT) ./tests/vm/...
 
-# The demo installs only what it runs (a few small packages), not the tests' set.
-demo: deps-demo build
+# The demo installs only what it runs (a few small packages), not the tests' set; the install
+# (disk and network) and the build (CPU) run at once.
+demo:
+	$(MAKE) --no-print-directory -j2 deps-demo build
 	./scripts/demo.sh
 
 demo-down:
