@@ -62,14 +62,16 @@ type GoFile struct {
 var unknownArg ast.Expr = &ast.BadExpr{}
 
 // ScanGo returns the programs a Go file runs through the Runners, and the exec calls with a
-// program it cannot read. consts holds the string constants of the file's package, by name.
-func ScanGo(filename string, src []byte, consts map[string]string) (GoFile, error) {
+// program it cannot read. consts holds the string constants of the file's package, by name;
+// projectBins the names of the binaries the project builds (cmd/*, tests/netns/cmd/*): a program
+// written filepath.Join(dir, "cable-broker") is one of them, not an indirect one.
+func ScanGo(filename string, src []byte, consts map[string]string, projectBins map[string]bool) (GoFile, error) {
 	fset := token.NewFileSet()
 	f, err := parser.ParseFile(fset, filename, src, parser.SkipObjectResolution)
 	if err != nil {
 		return GoFile{}, err
 	}
-	g := goScan{fset: fset, pkg: f.Name.Name, consts: consts, out: GoFile{Pkg: f.Name.Name}}
+	g := goScan{fset: fset, pkg: f.Name.Name, consts: consts, projectBins: projectBins, out: GoFile{Pkg: f.Name.Name}}
 	for _, decl := range f.Decls {
 		fn, ok := decl.(*ast.FuncDecl)
 		if !ok || fn.Body == nil {
@@ -109,11 +111,12 @@ func StringConsts(filename string, src []byte) map[string]string {
 }
 
 type goScan struct {
-	fset   *token.FileSet
-	pkg    string
-	fn     string
-	consts map[string]string
-	out    GoFile
+	fset        *token.FileSet
+	pkg         string
+	fn          string
+	consts      map[string]string
+	projectBins map[string]bool
+	out         GoFile
 }
 
 func (g *goScan) line(n ast.Node) int { return g.fset.Position(n.Pos()).Line }
@@ -169,7 +172,7 @@ func (g *goScan) call(n *ast.CallExpr, r Runner, args []ast.Expr) {
 	}
 	prog, ok := literal(args[r.Arg], g.consts)
 	if !ok {
-		if r.Pkg == "exec" || r.Pkg == "os" {
+		if (r.Pkg == "exec" || r.Pkg == "os") && !g.projectBin(args[r.Arg]) {
 			g.indirect(n, args[r.Arg])
 		}
 		return
@@ -185,6 +188,24 @@ func (g *goScan) call(n *ast.CallExpr, r Runner, args []ast.Expr) {
 			g.indirect(n, rest[3])
 		}
 	}
+}
+
+// projectBin reports whether e is filepath.Join(..., NAME) (or path.Join) of a binary the project
+// builds.
+func (g *goScan) projectBin(e ast.Expr) bool {
+	call, ok := e.(*ast.CallExpr)
+	if !ok || len(call.Args) == 0 {
+		return false
+	}
+	sel, ok := call.Fun.(*ast.SelectorExpr)
+	if !ok || sel.Sel.Name != "Join" {
+		return false
+	}
+	if id, ok := sel.X.(*ast.Ident); !ok || id.Name != "filepath" && id.Name != "path" {
+		return false
+	}
+	name, ok := literal(call.Args[len(call.Args)-1], g.consts)
+	return ok && g.projectBins[name]
 }
 
 func isLit(e ast.Expr, want string, consts map[string]string) bool {

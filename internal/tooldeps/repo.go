@@ -80,12 +80,13 @@ func ScanRepo(root string) (RepoScan, error) {
 	if err != nil {
 		return RepoScan{}, err
 	}
+	bins := ProjectBinaries(root)
 	for _, rel := range goFiles {
 		src, err := os.ReadFile(filepath.Join(root, rel))
 		if err != nil {
 			return RepoScan{}, err
 		}
-		g, err := ScanGo(rel, src, consts[path.Dir(rel)])
+		g, err := ScanGo(rel, src, consts[path.Dir(rel)], bins)
 		if err != nil {
 			return RepoScan{}, fmt.Errorf("parse %s: %w", rel, err)
 		}
@@ -106,6 +107,21 @@ func ScanRepo(root string) (RepoScan, error) {
 		}
 	}
 	return scan, nil
+}
+
+// ProjectBinaries are the names of the programs the project builds: the directories under cmd/
+// and tests/netns/cmd/.
+func ProjectBinaries(root string) map[string]bool {
+	bins := map[string]bool{}
+	for _, dir := range []string{"cmd", "tests/netns/cmd"} {
+		entries, _ := os.ReadDir(filepath.Join(root, dir))
+		for _, e := range entries {
+			if e.IsDir() {
+				bins[e.Name()] = true
+			}
+		}
+	}
+	return bins
 }
 
 // packageConsts gathers the string constants of each directory's Go files (a package and its tests).

@@ -78,12 +78,14 @@ func a() {
 
 func b(bin string) {
 	exec.Command(bin, "x")
+	exec.Command(filepath.Join(bin, "cablectl"), "status")
+	exec.Command(filepath.Join(bin, "someone-elses"), "x")
 	exec.Command("ip", append([]string{"netns", "exec", ns}, argv...)...)
 }
 
 func Run(ctx context.Context, name string, args ...string) { exec.CommandContext(ctx, name, args...) }
 `
-	g, err := ScanGo("x.go", []byte(src), StringConsts("x.go", []byte(src)))
+	g, err := ScanGo("x.go", []byte(src), StringConsts("x.go", []byte(src)), map[string]bool{"cablectl": true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,8 +98,8 @@ func Run(ctx context.Context, name string, args ...string) { exec.CommandContext
 	for _, in := range g.Indirect {
 		ind = append(ind, in.Func+": "+in.Expr)
 	}
-	if want := []string{"b: bin", "b: ..."}; !reflect.DeepEqual(ind, want) {
-		t.Errorf("indirect %v, want %v (Run is a runner: its own exec is not reported)", ind, want)
+	if want := []string{"b: bin", "b: filepath.Join(...)", "b: ..."}; !reflect.DeepEqual(ind, want) {
+		t.Errorf("indirect %v, want %v (Run is a runner: its own exec is not reported, nor the project's cablectl)", ind, want)
 	}
 }
 
