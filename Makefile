@@ -13,7 +13,7 @@ NETNS_TIMEOUT ?= 40m
 # kernel fails instead of skipping.
 VM_TIMEOUT ?= 45m
 
-.PHONY: all build deps deps-demo deps-test deps-bench test lint check-bpf unit-test netns-test vm-test demo demo-down bench bench-services bench-dns bench-scale bench-xds bench-ingress fuzz generate fmt vet clean
+.PHONY: all build deps deps-demo deps-test deps-bench test lint check-bpf unit-test netns-test vm-test demo demo-down bench bench-services bench-dns bench-scale bench-xds bench-ingress bench-start fuzz generate fmt vet clean
 
 all: build
 
@@ -54,9 +54,11 @@ check-bpf:
 unit-test:
 	pkgs=$$($(GO) list ./... | grep -v -e '/tests/netns' -e '/tests/vm$$'); $(GO) test -count=1 $$pkgs
 
-# End-to-end tests with the real binaries in network namespaces (need root; they skip otherwise).
+# End-to-end tests with the real binaries in network namespaces (need root; they skip otherwise),
+# and those on loopback that need no root (tests/brokerchurn).
 netns-test: build
 	CABLEMESH_BIN=$(BIN) $(GO) test -v -count=1 -timeout $(NETNS_TIMEOUT) ./tests/netns/...
+	CABLEMESH_BIN=$(abspath $(BIN)) $(GO) test -v -count=1 ./tests/brokerchurn/
 
 # The kernel datapaths (kernel WireGuard, kernel ESP) in a VM: see tests/vm.
 vm-test: build
@@ -105,6 +107,11 @@ bench-xds: deps-bench
 # results in bench/results/ingress-<date>.*. Knobs: INGRESS_BENCH_* (bench/ingress/doc.go).
 bench-ingress: deps-bench
 	$(GO) test -tags bench -run '^TestIngress$$' -v -count=1 -timeout 30m ./bench/ingress/
+
+# A new pair's first packets (root): 20 fresh two-cluster starts each of the previous build
+# (built from git, CABLEMESH_START_PREVIOUS_REV) and this one, interleaved; bench/pairstart.md.
+bench-start: deps-bench build
+	./bench/pairstart.sh
 
 # Fuzz every fuzz target of the module (scripts/fuzz.sh finds them) for FUZZTIME each (not part
 # of make test).

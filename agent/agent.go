@@ -29,6 +29,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/netip"
+	"os"
 	"sync"
 	"time"
 
@@ -269,6 +270,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	if p := tokenFileProblem(a.cfg.JoinTokenFile); p != "" {
 		a.log.Warn("JOIN TOKEN FILE IS READABLE BY OTHERS: "+p, "joinTokenFile", a.cfg.JoinTokenFile)
+	}
+	if w, err := tightenStateDir(a.cfg.StateDir, os.Geteuid()); err != nil {
+		return err
+	} else if w != "" {
+		a.log.Warn("STATE DIRECTORY WAS WRITABLE BY OTHERS: "+w, "stateDir", a.cfg.StateDir)
 	}
 	runtime, err := loadRuntimeExports(a.cfg.StateDir)
 	if err != nil {

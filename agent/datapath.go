@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/cablemesh/cablemesh/agent/config"
 	"github.com/cablemesh/cablemesh/agent/dns"
 	"github.com/cablemesh/cablemesh/agent/reconcile"
 	"github.com/cablemesh/cablemesh/agent/services"
@@ -28,6 +30,11 @@ import (
 // LoadBalancer is the eBPF socket load balancer (*bpf.LB); tests fake it.
 type LoadBalancer interface {
 	Sync(services []bpf.Service) error
+	// SyncFit syncs the groups of services that fit in the maps, in order, and refuses the
+	// others, each alone (see services.FitOrder for the order).
+	SyncFit(groups [][]bpf.Service) ([]bpf.Refusal, error)
+	// Capacity is the number of entries of the service map and of the backend map.
+	Capacity() (svc, backends int)
 	Services() ([]bpf.Service, error)
 	DestroySockets(ctx context.Context, gone []bpf.Endpoint) (int, error)
 	Close() error
@@ -69,6 +76,11 @@ type datapath struct {
 	attached     map[string]int // counter links by name → ifindex
 	subnets      map[netip.Prefix]uint32
 	counterErr   string
+	// firstPlanned ranks the load-balanced imports in the order this agent first planned them
+	// (services.FitOrder); refused is why the maps do not hold an import, by namespace/name.
+	firstPlanned map[string]uint64
+	nextRank     uint64
+	refused      map[string]string
 }
 
 // openLB and openCounters default to the bpf package.
@@ -106,12 +118,12 @@ func linkIndexes() (map[string]int, error) {
 // configuration); a load balancer that cannot load (no cgroup2, no bpffs, an old kernel) is
 // logged loudly and reported in status, and the node runs without it.
 func (a *Agent) startDatapath(ctx context.Context) error {
-	dp := &datapath{attached: map[string]int{}}
+	dp := &datapath{attached: map[string]int{}, firstPlanned: map[string]uint64{}, refused: map[string]string{}}
 	// dnsErr is set by applyServices (under dp.mu) when an update leaves records out.
 	if a.cfg.DNS.Listen != "" {
 		s, err := dns.NewServer(dns.Config{
 			Listen: a.cfg.DNS.Listen, Upstreams: a.cfg.DNS.Upstream, TTL: time.Duration(a.cfg.DNS.TTL) * time.Second,
-			Logger: a.log, Registerer: a.registry,
+			Clients: a.dnsClients(a.cfg), LocalAddrs: a.nodeAddrs, Logger: a.log, Registerer: a.registry,
 		})
 		if err == nil {
 			err = s.Start()
@@ -122,7 +134,8 @@ func (a *Agent) startDatapath(ctx context.Context) error {
 		dp.dns = s
 	}
 	cg, err := CgroupPath(a.cfg.CgroupPath)
-	opts := bpf.Options{PinDir: a.cfg.BPFPinDir, CgroupPath: cg, Log: a.log.With("component", "bpf")}
+	opts := bpf.Options{PinDir: a.cfg.BPFPinDir, CgroupPath: cg, Log: a.log.With("component", "bpf"),
+		ServiceMapEntries: a.cfg.LoadBalancer.ServiceMapEntries, BackendMapEntries: a.cfg.LoadBalancer.BackendMapEntries}
 	if err == nil {
 		dp.cgroup = cg
 		dp.lb, err = a.opts.OpenLB(ctx, opts)
@@ -238,7 +251,9 @@ func (a *Agent) servicesOnce(ctx context.Context) {
 		return
 	}
 	reach := services.Reachability(a.cfg.Cluster, a.cfg.Gateway, a.pairs(ctx, wants, problems, decisions))
-	plan := services.Compute(st.Imports, a.cfg.Cluster, reach)
+	imports, outOfScope := services.InScope(st.Imports, st.Clusters, st.Endpoints)
+	plan := services.Compute(imports, a.cfg.Cluster, reach)
+	plan.Problems = append(outOfScope, plan.Problems...)
 	a.applyServices(ctx, dp, plan)
 }
 
@@ -303,6 +318,27 @@ func (a *Agent) pairs(ctx context.Context, wants []reconcile.Want, problems []re
 	return out
 }
 
+// nodeAddrs are this node's addresses, for the DNS server's clients.
+func (a *Agent) nodeAddrs() ([]netip.Addr, error) { return a.opts.InterfaceAddrs(), nil }
+
+// dnsClients are the prefixes the DNS server answers besides loopback and the node's own
+// addresses: the cluster's pod and service CIDRs (the config's and the broker's record both:
+// the config's may name this node's share only) and dns.allowClients, sorted and unique.
+func (a *Agent) dnsClients(cfg *config.Config) []netip.Prefix {
+	cidrs := slices.Concat(cfg.PodCIDRs, cfg.ServiceCIDRs, cfg.DNS.AllowClients)
+	if c := a.localCluster(); c != nil {
+		cidrs = slices.Concat(cidrs, c.GetPodCidrs(), c.GetServiceCidrs())
+	}
+	out := config.Prefixes(cidrs)
+	slices.SortFunc(out, func(x, y netip.Prefix) int {
+		if c := x.Addr().Compare(y.Addr()); c != 0 {
+			return c
+		}
+		return x.Bits() - y.Bits()
+	})
+	return slices.Compact(out)
+}
+
 // applyServices applies a plan: the DNS zone (when it changed), the load balancer's maps
 // (always: Sync writes only differences, and repairs drift), then the destruction of sockets
 // whose backend left the maps.
@@ -316,6 +352,11 @@ func (a *Agent) applyServices(ctx context.Context, dp *datapath, plan services.P
 		dp.mu.Unlock()
 	}
 	if dp.dns != nil {
+		// The cluster's CIDRs may have arrived with this state (first join, a CIDR change).
+		if clients := a.dnsClients(a.liveConfig()); !slices.Equal(clients, dp.dns.Clients()) {
+			dp.dns.SetClients(clients)
+			a.log.Info("dns clients changed", "clients", clients)
+		}
 		dp.mu.Lock()
 		changed := !dp.dnsUpdated || !reflect.DeepEqual(dp.lastDNS, plan.DNS)
 		dp.mu.Unlock()
@@ -333,14 +374,15 @@ func (a *Agent) applyServices(ctx context.Context, dp *datapath, plan services.P
 	var syncErr string
 	if dp.lb != nil {
 		before, err := dp.lb.Services()
+		var held []bpf.Service
 		if err == nil {
-			err = dp.lb.Sync(plan.LB)
+			held, err = a.syncFit(dp, plan, before)
 		}
 		if err != nil {
 			syncErr = err.Error()
 		} else {
-			a.logBackendChanges(before, plan.LB)
-			if gone := bpf.Gone(before, plan.LB); len(gone) > 0 {
+			a.logBackendChanges(before, held)
+			if gone := bpf.Gone(before, held); len(gone) > 0 {
 				n, err := dp.lb.DestroySockets(ctx, gone)
 				if err != nil && ctx.Err() == nil {
 					a.log.Warn("could not destroy every socket of the backends that left", "backends", len(gone), "destroyed", n, "err", err)
@@ -358,6 +400,67 @@ func (a *Agent) applyServices(ctx context.Context, dp *datapath, plan services.P
 	dp.syncErr = syncErr
 	dp.plan, dp.planned = plan, true
 	dp.mu.Unlock()
+}
+
+// syncFit syncs the load balancer with what of plan fits in its maps (services.FitOrder decides
+// the order), records the imports refused for the status, logs each refusal once, and returns
+// the services the maps now hold.
+func (a *Agent) syncFit(dp *datapath, plan services.Plan, before []bpf.Service) ([]bpf.Service, error) {
+	programmed := make(map[string]bool, len(before))
+	for _, s := range before {
+		programmed[s.String()] = true
+	}
+	dp.mu.Lock()
+	for _, key := range plan.LBImports {
+		if _, ok := dp.firstPlanned[key]; !ok {
+			dp.firstPlanned[key] = dp.nextRank
+			dp.nextRank++
+		}
+	}
+	order := services.FitOrder(plan, a.cfg.Cluster, programmed, dp.firstPlanned)
+	dp.mu.Unlock()
+	groups := make([][]bpf.Service, len(order))
+	for i, g := range order {
+		groups[i] = g.Services
+	}
+	refusals, err := dp.lb.SyncFit(groups)
+	if err != nil {
+		return nil, err
+	}
+	refused := make(map[string]string, len(refusals))
+	out := map[int]bool{}
+	for _, r := range refusals {
+		refused[order[r.Group].Import] = r.Reason
+		out[r.Group] = true
+	}
+	var held []bpf.Service
+	for i, g := range order {
+		if !out[i] {
+			held = append(held, g.Services...)
+		}
+	}
+	dp.mu.Lock()
+	defer dp.mu.Unlock()
+	for _, i := range slices.Sorted(maps.Keys(out)) {
+		g := order[i]
+		if _, had := dp.refused[g.Import]; !had {
+			a.log.Warn("service import refused by the load balancer: its maps are too full for it; the others are applied",
+				"service", g.Import, "countsAgainst", g.Owner, "reason", refused[g.Import])
+		}
+	}
+	for key := range dp.refused {
+		if _, still := refused[key]; !still {
+			a.log.Info("service import taken by the load balancer after a refusal", "service", key)
+		}
+	}
+	dp.refused = refused
+	// Forget the ranks of imports gone, so the table does not grow with churn.
+	planned := make(map[string]bool, len(plan.LBImports))
+	for _, key := range plan.LBImports {
+		planned[key] = true
+	}
+	maps.DeleteFunc(dp.firstPlanned, func(key string, _ uint64) bool { return !planned[key] })
+	return held, nil
 }
 
 func (dp *datapath) lastProblemsLocked() string {
@@ -493,12 +596,23 @@ func (a *Agent) servicesStatus() *statusapi.Services {
 	out.LoadBalancer = statusapi.LoadBalancer{Running: dp.lb != nil, CgroupPath: dp.cgroup, PinDir: a.cfg.BPFPinDir, Error: dp.lbErr}
 	dp.mu.Lock()
 	out.DNS = statusapi.DNSStatus{Enabled: dp.dns != nil, Listen: a.cfg.DNS.Listen, Upstreams: a.liveConfig().DNS.Upstream, Error: dp.dnsErr}
+	if dp.dns != nil {
+		out.DNS.Warnings = dp.dns.Warnings()
+		for _, p := range dp.dns.Clients() {
+			out.DNS.Clients = append(out.DNS.Clients, p.String())
+		}
+	}
 	plan, planned := dp.plan, dp.planned
 	if dp.syncErr != "" {
 		out.LoadBalancer.Error = dp.syncErr
 	}
 	out.LoadBalancer.SocketsDestroyed = dp.destroyed
+	refused := maps.Clone(dp.refused)
 	dp.mu.Unlock()
+	out.LoadBalancer.Refused = len(refused)
+	if dp.lb != nil {
+		out.LoadBalancer.ServiceMapEntries, out.LoadBalancer.BackendMapEntries = dp.lb.Capacity()
+	}
 	if planned {
 		out.Imports = slices.Clone(plan.Imports)
 		for i := range out.Imports {
@@ -516,5 +630,6 @@ func (a *Agent) servicesStatus() *statusapi.Services {
 		}
 	}
 	services.AnnotateBackends(out.Imports, held)
+	services.MarkRefused(out.Imports, refused)
 	return out
 }

@@ -23,11 +23,11 @@ import (
 func (a *Agent) registerLoop(ctx context.Context, client apiv1.AgentClient) {
 	registered := false
 	var quiet repeatFilter
-	// A fleet that starts together would otherwise register in one instant, and heartbeat in
-	// that same instant every interval after (brokerclient.HeartbeatDelay).
-	if !retry.Sleep(ctx, brokerclient.FirstRegistrationDelay(a.cfg.HeartbeatInterval)) {
-		return
-	}
+	// The first registration goes at once: a gateway joining a quiet mesh is not kept waiting for
+	// a storm that is not happening. A fleet that starts together is spread by the broker, which
+	// answers registrations it has no room for with "busy, come back in a while"
+	// (brokerclient.BusyWait), and by the jittered waits of its heartbeats
+	// (brokerclient.HeartbeatDelay).
 	for {
 		if a.certificateRefused() != "" {
 			return
@@ -56,6 +56,18 @@ func (a *Agent) registerLoop(ctx context.Context, client apiv1.AgentClient) {
 		}
 		if ctx.Err() != nil {
 			return
+		}
+		if d, busy := brokerclient.BusyWait(err); busy {
+			// The broker answered, it only has no room now: come back when it said, on the
+			// same connection.
+			a.mu.Lock()
+			a.beatOK = false
+			a.mu.Unlock()
+			a.log.Debug("broker busy; registering again later", "retryIn", d.Round(time.Millisecond).String())
+			if !retry.Sleep(ctx, d) {
+				return
+			}
+			continue
 		}
 		if err != nil && a.refusedForGood(err, gen) {
 			a.mu.Lock()
@@ -104,7 +116,7 @@ func (a *Agent) register(ctx context.Context, client apiv1.AgentClient) error {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	sent := time.Now()
-	resp, err := client.RegisterEndpoint(cctx, &apiv1.RegisterEndpointRequest{Endpoint: ep, LeaseSeconds: int64(a.cfg.LeaseSeconds)})
+	resp, err := client.RegisterEndpoint(brokerclient.AcceptBusy(cctx), &apiv1.RegisterEndpointRequest{Endpoint: ep, LeaseSeconds: int64(a.cfg.LeaseSeconds)})
 	if err != nil {
 		return fmt.Errorf("register endpoint: %w", err)
 	}

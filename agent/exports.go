@@ -186,13 +186,15 @@ func exportFromView(v statusapi.Export) config.Export {
 
 // effective is the node's complete set, each export stamped with this node's cluster and name.
 func (a *Agent) effectiveExports() ([]*apiv1.ServiceExport, []statusapi.NodeExport, uint64) {
+	scope, known := a.ownExportScope()
 	x := &a.exports
 	x.mu.Lock()
 	runtime := make([]*apiv1.ServiceExport, 0, len(x.runtime))
 	for _, k := range slices.Sorted(maps.Keys(x.runtime)) {
 		runtime = append(runtime, x.runtime[k])
 	}
-	set, rows := MergeExports(x.config, runtime, x.kube)
+	kube, _ := kubeExportsInScope(scope, known, x.kube)
+	set, rows := MergeExports(x.config, runtime, kube)
 	version := x.version
 	x.mu.Unlock()
 	out := make([]*apiv1.ServiceExport, len(set))
@@ -228,6 +230,10 @@ func (a *Agent) setKubeExports(list []*apiv1.ServiceExport) {
 		}
 		keep = append(keep, e)
 	}
+	scope, known := a.ownExportScope()
+	if _, msgs := kubeExportsInScope(scope, known, keep); len(msgs) > 0 {
+		a.log.Warn("Kubernetes endpoints outside this cluster left out of its exports", "endpoints", msgs)
+	}
 	a.exports.mu.Lock()
 	defer a.exports.mu.Unlock()
 	if slices.EqualFunc(keep, a.exports.kube, func(x, y *apiv1.ServiceExport) bool { return proto.Equal(x, y) }) {
@@ -243,6 +249,9 @@ func (a *Agent) setKubeExports(list []*apiv1.ServiceExport) {
 func (a *Agent) PutExport(v statusapi.Export) (statusapi.ExportResult, error) {
 	p, err := config.NormalizeExport("export", exportFromView(v))
 	if err != nil {
+		return statusapi.ExportResult{}, err
+	}
+	if err := a.checkExportScope("export", v); err != nil {
 		return statusapi.ExportResult{}, err
 	}
 	k := mcs.Key(p.Namespace, p.Name)

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"slices"
 	"sync"
@@ -19,7 +20,9 @@ type fakeLB struct {
 	destroyed [][]bpf.Endpoint
 	syncErr   error
 	closed    bool
-	removed   bool
+	// maxEntries bounds what SyncFit takes (0: no bound).
+	maxEntries int
+	removed    bool
 }
 
 func (f *fakeLB) Sync(s []bpf.Service) error {
@@ -31,6 +34,39 @@ func (f *fakeLB) Sync(s []bpf.Service) error {
 	f.services = slices.Clone(s)
 	f.syncs++
 	return nil
+}
+
+// SyncFit takes the groups in order while their entries (one per service and one per backend)
+// fit in maxEntries (0: no bound), and refuses the others.
+func (f *fakeLB) SyncFit(groups [][]bpf.Service) ([]bpf.Refusal, error) {
+	f.mu.Lock()
+	maxEntries := f.maxEntries
+	f.mu.Unlock()
+	var taken []bpf.Service
+	var refused []bpf.Refusal
+	used := 0
+	for i, g := range groups {
+		need := 0
+		for _, s := range g {
+			need += 1 + len(s.Backends)
+		}
+		if maxEntries > 0 && used+need > maxEntries {
+			refused = append(refused, bpf.Refusal{Group: i, Reason: fmt.Sprintf("needs %d entries, %d left", need, maxEntries-used)})
+			continue
+		}
+		used += need
+		taken = append(taken, g...)
+	}
+	if err := f.Sync(taken); err != nil {
+		return nil, err
+	}
+	return refused, nil
+}
+
+func (f *fakeLB) Capacity() (int, int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.maxEntries, f.maxEntries
 }
 
 func (f *fakeLB) Services() ([]bpf.Service, error) {

@@ -33,11 +33,15 @@ func (e *FileError) Error() string {
 func (e *FileError) Unwrap() error { return e.Err }
 
 // CheckFiles checks the files cfg names before the agent creates anything: stateDir must be a
-// directory, or not exist yet below directories; and when it holds no agent certificate (the
-// node has not joined), joinTokenFile must be set and hold a join token of cfg's cluster. It
-// reads, never writes. Its errors are *FileError.
+// directory, or not exist yet below directories; its files must be safe from other local users
+// (checkStateDirPermissions); and when it holds no agent certificate (the node has not joined),
+// joinTokenFile must be set and hold a join token of cfg's cluster. It reads, never writes. Its
+// errors are *FileError.
 func CheckFiles(cfg *config.Config) error {
 	if err := checkStateDir(cfg.StateDir); err != nil {
+		return err
+	}
+	if err := checkStateDirPermissions(cfg.StateDir, os.Geteuid()); err != nil {
 		return err
 	}
 	_, err := os.Stat(filepath.Join(cfg.StateDir, brokerclient.CertFile))

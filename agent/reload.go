@@ -364,6 +364,7 @@ func (a *Agent) applyDNS(next *config.Config) {
 		a.log.Error("dns settings not applied", "err", err)
 		return
 	}
+	dp.dns.SetClients(a.dnsClients(next))
 	dp.mu.Lock()
 	defer dp.mu.Unlock()
 	if dp.dnsUpdated {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -367,4 +368,81 @@ func TestKubernetesExportsJoinTheNodesSet(t *testing.T) {
 		got, _ := b.Exports("east", "east-gw1")
 		return len(got) == 1 && got[0].GetName() == "cart" && got[0].GetType() == "ClusterSetIP"
 	})
+}
+
+// svcImport is a ClusterSetIP import of VIP vip, port 80, exported by cluster (id) with the
+// endpoints 10.<id>.<vip's last byte>.1.. (ready unless listed in notReady).
+func svcImport(name, vip, cluster string, id uint32, endpoints int, notReady ...int) *apiv1.ServiceImport {
+	ic := &apiv1.ImportedCluster{Cluster: cluster, ClusterId: id, Ports: []*apiv1.ServicePort{{Name: "http", Port: 80, Protocol: "TCP"}}}
+	last := netip.MustParseAddr(vip).As4()[3]
+	for i := range endpoints {
+		ic.Endpoints = append(ic.Endpoints, &apiv1.ServiceEndpoint{Ip: fmt.Sprintf("10.%d.%d.%d", id, last, i+1), Ready: !slices.Contains(notReady, i)})
+	}
+	return &apiv1.ServiceImport{Namespace: "shop", Name: name, Type: "ClusterSetIP", Vips: []string{vip},
+		Ports: []*apiv1.ServicePort{{Name: "http", Port: 80, Protocol: "TCP"}}, Clusters: []*apiv1.ImportedCluster{ic}}
+}
+
+func refusedImports(t *testing.T, socket string) map[string]string {
+	t.Helper()
+	s, _ := getStatus(t, socket)
+	out := map[string]string{}
+	if s.Services == nil {
+		return out
+	}
+	for _, imp := range s.Services.Imports {
+		if imp.LoadBalancerRefused != "" {
+			out[imp.Name] = imp.LoadBalancerRefused
+		}
+	}
+	return out
+}
+
+// Maps too small for every import: each import that does not fit is refused alone and shown in
+// its status, a cluster's newcomer does not evict that cluster's services, and every other
+// change (another cluster's new service, a backend going not ready) still reaches the maps.
+func TestImportsThatDoNotFitTheMapsAreRefusedAloneAndTheRestIsApplied(t *testing.T) {
+	b := newBroker(t)
+	r, cfg, lb, _ := servicesAgent(t, b, &switchPinger{}, nil)
+	_ = r
+	lb.mu.Lock()
+	lb.maxEntries = 6 // one entry per service and one per backend
+	lb.mu.Unlock()
+	held := func(vip string) []string { got, _ := lb.backends(vip + ":80/tcp"); return got }
+
+	big := svcImport("big", "241.0.0.1", "north", 3, 3) // 4 entries
+	b.SetImports("east", big)
+	eventually(t, "north's big service in the maps", func() bool { return len(held("241.0.0.1")) == 3 })
+
+	// Two newcomers of one pass are ranked by name.
+	small := svcImport("second", "241.0.0.2", "north", 3, 1) // 2 entries: 6 with big, fits
+	more := svcImport("third", "241.0.0.3", "north", 3, 1)   // 2 more: refused
+	b.SetImports("east", big, small, more)
+	eventually(t, "north's newcomer refused, in its status", func() bool {
+		return strings.Contains(refusedImports(t, cfg.StatusSocket)["third"], "needs 2 entries")
+	})
+	if len(held("241.0.0.1")) != 3 || len(held("241.0.0.2")) != 1 || len(held("241.0.0.3")) != 0 {
+		t.Fatalf("maps hold big %v, small %v, more %v", held("241.0.0.1"), held("241.0.0.2"), held("241.0.0.3"))
+	}
+
+	// west's first service comes in the first round, ahead of north's second: small gives way.
+	web := svcImport("web", "241.0.0.4", "west", 2, 1)
+	b.SetImports("east", big, small, more, web)
+	eventually(t, "west's new service in the maps", func() bool { return len(held("241.0.0.4")) == 1 })
+	if got := refusedImports(t, cfg.StatusSocket); len(got) != 2 || got["second"] == "" || got["third"] == "" {
+		t.Errorf("refused %v, want second and third", got)
+	}
+
+	// A backend of big goes not ready: the change reaches the maps though imports are refused.
+	b.SetImports("east", svcImport("big", "241.0.0.1", "north", 3, 3, 0), small, more, web)
+	eventually(t, "big's not-ready backend out of the maps", func() bool { return len(held("241.0.0.1")) == 2 })
+
+	// big goes: small and more fit again, and their refusals clear.
+	b.SetImports("east", small, more, web)
+	eventually(t, "the refused services taken once there is room", func() bool {
+		return len(held("241.0.0.2")) == 1 && len(held("241.0.0.3")) == 1 && len(refusedImports(t, cfg.StatusSocket)) == 0
+	})
+	s, _ := getStatus(t, cfg.StatusSocket)
+	if lb := s.Services.LoadBalancer; lb.Refused != 0 || lb.ServiceMapEntries != 6 || lb.Error != "" {
+		t.Errorf("load balancer status %+v", lb)
+	}
 }

@@ -143,11 +143,23 @@ func newIterDestroyer(lb *LB) (*destroyer, error) {
 	d := &destroyer{method: DestroyIterator, lb: lb}
 	// The iterators share the hooks' maps; they pin nothing and are attached for this process
 	// only (an iterator link has no target to stay attached to).
-	err := loadLbDestroyObjects(&d.objs, &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{
+	spec, err := loadLbDestroy()
+	if err != nil {
+		return nil, fmt.Errorf("load socket destroy iterators: %w", err)
+	}
+	shared := map[string]*ebpf.Map{
 		"cm_lb_svc":     lb.objs.CmLbSvc,
 		"cm_lb_backend": lb.objs.CmLbBackend,
 		"cm_lb_revnat":  lb.objs.CmLbRevnat,
-	}})
+	}
+	// The hooks' maps may be sized otherwise than compiled (Options.ServiceMapEntries): a
+	// replacement must match its spec.
+	for name, m := range shared {
+		if ms, ok := spec.Maps[name]; ok {
+			ms.MaxEntries = m.MaxEntries()
+		}
+	}
+	err = spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{MapReplacements: shared})
 	if err != nil {
 		return nil, fmt.Errorf("load socket destroy iterators: %w", err)
 	}

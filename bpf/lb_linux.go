@@ -80,7 +80,14 @@ func Open(ctx context.Context, opts Options) (*LB, error) {
 	}
 
 	lb := &LB{opts: opts, log: log, links: map[string]link.Link{}}
-	err = loadLbSockObjects(&lb.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: opts.PinDir}})
+	spec, err := loadLbSock()
+	if err != nil {
+		return nil, fmt.Errorf("open load balancer: load spec: %w", err)
+	}
+	if err := sizeServiceMaps(spec, opts, log); err != nil {
+		return nil, fmt.Errorf("open load balancer: %w", err)
+	}
+	err = spec.LoadAndAssign(&lb.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: opts.PinDir}})
 	if err != nil {
 		if errors.Is(err, ebpf.ErrMapIncompatible) {
 			return nil, fmt.Errorf("open load balancer: maps pinned in %s are of another layout than this build's (remove them with bpf.Purge; open sockets lose their reverse translation): %w", opts.PinDir, err)
@@ -140,8 +147,7 @@ func (lb *LB) Sync(services []Service) error {
 	if err != nil {
 		return fmt.Errorf("sync services: %w", err)
 	}
-	capa := capacity{svc: int(lb.objs.CmLbSvc.MaxEntries()), backends: int(lb.objs.CmLbBackend.MaxEntries())}
-	ops, err := planSync(cur, services, capa)
+	ops, err := planSync(cur, services, lb.capacity())
 	if err != nil {
 		return fmt.Errorf("sync services: %w", err)
 	}
@@ -152,6 +158,44 @@ func (lb *LB) Sync(services []Service) error {
 		lb.log.Debug("synced services", "services", len(services), "writes", len(ops))
 	}
 	return nil
+}
+
+// SyncFit is Sync for maps that may be too small for every service: groups are the services
+// in the order they have the maps, each group taken or refused as a whole (one service import's
+// VIPs and ports). The groups that fit (fitGroups) are synced as Sync would; each other group is
+// refused, and its services leave the maps. The error is for the maps themselves (they could
+// not be read or written), never for what was wanted.
+func (lb *LB) SyncFit(groups [][]Service) ([]Refusal, error) {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	if lb.closed {
+		return nil, errors.New("sync services: load balancer is closed")
+	}
+	cur, err := readTables(lb.objs.CmLbSvc, lb.objs.CmLbBackend)
+	if err != nil {
+		return nil, fmt.Errorf("sync services: %w", err)
+	}
+	ops, refused, err := planFit(cur, groups, lb.capacity())
+	if err != nil {
+		return nil, fmt.Errorf("sync services: %w", err)
+	}
+	if err := applyOps(lb.objs.CmLbSvc, lb.objs.CmLbBackend, ops, func() { lb.writes.Add(1) }); err != nil {
+		return nil, fmt.Errorf("sync services: %w", err)
+	}
+	if len(ops) > 0 {
+		lb.log.Debug("synced services", "groups", len(groups), "refused", len(refused), "writes", len(ops))
+	}
+	return refused, nil
+}
+
+func (lb *LB) capacity() capacity {
+	return capacity{svc: int(lb.objs.CmLbSvc.MaxEntries()), backends: int(lb.objs.CmLbBackend.MaxEntries())}
+}
+
+// Capacity is the number of entries the service map and the backend map hold.
+func (lb *LB) Capacity() (svc, backends int) {
+	c := lb.capacity()
+	return c.svc, c.backends
 }
 
 // Services reads the services back from the maps: what the hooks translate right now.

@@ -220,9 +220,17 @@ func (o op) String() string {
 // backends looking empty or pointing at a missing backend: backends are written before the
 // slots that name them, slots before the count that exposes them; a service shrinks by its
 // count first, and loses slots and backends after. A service that goes loses its slot 0
-// first, so that connects stop being translated before its backends disappear.
+// first, so that connects stop being translated before its backends disappear; it goes before
+// anything is added, so that the room it frees in full maps is there for what is added.
 func diff(cur, want tables) []op {
 	var putBackends, putSlots, putHeads, delHeads, delSlots, delBackends []op
+	var goneHeads, goneSlots, goneBackends []op // of services that go altogether
+	wantKeys, wantIDs := map[svcKey]bool{}, map[uint32]bool{}
+	for k, v := range want.svc {
+		if k.slot == 0 {
+			wantKeys[k.svc], wantIDs[v.id] = true, true
+		}
+	}
 	for id, b := range want.backends {
 		if old, ok := cur.backends[id]; !ok || old != b {
 			putBackends = append(putBackends, op{kind: opPutBackend, id: id, backend: b})
@@ -244,15 +252,27 @@ func diff(cur, want tables) []op {
 			continue
 		}
 		o := op{kind: opDeleteSlot, slot: k}
-		if k.slot == 0 {
+		switch {
+		case !wantKeys[k.svc] && k.slot == 0:
+			goneHeads = append(goneHeads, o)
+		case !wantKeys[k.svc]:
+			goneSlots = append(goneSlots, o)
+		case k.slot == 0:
 			delHeads = append(delHeads, o)
-		} else {
+		default:
 			delSlots = append(delSlots, o)
 		}
 	}
-	for id := range cur.backends {
-		if _, ok := want.backends[id]; !ok {
-			delBackends = append(delBackends, op{kind: opDeleteBackend, id: id})
+	for id, b := range cur.backends {
+		if _, ok := want.backends[id]; ok {
+			continue
+		}
+		// No wanted slot names a backend of another service (desiredTables keeps an id only
+		// within its service), so one of a service that goes, or of none, can go first.
+		if o := (op{kind: opDeleteBackend, id: id}); wantIDs[b.svcID] {
+			delBackends = append(delBackends, o)
+		} else {
+			goneBackends = append(goneBackends, o)
 		}
 	}
 	byID := func(a, b op) int { return cmp.Compare(a.id, b.id) }
@@ -265,7 +285,10 @@ func diff(cur, want tables) []op {
 	slices.SortFunc(delHeads, bySlot)
 	slices.SortFunc(delSlots, bySlot)
 	slices.SortFunc(delBackends, byID)
-	return slices.Concat(putBackends, putSlots, putHeads, delHeads, delSlots, delBackends)
+	slices.SortFunc(goneHeads, bySlot)
+	slices.SortFunc(goneSlots, bySlot)
+	slices.SortFunc(goneBackends, byID)
+	return slices.Concat(goneHeads, goneSlots, goneBackends, putBackends, putSlots, putHeads, delHeads, delSlots, delBackends)
 }
 
 // capacity is how many entries each map holds.
@@ -281,26 +304,55 @@ func planSync(cur tables, services []Service, capa capacity) ([]op, error) {
 	}
 	want := desiredTables(cur, norm)
 	ops := diff(cur, want)
-	peakSvc, peakBackends := len(cur.svc), len(cur.backends)
-	for _, o := range ops {
-		switch {
-		case o.kind == opPutSlot:
-			if _, ok := cur.svc[o.slot]; !ok {
-				peakSvc++
-			}
-		case o.kind == opPutBackend:
-			if _, ok := cur.backends[o.id]; !ok {
-				peakBackends++
-			}
-		}
-	}
+	peakSvc, peakBackends := peakEntries(cur, ops)
 	if peakSvc > capa.svc {
-		return nil, fmt.Errorf("%d services with their backend slots need %d service map entries while updating, the map holds %d", len(norm), peakSvc, capa.svc)
+		return nil, fmt.Errorf("%w: %d services with their backend slots need %d service map entries while updating, the map holds %d", errNoRoom, len(norm), peakSvc, capa.svc)
 	}
 	if peakBackends > capa.backends {
-		return nil, fmt.Errorf("the backends need %d backend map entries while updating, the map holds %d", peakBackends, capa.backends)
+		return nil, fmt.Errorf("%w: the backends need %d backend map entries while updating, the map holds %d", errNoRoom, peakBackends, capa.backends)
 	}
 	return ops, nil
+}
+
+// peakEntries is the most entries the service map and the backend map hold while ops are
+// written in order from cur.
+func peakEntries(cur tables, ops []op) (svc, backends int) {
+	nSvc, nBackends := len(cur.svc), len(cur.backends)
+	svc, backends = nSvc, nBackends
+	svcLive := make(map[slotKey]bool, len(cur.svc))
+	for k := range cur.svc {
+		svcLive[k] = true
+	}
+	beLive := make(map[uint32]bool, len(cur.backends))
+	for id := range cur.backends {
+		beLive[id] = true
+	}
+	for _, o := range ops {
+		switch o.kind {
+		case opPutSlot:
+			if !svcLive[o.slot] {
+				svcLive[o.slot] = true
+				nSvc++
+			}
+		case opDeleteSlot:
+			if svcLive[o.slot] {
+				delete(svcLive, o.slot)
+				nSvc--
+			}
+		case opPutBackend:
+			if !beLive[o.id] {
+				beLive[o.id] = true
+				nBackends++
+			}
+		case opDeleteBackend:
+			if beLive[o.id] {
+				delete(beLive, o.id)
+				nBackends--
+			}
+		}
+		svc, backends = max(svc, nSvc), max(backends, nBackends)
+	}
+	return svc, backends
 }
 
 // Gone returns the backends of before that are a backend of no service in after, with the

@@ -112,7 +112,25 @@ type Options struct {
 	Log *slog.Logger
 	// DestroyMethod chooses how DestroySockets works; the zero value picks by kernel.
 	DestroyMethod DestroyMethod
+	// ServiceMapEntries and BackendMapEntries size the service map (services plus their
+	// backend slots) and the backend map; 0 means DefaultServiceMapEntries and
+	// DefaultBackendMapEntries. Maps already pinned in PinDir keep the size they were created
+	// with (resizing would lose the state of open sockets): Open logs the difference, and the
+	// new size takes effect once the pins are removed (cleanup on exit, or Purge).
+	ServiceMapEntries, BackendMapEntries int
 }
+
+// The compiled sizes of the service and backend maps (LB_MAX_SERVICE_ENTRIES and
+// LB_MAX_BACKENDS in c/lb.h). They are preallocated hash maps: the kernel reserves their memory
+// when they are created, measured at 96 bytes per service map entry and 104 per backend map
+// entry (memlock), so 65,536 of each cost 12.5 MiB per node (docs/limits.md).
+const (
+	DefaultServiceMapEntries = 65536
+	DefaultBackendMapEntries = 65536
+	// MinMapEntries and MaxMapEntries bound Options.ServiceMapEntries and BackendMapEntries.
+	MinMapEntries = 16
+	MaxMapEntries = 1 << 22
+)
 
 func (o Options) logger() *slog.Logger {
 	if o.Log == nil {
@@ -126,4 +144,12 @@ func (o Options) logger() *slog.Logger {
 // has one.
 type ClusterCounters struct {
 	RxPackets, RxBytes, TxPackets, TxBytes uint64
+}
+
+// ValidMapEntries checks a configured map size.
+func ValidMapEntries(n int) error {
+	if n < MinMapEntries || n > MaxMapEntries {
+		return fmt.Errorf("%d map entries: want %d to %d", n, MinMapEntries, MaxMapEntries)
+	}
+	return nil
 }

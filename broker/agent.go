@@ -114,6 +114,9 @@ func (a *agentService) Join(ctx context.Context, req *apiv1.JoinRequest) (*apiv1
 }
 
 func (a *agentService) RegisterEndpoint(ctx context.Context, req *apiv1.RegisterEndpointRequest) (*apiv1.RegisterEndpointResponse, error) {
+	if err := a.registerBusy(ctx); err != nil {
+		return nil, err
+	}
 	a.s.writing.enter()
 	defer a.s.writing.leave()
 	id := identityFrom(ctx)

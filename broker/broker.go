@@ -86,6 +86,9 @@ type Config struct {
 	// cluster's CIDRs may overlap it. A stored address outside it (the range changed since) is
 	// replaced by one inside it at start and at the node's next registration.
 	MeshAddressRange netip.Prefix
+	// ExportQuota bounds what the nodes of one cluster export together (services, endpoints,
+	// importers' load balancer entries); fields left 0 take admission's defaults.
+	ExportQuota admission.ExportQuota
 	// StoreOptions tune the embedded store (event log size, watcher buffer).
 	StoreOptions store.Options
 	// Store, when set, is the store to use instead of the embedded one in DataDir/broker.db
@@ -193,6 +196,10 @@ func New(cfg Config) (_ *Server, err error) {
 			return nil, err
 		}
 	}
+	if err := cfg.ExportQuota.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.ExportQuota = cfg.ExportQuota.WithDefaults()
 	if cfg.ServiceVIPRanges, err = vipRanges(cfg.ServiceVIPRanges); err != nil {
 		return nil, err
 	}

@@ -288,7 +288,7 @@ func TestImportsCarryTheExportingGatewaysIngresses(t *testing.T) {
 	web2 := svc("web", 80, 443)
 	web2.Endpoints[0].Ip = "10.9.0.2" // so that the import changes, and is sent
 	web2.Ports[0].IngressPort, web2.Ports[1].IngressPort = 30081, 30443
-	setExports(t, gw2, web2)
+	setExports(t, gw2, m.local("east", web2)...)
 	next("web east/gw1 242.0.0.1 80->30080")
 	register(t, m.addr, m.agents["east/gw2"], "192.0.2.2")
 	next("web east/gw1 242.0.0.1 80->30080; web east/gw2 242.0.0.2 80->30081; web east/gw2 242.0.0.2 443->30443")

@@ -31,6 +31,7 @@ import (
 	"github.com/cablemesh/cablemesh/api/jointoken"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/broker/adminconfig"
+	"github.com/cablemesh/cablemesh/broker/admission"
 	"github.com/cablemesh/cablemesh/broker/store"
 )
 
@@ -76,6 +77,7 @@ type brokerOpts struct {
 	selfAddrs     []netip.Addr   // Config.SelfAddresses
 	watchBudget   int            // Config.WatchMessageBytes
 	meshRange     netip.Prefix   // Config.MeshAddressRange
+	exportQuota   admission.ExportQuota
 	// wrapStore wraps the memory store (not a durable one) before the broker gets it.
 	wrapStore func(store.Store) store.Store
 }
@@ -101,6 +103,7 @@ func startBroker(t *testing.T, dir string, o brokerOpts) *testBroker {
 	cfg := Config{DataDir: dir, Listen: o.addr, Logger: log, Now: o.clock.Now, ReapInterval: 20 * time.Millisecond,
 		StoreOptions: o.storeOpt, DefaultCableDriver: o.defaultDriver, ServiceVIPRanges: o.vipRanges, WatchMessageBytes: o.watchBudget,
 		MeshAddressRange: o.meshRange}
+	cfg.ExportQuota = o.exportQuota
 	if o.selfAddrs != nil {
 		cfg.SelfAddresses = func() ([]netip.Addr, error) { return o.selfAddrs, nil }
 	}

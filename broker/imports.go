@@ -13,11 +13,18 @@ import (
 	"github.com/cablemesh/cablemesh/internal/retry"
 )
 
-// maxImportViews is how many views the tracker keeps. A watcher asks for the view of the
-// revision it is at; one that lags by more views than this gets the oldest view kept, which is
+// maxImportViews is how many views the tracker keeps, and maxImportViewBytes how large the
+// imports may be (encoded) that the views after the oldest merged afresh (each view shares the
+// entries of the services it did not merge again with the view before it; in the heap the
+// imports take several times their encoded size). A watcher asks for the view of the revision
+// it is at; one that lags by more views than these keep gets the oldest view kept, which is
 // newer than its revision (it then sees the imports a little before the events; the next
-// message catches the events up).
-const maxImportViews = 16
+// message catches the events up). Counted only, one agent that exported and withdrew 512
+// services of 128 endpoints again and again kept 8 full copies of them.
+const (
+	maxImportViews     = 16
+	maxImportViewBytes = 4 << 20
+)
 
 // importTracker computes the mesh's service imports and pair decisions once per revision that
 // can change them, for every watcher to share. It follows the store's watch like a watcher does
@@ -113,13 +120,29 @@ func (t *importTracker) publish(rev uint64, v *importView) {
 	defer t.mu.Unlock()
 	if v != nil {
 		t.views = append(t.views, v)
-		if n := len(t.views); n > maxImportViews {
-			t.views = append([]*importView(nil), t.views[n-maxImportViews:]...)
-		}
+		t.trimViewsLocked()
 	}
 	t.applied = rev
 	close(t.changed)
 	t.changed = make(chan struct{})
+}
+
+// trimViewsLocked drops the oldest views until at most maxImportViews are left and the views
+// after the oldest merged at most maxImportViewBytes; it always keeps the newest.
+func (t *importTracker) trimViewsLocked() {
+	bytes := 0
+	for _, v := range t.views[1:] {
+		bytes += v.mergedBytes
+	}
+	drop := 0
+	for len(t.views)-drop > 1 && (len(t.views)-drop > maxImportViews || bytes > maxImportViewBytes) {
+		drop++
+		bytes -= t.views[drop].mergedBytes // the new oldest: what it shares with no view kept is held anyway
+	}
+	if drop > 0 {
+		// A new array: the dropped views must not stay reachable from the old one.
+		t.views = append([]*importView(nil), t.views[drop:]...)
+	}
 }
 
 func (t *importTracker) stop(err error) {

@@ -93,6 +93,8 @@ func (s *importState) apply(b store.Batch) bool {
 			}
 			if old == nil || del || old.GetId() != res.GetCluster().GetId() {
 				s.idsChanged = true
+			} else if scopeChanged(old, res.GetCluster()) {
+				s.markClusterDirty(ev.GetKey())
 			}
 			s.labelsChanged, changed = true, true
 		case store.KindPolicy:
@@ -149,9 +151,14 @@ func (s *importState) apply(b store.Batch) bool {
 				s.mesh[ev.GetKey()] = addr
 			}
 			// The services this node exports show its ingress: merge them again. A snapshot
-			// merges everything anyway.
+			// merges everything anyway. In gateway mode the mesh address may be an endpoint of
+			// any of its cluster's exports.
 			for svc := range s.nodeServices[ev.GetKey()] {
 				s.dirty[svc], changed = true, true
+			}
+			cluster, _, _ := strings.Cut(ev.GetKey(), "/")
+			if s.clusters[cluster].GetGatewayMode() && s.markClusterDirty(cluster) {
+				changed = true
 			}
 		}
 	}
@@ -177,6 +184,7 @@ func serviceOfExportKey(key string) (string, bool) {
 // every one it stored, so this is a bug or a damaged store) the view connects no pair, and the
 // error says why.
 func (s *importState) view(rev uint64) (*importView, error) {
+	var merged int // bytes of the imports merged for this view (encoded)
 	if s.idsChanged || len(s.dirty) > 0 {
 		ids := map[string]uint32{}
 		for n, c := range s.clusters {
@@ -195,13 +203,15 @@ func (s *importState) view(rev uint64) (*importView, error) {
 			}
 		}
 		for k := range todo {
-			exps := slices.Collect(maps.Values(s.exports[k]))
+			exps, outOfScope := exportsInScope(slices.Collect(maps.Values(s.exports[k])), s.clusters, s.mesh)
 			imps := mcs.Merge(exps, ids, map[string][]string{k: s.vips[k]})
 			if len(imps) == 0 {
 				delete(s.merged, k)
 			} else {
 				addIngresses(imps[0], exps, s.mesh)
+				addScopeConflicts(imps[0], outOfScope[k])
 				s.merged[k] = s.newEntry(imps[0])
+				merged += proto.Size(imps[0])
 			}
 		}
 		s.services = make([]*serviceEntry, 0, len(s.merged))
@@ -232,7 +242,7 @@ func (s *importState) view(rev uint64) (*importView, error) {
 		imports[i] = e.imp
 	}
 	return &importView{rev: rev, imports: imports, services: s.services, pairs: s.pairs,
-		labelSets: len(s.labelSets), tailored: map[string]*tailoredImports{}}, err
+		labelSets: len(s.labelSets), mergedBytes: merged, tailored: map[string]*tailoredImports{}}, err
 }
 
 // addIngresses fills, in imp (just merged from exports, not shared yet), each cluster's
@@ -313,6 +323,9 @@ type importView struct {
 	pairs    *pairDecisions         // which clusters the policies connect
 	// labelSets is how many label sets the entries number (serviceEntry.labelSets).
 	labelSets int
+	// mergedBytes is the size (encoded) of the imports this view merged afresh: what it holds
+	// beyond the entries it shares with the view before it.
+	mergedBytes int
 
 	mu       sync.Mutex
 	tailored map[string]*tailoredImports // by cluster and selector

@@ -23,7 +23,7 @@ func upsert(kind, key string, r *apiv1.Resource) *apiv1.Event {
 }
 
 func clusterEv(name string, id uint32, labels map[string]string) *apiv1.Event {
-	return upsert(store.KindCluster, name, &apiv1.Resource{Kind: &apiv1.Resource_Cluster{Cluster: &apiv1.Cluster{Name: name, Id: id, Labels: labels}}})
+	return upsert(store.KindCluster, name, &apiv1.Resource{Kind: &apiv1.Resource_Cluster{Cluster: &apiv1.Cluster{Name: name, Id: id, Labels: labels, PodCidrs: []string{"10.0.0.0/8"}}}})
 }
 
 func exportEv(t testing.TB, cluster, name string, created time.Time, port uint32, eps int) *apiv1.Event {

@@ -122,8 +122,13 @@ func (a *agentService) SetExports(ctx context.Context, req *apiv1.SetExportsRequ
 		if err != nil {
 			return err
 		}
-		plan, err = admission.PlanExports(id, c, req.GetExports(), all, vips, a.s.cfg.ServiceVIPRanges, now)
-		return err
+		if plan, err = admission.PlanExports(id, c, req.GetExports(), all, vips, a.s.cfg.ServiceVIPRanges, now); err != nil {
+			return err
+		}
+		if err = admission.CheckExportQuota(id.Cluster, id.Node, plan.Exports, all, len(a.s.cfg.ServiceVIPRanges), a.s.cfg.ExportQuota); err != nil {
+			return err
+		}
+		return admission.CheckExportScope(c, req.GetExports(), func() ([]string, error) { return clusterMeshAddresses(tx, id.Cluster) })
 	}
 	// Every agent sends its exports on every new stream, mostly the ones the broker has: those
 	// are answered from a read (a linearizable one on etcd), not queued behind the writes of a
@@ -232,7 +237,6 @@ func (a *adminService) ListServices(ctx context.Context, _ *apiv1.ListServicesRe
 		if err != nil {
 			return err
 		}
-		resp.Imports = mcs.Merge(resp.Exports, admission.ClusterIDs(clusters), admission.VIPMap(vips))
 		// The ingresses, as watchers get them (importState.view), for cablectl service describe.
 		eps, err := tx.Endpoints()
 		if err != nil {
@@ -244,6 +248,9 @@ func (a *adminService) ListServices(ctx context.Context, _ *apiv1.ListServicesRe
 				mesh[store.EndpointKey(e.Cluster, e.Node)] = e.MeshAddress
 			}
 		}
+		// The imports as watchers get them: without endpoints outside their cluster's scope.
+		served, outOfScope := exportsInScope(resp.Exports, clustersByName(clusters), mesh)
+		resp.Imports = mcs.Merge(served, admission.ClusterIDs(clusters), admission.VIPMap(vips))
 		byService := map[string][]*apiv1.ServiceExport{}
 		for _, e := range resp.Exports {
 			k := mcs.Key(e.Namespace, e.Name)
@@ -251,6 +258,7 @@ func (a *adminService) ListServices(ctx context.Context, _ *apiv1.ListServicesRe
 		}
 		for _, imp := range resp.Imports {
 			addIngresses(imp, byService[mcs.Key(imp.Namespace, imp.Name)], mesh)
+			addScopeConflicts(imp, outOfScope[mcs.Key(imp.Namespace, imp.Name)])
 		}
 		resp.Revision = tx.Revision()
 		return nil

@@ -23,12 +23,14 @@ type svcMesh struct {
 	*testBroker
 	agents  map[string]*agent
 	clients map[string]apiv1.AgentClient
+	octet   map[string]int // cluster → n of its pod CIDR 10.n.0.0/16
 }
 
 func newSvcMesh(t *testing.T, dir string, o brokerOpts, clusters ...string) *svcMesh {
 	t.Helper()
-	m := &svcMesh{testBroker: startBroker(t, dir, o), agents: map[string]*agent{}, clients: map[string]apiv1.AgentClient{}}
+	m := &svcMesh{testBroker: startBroker(t, dir, o), agents: map[string]*agent{}, clients: map[string]apiv1.AgentClient{}, octet: map[string]int{}}
 	for i, c := range clusters {
+		m.octet[c] = i + 1
 		m.labelledCluster(c, fmt.Sprintf("10.%d.0.0/16", i+1), map[string]string{"site": c})
 		m.join(c, "gw1")
 	}
@@ -47,7 +49,28 @@ func (m *svcMesh) join(cluster, node string) {
 
 func (m *svcMesh) set(cluster string, exports ...*apiv1.ServiceExport) *apiv1.SetExportsResponse {
 	m.t.Helper()
-	return setExports(m.t, m.clients[cluster], exports...)
+	return setExports(m.t, m.clients[cluster], m.local(cluster, exports...)...)
+}
+
+// local is exports with svc's endpoints moved into cluster's pod CIDR, where the broker admits
+// them.
+func (m *svcMesh) local(cluster string, exports ...*apiv1.ServiceExport) []*apiv1.ServiceExport {
+	return inPodCIDR(m.octet[cluster], exports...)
+}
+
+// inPodCIDR is copies of exports whose endpoints 10.9.x.y (svc's) are 10.n.x.y.
+func inPodCIDR(n int, exports ...*apiv1.ServiceExport) []*apiv1.ServiceExport {
+	out := make([]*apiv1.ServiceExport, len(exports))
+	for i, e := range exports {
+		e = proto.Clone(e).(*apiv1.ServiceExport)
+		for _, ep := range e.Endpoints {
+			if rest, ok := strings.CutPrefix(ep.Ip, "10.9."); ok {
+				ep.Ip = fmt.Sprintf("10.%d.%s", n, rest)
+			}
+		}
+		out[i] = e
+	}
+	return out
 }
 
 func setExports(t *testing.T, c apiv1.AgentClient, exports ...*apiv1.ServiceExport) *apiv1.SetExportsResponse {
@@ -213,7 +236,7 @@ func TestAServiceVIPIsStableAcrossResendsSecondNodesAndRestarts(t *testing.T) {
 	}
 	// A second node of the cluster exporting the same service shares the VIP.
 	m.join("east", "gw2")
-	setExports(t, m.agents["east/gw2"].client(t, m.addr), svc("web", 80))
+	setExports(t, m.agents["east/gw2"].client(t, m.addr), m.local("east", svc("web", 80))...)
 	if got := listText(m.services()); got != "shop/web[east] 241.0.0.1 80" {
 		t.Fatalf("after a second node: %s", got)
 	}
@@ -229,7 +252,7 @@ func TestAServiceVIPIsStableAcrossResendsSecondNodesAndRestarts(t *testing.T) {
 	addr := m.addr
 	m.stop()
 	b2 := startBroker(t, dir, brokerOpts{addr: addr, durable: true, clock: clk})
-	m2 := &svcMesh{testBroker: b2, clients: map[string]apiv1.AgentClient{"east": m.agents["east"].client(t, b2.addr)}}
+	m2 := &svcMesh{testBroker: b2, clients: map[string]apiv1.AgentClient{"east": m.agents["east"].client(t, b2.addr)}, octet: m.octet}
 	if got := listText(m2.services()); got != "shop/web[east] 241.0.0.1 80,81" {
 		t.Fatalf("after a restart: %s", got)
 	}
@@ -281,7 +304,7 @@ func TestAVIPOutsideAChangedRangeIsKeptAndANewFamilyIsAdded(t *testing.T) {
 	ranges := []netip.Prefix{netip.MustParsePrefix("242.0.0.0/16"), netip.MustParsePrefix("fd00:241::/112")}
 	// The VIP range moves onto the default mesh address range, which moves out of its way.
 	b2 := startBroker(t, dir, brokerOpts{addr: addr, durable: true, vipRanges: ranges, logTo: logs, meshRange: netip.MustParsePrefix("243.0.0.0/16")})
-	m2 := &svcMesh{testBroker: b2, clients: map[string]apiv1.AgentClient{"east": m.agents["east"].client(t, b2.addr)}}
+	m2 := &svcMesh{testBroker: b2, clients: map[string]apiv1.AgentClient{"east": m.agents["east"].client(t, b2.addr)}, octet: m.octet}
 	if got := listText(m2.services()); got != "shop/web[east] 241.0.0.1,fd00:241::1 80" {
 		t.Fatalf("after the range changed: %s; want the old IPv4 VIP kept and an IPv6 one added", got)
 	}
@@ -354,7 +377,7 @@ spec:
 	hidden := svc("db", 5432)
 	hidden.Labels = map[string]string{mcs.LabelExported: "false"}
 	m.join("west", "gw2")
-	setExports(t, m.agents["west/gw2"].client(t, m.addr), hidden)
+	setExports(t, m.agents["west/gw2"].client(t, m.addr), m.local("west", hidden)...)
 
 	tests := []struct {
 		name, cluster, selector, want string
@@ -548,7 +571,7 @@ func TestExportsTheBrokerHasAreAnsweredWithoutAWrite(t *testing.T) {
 	}})
 	ag := mustJoin(t, b.addr, b.token("east", "10.1.0.0/16"), "east", "gw1")
 	c := ag.client(t, b.addr)
-	for _, exports := range [][]*apiv1.ServiceExport{nil, {svc("db", 5432)}} {
+	for _, exports := range [][]*apiv1.ServiceExport{nil, inPodCIDR(1, svc("db", 5432))} {
 		first := setExports(t, c, exports...)
 		before := counter.n.Load()
 		again := setExports(t, c, exports...)
@@ -561,7 +584,7 @@ func TestExportsTheBrokerHasAreAnsweredWithoutAWrite(t *testing.T) {
 	}
 	// A change is written.
 	before := counter.n.Load()
-	resp := setExports(t, c, svc("db", 5432), svc("web", 80))
+	resp := setExports(t, c, inPodCIDR(1, svc("db", 5432), svc("web", 80))...)
 	if n := counter.n.Load() - before; n != 1 || len(resp.Exports) != 2 {
 		t.Errorf("a changed set: %d store writes and %d exports answered, want 1 and 2", n, len(resp.Exports))
 	}

@@ -342,8 +342,18 @@ func (d *decoder) spec(n *yaml.Node, s *Spec) {
 				}
 			})
 			s.CableDriver = cd
+		case "final":
+			text, ok := d.scalar(v, path)
+			if !ok || text == "" {
+				return
+			}
+			if text != "true" && text != "false" {
+				d.fail(v, path, "%q is not true or false", text)
+				return
+			}
+			s.Final = text == "true"
 		default:
-			d.fail(k, path, "unknown field (want leftClusterSelector, rightClusterSelector, clusterSelector, topology, priority, connectionPolicy, cableDriver)")
+			d.fail(k, path, "unknown field (want leftClusterSelector, rightClusterSelector, clusterSelector, topology, priority, connectionPolicy, cableDriver, final)")
 		}
 	})
 }

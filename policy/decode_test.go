@@ -59,6 +59,11 @@ func TestDecodeYAMLErrors(t *testing.T) {
 			want: []string{"spec.cableDriver.name: required"},
 		},
 		{
+			name: "final that is not a boolean is named",
+			in:   head + "spec:\n  final: yes\n",
+			want: []string{`spec.final: "yes" is not true or false`},
+		},
+		{
 			name: "a no-connect policy with a cable driver is an error",
 			in:   head + "spec:\n  connectionPolicy: no-connect\n  cableDriver: {name: vxlan}\n",
 			want: []string{`spec.cableDriver: "vxlan": a no-connect policy takes no cable driver`},
@@ -312,5 +317,19 @@ func TestSelectorUnmarshalYAMLInAnotherDocument(t *testing.T) {
 	}
 	if err := yaml.Unmarshal([]byte("peers:\n  matchLabels: {a: b}\n  bogus: 1\n"), &cfg); err == nil {
 		t.Errorf("an unknown field was accepted")
+	}
+}
+
+func TestDecodeYAMLReadsFinal(t *testing.T) {
+	ps, err := DecodeYAML([]byte(head + "spec:\n  connectionPolicy: no-connect\n  final: true\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ps) != 1 || !ps[0].Spec.Final {
+		t.Fatalf("got %+v, want one final policy", ps)
+	}
+	out, err := EncodeYAML(ps)
+	if err != nil || !strings.Contains(string(out), "final: true") {
+		t.Fatalf("encoded %q (%v), want final: true kept", out, err)
 	}
 }

@@ -81,6 +81,9 @@ func ClusterScoped(p ClusterConnectionPolicy, cluster string) (ClusterConnection
 	if err := p.Validate(); err != nil {
 		return p, err
 	}
+	if p.Spec.Final {
+		return p, fieldErr("spec.final", "policy %q: true is for mesh policies only: a cluster's policy cannot make its decision final (the resolver ignores it); remove it, or ask the mesh's admin for a final mesh policy", name)
+	}
 	if len(name) > MaxClusterPolicyNameLen {
 		return p, fieldErr("metadata.name", "%q is %d characters; a policy applied in a cluster may have at most %d (its synced name adds a %d-character hash)", name, len(name), MaxClusterPolicyNameLen, clusterHashLen+1)
 	}
@@ -111,6 +114,9 @@ func CheckSyncedClusterPolicy(p ClusterConnectionPolicy, cluster string) error {
 	}
 	if !IsClusterPolicyName(name, cluster) {
 		return fieldErr("metadata.name", "%q is not a name of cluster %q's policies (<name>-<hash of cluster and name>)", name, cluster)
+	}
+	if p.Spec.Final {
+		return fieldErr("spec.final", "policy %q: true is for mesh policies only", name)
 	}
 	return nil
 }

@@ -115,6 +115,7 @@ func TestCheckSyncedClusterPolicyRefusesWhatANodeMayNotWrite(t *testing.T) {
 		{"another cluster's origin", func(p *ClusterConnectionPolicy) { p.Origin = "b" }, "origin"},
 		{"a name without the hash", func(p *ClusterConnectionPolicy) { p.Metadata.Name = "p" }, "metadata.name"},
 		{"another cluster's name", func(p *ClusterConnectionPolicy) { p.Metadata.Name = ClusterPolicyName("p", "b") }, "metadata.name"},
+		{"a final policy", func(p *ClusterConnectionPolicy) { p.Spec.Final = true }, "spec.final"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -199,4 +200,14 @@ func FuzzClusterScoped(f *testing.F) {
 			t.Fatalf("%q is also a name of cluster %q", out.Metadata.Name, cluster+"x")
 		}
 	})
+}
+
+func TestClusterScopedRefusesAFinalPolicy(t *testing.T) {
+	p := clusterPol(t, "p", map[string]string{LabelOrigin: OriginClusterLabel})
+	p.Spec.Final = true
+	_, err := ClusterScoped(p, "a")
+	var fe *FieldError
+	if !errors.As(err, &fe) || fe.Field != "spec.final" || !strings.Contains(err.Error(), "mesh policies only") {
+		t.Fatalf("err %v, want one naming spec.final", err)
+	}
 }

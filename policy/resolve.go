@@ -2,6 +2,7 @@ package policy
 
 import (
 	"encoding/json"
+	"fmt"
 	"maps"
 	"math/bits"
 	"slices"
@@ -65,8 +66,23 @@ func (d Decision) Equal(o Decision) bool {
 //   - No covering policy: the default policy decides, by the same rules; if
 //     it does not cover the pair either, the pair does not connect.
 //   - Invalid policies cover nothing (their status says why).
+//
+// A cluster-scoped policy can never lift the mesh's or the other cluster's no (docs/policies.md,
+// "Who decides a pair"). When the rules above pick a cluster's policy and it connects the pair:
+//
+//   - a final mesh policy (spec.final) covering the pair: the mesh policies alone decide it
+//     (their top rank, by the same rules), connect or not, driver and options;
+//   - else, the mesh policies' own decision for the pair (their top rank, the default left
+//     out) is no-connect: the pair does not connect, decided by the mesh's winner;
+//   - else, the other cluster's own decision (the top rank of its policies covering the
+//     pair) is no-connect: the pair does not connect, decided by that cluster's winner.
+//
+// The cluster policies overruled so are reported as conflicts lost, with the reason. Every
+// input is the unordered pair and the policies, so both ends compute the same decision.
 type Resolver struct {
 	sorted    []*compiled // valid policies, highest priority first, then by name
+	finals    []int       // indexes in sorted of the final mesh policies
+	hasOrigin map[string]bool
 	invalid   []*compiled
 	def       *compiled // nil when the default is invalid
 	defName   string
@@ -84,6 +100,7 @@ type compiled struct {
 	left     matcher
 	right    matcher
 	origin   string // "" for mesh
+	final    bool   // a mesh policy whose pairs the clusters' policies cannot decide
 	driver   string
 	options  map[string]string
 	action   string // driver and options, to tell agreement from conflict
@@ -136,6 +153,15 @@ func NewResolver(policies []ClusterConnectionPolicy, defaultPolicy ClusterConnec
 		}
 		return a.key < b.key
 	})
+	r.hasOrigin = map[string]bool{}
+	for p, c := range r.sorted {
+		if c.final {
+			r.finals = append(r.finals, p)
+		}
+		if c.origin != "" {
+			r.hasOrigin[c.origin] = true
+		}
+	}
 	return r
 }
 
@@ -163,6 +189,7 @@ func compile(p *ClusterConnectionPolicy, defDriver string, defOptions map[string
 	if p.Origin != OriginMesh {
 		c.origin = p.Origin
 	}
+	c.final = p.Spec.Final && c.origin == ""
 	if c.connect {
 		c.driver, c.options = defDriver, defOptions
 		if cd := p.Spec.CableDriver; cd != nil {
@@ -201,7 +228,147 @@ type vote struct {
 	c       *compiled
 	connect bool
 	la, lb  bool
-	p       int // index in Resolver.sorted (ResolveAll only)
+	p       int // index in Resolver.sorted
+	ci      int // index in the candidates (Explain only)
+}
+
+// tally collects, in policy order, the votes on one pair {a, b} (a < b) the rules need: top,
+// the first covering rank (a mesh policy outranking a cluster's at equal priority); mesh, the
+// first covering rank of mesh policies; own[0] and own[1], the first covering rank of a's and
+// of b's cluster-scoped policies.
+type tally struct {
+	a, b string
+	top  []vote
+	mesh []vote
+	own  [2][]vote
+	// needOwn says whether a and b have cluster-scoped policies at all: without any, the scan
+	// need not wait for their rank.
+	needOwn [2]bool
+	last    *compiled // the last policy seen, to tell when a rank is complete
+}
+
+func newTally(a, b string, hasOrigin map[string]bool) tally {
+	return tally{a: a, b: b, needOwn: [2]bool{hasOrigin[a], hasOrigin[b]}}
+}
+
+// reset empties t for the pair {a, b}, keeping its buffers (ResolveAll reuses one tally).
+func (t *tally) reset(a, b string, needA, needB bool) {
+	t.a, t.b, t.needOwn, t.last = a, b, [2]bool{needA, needB}, nil
+	t.top, t.mesh, t.own[0], t.own[1] = t.top[:0], t.mesh[:0], t.own[0][:0], t.own[1][:0]
+}
+
+// see records that the scan reached c (covering the pair or not); it must be called for
+// every policy in order before add, so done knows which ranks are complete.
+func (t *tally) see(c *compiled) { t.last = c }
+
+// add records a covering vote.
+func (t *tally) add(v vote) {
+	if len(t.top) == 0 || !t.top[0].c.outranks(v.c) {
+		t.top = append(t.top, v)
+	}
+	rank := func(votes []vote) []vote {
+		if len(votes) == 0 || votes[0].c.prio == v.c.prio {
+			return append(votes, v)
+		}
+		return votes
+	}
+	switch v.c.origin {
+	case "":
+		t.mesh = rank(t.mesh)
+	case t.a:
+		t.own[0] = rank(t.own[0])
+	case t.b:
+		t.own[1] = rank(t.own[1])
+	}
+}
+
+// complete reports whether no policy from the last one seen on can join the rank of votes
+// (policies come in rank order).
+func (t *tally) complete(votes []vote) bool {
+	return len(votes) > 0 && t.last != nil && votes[0].c.outranks(t.last)
+}
+
+// done reports whether the rest of the policies can change nothing: the top rank is complete
+// and, when a cluster's policy is in it, so are the mesh's and the clusters' own ranks.
+func (t *tally) done() bool {
+	if !t.complete(t.top) {
+		return false
+	}
+	if t.top[0].c.origin == "" {
+		return true
+	}
+	if !t.complete(t.mesh) {
+		return false
+	}
+	for k := range 2 {
+		if t.needOwn[k] && !t.complete(t.own[k]) {
+			return false
+		}
+	}
+	return true
+}
+
+// overrule is a cluster-scoped policy's vote that lost to a rule of this file's doc, and why.
+type overrule struct {
+	v      vote
+	reason string
+}
+
+// Reasons a cluster-scoped policy lost, for Conflict.Reason and Candidate.Outcome.
+const (
+	reasonFinal      = "mesh policy %s is final for this pair"
+	reasonMeshNo     = "mesh policy %s says no-connect for this pair; a cluster's policy cannot connect a pair the mesh forbids"
+	reasonOtherNo    = "cluster %s's policy %s says no-connect for this pair; a cluster's policy connects a pair only if the other cluster's policies agree"
+	outcomeOverruled = "overruled: "
+)
+
+// resolveTally decides the pair from its tally. final reports whether a final mesh policy
+// covers the pair. It returns the decision, the winning vote, the conflicts lost at the
+// winning rank (indexes in the returned votes) and the cluster policies overruled.
+func resolveTally(t *tally, final bool) (d Decision, votes []vote, w int, losers []int, over []overrule) {
+	d, w, losers = decide(t.a, t.b, t.top, false)
+	votes = t.top
+	if t.top[w].c.origin == "" || (!d.Connect && !final) {
+		return d, votes, w, losers, nil
+	}
+	var reason string
+	var by []vote
+	switch {
+	case final && len(t.mesh) > 0:
+		by = t.mesh
+	case d.Connect && len(t.mesh) > 0:
+		if md, mw, _ := decide(t.a, t.b, t.mesh, false); !md.Connect {
+			by, reason = t.mesh, fmt.Sprintf(reasonMeshNo, t.mesh[mw].c.name)
+		}
+	}
+	if by == nil && d.Connect {
+		// The other cluster's word: the end that is not the winner's origin.
+		other := 1
+		if t.top[w].c.origin == t.b {
+			other = 0
+		}
+		if own := t.own[other]; len(own) > 0 {
+			if od, ow, _ := decide(t.a, t.b, own, false); !od.Connect {
+				by, reason = own, fmt.Sprintf(reasonOtherNo, own[ow].c.origin, own[ow].c.name)
+			}
+		}
+	}
+	if by == nil {
+		return d, votes, w, losers, nil
+	}
+	nd, nw, nlosers := decide(t.a, t.b, by, false)
+	if final {
+		reason = fmt.Sprintf(reasonFinal, by[nw].c.name)
+	}
+	for _, v := range t.top {
+		if v.connect != nd.Connect || (nd.Connect && v.c.action != by[nw].c.action) {
+			over = append(over, overrule{v: v, reason: reason})
+			nd.Conflicts = append(nd.Conflicts, v.c.name)
+		}
+	}
+	slices.Sort(nd.Conflicts)
+	nd.Conflicts = slices.Compact(nd.Conflicts)
+	return nd, by, nw, nlosers, over
 }
 
 // decide turns the votes of the top priority (in policy order) into a
@@ -298,12 +465,11 @@ func (r *Resolver) explain(a, b Cluster, all bool) (Decision, []Candidate) {
 	if a.Name > b.Name {
 		a, b = b, a
 	}
-	var (
-		votes []vote
-		cands []Candidate
-	)
-	for _, c := range r.sorted {
-		if len(votes) > 0 && votes[0].c.outranks(c) && !all {
+	var cands []Candidate
+	t := newTally(a.Name, b.Name, r.hasOrigin)
+	for p, c := range r.sorted {
+		t.see(c)
+		if !all && t.done() {
 			break
 		}
 		if !c.coversOrigin(a.Name, b.Name) {
@@ -315,43 +481,63 @@ func (r *Resolver) explain(a, b Cluster, all bool) (Decision, []Candidate) {
 		if !covers {
 			continue
 		}
-		if len(votes) == 0 || !votes[0].c.outranks(c) {
-			votes = append(votes, vote{c: c, connect: connect, la: la, lb: lb})
-		}
+		t.add(vote{c: c, connect: connect, la: la, lb: lb, p: p, ci: len(cands)})
 		if all {
 			outcome := "lower priority"
-			if len(votes) > 0 && c.prio == votes[0].c.prio && votes[0].c.outranks(c) {
+			if c.prio == t.top[0].c.prio && t.top[0].c.outranks(c) {
 				outcome = "mesh policy of equal priority wins"
 			}
 			cands = append(cands, Candidate{Policy: c.name, Priority: c.prio, Connect: connect, Driver: driverIf(connect, c.driver), Outcome: outcome})
 		}
 	}
-	isDefault := false
-	if len(votes) == 0 && r.def != nil && r.def.coversOrigin(a.Name, b.Name) {
-		c := r.def
-		la, ra := c.left.matches(a.Labels), c.right.matches(a.Labels)
-		lb, rb := c.left.matches(b.Labels), c.right.matches(b.Labels)
-		if covers, connect := c.verdict(la, ra, lb, rb); covers {
-			votes = append(votes, vote{c: c, connect: connect, la: la, lb: lb})
-			isDefault = true
-			if all {
-				cands = append(cands, Candidate{Policy: c.name, Priority: c.prio, Connect: connect, Driver: driverIf(connect, c.driver)})
+	if len(t.top) == 0 {
+		return r.decideByDefault(a, b, all, cands)
+	}
+	final := false
+	if len(t.own[0])+len(t.own[1]) > 0 {
+		for _, p := range r.finals {
+			c := r.sorted[p]
+			covers, _ := c.verdict(c.left.matches(a.Labels), c.right.matches(a.Labels), c.left.matches(b.Labels), c.right.matches(b.Labels))
+			if covers {
+				final = true
+				break
 			}
 		}
 	}
-	if len(votes) == 0 {
+	d, votes, w, losers, over := resolveTally(&t, final)
+	if all {
+		for _, v := range t.top {
+			cands[v.ci].Outcome = "agrees"
+		}
+		for _, v := range votes {
+			cands[v.ci].Outcome = "agrees"
+		}
+		cands[votes[w].ci].Outcome = "decided"
+		for _, l := range losers {
+			cands[votes[l].ci].Outcome = "lost conflict"
+		}
+		for _, o := range over {
+			cands[o.v.ci].Outcome = outcomeOverruled + o.reason
+		}
+	}
+	return d, cands
+}
+
+// decideByDefault decides a pair no policy covers: the default policy, if it covers it.
+func (r *Resolver) decideByDefault(a, b Cluster, all bool, cands []Candidate) (Decision, []Candidate) {
+	if r.def == nil || !r.def.coversOrigin(a.Name, b.Name) {
 		return Decision{}, cands
 	}
-	d, w, losers := decide(a.Name, b.Name, votes, isDefault)
+	c := r.def
+	la, ra := c.left.matches(a.Labels), c.right.matches(a.Labels)
+	lb, rb := c.left.matches(b.Labels), c.right.matches(b.Labels)
+	covers, connect := c.verdict(la, ra, lb, rb)
+	if !covers {
+		return Decision{}, cands
+	}
+	d, _, _ := decide(a.Name, b.Name, []vote{{c: c, connect: connect, la: la, lb: lb}}, true)
 	if all {
-		// The votes are the first len(votes) candidates, in the same order.
-		for i := range votes {
-			cands[i].Outcome = "agrees"
-		}
-		cands[w].Outcome = "decided"
-		for _, l := range losers {
-			cands[l].Outcome = "lost conflict"
-		}
+		cands = append(cands, Candidate{Policy: c.name, Priority: c.prio, Connect: connect, Driver: driverIf(connect, c.driver), Outcome: "decided"})
 	}
 	return d, cands
 }
@@ -473,13 +659,17 @@ func (r *Resolver) ResolveAll(clusters []Cluster) *Result {
 		index:  make(map[[2]string]int, n*(n-1)/2),
 	}
 	stats := make([]Status, m+1) // last: the default
-	votes := make([]vote, 0, 8)
+	var t tally
+	hasOrigin := make([]bool, n)
+	for i := range cl {
+		hasOrigin[i] = r.hasOrigin[cl[i].Name]
+	}
 	has := func(b []uint64, p int) bool { return b[p/64]&(1<<(p%64)) != 0 }
 	for i := 0; i < n; i++ {
 		si, li, ri := scope(i), left(i), right(i)
 		for j := i + 1; j < n; j++ {
 			sj, lj, rj := scope(j), left(j), right(j)
-			votes = votes[:0]
+			t.reset(cl[i].Name, cl[j].Name, hasOrigin[i], hasOrigin[j])
 		scan:
 			for w := 0; w < words; w++ {
 				x := si[w] & sj[w]
@@ -487,7 +677,8 @@ func (r *Resolver) ResolveAll(clusters []Cluster) *Result {
 					p := w*64 + bits.TrailingZeros64(x)
 					x &= x - 1
 					c := r.sorted[p]
-					if len(votes) > 0 && votes[0].c.outranks(c) {
+					t.see(c)
+					if t.done() {
 						break scan
 					}
 					if o := origin[p]; o >= 0 && o != i && o != j {
@@ -498,35 +689,53 @@ func (r *Resolver) ResolveAll(clusters []Cluster) *Result {
 					if !covers {
 						continue
 					}
-					votes = append(votes, vote{c: c, connect: connect, la: la, lb: lb, p: p})
-				}
-			}
-			isDefault := false
-			if len(votes) == 0 && r.def != nil && r.def.coversOrigin(cl[i].Name, cl[j].Name) {
-				a, b := defRoles[i], defRoles[j]
-				if covers, connect := r.def.verdict(a.l, a.r, b.l, b.r); covers {
-					votes = append(votes, vote{c: r.def, connect: connect, la: a.l, lb: b.l})
-					isDefault = true
+					t.add(vote{c: c, connect: connect, la: la, lb: lb, p: p})
 				}
 			}
 			var d Decision
-			if len(votes) > 0 {
+			switch {
+			case len(t.top) > 0:
+				final := false
+				if len(t.own[0])+len(t.own[1]) > 0 {
+					for _, p := range r.finals {
+						if has(si, p) && has(sj, p) {
+							if covers, _ := r.sorted[p].verdict(has(li, p), has(ri, p), has(lj, p), has(rj, p)); covers {
+								final = true
+								break
+							}
+						}
+					}
+				}
+				var votes []vote
 				var w int
 				var losers []int
-				d, w, losers = decide(cl[i].Name, cl[j].Name, votes, isDefault)
-				st := &stats[m]
-				if !isDefault {
-					st = &stats[votes[w].p]
-				}
+				var over []overrule
+				d, votes, w, losers, over = resolveTally(&t, final)
+				st := &stats[votes[w].p]
 				st.PairsDecided++
 				if d.Connect {
 					st.PairsConnected++
 				}
-				for _, l := range losers {
-					ls := &stats[votes[l].p]
+				lose := func(p int, reason string) {
+					ls := &stats[p]
 					ls.ConflictsLost++
 					if len(ls.Conflicts) < MaxStatusConflicts {
-						ls.Conflicts = append(ls.Conflicts, Conflict{ClusterA: cl[i].Name, ClusterB: cl[j].Name, Winner: d.Policy})
+						ls.Conflicts = append(ls.Conflicts, Conflict{ClusterA: cl[i].Name, ClusterB: cl[j].Name, Winner: d.Policy, Reason: reason})
+					}
+				}
+				for _, l := range losers {
+					lose(votes[l].p, "")
+				}
+				for _, o := range over {
+					lose(o.v.p, o.reason)
+				}
+			case r.def != nil && r.def.coversOrigin(cl[i].Name, cl[j].Name):
+				a, b := defRoles[i], defRoles[j]
+				if covers, connect := r.def.verdict(a.l, a.r, b.l, b.r); covers {
+					d, _, _ = decide(cl[i].Name, cl[j].Name, []vote{{c: r.def, connect: connect, la: a.l, lb: b.l}}, true)
+					stats[m].PairsDecided++
+					if d.Connect {
+						stats[m].PairsConnected++
 					}
 				}
 			}

@@ -141,7 +141,7 @@ func TestResolveAllStatus(t *testing.T) {
 	def := DefaultPolicy("")
 	res := ResolveAll([]ClusterConnectionPolicy{low, cut, connect, bad, def}, def, seedMesh)
 	want := map[string]Status{
-		"a-connect": {PairsDecided: 5, PairsConnected: 5, ConflictsLost: 1, Conflicts: []Conflict{{"cloud-prod", "cloud-stage", "b-cut"}}},
+		"a-connect": {PairsDecided: 5, PairsConnected: 5, ConflictsLost: 1, Conflicts: []Conflict{{ClusterA: "cloud-prod", ClusterB: "cloud-stage", Winner: "b-cut"}}},
 		"b-cut":     {PairsDecided: 1},
 		"c-low":     {},
 		"d-bad":     {Error: `spec.topology: "star" is not one of full-mesh, point-to-point, client-server`},
@@ -165,7 +165,7 @@ func TestStatusConflictsAreBounded(t *testing.T) {
 	b := pol(t, "b", 0, "", "", "*", "", "", "ipsec")
 	res := ResolveAll([]ClusterConnectionPolicy{a, b}, DefaultPolicy(""), clusters)
 	st := res.Status["b"]
-	if st.ConflictsLost != 190 || len(st.Conflicts) != MaxStatusConflicts || st.Conflicts[0] != (Conflict{"c00", "c01", "a"}) {
+	if st.ConflictsLost != 190 || len(st.Conflicts) != MaxStatusConflicts || st.Conflicts[0] != (Conflict{ClusterA: "c00", ClusterB: "c01", Winner: "a"}) {
 		t.Errorf("status %+v", st)
 	}
 }
@@ -300,9 +300,10 @@ func randomPolicies(rng *rand.Rand, n int) []ClusterConnectionPolicy {
 				p.Spec.CableDriver.Options = map[string]string{"vni": fmt.Sprint(rng.IntN(2))}
 			}
 		}
-		if rng.IntN(5) == 0 {
+		if rng.IntN(3) == 0 {
 			p.Origin = fmt.Sprintf("c%d", rng.IntN(10))
 		}
+		p.Spec.Final = rng.IntN(6) == 0 // on a cluster's policy: ignored
 		if rng.IntN(20) == 0 {
 			p.Spec.Topology = "ring" // invalid: must cover nothing
 		}

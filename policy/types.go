@@ -92,6 +92,11 @@ type Spec struct {
 	// connect policy means the mesh default policy's driver (and options).
 	// Must be absent on a no-connect policy.
 	CableDriver *CableDriver `json:"cableDriver,omitempty" yaml:"cableDriver,omitempty"`
+	// Final, on a mesh policy, takes the pairs it covers out of the clusters' hands: only mesh
+	// policies decide them (connect or not, driver and options), whatever any cluster-scoped
+	// policy says. Ignored on a cluster-scoped policy (a cluster cannot make its own word final;
+	// agent/clusterpolicy refuses it). Absent means false.
+	Final bool `json:"final,omitempty" yaml:"final,omitempty"`
 }
 
 // CableDriver names a cable driver and its options (the seed's
@@ -122,6 +127,10 @@ type Conflict struct {
 	ClusterA string `json:"clusterA" yaml:"clusterA"`
 	ClusterB string `json:"clusterB" yaml:"clusterB"`
 	Winner   string `json:"winner" yaml:"winner"`
+	// Reason says why a cluster-scoped policy lost to a policy of lower rank: a final mesh
+	// policy, a mesh no-connect or the other cluster's no-connect (see Resolver). Empty for a
+	// conflict at the winning priority.
+	Reason string `json:"reason,omitempty" yaml:"reason,omitempty"`
 }
 
 // Cluster is what the resolver needs to know of a cluster.

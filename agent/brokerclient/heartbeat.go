@@ -44,19 +44,3 @@ func afterRegistrationDelay(interval time.Duration, n func(int64) int64) time.Du
 	}
 	return interval - time.Duration(n(spread+1))
 }
-
-// FirstRegistrationDelay is how long a gateway waits before its first registration after it
-// starts: up to a tenth of the heartbeat interval, at most one second, at random. It keeps the
-// gateways of a fleet that starts together from all registering in the same instant, and it
-// costs a gateway at most a second of being unknown to the mesh.
-func FirstRegistrationDelay(interval time.Duration) time.Duration {
-	return firstRegistrationDelay(interval, rand.Int64N)
-}
-
-func firstRegistrationDelay(interval time.Duration, n func(int64) int64) time.Duration {
-	spread := min(int64(interval)/10, int64(time.Second))
-	if spread <= 0 {
-		return 0
-	}
-	return time.Duration(n(spread + 1))
-}

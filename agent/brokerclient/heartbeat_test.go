@@ -31,39 +31,12 @@ func TestHeartbeatDelay(t *testing.T) {
 	}
 }
 
-func TestFirstRegistrationDelay(t *testing.T) {
-	lowest := func(int64) int64 { return 0 }
-	highest := func(k int64) int64 { return k - 1 }
-	tests := []struct {
-		name     string
-		interval time.Duration
-		n        func(int64) int64
-		want     time.Duration
-	}{
-		{"no jitter drawn registers at once", 10 * time.Second, lowest, 0},
-		{"a 10s interval waits at most a second", 10 * time.Second, highest, time.Second},
-		{"a long interval still waits at most a second", time.Minute, highest, time.Second},
-		{"a short interval waits at most a tenth of it", 100 * time.Millisecond, highest, 10 * time.Millisecond},
-		{"a tiny interval does not wait", 5 * time.Nanosecond, highest, 0},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := firstRegistrationDelay(tt.interval, tt.n); got != tt.want {
-				t.Errorf("firstRegistrationDelay(%s) = %s, want %s", tt.interval, got, tt.want)
-			}
-		})
-	}
-}
-
 // The real random source stays within the bounds the table checks at their ends.
 func TestJitterStaysWithinItsBounds(t *testing.T) {
 	const interval = 10 * time.Second
 	for range 1000 {
 		if d := HeartbeatDelay(interval); d < interval*4/5 || d > interval {
 			t.Fatalf("HeartbeatDelay(%s) = %s, outside [8s, 10s]", interval, d)
-		}
-		if d := FirstRegistrationDelay(interval); d < 0 || d > time.Second {
-			t.Fatalf("FirstRegistrationDelay(%s) = %s, outside [0, 1s]", interval, d)
 		}
 		if d := AfterRegistrationDelay(interval); d < interval/2 || d > interval {
 			t.Fatalf("AfterRegistrationDelay(%s) = %s, outside [5s, 10s]", interval, d)

@@ -248,3 +248,16 @@ func FuzzObjectItem(f *testing.F) {
 }
 
 func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
+
+// A cluster cannot make its own policy final (only the mesh's admin can): the file is refused,
+// the problem names spec.final, and nothing is synced.
+func TestBuildRefusesAFinalClusterPolicy(t *testing.T) {
+	final := strings.Replace(labelled, "  cableDriver:\n", "  final: true\n  cableDriver:\n", 1)
+	set := Build("a", DecodeFile("/p/final.yaml", []byte(final)))
+	if len(set.Policies) != 0 || len(set.Problems) != 1 {
+		t.Fatalf("set %+v, want the policy refused", set)
+	}
+	if p := set.Problems[0]; p.Source != "/p/final.yaml" || p.Policy != "a-to-b" || !strings.Contains(p.Message, "spec.final") || !strings.Contains(p.Message, "mesh policies only") {
+		t.Errorf("refusal %+v", p)
+	}
+}

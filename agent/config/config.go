@@ -131,6 +131,8 @@ type Config struct {
 	// /sys/fs/bpf when the directory lies below it and it is not mounted. Default:
 	// /sys/fs/bpf/cablemesh.
 	BPFPinDir string `yaml:"bpfPinDir" json:"bpfPinDir"`
+	// LoadBalancer sizes the eBPF socket load balancer's maps.
+	LoadBalancer LoadBalancer `yaml:"loadBalancer" json:"loadBalancer,omitzero"`
 	// Imports picks the services this cluster imports.
 	Imports Imports `yaml:"imports" json:"imports"`
 	// Exports are the services this node exports; more can be added at run time with `cablectl

@@ -31,6 +31,7 @@ var liveFields = map[string]string{
 	"healthCheck.window":           "the probers restart with the new settings",
 	"dns.upstream":                 "the DNS server forwards to the new upstreams",
 	"dns.ttl":                      "the DNS zone is rebuilt with the new TTL",
+	"dns.allowClients":             "the DNS server answers the new clients at once",
 	"exports":                      "the exports are sent to the broker again",
 	"imports.selector":             "the broker watch is opened again with the new selector",
 }

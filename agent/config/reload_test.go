@@ -167,7 +167,7 @@ bpfPinDir: /sys/fs/bpf/x
 kubernetes: {enabled: true}
 policyDir: /etc/p
 imports: {selector: "a=b"}
-dns: {listen: 127.0.0.1:53, upstream: [10.0.0.53], ttl: 9}
+dns: {listen: 127.0.0.1:53, upstream: [10.0.0.53], ttl: 9, allowClients: [192.0.2.0/24]}
 logLevel: debug
 joinTokenFile: /t
 cgroupPath: /sys/fs/cgroup/x

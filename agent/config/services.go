@@ -39,6 +39,12 @@ type DNS struct {
 	Upstream StringList `yaml:"upstream" json:"upstream,omitempty"`
 	// TTL of the records, whole seconds, 1..3600. Default: 5.
 	TTL int `yaml:"ttl" json:"ttl,omitempty"`
+	// AllowClients are CIDRs whose hosts the server answers besides its own clients: the
+	// cluster's pod and service CIDRs (podCIDRs and serviceCIDRs, else the cluster's at the
+	// broker), the node's own addresses and loopback. Any other source is answered REFUSED,
+	// so the server is never an open resolver. Give here, e.g., the nodes of a host-network
+	// CoreDNS. Default: none.
+	AllowClients []string `yaml:"allowClients" json:"allowClients,omitempty"`
 }
 
 // StringList is a YAML value that is either one string or a list of strings.
@@ -216,6 +222,9 @@ func (c *Config) validateServices() error {
 			return fmt.Errorf("dns.upstream[%d]: %q %v", i, u, err)
 		}
 	}
+	if err := checkCIDRs("dns.allowClients", c.DNS.AllowClients); err != nil {
+		return err
+	}
 	if c.DNS.TTL < 1 || c.DNS.TTL > 3600 {
 		return fmt.Errorf("dns.ttl: %d is out of range (1..3600 seconds)", c.DNS.TTL)
 	}
@@ -227,6 +236,9 @@ func (c *Config) validateServices() error {
 	}
 	if filepath.Clean(c.BPFPinDir) == BPFFSMount || filepath.Clean(c.BPFPinDir) == "/" {
 		return fmt.Errorf("bpfPinDir: %q must be a directory of its own below a bpf filesystem (e.g. %s), not its root", c.BPFPinDir, DefaultBPFPinDir)
+	}
+	if err := c.LoadBalancer.validate(); err != nil {
+		return err
 	}
 	if c.Imports.Selector != nil {
 		if _, err := mcs.ParseImportSelector(*c.Imports.Selector); err != nil {
@@ -264,4 +276,35 @@ func checkUpstream(u string) error {
 		return nil
 	}
 	return errors.New("is not ip, ip:port or the absolute path of a resolv.conf")
+}
+
+// LoadBalancer sizes the maps of the eBPF socket load balancer. A node needs one service map
+// entry per imported VIP x port, plus one per backend of it, and one backend map entry per
+// backend; when the imports need more, the maps take what fits and refuse the rest, service by
+// service (see docs/limits.md). Each entry costs about 100 bytes of kernel memory, reserved when
+// the map is created. Maps pinned by an earlier run keep their size until they are removed.
+type LoadBalancer struct {
+	// ServiceMapEntries sizes the service map; 0: 65536 (bpf.DefaultServiceMapEntries).
+	ServiceMapEntries int `yaml:"serviceMapEntries" json:"serviceMapEntries,omitempty"`
+	// BackendMapEntries sizes the backend map; 0: 65536 (bpf.DefaultBackendMapEntries).
+	BackendMapEntries int `yaml:"backendMapEntries" json:"backendMapEntries,omitempty"`
+}
+
+// The bounds of loadBalancer.serviceMapEntries and backendMapEntries (bpf.MinMapEntries and
+// bpf.MaxMapEntries; the config package does not load the bpf package).
+const (
+	minLBMapEntries = 16
+	maxLBMapEntries = 1 << 22
+)
+
+func (l LoadBalancer) validate() error {
+	for _, f := range []struct {
+		name string
+		n    int
+	}{{"loadBalancer.serviceMapEntries", l.ServiceMapEntries}, {"loadBalancer.backendMapEntries", l.BackendMapEntries}} {
+		if f.n != 0 && (f.n < minLBMapEntries || f.n > maxLBMapEntries) {
+			return fmt.Errorf("%s: %d is out of range (%d..%d, or 0 for the default 65536)", f.name, f.n, minLBMapEntries, maxLBMapEntries)
+		}
+	}
+	return nil
 }

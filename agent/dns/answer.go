@@ -186,7 +186,7 @@ func withOwner(rrs []mdns.RR, name string) []mdns.RR {
 // (at least 512) and DO bit, no options.
 func replyOPT(opt *mdns.OPT) *mdns.OPT {
 	o := &mdns.OPT{Hdr: mdns.RR_Header{Name: ".", Rrtype: mdns.TypeOPT}}
-	o.SetUDPSize(max(opt.UDPSize(), mdns.MinMsgSize))
+	o.SetUDPSize(min(max(opt.UDPSize(), mdns.MinMsgSize), MaxUDPResponse))
 	if opt.Do() {
 		o.SetDo()
 	}

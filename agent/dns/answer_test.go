@@ -304,11 +304,17 @@ func TestAnswerMessages(t *testing.T) {
 				t.Errorf("BADVERS does not pack: %v", err)
 			}
 		}},
-		{"an EDNS0 query gets its UDP size and DO bit back", func() *mdns.Msg { return query(cart, mdns.TypeA).SetEdns0(4096, true) },
+		{"an EDNS0 query gets the DO bit back and the server's UDP size (1232 at most, RFC 6891 6.2.5)", func() *mdns.Msg { return query(cart, mdns.TypeA).SetEdns0(4096, true) },
 			mdns.RcodeSuccess, func(t *testing.T, resp *mdns.Msg) {
 				opt := resp.IsEdns0()
-				if opt == nil || opt.UDPSize() != 4096 || !opt.Do() {
-					t.Errorf("OPT %v, want size 4096 and DO", opt)
+				if opt == nil || opt.UDPSize() != MaxUDPResponse || !opt.Do() {
+					t.Errorf("OPT %v, want size %d and DO", opt, MaxUDPResponse)
+				}
+			}},
+		{"an EDNS0 size between 512 and 1232 is advertised back as is", func() *mdns.Msg { return query(cart, mdns.TypeA).SetEdns0(1000, false) },
+			mdns.RcodeSuccess, func(t *testing.T, resp *mdns.Msg) {
+				if opt := resp.IsEdns0(); opt == nil || opt.UDPSize() != 1000 {
+					t.Errorf("OPT %v, want size 1000", opt)
 				}
 			}},
 		{"an EDNS0 size below 512 is answered as 512", func() *mdns.Msg { return query(cart, mdns.TypeA).SetEdns0(100, false) },

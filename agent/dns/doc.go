@@ -9,7 +9,21 @@
 // telling NXDOMAIN from NODATA is one look-up), and Answer(zone, request) returns the
 // response. Server is the thin shell: it listens on UDP and TCP, swaps the zone atomically
 // on Update, forwards names outside the zone, and fits each response to its transport
-// (truncated with TC over UDP beyond the client's EDNS0 size, 512 bytes without EDNS0).
+// (truncated with TC over UDP beyond the client's EDNS0 size, 512 bytes without EDNS0, and
+// never beyond MaxUDPResponse, 1232 bytes, whatever size the client asks for).
+//
+// # Clients
+//
+// The server answers its node's clients only: loopback, the node's own addresses (re-read at
+// most once a second when an unknown source asks), and Config.Clients, which the agent sets to
+// the cluster's pod and service CIDRs plus dns.allowClients (SetClients, as the broker's record
+// of the cluster arrives or a reload changes them). Any other source gets an empty REFUSED, for
+// clusterset.local names as for forwarded ones: the zone lists the mesh's VIPs and endpoints,
+// which are the cluster's business, and a REFUSED answer is never larger than the query, so the
+// server amplifies nothing to a spoofed source. Over UDP every answer is cut at 1232 bytes with
+// TC set (the client asks again over TCP, RFC 7766); the OPT record advertises 1232 as the
+// server's own size (RFC 6891). A wildcard dns.listen (0.0.0.0, ::) is accepted with a
+// warning, logged and shown in status (dns.warnings): it also listens on the underlay.
 //
 // # Records
 //
@@ -57,6 +71,7 @@
 //	any zone name, before the first Update            would-be NXDOMAIN  SERVFAIL (as CoreDNS before sync)
 //	AXFR/IXFR, or a class other than IN/ANY           any             REFUSED
 //	a name outside clusterset.local                   any             forwarded; REFUSED without upstream
+//	any name, from a source that is no client         any             REFUSED
 //
 // Where the tree of names and CoreDNS's multicluster plugin differ, this package follows the
 // tree (RFC 8020: a name with names below it exists), because resolvers that minimise query

@@ -22,6 +22,14 @@ const (
 	DefaultMaxForwards     = 1000
 	// forwardBudget bounds one forwarded query across all upstreams and both transports.
 	forwardBudget = 5 * time.Second
+	// MaxUDPResponse caps every UDP response, whatever EDNS0 size the client asks for: the
+	// DNS flag day 2020 size, below any path MTU, so an answer is never fragmented and a
+	// small query can never buy a large answer (amplification). Longer answers are truncated
+	// with TC set, and the client retries over TCP (RFC 7766).
+	MaxUDPResponse = 1232
+	// localAddrsRefresh bounds how often an unknown source makes the server re-read the
+	// node's addresses: a flood of outside sources costs at most one read per period.
+	localAddrsRefresh = time.Second
 )
 
 // Config configures a Server. Its fields are the agent's dns.* settings.
@@ -43,6 +51,15 @@ type Config struct {
 	// NSAddrs are the addresses of the zone's name server ns.dns.clusterset.local (the apex
 	// NS record's glue). Default: Listen's IP when it is not unspecified.
 	NSAddrs []netip.Addr
+	// Clients are the sources the server answers besides loopback and the node's own
+	// addresses: the cluster's pod and service CIDRs (SetClients replaces them as the agent
+	// learns them) and the operator's dns.allowClients. Any other source is REFUSED, for
+	// clusterset.local and forwarded names alike: the server is a resolver for its node's
+	// workloads, not an open one.
+	Clients []netip.Prefix
+	// LocalAddrs lists the node's own addresses (sources always answered). Default: the
+	// addresses of every interface (net.InterfaceAddrs).
+	LocalAddrs func() ([]netip.Addr, error)
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 	// Registerer, when set, gets the server's Prometheus metrics (cablemesh_dns_*).
@@ -64,6 +81,11 @@ type Server struct {
 	serial uint32
 
 	udpClient, tcpClient *mdns.Client
+
+	clients  atomic.Pointer[[]netip.Prefix] // swapped by SetClients while queries read it
+	local    atomic.Pointer[localAddrs]
+	localMu  sync.Mutex // one re-read of the node's addresses at a time
+	warnings []string   // fixed at NewServer
 
 	// ctx is cancelled by Shutdown: it ends the forwarded queries in flight.
 	ctx    context.Context
@@ -112,6 +134,9 @@ func NewServer(cfg Config) (*Server, error) {
 	if len(cfg.NSAddrs) == 0 && !ap.Addr().IsUnspecified() {
 		cfg.NSAddrs = []netip.Addr{ap.Addr()}
 	}
+	if cfg.LocalAddrs == nil {
+		cfg.LocalAddrs = interfaceAddrs
+	}
 	ups, err := parseUpstreams(cfg.Upstreams)
 	if err != nil {
 		return nil, err
@@ -124,6 +149,15 @@ func NewServer(cfg Config) (*Server, error) {
 		tcpClient: &mdns.Client{Net: "tcp", Timeout: cfg.UpstreamTimeout},
 	}
 	s.upstreams.Store(&ups)
+	s.SetClients(cfg.Clients)
+	s.local.Store(&localAddrs{})
+	if ap.Addr().IsUnspecified() {
+		w := fmt.Sprintf("dns.listen %s is a wildcard address: the server listens on every address of the node, the underlay's too "+
+			"(it answers only its clients: the cluster's pod and service CIDRs, dns.allowClients, the node and loopback); "+
+			"prefer the node's pod-facing address", cfg.Listen)
+		s.warnings = append(s.warnings, w)
+		cfg.Logger.Warn("DNS SERVER LISTENS ON A WILDCARD ADDRESS", "listen", cfg.Listen, "warning", w)
+	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	if cfg.Registerer != nil {
 		if s.metrics, err = newMetrics(cfg.Registerer); err != nil {
@@ -206,6 +240,89 @@ func (s *Server) SetForwarding(upstreams []string, ttl time.Duration) error {
 	s.upstreams.Store(&ups)
 	s.log.Info("dns forwarding changed", "upstreams", ups, "ttl", ttl)
 	return nil
+}
+
+// Warnings are the server's configuration warnings (a wildcard listen address), for status.
+func (s *Server) Warnings() []string { return slices.Clone(s.warnings) }
+
+// SetClients replaces the prefixes whose sources the server answers (besides loopback and the
+// node's own addresses). Invalid prefixes are skipped.
+func (s *Server) SetClients(prefixes []netip.Prefix) {
+	out := make([]netip.Prefix, 0, len(prefixes))
+	for _, p := range prefixes {
+		if p.IsValid() {
+			out = append(out, p.Masked())
+		}
+	}
+	s.clients.Store(&out)
+}
+
+// Clients are the prefixes whose sources the server answers now (besides loopback and the
+// node's own addresses).
+func (s *Server) Clients() []netip.Prefix { return slices.Clone(*s.clients.Load()) }
+
+// localAddrs is a snapshot of the node's addresses and when it was read.
+type localAddrs struct {
+	addrs map[netip.Addr]bool
+	read  time.Time
+}
+
+// interfaceAddrs are the addresses of every interface of this network namespace.
+func interfaceAddrs() ([]netip.Addr, error) {
+	ifas, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]netip.Addr, 0, len(ifas))
+	for _, a := range ifas {
+		if p, err := netip.ParsePrefix(a.String()); err == nil {
+			out = append(out, p.Addr())
+		}
+	}
+	return out, nil
+}
+
+// ClientAllowed reports whether the server answers queries from src: loopback, the node's own
+// addresses and the Clients prefixes.
+func (s *Server) ClientAllowed(src netip.Addr) bool {
+	src = src.Unmap().WithZone("")
+	if !src.IsValid() {
+		return false
+	}
+	if src.IsLoopback() {
+		return true
+	}
+	for _, p := range *s.clients.Load() {
+		if p.Contains(src) {
+			return true
+		}
+	}
+	return s.isLocal(src)
+}
+
+// isLocal reports whether addr is one of the node's addresses, re-reading them (at most once
+// per localAddrsRefresh) when addr is not in the last snapshot: an address added since is
+// found, and a flood of outside sources costs one read per period.
+func (s *Server) isLocal(addr netip.Addr) bool {
+	if la := s.local.Load(); la.addrs[addr] || time.Since(la.read) < localAddrsRefresh {
+		return la.addrs[addr]
+	}
+	s.localMu.Lock()
+	defer s.localMu.Unlock()
+	la := s.local.Load()
+	if time.Since(la.read) >= localAddrsRefresh {
+		addrs, err := s.cfg.LocalAddrs()
+		if err != nil {
+			s.log.Debug("dns: read the node's addresses", "err", err)
+		}
+		next := &localAddrs{addrs: make(map[netip.Addr]bool, len(addrs)), read: time.Now()}
+		for _, a := range addrs {
+			next.addrs[a.Unmap().WithZone("")] = true
+		}
+		s.local.Store(next)
+		la = next
+	}
+	return la.addrs[addr]
 }
 
 // Zone returns the zone the server answers from, nil before the first Update.
@@ -309,7 +426,10 @@ func (s *Server) ServeDNS(w mdns.ResponseWriter, req *mdns.Msg) {
 	_, tcp := w.RemoteAddr().(*net.TCPAddr)
 	var resp *mdns.Msg
 	source := "zone"
-	if s.forwardable(req) {
+	if !s.ClientAllowed(remoteAddr(w.RemoteAddr())) {
+		source = "refused"
+		resp = errorReply(req, mdns.RcodeRefused)
+	} else if s.forwardable(req) {
 		source = "upstream"
 		resp = s.forward(req, tcp)
 	} else {
@@ -319,10 +439,14 @@ func (s *Server) ServeDNS(w mdns.ResponseWriter, req *mdns.Msg) {
 		return
 	}
 	resp.RecursionAvailable = len(s.ups()) > 0
+	// An upstream's OPT advertises the upstream's size; the client talks to this server.
+	if opt := resp.IsEdns0(); opt != nil && opt.UDPSize() > MaxUDPResponse {
+		opt.SetUDPSize(MaxUDPResponse)
+	}
 	if tcp {
 		resp.Truncate(mdns.MaxMsgSize)
 	} else {
-		resp.Truncate(udpSize(req))
+		resp.Truncate(min(udpSize(req), MaxUDPResponse))
 	}
 	if err := w.WriteMsg(resp); err != nil {
 		s.log.Debug("dns: write response", "remote", w.RemoteAddr().String(), "err", err)
@@ -330,6 +454,17 @@ func (s *Server) ServeDNS(w mdns.ResponseWriter, req *mdns.Msg) {
 	if s.metrics != nil {
 		s.metrics.observe(source, resp.Rcode, time.Since(start))
 	}
+}
+
+// remoteAddr is the IP address of a DNS client (invalid when it is neither UDP nor TCP).
+func remoteAddr(a net.Addr) netip.Addr {
+	switch a := a.(type) {
+	case *net.UDPAddr:
+		return a.AddrPort().Addr()
+	case *net.TCPAddr:
+		return a.AddrPort().Addr()
+	}
+	return netip.Addr{}
 }
 
 // forwardable reports whether req is a well-formed query for a name outside the zone that

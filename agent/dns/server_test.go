@@ -185,7 +185,7 @@ func TestServerTruncatesLargeUDPAnswers(t *testing.T) {
 	}{
 		{"UDP without EDNS0 is cut at 512 bytes with TC", "udp", query(name, mdns.TypeA), true, 512, 0},
 		{"UDP with a 1232-byte EDNS0 size is cut there with TC", "udp", query(name, mdns.TypeA).SetEdns0(1232, false), true, 1232, 0},
-		{"UDP with a 65000-byte EDNS0 size gets everything", "udp", query(name, mdns.TypeA).SetEdns0(65000, false), false, 65000, 200},
+		{"UDP with a 65000-byte EDNS0 size is still cut at 1232 bytes with TC (no amplification)", "udp", query(name, mdns.TypeA).SetEdns0(65000, false), true, MaxUDPResponse, 0},
 		{"TCP gets everything", "tcp", query(name, mdns.TypeA), false, mdns.MaxMsgSize, 200},
 		{"an SRV answer over UDP is cut with TC", "udp", query("_p._tcp."+name, mdns.TypeSRV).SetEdns0(1232, false), true, 1232, 0},
 		{"an SRV answer over TCP carries every target's address", "tcp", query("_p._tcp."+name, mdns.TypeSRV), false, mdns.MaxMsgSize, 200},
@@ -254,6 +254,12 @@ func TestServerForwardsOtherNames(t *testing.T) {
 		resp := exchange(t, "udp", addr, query(bigName, mdns.TypeA).SetEdns0(4096, false))
 		if len(resp.Answer) != 60 || resp.Truncated {
 			t.Fatalf("%d answers, TC %v; want all 60 without TC", len(resp.Answer), resp.Truncated)
+		}
+	})
+	t.Run("a forwarded answer advertises this server's UDP size, not the upstream's", func(t *testing.T) {
+		resp := exchange(t, "udp", addr, query("example.com.", mdns.TypeA).SetEdns0(65000, false))
+		if opt := resp.IsEdns0(); opt == nil || opt.UDPSize() != MaxUDPResponse {
+			t.Fatalf("OPT %v, want UDP size %d", opt, MaxUDPResponse)
 		}
 	})
 	t.Run("a client over TCP is forwarded over TCP", func(t *testing.T) {

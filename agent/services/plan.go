@@ -66,6 +66,9 @@ type Plan struct {
 	LB       []bpf.Service
 	Imports  []statusapi.ServiceImport
 	Problems []string
+	// LBImports and LBOwners say whose LB[i] is: the import's namespace/name, and the cluster
+	// it counts against when the maps are full (see FitOrder).
+	LBImports, LBOwners []string
 }
 
 // Compute plans imports for a node of cluster local; reach gives each cluster's Reach (a
@@ -135,6 +138,8 @@ func Compute(imports []*apiv1.ServiceImport, local string, reach map[string]Reac
 				}
 				seenLB[k] = key
 				p.LB = append(p.LB, s)
+				p.LBImports = append(p.LBImports, key)
+				p.LBOwners = append(p.LBOwners, owner(imp, local))
 			}
 		}
 		p.Imports = append(p.Imports, row)

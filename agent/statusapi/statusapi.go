@@ -125,6 +125,11 @@ type DNSStatus struct {
 	Listen    string   `json:"listen,omitempty"`
 	Upstreams []string `json:"upstreams,omitempty"`
 	Error     string   `json:"error,omitempty"`
+	// Clients are the CIDRs the server answers besides loopback and the node's own addresses
+	// (any other source is REFUSED).
+	Clients []string `json:"clients,omitempty"`
+	// Warnings are configuration warnings, e.g. a wildcard dns.listen.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // LoadBalancer is the eBPF socket load balancer.
@@ -138,6 +143,11 @@ type LoadBalancer struct {
 	Services int `json:"services"`
 	// SocketsDestroyed counts the sockets aborted because their backend left, since start.
 	SocketsDestroyed uint64 `json:"socketsDestroyed"`
+	// ServiceMapEntries and BackendMapEntries are the sizes of the maps; Refused counts the
+	// imports they are too full for (each says why in its loadBalancerRefused).
+	ServiceMapEntries int `json:"serviceMapEntries,omitempty"`
+	BackendMapEntries int `json:"backendMapEntries,omitempty"`
+	Refused           int `json:"refused,omitempty"`
 }
 
 // ServiceImport is one imported service as this node uses it.
@@ -151,6 +161,9 @@ type ServiceImport struct {
 	Affinity  string            `json:"affinity"`
 	Clusters  []ImportedCluster `json:"clusters"`
 	Conflicts []ServiceConflict `json:"conflicts,omitempty"`
+	// LoadBalancerRefused is why the load balancer's maps do not hold this service (they are
+	// too full for it); empty when they do, or when it is not load-balanced.
+	LoadBalancerRefused string `json:"loadBalancerRefused,omitempty"`
 }
 
 // ServicePort is one port of a service.

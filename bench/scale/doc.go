@@ -12,12 +12,15 @@
 //	CABLEMESH_BIN                 directory holding cable-broker (default: built into a temp dir)
 //	CABLEMESH_SCALE_BROKER        the broker builds to measure, side by side in one run:
 //	                              LABEL=PATH[@AGENT],... (or one PATH); AGENT is current (the
-//	                              agent's heartbeat and first-registration jitter,
-//	                              brokerclient.HeartbeatDelay, and compressed watch messages,
-//	                              watchzstd), uncompressed (the same without accepting zstd, as
-//	                              agents did before it) or fixed (heartbeats every interval from
-//	                              the registration, as agents did before the jitter), e.g.
-//	                              before=/tmp/old/cable-broker@fixed,after=bin/cable-broker
+//	                              agent now: registers at once, honours the broker's busy
+//	                              answers with jitter, brokerclient.BusyWait, jittered
+//	                              heartbeats, brokerclient.HeartbeatDelay, compressed watch
+//	                              messages, watchzstd), delayed (the agent of 98843a3: its first
+//	                              registration up to a second later at random, no busy answers),
+//	                              uncompressed (delayed without accepting zstd, as agents did
+//	                              before it) or fixed (heartbeats every interval from the
+//	                              registration, as agents did before the jitter), e.g.
+//	                              before=/tmp/old/cable-broker@delayed,after=bin/cable-broker
 //	CABLEMESH_SCALE_BROKER_ARGS   more flags for every broker, e.g. "--metrics-listen
 //	                              127.0.0.1:9465 --pprof" to profile it during a run
 //	CABLEMESH_SCALE_LABEL         the label of a build given without one (default current)

@@ -9,6 +9,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -44,30 +45,36 @@ const (
 
 // fleet is every simulated agent of one run and what they share.
 type fleet struct {
-	broker    string
-	clusters  []string
-	epIndex   map[string]int32 // "cluster/node" → agent index
-	clIndex   map[string]int32 // cluster name → index
-	agents    []*simAgent
-	jitter    bool // the agent's current heartbeat jitter (brokerclient.HeartbeatDelay)
-	zstd      bool // the agent accepts compressed watch messages (watchzstd), as cable-agent does
-	frames    frameCache
-	dialOpts  []grpc.DialOption
-	t0        time.Time
-	probe     atomic.Pointer[probe]
-	epoch     atomic.Int32 // bumped before a broker restart: agents record their first message after it
-	ctx       context.Context
-	cancel    context.CancelFunc
-	wg        sync.WaitGroup
-	beats     beatLog
-	calls     callCounters
-	regRevMax atomic.Uint64 // the highest revision a RegisterEndpoint answered with
+	broker   string
+	clusters []string
+	epIndex  map[string]int32 // "cluster/node" → agent index
+	clIndex  map[string]int32 // cluster name → index
+	agents   []*simAgent
+	jitter   bool // the agent's current heartbeat jitter (brokerclient.HeartbeatDelay)
+	// firstDelay: the first registration waits up to a second at random, as cable-agent did up
+	// to 98843a3 (previousFirstRegistrationDelay); acceptBusy: registrations honour the broker's
+	// busy answers (brokerclient.AcceptBusy, BusyWait), as cable-agent does now.
+	firstDelay bool
+	acceptBusy bool
+	zstd       bool // the agent accepts compressed watch messages (watchzstd), as cable-agent does
+	frames     frameCache
+	dialOpts   []grpc.DialOption
+	t0         time.Time
+	probe      atomic.Pointer[probe]
+	epoch      atomic.Int32 // bumped before a broker restart: agents record their first message after it
+	ctx        context.Context
+	cancel     context.CancelFunc
+	wg         sync.WaitGroup
+	beats      beatLog
+	calls      callCounters
+	regRevMax  atomic.Uint64 // the highest revision a RegisterEndpoint answered with
 }
 
 // callCounters count the calls of every agent by outcome.
 type callCounters struct {
 	joins, joinErrors, joinDeadlines                   atomic.Int64
 	registers, registerErrors, registerDeadlines       atomic.Int64
+	registerBusy                                       atomic.Int64 // busy answers (not errors)
 	heartbeats, heartbeatErrors, heartbeatDeadlines    atomic.Int64
 	setExports, setExportsErrors, setExportsDeadlines  atomic.Int64
 	watches, watchErrors, watchSnapshots, watchResumes atomic.Int64
@@ -152,6 +159,8 @@ type simAgent struct {
 	joinErr             error
 	firstRegDur         atomic.Int64 // ns; 0 until the first RegisterEndpoint returned
 	firstRegOK          atomic.Bool
+	firstRegStart       time.Time    // the first RegisterEndpoint attempt (written by beat only)
+	registeredAt        atomic.Int64 // unix ns of the first registration that succeeded; 0 until then
 	registered          atomic.Bool
 	watchUp             atomic.Bool
 	wake                chan struct{}
@@ -287,8 +296,8 @@ func (a *simAgent) run(ctx context.Context) {
 	a.conn = conn
 	a.client = apiv1.NewAgentClient(conn)
 	first := time.Duration(0)
-	if a.f.jitter {
-		first = brokerclient.FirstRegistrationDelay(heartbeatInterval)
+	if a.f.firstDelay {
+		first = previousFirstRegistrationDelay(heartbeatInterval)
 	}
 	a.timerMu.Lock()
 	a.timer = time.AfterFunc(first, func() { a.beat(ctx, false) })
@@ -358,7 +367,11 @@ func (a *simAgent) beat(ctx context.Context, redial bool) {
 		}
 	}
 	d := heartbeatInterval
+	busyWait, busy := brokerclient.BusyWait(err)
 	switch {
+	case busy:
+		// The broker answered it has no room now: again when it said, on the same connection.
+		d, err = busyWait, nil
 	case a.f.jitter && justRegistered:
 		d = brokerclient.AfterRegistrationDelay(heartbeatInterval)
 	case a.f.jitter:
@@ -375,11 +388,26 @@ func (a *simAgent) register(ctx context.Context, ep *apiv1.Endpoint) error {
 	cctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	start := time.Now()
+	if a.firstRegStart.IsZero() {
+		a.firstRegStart = start
+	}
 	a.f.calls.registers.Add(1)
+	if a.f.acceptBusy {
+		cctx = brokerclient.AcceptBusy(cctx)
+	}
 	resp, err := a.client.RegisterEndpoint(cctx, &apiv1.RegisterEndpointRequest{Endpoint: ep, LeaseSeconds: leaseSeconds})
+	if _, busy := brokerclient.BusyWait(err); busy {
+		// Turned away before any work: the first registration's latency counts from its first
+		// attempt to the one that is answered.
+		a.f.calls.registerBusy.Add(1)
+		return err
+	}
 	if a.firstRegDur.Load() == 0 {
-		a.firstRegDur.Store(int64(max(time.Since(start), 1)))
+		a.firstRegDur.Store(int64(max(time.Since(a.firstRegStart), 1)))
 		a.firstRegOK.Store(err == nil)
+	}
+	if err == nil && a.registeredAt.Load() == 0 {
+		a.registeredAt.Store(time.Now().UnixNano())
 	}
 	if err != nil {
 		if ctx.Err() == nil {
@@ -802,4 +830,16 @@ func setBit(set []uint64, i int, on bool) int {
 func writeTokenFile(dir, cluster, token string) (string, error) {
 	p := filepath.Join(dir, cluster+".token")
 	return p, os.WriteFile(p, []byte(token+"\n"), 0o600)
+}
+
+// previousFirstRegistrationDelay is the wait before the first registration of cable-agent up to
+// 98843a3 (brokerclient.FirstRegistrationDelay then): up to a tenth of the heartbeat interval,
+// at most a second, at random. The agent registers at once now; the "delayed" fleet keeps it to
+// compare with.
+func previousFirstRegistrationDelay(interval time.Duration) time.Duration {
+	spread := min(int64(interval)/10, int64(time.Second))
+	if spread <= 0 {
+		return 0
+	}
+	return time.Duration(mrand.Int64N(spread + 1))
 }

@@ -32,7 +32,7 @@ import (
 type Result struct {
 	Label    string `json:"label"`
 	Broker   string `json:"broker"`
-	Agent    string `json:"agent"` // current (jittered heartbeats, compressed watch), uncompressed or fixed
+	Agent    string `json:"agent"` // current, delayed, uncompressed or fixed (doc.go)
 	Store    string `json:"store"`
 	Clusters int    `json:"clusters"`
 	Gateways int    `json:"gateways"`
@@ -55,6 +55,11 @@ type Result struct {
 	FirstRegP99Ms     float64 `json:"firstRegisterP99Ms"`
 	FirstRegMaxMs     float64 `json:"firstRegisterMaxMs"`
 	FirstRegFailed    int     `json:"firstRegisterFailed"`
+	// RegisteredP50Ms, ...: from the fleet start to each agent's first registration that
+	// succeeded (its first-registration delay and any busy answers included).
+	RegisteredP50Ms float64 `json:"registeredP50Ms"`
+	RegisteredP99Ms float64 `json:"registeredP99Ms"`
+	RegisteredMaxMs float64 `json:"registeredMaxMs"`
 
 	// The first snapshot each agent received: bytes and time from opening the stream to its
 	// last part.
@@ -159,8 +164,8 @@ func builds(t *testing.T) []brokerBuild {
 			e, b.agent = p, a
 		}
 		b.path = e
-		if b.agent != "current" && b.agent != "fixed" && b.agent != "uncompressed" {
-			t.Fatalf("CABLEMESH_SCALE_BROKER entry %q: agent %q is not current, uncompressed nor fixed", e, b.agent)
+		if !slices.Contains([]string{"current", "delayed", "uncompressed", "fixed"}, b.agent) {
+			t.Fatalf("CABLEMESH_SCALE_BROKER entry %q: agent %q is not current, delayed, uncompressed nor fixed", e, b.agent)
 		}
 		if _, err := os.Stat(b.path); err != nil {
 			t.Fatalf("CABLEMESH_SCALE_BROKER entry %q: %v", e, err)
@@ -442,7 +447,9 @@ func runOne(t *testing.T, b brokerBuild, storeKind string, nClusters, gateways i
 		tokenFiles = append(tokenFiles, p)
 	}
 	f := newFleet(listen, clusters, gateways, tokenFiles, filepath.Join(dir, "agents"), b.agent != "fixed")
-	f.zstd = b.agent == "current"
+	f.zstd = b.agent == "current" || b.agent == "delayed"
+	f.firstDelay = b.agent == "delayed" || b.agent == "uncompressed"
+	f.acceptBusy = b.agent == "current"
 	bctx, cancelAll := context.WithCancel(ctx)
 	defer cancelAll()
 
@@ -478,13 +485,16 @@ func runOne(t *testing.T, b brokerBuild, storeKind string, nClusters, gateways i
 		}
 	}
 	r.LoadAvgAfterStart = loadAvg()
-	var cur, regs, snapMs []float64
+	var cur, regs, registered, snapMs []float64
 	var snapBytes []int64
 	for _, a := range f.agents {
 		if c := a.currentAt.Load(); c != 0 {
 			cur = append(cur, ms(time.Unix(0, c).Sub(f.t0)))
 		} else {
 			r.StartNotCurrent++
+		}
+		if at := a.registeredAt.Load(); at != 0 {
+			registered = append(registered, ms(time.Unix(0, at).Sub(f.t0)))
 		}
 		if d := a.firstRegDur.Load(); d != 0 {
 			regs = append(regs, ms(time.Duration(d)))
@@ -503,6 +513,7 @@ func runOne(t *testing.T, b brokerBuild, storeKind string, nClusters, gateways i
 		r.Notes = append(r.Notes, fmt.Sprintf("%d agents were not current after %s", r.StartNotCurrent, startTimeout))
 	}
 	r.FirstRegP50Ms, r.FirstRegP99Ms, r.FirstRegMaxMs = pct(regs, 50), pct(regs, 99), pct(regs, 100)
+	r.RegisteredP50Ms, r.RegisteredP99Ms, r.RegisteredMaxMs = pct(registered, 50), pct(registered, 99), pct(registered, 100)
 	r.SnapshotP50Ms, r.SnapshotP99Ms, r.SnapshotMaxMs = pct(snapMs, 50), pct(snapMs, 99), pct(snapMs, 100)
 	slices.Sort(snapBytes)
 	if len(snapBytes) > 0 {
@@ -710,7 +721,7 @@ func (f *fleet) holdingAll() int {
 func (c *callCounters) snapshot() map[string]int64 {
 	return map[string]int64{
 		"joins": c.joins.Load(), "joinErrors": c.joinErrors.Load(), "joinDeadlines": c.joinDeadlines.Load(),
-		"registers": c.registers.Load(), "registerErrors": c.registerErrors.Load(), "registerDeadlines": c.registerDeadlines.Load(),
+		"registers": c.registers.Load(), "registerBusy": c.registerBusy.Load(), "registerErrors": c.registerErrors.Load(), "registerDeadlines": c.registerDeadlines.Load(),
 		"heartbeats": c.heartbeats.Load(), "heartbeatErrors": c.heartbeatErrors.Load(), "heartbeatDeadlines": c.heartbeatDeadlines.Load(),
 		"setExports": c.setExports.Load(), "setExportsErrors": c.setExportsErrors.Load(), "setExportsDeadlines": c.setExportsDeadlines.Load(),
 		"watches": c.watches.Load(), "watchErrors": c.watchErrors.Load(), "watchSnapshots": c.watchSnapshots.Load(), "watchResumes": c.watchResumes.Load(),
@@ -782,6 +793,10 @@ func markdown(res Results) string {
 			return fmt.Sprintf("**%d**", r.Calls["registerDeadlines"]+r.Calls["heartbeatDeadlines"]+r.Calls["setExportsDeadlines"]+r.Calls["joinDeadlines"])
 		}},
 		{"first RegisterEndpoint failed", func(r Result) string { return fmt.Sprint(r.FirstRegFailed) }},
+		{"registered, from the fleet start p50 / p99 / max ms", func(r Result) string {
+			return fmt.Sprintf("%.0f / %.0f / %.0f", r.RegisteredP50Ms, r.RegisteredP99Ms, r.RegisteredMaxMs)
+		}},
+		{"registrations answered busy (retried later)", func(r Result) string { return fmt.Sprint(r.Calls["registerBusy"]) }},
 		{"snapshot bytes p50 / max", func(r Result) string { return fmt.Sprintf("%d / %d", r.SnapshotBytesP50, r.SnapshotBytesMax) }},
 		{"snapshot time p50 / p99 / max ms", func(r Result) string {
 			return fmt.Sprintf("%.0f / %.0f / %.0f", r.SnapshotP50Ms, r.SnapshotP99Ms, r.SnapshotMaxMs)

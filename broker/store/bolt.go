@@ -71,7 +71,7 @@ func OpenBolt(path string, opts Options) (*Bolt, error) {
 		db.Close()
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
-	s := &Bolt{db: db, opts: opts, hub: newHub(opts.WatchBuffer), reqs: make(chan *boltReq), stop: make(chan struct{}), done: make(chan struct{})}
+	s := &Bolt{db: db, opts: opts, hub: newHub(opts), reqs: make(chan *boltReq), stop: make(chan struct{}), done: make(chan struct{})}
 	go s.commitLoop()
 	return s, nil
 }
@@ -184,7 +184,7 @@ func (s *Bolt) commitGroup(group []*boltReq) {
 				t := newTxn(boltKV{btx}, true)
 				err := r.fn(t)
 				if err == nil {
-					err = t.finish(s.opts.LogSize)
+					err = t.finish(s.opts.LogSize, s.opts.LogBytes)
 				}
 				if err != nil {
 					failed = i
@@ -259,6 +259,8 @@ func (s *Bolt) Watch(ctx context.Context, since uint64, opts ...WatchOption) (Wa
 type boltKV struct{ tx *bolt.Tx }
 
 func (b boltKV) get(bucket, key []byte) []byte { return b.tx.Bucket(bucket).Get(key) }
+
+func (b boltKV) peek(bucket, key []byte) []byte { return b.get(bucket, key) }
 
 func (b boltKV) put(bucket, key, value []byte) error { return b.tx.Bucket(bucket).Put(key, value) }
 

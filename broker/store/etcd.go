@@ -199,7 +199,7 @@ func OpenEtcd(ctx context.Context, cli *clientv3.Client, root string, opts Optio
 	}
 	s := &Etcd{
 		cli: cli, prefix: EtcdPrefix(root), opts: opts, eopts: eopts, log: eopts.Logger,
-		hub: newHub(opts.WatchBuffer), reqs: make(chan *etcdReq), advanced: make(chan struct{}), done: make(chan struct{}),
+		hub: newHub(opts), reqs: make(chan *etcdReq), advanced: make(chan struct{}), done: make(chan struct{}),
 	}
 	s.maxOps.Store(int64(eopts.MaxTxnOps))
 	st, err := s.load(ctx)
@@ -725,6 +725,15 @@ func (k *etcdTxnKV) get(bucket, key []byte) []byte {
 			}
 		}
 	}
+	if !ok {
+		return nil
+	}
+	return it.value
+}
+
+// peek reads key as get does, but records no read: the transaction's commit does not compare it.
+func (k *etcdTxnKV) peek(bucket, key []byte) []byte {
+	it, ok := k.tree.Get(etcdItem{key: k.s.key(bucket, key)})
 	if !ok {
 		return nil
 	}

@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Group commit in etcd. Every Update of a replica goes to one committer goroutine, which takes
@@ -228,7 +231,7 @@ func (s *Etcd) commitOnce(ctx context.Context, group []*etcdReq, fresh bool) (n 
 		t := newTxn(kv, true)
 		err := r.fn(t)
 		if err == nil {
-			err = t.finish(s.opts.LogSize)
+			err = t.finish(s.opts.LogSize, s.opts.LogBytes)
 		}
 		if err != nil {
 			// It writes nothing, but what it read decided its error: the group commits only if
@@ -283,7 +286,7 @@ func (s *Etcd) commitOnce(ctx context.Context, group []*etcdReq, fresh bool) (n 
 		return n, groupRetry
 	}
 	if err != nil {
-		if errors.Is(err, rpctypes.ErrTooManyOps) || errors.Is(err, rpctypes.ErrRequestTooLarge) {
+		if errors.Is(err, rpctypes.ErrTooManyOps) || errors.Is(err, rpctypes.ErrRequestTooLarge) || tooLargeToSend(err) {
 			if errors.Is(err, rpctypes.ErrTooManyOps) {
 				s.learnTxnOps(max(len(cmps), len(failure), len(ops)))
 			}
@@ -327,6 +330,15 @@ func (s *Etcd) commitOnce(ctx context.Context, group []*etcdReq, fresh bool) (n 
 		return fail(group[:n], fmt.Errorf("committed at etcd revision %d but not yet applied here: %w", resp.Header.Revision, err))
 	}
 	return finish()
+}
+
+// tooLargeToSend reports whether err is the etcd client refusing to send a request larger than
+// its gRPC limit (2 MiB by default): ResourceExhausted, as etcd's own "too many requests" is,
+// but no retry can succeed, and retrying it held the committer, and every write waiting behind
+// it, until the Update's context ended.
+func tooLargeToSend(err error) bool {
+	st, ok := status.FromError(err)
+	return ok && st.Code() == codes.ResourceExhausted && strings.Contains(st.Message(), "larger than max")
 }
 
 // staleAttemptTimeout bounds the commit of an attempt that did not read etcd's revision first.

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"sync"
 
+	"google.golang.org/protobuf/proto"
+
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 )
 
@@ -22,10 +24,11 @@ import (
 // snapshotLocked): at a thousand watchers, a copy per watcher of every event was most of the
 // broker's work and memory when a fleet started at once. Watchers must not modify them.
 type hub struct {
-	mu     sync.Mutex
-	buffer int // batches a watcher may lag behind before it is dropped
-	subs   map[*watch]struct{}
-	closed bool
+	mu          sync.Mutex
+	buffer      int // batches a watcher may lag behind before it is dropped
+	bufferBytes int // bytes of delta batches (encoded, as sent to it) a watcher may lag behind
+	subs        map[*watch]struct{}
+	closed      bool
 	// snaps are the last snapshot, by the kinds their watchers omit, to share between the
 	// watchers that start later: brought up to date with the batches published since it was
 	// read (advanceLocked), as long as recent holds them. A fleet registering at once commits
@@ -33,9 +36,13 @@ type hub struct {
 	// encoding) of the whole mesh for every few watchers.
 	snaps map[string]Batch
 	// published is the revision of the last batch published; recent the last batches published
-	// (at most maxRecent, ascending, contiguous), for watchers whose first batch is older.
-	published uint64
-	recent    []Batch
+	// (at most maxRecent, and at most maxRecentBytes of events, ascending, contiguous), for
+	// watchers whose first batch is older; recentBytes the size of their events, and
+	// recentSizes the size of each.
+	published   uint64
+	recent      []Batch
+	recentSizes []int
+	recentBytes int
 	// reading are the snapshot reads in flight, by the kinds their watchers omit: a watcher
 	// that starts meanwhile waits for one and shares it instead of reading its own (while a
 	// fleet registers, commits come too fast for snaps to serve many).
@@ -49,15 +56,25 @@ type snapshotRead struct {
 	err  error
 }
 
-// maxRecent is how many published batches the hub keeps for watchers that subscribe after them.
-const maxRecent = 256
+// maxRecent is how many published batches the hub keeps for watchers that subscribe after them,
+// and maxRecentBytes how large their events may be together, encoded (what they hold decoded in
+// the heap is several times that: about 7x for exports of many endpoints). A fleet that starts
+// at once commits hundreds of small batches a second, which the count serves; the bytes bound a
+// few large ones. Counted only, one agent that wrote its 512 exports of 128 endpoints and
+// withdrew them, again and again, kept 256 of those commits, gigabytes, past the broker's
+// 512Mi limit. A watcher whose first batch is older than what recent keeps reads another
+// (subscribe), so the bound costs a read, never a revision.
+const (
+	maxRecent      = 256
+	maxRecentBytes = 4 << 20
+)
 
 // firstReadAttempts is how often subscribe reads a first batch without the lock before it reads
 // one under it (when commits came faster than recent could cover).
 const firstReadAttempts = 3
 
-func newHub(buffer int) hub {
-	return hub{buffer: buffer, subs: map[*watch]struct{}{}}
+func newHub(opts Options) hub {
+	return hub{buffer: opts.WatchBuffer, bufferBytes: opts.WatchBufferBytes, subs: map[*watch]struct{}{}}
 }
 
 type watch struct {
@@ -65,43 +82,112 @@ type watch struct {
 	opts watchOptions
 	from uint64 // the revision of the first batch: later batches up to it are not sent
 	err  error  // written under hub.mu before ch is closed; read after ch is closed
+	// sizes[head:] are the sizes of the batches sent on ch, oldest first, as far as the watcher
+	// may not have received them yet, and queued their sum (under hub.mu). ch is first in, first
+	// out, so those it received are the oldest: as many as ch holds fewer than sizes. The first
+	// batch counts 0: a snapshot is the state itself, shared, and no lag.
+	sizes  []int
+	head   int
+	queued int
+}
+
+// lagging reports whether w, sent a batch of n more bytes, would hold more than limit bytes it
+// has not received. A watcher that received everything takes any one batch, however large.
+func (w *watch) lagging(n, limit int) bool {
+	for len(w.sizes)-w.head > len(w.ch) {
+		w.queued -= w.sizes[w.head]
+		w.head++
+	}
+	if w.head > 0 && w.head >= len(w.sizes)-w.head {
+		// Move what is left to the front of the same array: it stays no larger than the most
+		// the watcher lagged by, and needs no allocation per batch.
+		w.sizes = w.sizes[:copy(w.sizes, w.sizes[w.head:])]
+		w.head = 0
+	}
+	return w.queued > 0 && w.queued+n > limit
+}
+
+// sent records a batch of n bytes sent on w.ch.
+func (w *watch) sent(n int) {
+	w.sizes = append(w.sizes, n)
+	w.queued += n
 }
 
 func (w *watch) C() <-chan Batch { return w.ch }
 func (w *watch) Err() error      { return w.err }
 
-// publishLocked sends b to every watcher and drops those whose buffer is full: a slow watcher
-// never blocks writers.
+// publishLocked sends b to every watcher and drops those whose buffer is full (in batches or
+// in bytes): a slow watcher never blocks writers, nor holds more than bufferBytes of commits
+// that every other watcher has received.
 func (h *hub) publishLocked(b Batch) {
 	h.published = b.Revision
-	if len(h.recent) == maxRecent {
-		h.recent = append(h.recent[:0:0], h.recent[1:]...)
-	}
-	h.recent = append(h.recent, b)
+	size := h.keepRecentLocked(b)
 	// One copy of the events for the watchers that want every resource, one bare copy per set of
 	// omitted kinds: never one per watcher.
-	var bare map[string][]*apiv1.Event
+	type bareCopy struct {
+		evs  []*apiv1.Event
+		size int
+	}
+	var bare map[string]bareCopy
 	for w := range h.subs {
 		if b.Revision <= w.from {
 			continue // its first batch holds this commit already
 		}
-		evs := b.Events
+		evs, n := b.Events, size
 		if len(w.opts.omit) > 0 && omitsAny(b.Events, w.opts) {
 			sig := w.opts.signature()
-			if evs = bare[sig]; evs == nil {
+			c, ok := bare[sig]
+			if !ok {
 				if bare == nil {
-					bare = map[string][]*apiv1.Event{}
+					bare = map[string]bareCopy{}
 				}
-				evs = omitEvents(b.Events, w.opts)
-				bare[sig] = evs
+				c.evs = omitEvents(b.Events, w.opts)
+				c.size = eventsBytes(c.evs)
+				bare[sig] = c
 			}
+			evs, n = c.evs, c.size
+		}
+		if w.lagging(n, h.bufferBytes) {
+			h.dropLocked(w, ErrWatcherTooSlow)
+			continue
 		}
 		select {
 		case w.ch <- Batch{Snapshot: b.Snapshot, Revision: b.Revision, Events: evs}:
+			w.sent(n)
 		default:
 			h.dropLocked(w, ErrWatcherTooSlow)
 		}
 	}
+}
+
+// keepRecentLocked adds b to recent and drops the oldest batches until recent is within
+// maxRecent batches and maxRecentBytes; a batch larger than maxRecentBytes alone is not kept at
+// all (the watchers that would need it read a snapshot or the log instead).
+func (h *hub) keepRecentLocked(b Batch) (size int) {
+	size = eventsBytes(b.Events)
+	h.recent = append(h.recent, b)
+	h.recentSizes = append(h.recentSizes, size)
+	h.recentBytes += size
+	drop := 0
+	for drop < len(h.recent) && (len(h.recent)-drop > maxRecent || h.recentBytes > maxRecentBytes) {
+		h.recentBytes -= h.recentSizes[drop]
+		drop++
+	}
+	if drop > 0 {
+		// A new array: the dropped batches' events must not stay reachable from the old one.
+		h.recent = append([]Batch(nil), h.recent[drop:]...)
+		h.recentSizes = append([]int(nil), h.recentSizes[drop:]...)
+	}
+	return size
+}
+
+// eventsBytes is the size of evs, encoded.
+func eventsBytes(evs []*apiv1.Event) int {
+	n := 0
+	for _, ev := range evs {
+		n += proto.Size(ev)
+	}
+	return n
 }
 
 // advanceLocked is snapshot snap, read earlier for watchers with opts, brought up to the last
@@ -159,7 +245,7 @@ func (h *hub) advanceLocked(snap Batch, opts watchOptions) (Batch, bool) {
 // forgetLocked empties recent and drops the shared snapshots: the store could not publish a
 // contiguous sequence (Etcd), so the next watchers read their first batch afresh.
 func (h *hub) forgetLocked() {
-	h.recent = nil
+	h.recent, h.recentSizes, h.recentBytes = nil, nil, 0
 	h.snaps = nil
 }
 
@@ -239,7 +325,9 @@ func (h *hub) subscribe(ctx context.Context, since uint64, opts watchOptions, re
 		if ok && len(backlog)+1 <= h.buffer {
 			w := h.subscribeLocked(ctx, first, opts)
 			for _, b := range backlog {
-				w.ch <- h.forWatcher(w, b)
+				b = h.forWatcher(w, b)
+				w.ch <- b
+				w.sent(eventsBytes(b.Events))
 			}
 			h.mu.Unlock()
 			return w, nil
@@ -288,6 +376,7 @@ func (h *hub) dropLocked(w *watch, err error) {
 func (h *hub) subscribeLocked(ctx context.Context, first Batch, opts watchOptions) *watch {
 	w := &watch{ch: make(chan Batch, h.buffer+1), opts: opts, from: first.Revision}
 	w.ch <- first
+	w.sent(0)
 	h.subs[w] = struct{}{}
 	// The watch's context owns this goroutine; it also ends when the watch is dropped for another
 	// reason, because dropLocked is idempotent and the goroutine only waits for ctx.

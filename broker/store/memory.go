@@ -29,7 +29,7 @@ type memData map[string]map[string][]byte
 // NewMemory returns an empty in-memory store.
 func NewMemory(opts Options) *Memory {
 	opts = opts.withDefaults()
-	m := &Memory{opts: opts, hub: newHub(opts.WatchBuffer)}
+	m := &Memory{opts: opts, hub: newHub(opts)}
 	d := memData{}
 	for _, b := range buckets {
 		d[string(b)] = map[string][]byte{}
@@ -76,7 +76,7 @@ func (m *Memory) Update(ctx context.Context, fn func(Tx) error) (Commit, error) 
 	if err := fn(t); err != nil {
 		return Commit{}, err
 	}
-	if err := t.finish(m.opts.LogSize); err != nil {
+	if err := t.finish(m.opts.LogSize, m.opts.LogBytes); err != nil {
 		return Commit{}, err
 	}
 	if s.next != nil {
@@ -140,6 +140,8 @@ func (s *memKV) writable(bucket []byte) map[string][]byte {
 }
 
 func (s *memKV) get(bucket, key []byte) []byte { return s.current()[string(bucket)][string(key)] }
+
+func (s *memKV) peek(bucket, key []byte) []byte { return s.get(bucket, key) }
 
 func (s *memKV) put(bucket, key, value []byte) error {
 	s.writable(bucket)[string(key)] = bytes.Clone(value)

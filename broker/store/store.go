@@ -38,18 +38,34 @@ var ErrClosed = errors.New("store is closed")
 
 // Options tune a store; zero values take the defaults.
 type Options struct {
-	// LogSize is how many events the log keeps for resuming watchers (default 10,000).
-	LogSize int
-	// WatchBuffer is how many batches a watcher may lag behind before it is dropped (default 1,024).
-	WatchBuffer int
+	// LogSize is how many events the log keeps for resuming watchers (default 10,000), and
+	// LogBytes how large they may be, encoded (default 16 MiB): the oldest go when either is
+	// reached. A watcher that resumes from a revision the log no longer holds gets a snapshot.
+	// (Etcd keeps the log in every replica's memory, and a resuming watcher decodes it: counted
+	// only, 10,000 events of exports at the largest a node may send are gigabytes.)
+	LogSize  int
+	LogBytes int
+	// WatchBuffer is how many batches a watcher may lag behind before it is dropped (default
+	// 1,024), and WatchBufferBytes how large they may be, encoded as the watcher gets them
+	// (default 16 MiB; a watcher that received every batch takes the next however large). The
+	// batches a watcher has not received stay in memory for it: counted only, one that stopped
+	// reading held 1,024 commits of whatever size. A dropped watcher resumes from its revision.
+	WatchBuffer      int
+	WatchBufferBytes int
 }
 
 func (o Options) withDefaults() Options {
 	if o.LogSize <= 0 {
 		o.LogSize = 10000
 	}
+	if o.LogBytes <= 0 {
+		o.LogBytes = 16 << 20
+	}
 	if o.WatchBuffer <= 0 {
 		o.WatchBuffer = 1024
+	}
+	if o.WatchBufferBytes <= 0 {
+		o.WatchBufferBytes = 16 << 20
 	}
 	return o
 }

@@ -35,6 +35,10 @@ var (
 
 	keyRevision  = []byte("revision")
 	keyCompacted = []byte("compacted")
+	// keyLogBytes is the size of the events the log holds (compacted, revision], with the
+	// revision it was counted at: 16 bytes, both big-endian. A log written by a broker that did
+	// not keep it (or that another revision of the store has moved on since) is counted again.
+	keyLogBytes = []byte("logBytes")
 )
 
 // kv is the ordered key-value space one transaction of a backend sees: the named buckets above,
@@ -47,6 +51,10 @@ type kv interface {
 	// scan calls fn for every key >= from (nil: from the first) in byte order, until fn returns
 	// an error, which scan returns.
 	scan(bucket, from []byte, fn func(k, v []byte) error) error
+	// peek is get without recording the read as one the transaction depends on (Etcd compares
+	// what a transaction read when it commits). Only for the event log and its size, which only
+	// commits that bump the revision write: those compare the revision, which covers them.
+	peek(bucket, key []byte) []byte
 }
 
 // txn implements Tx over a kv: the revision bookkeeping, the events and the log, written once for
@@ -449,14 +457,19 @@ func checkClaimAddress(s string) error {
 	return nil
 }
 
-// finish records the revision and the events of the transaction and trims the log to logSize.
-func (t *txn) finish(logSize int) error {
+// finish records the revision and the events of the transaction and trims the log to its newest
+// logSize events and logBytes bytes (encoded; at least the oldest event goes when the log is
+// past either, so a single event larger than logBytes is not kept either).
+func (t *txn) finish(logSize, logBytes int) error {
 	if len(t.events) == 0 {
 		return nil
 	}
 	if err := t.kv.put(bucketMeta, keyRevision, u64Key(t.rev)); err != nil {
 		return err
 	}
+	// Revisions are contiguous, so the log holds exactly (compacted, rev].
+	compacted := getU64(t.kv, keyCompacted)
+	size := t.logBytesBefore(compacted, t.events[0].Revision-1)
 	for _, ev := range t.events {
 		b, err := proto.Marshal(ev)
 		if err != nil {
@@ -465,22 +478,43 @@ func (t *txn) finish(logSize int) error {
 		if err := t.kv.put(bucketEvents, u64Key(ev.Revision), b); err != nil {
 			return err
 		}
+		size += uint64(len(b))
 	}
-	if t.rev <= uint64(logSize) {
-		return nil
-	}
-	// Revisions are contiguous, so the log holds exactly (compacted, rev]; keep the newest logSize.
-	keepFrom := t.rev - uint64(logSize) + 1
-	compacted := getU64(t.kv, keyCompacted)
-	if keepFrom-1 <= compacted {
-		return nil
-	}
-	for r := compacted + 1; r < keepFrom; r++ {
-		if err := t.kv.delete(bucketEvents, u64Key(r)); err != nil {
+	for compacted < t.rev && (t.rev-compacted > uint64(logSize) || size > uint64(logBytes)) {
+		compacted++
+		key := u64Key(compacted)
+		size -= min(size, uint64(len(t.kv.peek(bucketEvents, key))))
+		if err := t.kv.delete(bucketEvents, key); err != nil {
 			return err
 		}
 	}
-	return t.kv.put(bucketMeta, keyCompacted, u64Key(keepFrom-1))
+	if err := t.kv.put(bucketMeta, keyLogBytes, logBytesValue(t.rev, size)); err != nil {
+		return err
+	}
+	if compacted == getU64(t.kv, keyCompacted) {
+		return nil
+	}
+	return t.kv.put(bucketMeta, keyCompacted, u64Key(compacted))
+}
+
+// logBytesBefore is the size of the logged events (compacted, rev], rev being the revision
+// before this transaction's: as recorded when it was recorded at rev, else counted.
+func (t *txn) logBytesBefore(compacted, rev uint64) uint64 {
+	if v := t.kv.peek(bucketMeta, keyLogBytes); len(v) == 16 && binary.BigEndian.Uint64(v) == rev {
+		return binary.BigEndian.Uint64(v[8:])
+	}
+	var n uint64
+	for r := compacted + 1; r <= rev; r++ {
+		n += uint64(len(t.kv.peek(bucketEvents, u64Key(r))))
+	}
+	return n
+}
+
+func logBytesValue(rev, size uint64) []byte {
+	b := make([]byte, 16)
+	binary.BigEndian.PutUint64(b, rev)
+	binary.BigEndian.PutUint64(b[8:], size)
+	return b
 }
 
 // firstBatch is what a watch from since starts with: the logged events after since when the log

@@ -50,6 +50,7 @@ import (
 	"time"
 
 	"github.com/cablemesh/cablemesh/broker"
+	"github.com/cablemesh/cablemesh/broker/admission"
 	"github.com/cablemesh/cablemesh/broker/meshaddr"
 	"github.com/cablemesh/cablemesh/cable"
 	_ "github.com/cablemesh/cablemesh/cable/drivers" // registers every driver: the default policy's and what endpoints publish are checked against them
@@ -82,7 +83,17 @@ func run(args []string, stderr io.Writer) int {
 	etcdKey := fs.String("etcd-key", "", "client key for etcd")
 	metricsListen := fs.String("metrics-listen", "", "address to serve /metrics, /healthz and /readyz on over plain HTTP, e.g. 127.0.0.1:9465 (default: none)")
 	pprof := fs.Bool("pprof", false, "also serve Go's profiles at /debug/pprof/ on --metrics-listen (they expose the process's internals: keep that address private)")
+	var quota admission.ExportQuota
+	fs.IntVar(&quota.Services, "max-services-per-cluster", admission.DefaultQuotaServices, "most services (namespace/name) the nodes of one cluster may export together")
+	fs.IntVar(&quota.Endpoints, "max-endpoints-per-cluster", admission.DefaultQuotaEndpoints, "most endpoints the exports of one cluster's nodes may have together")
+	fs.IntVar(&quota.ServiceMapEntries, "max-service-map-entries-per-cluster", admission.DefaultQuotaServiceMapEntries,
+		"most entries of an importer's load balancer service map the exports of one cluster may need: ports x (endpoints + VIPs) of each export (an importer's map holds 65536 by default)")
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if quota.Services < 1 || quota.Endpoints < 1 || quota.ServiceMapEntries < 1 {
+		fmt.Fprintf(stderr, "cable-broker: --max-services-per-cluster %d, --max-endpoints-per-cluster %d, --max-service-map-entries-per-cluster %d: each must be at least 1\n",
+			quota.Services, quota.Endpoints, quota.ServiceMapEntries)
 		return 2
 	}
 	if fs.NArg() > 0 {
@@ -146,7 +157,7 @@ func run(args []string, stderr io.Writer) int {
 	slog.SetDefault(log)
 
 	srv, err := broker.New(broker.Config{DataDir: *dataDir, Listen: *listen, Lease: *lease, Logger: log, DefaultCableDriver: driver,
-		ServiceVIPRanges: vipRanges, MeshAddressRange: meshAddrs, Etcd: etcdCfg})
+		ServiceVIPRanges: vipRanges, MeshAddressRange: meshAddrs, Etcd: etcdCfg, ExportQuota: quota})
 	if err != nil {
 		log.Error("start broker", "err", err)
 		return 1

@@ -26,6 +26,8 @@ func TestBadUsageExitsTwoBeforeTouchingTheDataDir(t *testing.T) {
 		{"an etcd endpoint that is not a URL", []string{"--data-dir", "/nonexistent/x", "--etcd-endpoints", "10.0.0.1:2379"}, `--etcd-endpoints: "10.0.0.1:2379" is not http(s)://host:port`},
 		{"an etcd prefix without its slashes", []string{"--data-dir", "/nonexistent/x", "--etcd-endpoints", "http://10.0.0.1:2379", "--etcd-prefix", "mesh"}, `--etcd-prefix "mesh": must start and end with /`},
 		{"an HA flag without etcd", []string{"--data-dir", "/nonexistent/x", "--advertise-address", "10.0.0.1:7443"}, "need --etcd-endpoints"},
+		{"a cluster quota of 0", []string{"--data-dir", "/nonexistent/x", "--max-endpoints-per-cluster", "0"}, "--max-endpoints-per-cluster 0"},
+		{"a negative cluster quota", []string{"--data-dir", "/nonexistent/x", "--max-services-per-cluster", "-1"}, "--max-services-per-cluster -1"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -182,6 +182,9 @@ type serviceDescribeView struct {
 	// Datapath says where the per-endpoint inLocalMaps come from; empty when describe asked only
 	// the broker.
 	Datapath string `json:"datapath,omitempty"`
+	// LoadBalancerRefused is why the local agent's maps do not hold the service (they are
+	// full); set only when describe asked an agent.
+	LoadBalancerRefused string `json:"loadBalancerRefused,omitempty"`
 }
 
 // serviceClusterView is one exporting cluster's part of a service.
@@ -220,6 +223,8 @@ type backendKey struct {
 type localBackends struct {
 	Source string
 	Held   map[backendKey]bool
+	// Refused is why the agent's maps do not hold the service (they are full); empty when they do.
+	Refused string
 }
 
 func newServiceDescribeCmd(f *adminFlags) *cobra.Command {
@@ -285,7 +290,7 @@ func describeService(imp *apiv1.ServiceImport, exports []*apiv1.ServiceExport, i
 		Revision: revision,
 	}
 	if local != nil {
-		v.Datapath = local.Source
+		v.Datapath, v.LoadBalancerRefused = local.Source, local.Refused
 	}
 	// The nodes of each cluster that export it, and the exports of conflicting clusters.
 	byCluster := map[string][]*apiv1.ServiceExport{}
@@ -381,6 +386,9 @@ func printServiceDescribe(w io.Writer, format string, v serviceDescribeView) err
 	fmt.Fprintf(tw, "Revision:\t%d\n", v.Revision)
 	if v.Datapath != "" {
 		fmt.Fprintf(tw, "Datapath:\t%s\n", v.Datapath)
+	}
+	if v.LoadBalancerRefused != "" {
+		fmt.Fprintf(tw, "Load balancer:\tREFUSED: %s\n", v.LoadBalancerRefused)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -345,6 +345,7 @@ func agentBackends(ctx context.Context, socket, namespace, name string) (*localB
 		if imp.Namespace != namespace || imp.Name != name {
 			continue
 		}
+		lb.Refused = imp.LoadBalancerRefused
 		for _, c := range imp.Clusters {
 			for _, b := range c.Backends {
 				hostPort, _, _ := strings.Cut(b, "/")
@@ -365,6 +366,10 @@ func printServicesSection(w io.Writer, s *statusapi.Services, wide bool) error {
 	lbState := "not running"
 	if s.LoadBalancer.Running {
 		lbState = fmt.Sprintf("cgroup %s, %s in the maps, %s destroyed", s.LoadBalancer.CgroupPath, count(s.LoadBalancer.Services, "service"), count(int(s.LoadBalancer.SocketsDestroyed), "socket"))
+	}
+	if s.LoadBalancer.Refused > 0 {
+		lbState += fmt.Sprintf(", %s refused: the maps (%d service, %d backend entries) are full", count(s.LoadBalancer.Refused, "import"),
+			s.LoadBalancer.ServiceMapEntries, s.LoadBalancer.BackendMapEntries)
 	}
 	if s.LoadBalancer.Error != "" {
 		lbState += " (error: " + s.LoadBalancer.Error + ")"
@@ -424,6 +429,9 @@ func printServicesSection(w io.Writer, s *statusapi.Services, wide bool) error {
 			}
 			for _, c := range imp.Conflicts {
 				fmt.Fprintf(w, "  %s/%s conflict, %s's export left out (%s): %s\n", imp.Namespace, imp.Name, c.Cluster, c.Field, c.Message)
+			}
+			if imp.LoadBalancerRefused != "" {
+				fmt.Fprintf(w, "  %s/%s NOT IN THE LOAD BALANCER: %s\n", imp.Namespace, imp.Name, imp.LoadBalancerRefused)
 			}
 		}
 	}

@@ -24,7 +24,7 @@ func TestAJoinTokenIsOneTime(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, east.Agent.Log())
 	}
-	// The gateway registers up to a second after it joined (the first registration's jitter):
+	// The gateway registers only once its drivers are up, a moment after it joined:
 	// wait for its endpoint, so that "kept its endpoint" below means kept, not not yet there.
 	err = harness.WaitFor(30*time.Second, 100*time.Millisecond, func() (bool, string) {
 		for _, cv := range clusterList(t, m) {

@@ -38,8 +38,10 @@ func Run(t *testing.T, open Open) {
 		{"TouchingAnAbsentEndpointFails", touchingAnAbsentEndpointFails},
 		{"StateSurvivesCloseAndReopen", stateSurvivesCloseAndReopen},
 		{"WatchResumesFromTheLogOrFallsBackToASnapshot", watchResumesFromTheLogOrFallsBackToASnapshot},
+		{"TheLogKeepsAtMostLogBytes", theLogKeepsAtMostLogBytes},
 		{"WatchDeliversLaterCommitsInOrder", watchDeliversLaterCommitsInOrder},
 		{"ASlowWatcherIsDroppedWithoutBlockingWriters", aSlowWatcherIsDroppedWithoutBlockingWriters},
+		{"AWatcherThatLagsByWatchBufferBytesIsDropped", aWatcherThatLagsByWatchBufferBytesIsDropped},
 		{"AWatchEndsWithItsContextAndWithTheStore", aWatchEndsWithItsContextAndWithTheStore},
 		{"AClosedStoreRefusesWritesAndWatches", aClosedStoreRefusesWritesAndWatches},
 		{"PoliciesAreRevisionedWatchedAndSurviveReopen", policiesAreRevisionedWatchedAndSurviveReopen},
@@ -256,6 +258,58 @@ func watchResumesFromTheLogOrFallsBackToASnapshot(t *testing.T, open Open) {
 	}
 }
 
+// bigExport is export shop/<name> of east/gw1 with n endpoints.
+func bigExport(name string, n int) *apiv1.ServiceExport {
+	e := &apiv1.ServiceExport{Cluster: "east", Node: "gw1", Namespace: "shop", Name: name}
+	for i := range n {
+		e.Endpoints = append(e.Endpoints, &apiv1.ServiceEndpoint{Ip: fmt.Sprintf("10.1.%d.%d", i>>8, i&0xff), Ready: true})
+	}
+	return e
+}
+
+func putExport(t *testing.T, s store.Store, e *apiv1.ServiceExport) store.Commit {
+	t.Helper()
+	c, err := s.Update(context.Background(), func(tx store.Tx) error { return tx.PutServiceExport(e) })
+	if err != nil {
+		t.Fatalf("put export %s: %v", e.Name, err)
+	}
+	return c
+}
+
+// theLogKeepsAtMostLogBytes: the log is bounded by the size of its events too, not only by
+// their count; a watcher that resumes from beyond it gets a snapshot, one within it the deltas.
+func theLogKeepsAtMostLogBytes(t *testing.T, open Open) {
+	scratch, _ := open(t, store.Options{})
+	size := proto.Size(putExport(t, scratch, bigExport("s1", 100)).Events[0]) // every event below is this size
+	s, _ := open(t, store.Options{LogBytes: 3*size + size/2})
+	for i := 1; i <= 6; i++ { // revisions 1..6; the log keeps 4..6
+		putExport(t, s, bigExport(fmt.Sprintf("s%d", i), 100))
+	}
+	first := func(since uint64) store.Batch {
+		t.Helper()
+		w, err := s.Watch(t.Context(), since)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return <-w.C()
+	}
+	if b := first(3); b.Snapshot || len(b.Events) != 3 || b.Events[0].Revision != 4 {
+		t.Fatalf("since 3: snapshot=%v, %d events; want the 3 deltas 4..6 the log holds", b.Snapshot, len(b.Events))
+	}
+	if b := first(2); !b.Snapshot || len(b.Events) != 6 {
+		t.Fatalf("since 2: snapshot=%v, %d events; want a snapshot of 6 exports (event 3 is beyond the log's bytes)", b.Snapshot, len(b.Events))
+	}
+	// An event larger than the log's bytes alone is not kept: resuming before it is a snapshot.
+	putExport(t, s, bigExport("huge", 1000))
+	if b := first(6); !b.Snapshot || len(b.Events) != 7 || b.Revision != 7 {
+		t.Fatalf("since 6 after a large event: snapshot=%v, %d events, revision %d; want a snapshot of 7 exports at 7", b.Snapshot, len(b.Events), b.Revision)
+	}
+	putExport(t, s, bigExport("s7", 100))
+	if b := first(7); b.Snapshot || len(b.Events) != 1 || b.Events[0].Revision != 8 {
+		t.Fatalf("since 7: snapshot=%v, %d events; want the delta 8", b.Snapshot, len(b.Events))
+	}
+}
+
 func watchDeliversLaterCommitsInOrder(t *testing.T, open Open) {
 	s, _ := open(t, store.Options{})
 	putCluster(t, s, "east", 1)
@@ -300,6 +354,47 @@ func aSlowWatcherIsDroppedWithoutBlockingWriters(t *testing.T, open Open) {
 	}
 	if !errors.Is(w.Err(), store.ErrWatcherTooSlow) || n != 3 {
 		t.Fatalf("slow watcher got %d batches then err %v; want 3 (snapshot + 2 buffered) then ErrWatcherTooSlow", n, w.Err())
+	}
+}
+
+// aWatcherThatLagsByWatchBufferBytesIsDropped: a watcher that does not read is dropped once the
+// batches it has not received are larger than WatchBufferBytes, however few they are; one that
+// reads along gets every batch, even one larger than that alone.
+func aWatcherThatLagsByWatchBufferBytesIsDropped(t *testing.T, open Open) {
+	scratch, _ := open(t, store.Options{})
+	size := proto.Size(putExport(t, scratch, bigExport("s1", 100)).Events[0]) // every event below but "huge" is this size
+	s, _ := open(t, store.Options{WatchBufferBytes: 3*size + size/2})
+	// Ended after the writes, so that a watcher that is never dropped ends too (with another error).
+	slowCtx, endSlow := context.WithCancel(t.Context())
+	defer endSlow()
+	slow, err := s.Watch(slowCtx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reader, err := s.Watch(t.Context(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := <-reader.C(); !b.Snapshot {
+		t.Fatal("first batch is not a snapshot")
+	}
+	for i := 1; i <= 5; i++ {
+		putExport(t, s, bigExport(fmt.Sprintf("s%d", i), 100))
+		if b, ok := <-reader.C(); !ok || b.Revision != uint64(i) {
+			t.Fatalf("reader: batch of revision %d (open %v), want %d; err %v", b.Revision, ok, i, reader.Err())
+		}
+	}
+	c := putExport(t, s, bigExport("huge", 1000))
+	if b, ok := <-reader.C(); !ok || b.Revision != c.Revision {
+		t.Fatalf("reader: batch of revision %d (open %v), want the large one, %d; err %v", b.Revision, ok, c.Revision, reader.Err())
+	}
+	endSlow()
+	n := 0
+	for range slow.C() {
+		n++
+	}
+	if !errors.Is(slow.Err(), store.ErrWatcherTooSlow) || n != 4 {
+		t.Fatalf("a watcher that did not read got %d batches then err %v; want 4 (the snapshot and the 3 deltas within the bytes) then ErrWatcherTooSlow", n, slow.Err())
 	}
 }
 

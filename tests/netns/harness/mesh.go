@@ -82,6 +82,9 @@ type Cluster struct {
 	// Hostname, when set, is the gateway's host name: its agent runs in a UTS namespace of its
 	// own (`unshare --uts`) named so. Default: the host's.
 	Hostname string
+	// DNSExtra are flow-mapping entries added to the gateway's dns block (`upstream: ...`;
+	// with `listen: ...` it replaces the default listen address). Set it before WriteConfig.
+	DNSExtra string
 
 	GwNS, PodNS   string
 	GwUnderlay    netip.Addr // the gateway's underlay address (its advertiseAddress)
@@ -111,12 +114,20 @@ func RequireRoot(t testing.TB) {
 func New(t testing.TB) *Mesh {
 	t.Helper()
 	RequireRoot(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	bins, err := Build(ctx)
+	bins, err := Build(context.Background())
 	if err != nil {
-		cancel()
 		t.Fatalf("%v", err)
 	}
+	return NewWithBinaries(t, bins)
+}
+
+// NewWithBinaries is New running the given binaries instead of the test's build: a benchmark
+// runs an earlier build side by side with the current one.
+func NewWithBinaries(t testing.TB, bins Binaries) *Mesh {
+	t.Helper()
+	RequireRoot(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	var err error
 	m := &Mesh{T: t, Ctx: ctx, cancel: cancel, Bin: bins, Prefix: NewPrefix(), clusters: map[string]*Cluster{}, nextHost: 10}
 	if err := ClaimPrefix(m.Prefix); err != nil {
 		cancel()
@@ -370,7 +381,7 @@ podCIDRs: [%s]
 statusSocket: %s
 wireguard: {interface: %s, port: %d}
 %s%s`, c.Name, node, c.m.BrokerAddress(), c.TokenPath, c.StateDir, c.GwUnderlay, c.PodCIDR,
-		c.StatusSocket, c.WGInterface, WGPort, c.m.datapathConfig(c.Name+"-gw", c.GwPodIP), extra)
+		c.StatusSocket, c.WGInterface, WGPort, c.m.datapathConfigDNS(c.Name+"-gw", c.GwPodIP, c.DNSExtra), extra)
 }
 
 // WriteConfig writes the agent config (extra appended verbatim, for malformed-config tests).

@@ -164,8 +164,20 @@ func sweepStaleDatapath(dir string) bool {
 
 // datapathConfig is the services part of a node's agent config.
 func (m *Mesh) datapathConfig(node string, dnsListen netip.Addr) string {
+	return m.datapathConfigDNS(node, dnsListen, "")
+}
+
+// datapathConfigDNS is datapathConfig with dnsExtra (flow-mapping entries, e.g.
+// `upstream: "172.31.0.1:53"`) added to the dns block; a dnsExtra that sets listen itself
+// replaces the default listen address.
+func (m *Mesh) datapathConfigDNS(node string, dnsListen netip.Addr, dnsExtra string) string {
 	s := fmt.Sprintf("cgroupPath: %s\nbpfPinDir: %s\n", m.NodeCgroup(node), filepath.Join(m.BPFFS, node))
-	if dnsListen.IsValid() {
+	switch {
+	case strings.Contains(dnsExtra, "listen:"):
+		s += fmt.Sprintf("dns: {%s}\n", dnsExtra)
+	case dnsListen.IsValid() && dnsExtra != "":
+		s += fmt.Sprintf("dns: {listen: \"%s\", %s}\n", netip.AddrPortFrom(dnsListen, DNSPort), dnsExtra)
+	case dnsListen.IsValid():
 		s += fmt.Sprintf("dns: {listen: \"%s\"}\n", netip.AddrPortFrom(dnsListen, DNSPort))
 	}
 	return s

@@ -1,0 +1,76 @@
+package agent
+
+import (
+	"fmt"
+
+	"github.com/cablemesh/cablemesh/agent/statusapi"
+	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/mcs"
+)
+
+// ownExportScope is where this node's exports' endpoints may lie (mcs.EndpointScope): its
+// cluster's pod and service CIDRs as the broker's cluster record has them, and in gateway mode
+// its gateways' mesh addresses. false until the record is known (from the watch, its cache, or
+// Join): the broker then decides alone.
+func (a *Agent) ownExportScope() (mcs.EndpointScope, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	c := a.state.Clusters[a.cfg.Cluster]
+	if c == nil {
+		c = a.joinCluster
+	}
+	if c == nil {
+		return mcs.EndpointScope{}, false
+	}
+	var mesh []string
+	if c.GetGatewayMode() {
+		for _, ep := range a.state.Endpoints {
+			if ep.GetCluster() == a.cfg.Cluster && ep.GetMeshAddress() != "" {
+				mesh = append(mesh, ep.GetMeshAddress())
+			}
+		}
+		a.mesh.mu.Lock()
+		if a.mesh.registered.IsValid() {
+			mesh = append(mesh, a.mesh.registered.String())
+		}
+		a.mesh.mu.Unlock()
+	}
+	return mcs.ScopeOf(c, mesh), true
+}
+
+// checkExportScope refuses a runtime export, named field, when one of its endpoints (v's, in
+// the order the caller gave them, so that the index is the caller's) lies outside this cluster
+// (the broker would refuse the node's whole set of exports for it): the error names the field,
+// the value and the CIDRs.
+func (a *Agent) checkExportScope(field string, v statusapi.Export) error {
+	scope, known := a.ownExportScope()
+	if !known {
+		return nil
+	}
+	for i, ep := range v.Endpoints {
+		if err := scope.Check(fmt.Sprintf("%s.endpoints[%d].ip", field, i), ep.IP); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// kubeExportsInScope is the Kubernetes source's exports without their endpoints outside scope
+// (known false: all of them, unchanged), and a message per endpoint left out. Kubernetes decides
+// those endpoints (a hostNetwork pod's is its node's address), so one of them leaves that
+// endpoint out rather than the whole service, and never makes the broker refuse the node's set.
+func kubeExportsInScope(scope mcs.EndpointScope, known bool, list []*apiv1.ServiceExport) ([]*apiv1.ServiceExport, []string) {
+	if !known {
+		return list, nil
+	}
+	out := make([]*apiv1.ServiceExport, 0, len(list))
+	var msgs []string
+	for _, e := range list {
+		kept, dropped := scope.InScope(e)
+		for _, d := range dropped {
+			msgs = append(msgs, fmt.Sprintf("Kubernetes export %s: %s", mcs.Key(e.GetNamespace(), e.GetName()), d))
+		}
+		out = append(out, kept)
+	}
+	return out, msgs
+}
