@@ -13,7 +13,7 @@ NETNS_TIMEOUT ?= 40m
 # kernel fails instead of skipping.
 VM_TIMEOUT ?= 45m
 
-.PHONY: all build deps test lint check-bpf unit-test netns-test vm-test demo demo-down bench bench-services bench-dns bench-scale bench-xds bench-ingress bench-start fuzz generate fmt vet clean
+.PHONY: all build deps deps-demo deps-test deps-bench test lint check-bpf unit-test netns-test vm-test demo demo-down bench bench-services bench-dns bench-scale bench-xds bench-ingress bench-start fuzz generate fmt vet clean
 
 all: build
 
@@ -24,10 +24,23 @@ build:
 	@mkdir -p $(BIN)
 	$(GO) build -ldflags "-X github.com/cablemesh/cablemesh/internal/version.Version=$(VERSION)" -o $(BIN)/ $(addprefix ./cmd/,$(BINARIES))
 
+# The external programs each stage runs are listed once, in scripts/deps.list (program, Debian
+# package, stages); install-deps.sh installs a profile's missing ones and then fails naming any
+# program still missing and its package. deps: everything (demo, test and bench).
 deps:
 	./scripts/install-deps.sh
 
-test: deps build lint check-bpf unit-test netns-test vm-test
+deps-demo:
+	./scripts/install-deps.sh demo
+
+# The tests' set, and the VM stage's guest kernel (scripts/vm/install-kernel.sh).
+deps-test:
+	./scripts/install-deps.sh test
+
+deps-bench:
+	./scripts/install-deps.sh bench
+
+test: deps-test build lint check-bpf unit-test netns-test vm-test
 
 # The committed eBPF objects must be what the C sources compile to: where clang is installed,
 # rebuild them and fail on any difference.
@@ -51,7 +64,10 @@ netns-test: build
 vm-test: build
 	CABLEMESH_BIN=$(BIN) CABLEMESH_VM_REQUIRED=1 $(GO) test -v -count=1 -timeout $(VM_TIMEOUT) ./tests/vm/...
 
-demo: deps build
+# The demo installs only what it runs (a few small packages), not the tests' set; the install
+# (disk and network) and the build (CPU) run at once.
+demo:
+	$(MAKE) --no-print-directory -j2 deps-demo build
 	./scripts/demo.sh
 
 demo-down:
@@ -59,7 +75,7 @@ demo-down:
 
 # Benchmarks (root): throughput and RTT over each cable driver vs the raw underlay, and the
 # issue-2 WireGuard figure; results in bench/results/. BENCH_RUN='^TestDrivers$' runs one.
-bench: deps build
+bench: deps-bench build
 	./bench/throughput.sh
 	$(MAKE) bench-services
 	$(MAKE) bench-dns
@@ -69,32 +85,32 @@ bench: deps build
 
 # Services (root): connect latency and request/response rate through a VIP vs the same backend
 # directly, and failover time over 10 trials; results in bench/results/services-<date>.*.
-bench-services: deps build
+bench-services: deps-bench build
 	BENCH_RUN='^TestServices$$' ./bench/throughput.sh
 
 # The agent's DNS server against dnsmasq serving the same names, dnsperf as the load (no root).
-bench-dns: deps
+bench-dns: deps-bench
 	$(GO) test -tags bench -run '^TestDNS$$' -v -count=1 -timeout 30m ./bench/dns/
 
 # The broker under a fleet of simulated agents starting at once (no root): 1,000 and 5,000 agents,
 # bbolt and etcd; results in bench/results/scale-<date>.*. Knobs: CABLEMESH_SCALE_* (bench/scale/doc.go).
-bench-scale: deps build
+bench-scale: deps-bench build
 	CABLEMESH_BIN=$(abspath $(BIN)) $(GO) test -tags bench -run '^TestScale$$' -v -count=1 -timeout 120m ./bench/scale/
 
 # The agent's xDS server: export change to client ACK at 10, 100 and 1,000 services against a
 # prebuilt-snapshot anchor, and the snapshot build at 1,000 x 10; results in bench/results/xds-<date>.*.
-bench-xds: deps
+bench-xds: deps-bench
 	$(GO) test -tags bench -run '^TestXDS$$' -v -count=1 -timeout 30m ./bench/xds/
 
 # The kernel ingress of gateway mode (root): pod-to-pod over a kernel VXLAN cable directly vs
 # through both gateways' nftables SNAT/DNAT, iperf3 throughput and TCP connect p50/p99;
 # results in bench/results/ingress-<date>.*. Knobs: INGRESS_BENCH_* (bench/ingress/doc.go).
-bench-ingress: deps
+bench-ingress: deps-bench
 	$(GO) test -tags bench -run '^TestIngress$$' -v -count=1 -timeout 30m ./bench/ingress/
 
 # A new pair's first packets (root): 20 fresh two-cluster starts each of the previous build
 # (built from git, CABLEMESH_START_PREVIOUS_REV) and this one, interleaved; bench/pairstart.md.
-bench-start: deps build
+bench-start: deps-bench build
 	./bench/pairstart.sh
 
 # Fuzz every fuzz target of the module (scripts/fuzz.sh finds them) for FUZZTIME each (not part

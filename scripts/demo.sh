@@ -23,6 +23,8 @@ if [ "$(id -u)" -ne 0 ]; then
 	echo "demo: run as root (it creates network namespaces)" >&2
 	exit 1
 fi
+# The programs the demo runs (scripts/deps.list, stage demo): name what is missing, up front.
+"$ROOT/scripts/install-deps.sh" --check demo || exit 1
 for b in cable-broker cable-agent cablectl; do
 	if [ ! -x "$BIN/$b" ]; then
 		echo "demo: $BIN/$b is missing; run 'make build' (or 'make demo')" >&2
@@ -50,7 +52,9 @@ fi
 mkdir -p "$STATE/bpffs"
 mount -t bpf bpf "$STATE/bpffs"
 say "building the demo's service program (tcpcheck)"
-(cd "$ROOT" && go build -o "$STATE/tcpcheck" ./tests/netns/cmd/tcpcheck)
+# In the background, while the namespaces and the broker come up; waited for before the pods.
+(cd "$ROOT" && go build -o "$STATE/tcpcheck" ./tests/netns/cmd/tcpcheck) &
+tcpcheck_build=$!
 
 # in_pod NAME CMD...: CMD in the pod namespace of cluster NAME, inside its gateway's cgroup.
 in_pod() {
@@ -108,6 +112,8 @@ ip netns exec "$BRK" "$BIN/cablectl" --config "$ADMIN" cluster list >/dev/null |
 	tail -n 30 "$STATE/broker.log" >&2
 	exit 1
 }
+
+wait "$tcpcheck_build" || { echo "demo: building tests/netns/cmd/tcpcheck failed" >&2; exit 1; }
 
 idx=10
 for spec in "${CLUSTERS[@]}"; do
@@ -175,35 +181,57 @@ say "waiting for every tunnel to be connected"
 deadline=$((SECONDS + 120))
 while :; do
 	all=1
+	nudges=()
 	for spec in "${CLUSTERS[@]}"; do
 		name=${spec%%=*}
 		if ! connected "$name"; then
 			all=0
-			# WireGuard hands shake on traffic: nudge each peer.
+			# WireGuard hands shake on traffic: nudge each peer (all at once).
 			for other in "${CLUSTERS[@]}"; do
 				[ "${other%%=*}" = "$name" ] && continue
-				ip netns exec "${P}${name}-pod" ping -n -q -c 1 -W 1 "$(cidr_host "${other#*=}" 10)" >/dev/null 2>&1 || true
+				ip netns exec "${P}${name}-pod" ping -n -q -c 1 -W 1 "$(cidr_host "${other#*=}" 10)" >/dev/null 2>&1 &
+				nudges+=($!)
 			done
 		fi
 	done
+	[ ${#nudges[@]} -eq 0 ] || wait "${nudges[@]}" || true
 	[ $all = 1 ] && break
 	if [ $SECONDS -ge $deadline ]; then
 		echo "demo: not every tunnel connected after 120s; agent logs are in $STATE/agent-*.log" >&2
 		exit 1
 	fi
-	sleep 0.5
+	sleep 0.2
 done
 say "connected after ${SECONDS}s"
 
+# Every pod pings every other at once (each pair's result in its own file), then the results
+# are printed in order.
+mkdir -p "$STATE/ping"
+pairs=()
+pingers=()
 for spec in "${CLUSTERS[@]}"; do
 	name=${spec%%=*}
 	for other in "${CLUSTERS[@]}"; do
 		[ "${other%%=*}" = "$name" ] && continue
-		dst=$(cidr_host "${other#*=}" 10)
-		printf '%s pod -> %s pod (%s): ' "$name" "${other%%=*}" "$dst"
-		ip netns exec "${P}${name}-pod" ping -n -q -c 3 -i 0.2 -W 1 "$dst" | grep -o '[0-9]* received.*'
+		pairs+=("$name ${other%%=*} $(cidr_host "${other#*=}" 10)")
+		ip netns exec "${P}${name}-pod" ping -n -q -c 3 -i 0.2 -W 1 "$(cidr_host "${other#*=}" 10)" \
+			>"$STATE/ping/$name-${other%%=*}" 2>&1 &
+		pingers+=($!)
 	done
 done
+# Only the pings: the broker and the agents are children of this shell too.
+wait "${pingers[@]}" || true
+lost=0
+for pair in "${pairs[@]}"; do
+	read -r name other dst <<<"$pair"
+	result=$(grep -o '[0-9]* received.*' "$STATE/ping/$name-$other") || result="no reply: $(tail -n 1 "$STATE/ping/$name-$other")"
+	case $result in 0\ received* | no\ reply*) lost=1 ;; esac
+	printf '%s pod -> %s pod (%s): %s\n' "$name" "$other" "$dst" "$result"
+done
+if [ $lost = 1 ]; then
+	echo "demo: a pod could not reach another; agent logs are in $STATE/agent-*.log" >&2
+	exit 1
+fi
 
 for spec in "${CLUSTERS[@]}"; do
 	name=${spec%%=*}
@@ -219,7 +247,7 @@ until "$BIN/cablectl" status --socket "$STATE/north/agent.sock" -o json 2>/dev/n
 		echo "demo: north never got demo/web's backends; see $STATE/agent-north.log" >&2
 		exit 1
 	fi
-	sleep 0.5
+	sleep 0.2
 done
 echo
 echo "== dig web.demo.svc.clusterset.local (from north's pod, through its gateway agent's DNS)"

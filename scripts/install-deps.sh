@@ -1,63 +1,111 @@
 #!/usr/bin/env bash
-# Installs the system tools the netns tests, the demo and the benchmark need (iperf3, ping, ip and
-# bridge, strongSwan's charon and swanctl for the ipsec cable), only those that are missing.
-# Idempotent and non-interactive; a no-op on a machine that has them.
+# Installs the external programs of scripts/deps.list (the one list: program, Debian package,
+# stages) that the given profiles need and that are missing, then checks them all: it exits 1
+# naming each program still missing and the package that provides it. Idempotent and
+# non-interactive; a no-op on a machine that has them.
+#
+# Usage: install-deps.sh [--check | --packages] [PROFILE...]
+#   demo   what `make demo` runs (a few small packages)
+#   test   what `make test` runs: the stages unit, netns, vm and run, and the VM stage's guest kernel
+#   bench  what `make bench*` runs: the stages bench, netns and run (the benches build meshes)
+#   gen, image, or a stage's name (unit, netns, vm, run)
+#   none   demo test bench
+#   --check     install nothing; exit 1 naming each missing program and its package
+#   --packages  print the apt packages of the profiles (installed or not) and exit
 set -euo pipefail
 
-need=()
-command -v iperf3 >/dev/null 2>&1 || need+=(iperf3)
-command -v ping >/dev/null 2>&1 || need+=(iputils-ping)
-# ip and bridge (the netns tests read VXLAN FDB entries with `bridge fdb`) both come with iproute2.
-if ! command -v ip >/dev/null 2>&1 || ! command -v bridge >/dev/null 2>&1; then
-	need+=(iproute2)
+here=$(cd "$(dirname "$0")" && pwd)
+list=$here/deps.list
+
+mode=install
+case ${1:-} in
+--check) mode=check; shift ;;
+--packages) mode=packages; shift ;;
+esac
+profiles=("$@")
+[ ${#profiles[@]} -gt 0 ] || profiles=(demo test bench)
+
+selected=" "
+kernel=0
+for p in "${profiles[@]}"; do
+	case $p in
+	test) selected+="unit netns vm run "; kernel=1 ;;
+	bench) selected+="bench netns run " ;;
+	vm) selected+="vm "; kernel=1 ;;
+	demo | unit | netns | run | gen | image) selected+="$p " ;;
+	*)
+		echo "install-deps: unknown profile '$p' (want demo, test, bench, gen, image, or a stage: unit, netns, vm, run)" >&2
+		exit 2
+		;;
+	esac
+done
+
+# entries [all]: the list's entries for the selected stages, as "NAME PACKAGE KIND" lines; only
+# the missing ones unless the argument is "all". Optional programs (not packaged) are left out.
+entries() {
+	local name pkg stages kind s want
+	while read -r name pkg stages kind; do
+		case $name in '' | \#*) continue ;; esac
+		kind=${kind:-apt}
+		[ "$kind" != optional ] || continue
+		want=0
+		for s in ${stages//,/ }; do
+			case $selected in *" $s "*) want=1 ;; esac
+		done
+		[ $want = 1 ] || continue
+		if [ "${1:-}" != all ]; then
+			if [[ $name == /* ]]; then
+				[ ! -e "$name" ] || continue
+			else
+				! command -v "$name" >/dev/null 2>&1 || continue
+			fi
+		fi
+		echo "$name $pkg $kind"
+	done <"$list"
+}
+
+packages() { awk '$2 != "-" {print $2}' | LC_ALL=C sort -u; }
+
+if [ $mode = packages ]; then
+	entries all | packages
+	exit 0
 fi
-# The ipsec cable driver: charon, its vici plugin, kernel-libipsec (userspace ESP where the kernel
-# has none) and the openssl plugin. See cable/ipsec/DEPENDENCIES.md.
-[ -x /usr/lib/ipsec/charon ] || need+=(strongswan-charon)
-command -v swanctl >/dev/null 2>&1 || need+=(strongswan-swanctl)
-[ -e /usr/lib/ipsec/plugins/libstrongswan-kernel-libipsec.so ] || need+=(libcharon-extra-plugins)
-[ -e /usr/lib/ipsec/plugins/libstrongswan-openssl.so ] || need+=(libstrongswan-standard-plugins)
 
-# DNS: dig for the tests and the demo; dnsmasq (the -base package: no system service on port 53) and
-# dnsperf for the DNS benchmark's anchor and load.
-command -v dig >/dev/null 2>&1 || need+=(bind9-dnsutils)
-command -v dnsmasq >/dev/null 2>&1 || need+=(dnsmasq-base)
-command -v dnsperf >/dev/null 2>&1 || need+=(dnsperf)
-# HA on etcd: the etcd store's tests and tests/netns/ha_test.go run real etcd members; etcdctl
-# lets the HA test find the etcd leader to kill.
-command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
-command -v etcdctl >/dev/null 2>&1 || need+=(etcd-client)
-# eBPF: clang and llvm-strip rebuild the committed objects (make generate; make test checks they
-# are current), libbpf-dev and linux-libc-dev hold the headers, bpftool is for inspecting them.
-command -v clang >/dev/null 2>&1 || need+=(clang)
-command -v llvm-strip >/dev/null 2>&1 || need+=(llvm)
-[ -e /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
-[ -e /usr/include/linux/bpf.h ] || need+=(linux-libc-dev)
-command -v bpftool >/dev/null 2>&1 || need+=(bpftool)
-
-# The VM stage (tests/vm): qemu, kmod (depmod for the guest kernel's modules; the guest's modprobe),
-# and wg (the tests read the guest's kernel WireGuard devices with it).
-command -v qemu-system-x86_64 >/dev/null 2>&1 || need+=(qemu-system-x86)
-command -v depmod >/dev/null 2>&1 || need+=(kmod)
-command -v wg >/dev/null 2>&1 || need+=(wireguard-tools)
-
-# The deploy tests: kubectl (apply --dry-run=client of the install output), systemd-analyze
-# (verify the units), iptables (the diagnose netns test firewalls a cable port with it).
-command -v kubectl >/dev/null 2>&1 || need+=(kubernetes-client)
-command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
-command -v iptables >/dev/null 2>&1 || need+=(iptables)
-
-if [ ${#need[@]} -gt 0 ]; then
-	if [ "$(id -u)" -ne 0 ]; then
-		echo "install-deps: missing ${need[*]}; run as root (or install them) to continue" >&2
-		exit 1
+missing=$(entries)
+if [ -n "$missing" ] && [ $mode = install ]; then
+	mapfile -t need < <(packages <<<"$missing")
+	if [ ${#need[@]} -gt 0 ]; then
+		if [ "$(id -u)" -ne 0 ]; then
+			echo "install-deps: missing packages ${need[*]}; run as root (or install them) to continue" >&2
+			exit 1
+		fi
+		echo "install-deps: installing ${need[*]} (for ${profiles[*]})" >&2
+		export DEBIAN_FRONTEND=noninteractive
+		apt=(apt-get -qq -o DPkg::Lock::Timeout=600)
+		# The package lists there are usually do; refresh them only when the install fails
+		# (a fresh machine without lists, or stale ones).
+		if ! "${apt[@]}" install -y --no-install-recommends "${need[@]}" >/dev/null 2>&1; then
+			"${apt[@]}" update
+			"${apt[@]}" install -y --no-install-recommends "${need[@]}" >/dev/null
+		fi
 	fi
-	echo "install-deps: installing ${need[*]}" >&2
-	export DEBIAN_FRONTEND=noninteractive
-	apt-get update -qq
-	apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+	missing=$(entries)
+fi
+if [ -n "$missing" ]; then
+	echo "install-deps: missing for ${profiles[*]}:" >&2
+	while read -r name pkg kind; do
+		if [ "$pkg" = - ]; then
+			echo "  $name ($kind: not an apt package, install it by hand)" >&2
+		else
+			echo "  $name (package $pkg)" >&2
+		fi
+	done <<<"$missing"
+	echo "install them with: sudo $here/install-deps.sh ${profiles[*]}" >&2
+	exit 1
 fi
 
 # The guest kernel of the VM stage: Debian's linux-image-amd64, unpacked (not installed) under
 # /var/lib/cablemesh/vm-kernel; a no-op when one is there.
-"$(dirname "$0")/vm/install-kernel.sh"
+if [ $kernel = 1 ] && [ $mode = install ]; then
+	"$here/vm/install-kernel.sh"
+fi

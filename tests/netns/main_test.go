@@ -9,11 +9,19 @@ import (
 	"os"
 	"testing"
 
+	"github.com/cablemesh/cablemesh/internal/tooldeps"
 	"github.com/cablemesh/cablemesh/tests/netns/harness"
 )
 
 func TestMain(m *testing.M) {
 	if os.Geteuid() == 0 {
+		// Every program the suite runs (scripts/deps.list, stage netns) is checked before the
+		// first test, so that a missing one fails here, named with its package, rather than
+		// as an "exec: not found" deep inside one test minutes in.
+		if err := tooldeps.CheckStage(".", "netns", "test"); err != nil {
+			fmt.Fprintln(os.Stderr, "netns:", err)
+			os.Exit(1)
+		}
 		// Leftovers of earlier runs that crashed (their test process is gone) go first.
 		if removed, err := harness.SweepStale(context.Background()); err != nil {
 			fmt.Fprintln(os.Stderr, "netns: sweep of leftovers of crashed runs:", err)
