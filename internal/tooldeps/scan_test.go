@@ -26,6 +26,7 @@ var indirectAllowed = map[string]string{
 	"tests/vm/guestinit/main.go runCommand":                   "the VM guest runs the commands tests/vm sends it: test binaries",
 	"tests/netns/ingressnft_test.go start":                    "tcpcheck, built from tests/netns/cmd",
 	"tests/netns/vxlandriver/vxlandriver_test.go tcpTransfer": "the driver's test peer, built by the test",
+	"tests/netns/xdsguard_test.go fetchSecretAs":              "xdsgrpc, built from tests/netns/cmd",
 }
 
 // notPrograms are names the scan finds that are meant not to exist.
