@@ -52,7 +52,7 @@ check-bpf:
 
 # Unit tests: everything except the end-to-end tests under tests/netns.
 unit-test:
-	pkgs=$$($(GO) list ./... | grep -v -e '/tests/netns' -e '/tests/vm$$'); $(GO) test -count=1 $$pkgs
+	pkgs=$$($(GO) list ./... | grep -v -e '/tests/netns' -e '/tests/vm$$' -e '/tests/brokerchurn$$'); $(GO) test -count=1 $$pkgs
 
 # End-to-end tests with the real binaries in network namespaces (need root; they skip otherwise),
 # and those on loopback that need no root (tests/brokerchurn).
