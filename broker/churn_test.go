@@ -57,7 +57,7 @@ func TestExportChurnKeepsTheHeapFlat(t *testing.T) {
 	// Rounds 4-8 may exceed round 2 by what the bounded histories hold at most (recent batches,
 	// import views, the log: 4 + 4 + 16 MiB encoded, a few times that decoded, some of it held
 	// by round 2 already), not by a round's worth of exports per round.
-	churnKeepsTheHeapFlat(t, newSvcMesh(t, t.TempDir(), brokerOpts{}, "east", "west"), admission.MaxExportsPerNode, 8, 2, 48<<20)
+	churnKeepsTheHeapFlat(t, newSvcMesh(t, t.TempDir(), brokerOpts{exportQuota: churnQuota}, "east", "west"), admission.MaxExportsPerNode, 8, 2, 48<<20)
 }
 
 // TestExportChurnKeepsTheHeapFlatOnEtcd is the same churn with the state in etcd: the replica's
@@ -74,12 +74,16 @@ func TestExportChurnKeepsTheHeapFlatOnEtcd(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	o := brokerOpts{wrapStore: func(mem store.Store) store.Store {
+	o := brokerOpts{exportQuota: churnQuota, wrapStore: func(mem store.Store) store.Store {
 		mem.Close()
 		return st
 	}}
 	churnKeepsTheHeapFlat(t, newSvcMesh(t, t.TempDir(), o, "east", "west"), 256, 16, 10, 16<<20)
 }
+
+// churnQuota lets one cluster export what one node may (MaxExportsPerNode x churnEndpoints):
+// the churn measures the broker's memory, not the per-cluster quota that would refuse it first.
+var churnQuota = admission.ExportQuota{Services: 1 << 20, Endpoints: 1 << 24, ServiceMapEntries: 1 << 24}
 
 // churnKeepsTheHeapFlat churns n exports of churnEndpoints endpoints each, for rounds rounds,
 // and fails when the heap in use after a round from round ref+2 on exceeds that of round ref by

@@ -18,10 +18,12 @@ import (
 func TestSetExportsIsRefusedOverTheClustersQuota(t *testing.T) {
 	m := newSvcMesh(t, t.TempDir(), brokerOpts{exportQuota: admission.ExportQuota{Services: 3}}, "east", "west")
 	m.join("east", "gw2")
-	svc := func(name string) *apiv1.ServiceExport {
+	svcAt := func(name, ip string) *apiv1.ServiceExport {
 		return &apiv1.ServiceExport{Namespace: "shop", Name: name, Ports: []*apiv1.ServicePort{{Name: "http", Port: 80, Protocol: "TCP"}},
-			Endpoints: []*apiv1.ServiceEndpoint{{Ip: "10.1.0.10", Ready: true}}}
+			Endpoints: []*apiv1.ServiceEndpoint{{Ip: ip, Ready: true}}}
 	}
+	svc := func(name string) *apiv1.ServiceExport { return svcAt(name, "10.1.0.10") }     // east's pod CIDR
+	westSvc := func(name string) *apiv1.ServiceExport { return svcAt(name, "10.2.0.10") } // west's
 	m.set("east", svc("a"), svc("b"))
 	gw2 := m.agents["east/gw2"].client(t, m.addr)
 	_, err := gw2.SetExports(ctxT(t), &apiv1.SetExportsRequest{Exports: []*apiv1.ServiceExport{svc("c"), svc("d")}})
@@ -32,7 +34,7 @@ func TestSetExportsIsRefusedOverTheClustersQuota(t *testing.T) {
 		t.Errorf("%d services after the refusal, want east's 2", n)
 	}
 	setExports(t, gw2, svc("a"), svc("c")) // a is exported by gw1 too: 3 services
-	m.set("west", svc("w1"), svc("w2"), svc("w3"))
+	m.set("west", westSvc("w1"), westSvc("w2"), westSvc("w3"))
 	var names []string
 	for _, imp := range m.services().GetImports() {
 		names = append(names, imp.GetName())
