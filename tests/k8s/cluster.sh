@@ -360,6 +360,8 @@ evictionHard:
 imageGCHighThresholdPercent: 99
 imageGCLowThresholdPercent: 98
 syncFrequency: 10s
+# Lowering it needs CAP_SYS_RESOURCE, which root lacks here.
+oomScoreAdj: 0
 fileCheckFrequency: 10s
 EOF
 	: >"$nd/resolv.conf"
@@ -369,6 +371,7 @@ apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 mode: iptables
 clusterCIDR: $POD_CIDR
+oomScoreAdj: 0
 hostnameOverride: $C-$n
 bindAddress: $ip
 healthzBindAddress: 127.0.0.1:10256
