@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and kubectl from the
-# upstream k8s.io/kubernetes module that tests/k8s/go.mod requires, or reuses an earlier build.
-# The binaries are cached outside the work tree, under
+# Builds kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl and kube-proxy
+# from the upstream k8s.io/kubernetes module that tests/k8s/go.mod requires, or reuses an earlier
+# build. The binaries are cached outside the work tree, under
 #   $K8S_CACHE_DIR/<kubernetes version>/<first 16 hex digits of sha256(go.sum)>/bin
 # (default K8S_CACHE_DIR=/var/cache/cablemesh/k8s), so every clone and worktree on the machine
-# shares them; a different version or go.sum builds into a new directory. The build is atomic (a
-# temporary directory renamed into place) and serialised by a lock, so concurrent callers wait for
-# one build instead of running two.
+# shares them; a different version or go.sum builds into a new directory. Only the binaries the
+# cache lacks are built; each lands whole (built in a temporary directory, then renamed into
+# place), and builds are serialised by a lock, so concurrent callers wait for one build.
 #
 # Prints the bin directory on stdout (bin=$(tests/k8s/build.sh)); progress goes to stderr.
 #
@@ -18,7 +18,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 go=${GO:-go}
 cache_root=${K8S_CACHE_DIR:-/var/cache/cablemesh/k8s}
 jobs=${K8S_BUILD_JOBS:-1}
-binaries=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
+binaries=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl kube-proxy)
 
 log() { echo "k8s-build: $*" >&2; }
 die() { log "$*"; exit 1; }
@@ -36,10 +36,12 @@ sum=$(sha256sum go.sum | cut -c1-16)
 dir=$cache_root/$version/$sum
 bin=$dir/bin
 
-complete() {
+# missing prints the binaries not yet in the cache.
+missing() {
 	local b
-	for b in "${binaries[@]}"; do [[ -x $bin/$b ]] || return 1; done
+	for b in "${binaries[@]}"; do [[ -x $bin/$b ]] || echo "$b"; done
 }
+complete() { [[ -z $(missing) ]]; }
 
 if complete; then
 	log "reusing $bin"
@@ -67,15 +69,18 @@ done
 
 tmp=$(mktemp -d "$dir/bin.tmp.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
+mapfile -t build < <(missing)
 pkgs=()
-for b in "${binaries[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
-log "building ${binaries[*]} $version into $bin (nice 19, $jobs package(s) at a time; a cold build takes 15-30 minutes)"
+for b in "${build[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
+log "building ${build[*]} $version into $bin (nice 19, $jobs package(s) at a time; a cold build takes 15-30 minutes)"
 start=$SECONDS
 # Upstream builds these statically (CGO_ENABLED=0) with the selinux,notest,grpcnotrace tags.
 CGO_ENABLED=0 nice -n 19 "$go" build -mod=readonly -p "$jobs" -trimpath \
 	-tags selinux,notest,grpcnotrace -ldflags "$ldflags" -o "$tmp/" "${pkgs[@]}"
-rm -rf "$bin"
-mv "$tmp" "$bin"
+# Each binary lands whole (rename), so a reader never sees a partial one.
+mkdir -p "$bin"
+for b in "${build[@]}"; do mv -f "$tmp/$b" "$bin/$b"; done
+rm -rf "$tmp"
 trap - EXIT
 log "built in $((SECONDS - start)) s"
 "$bin/kubectl" version --client >&2
