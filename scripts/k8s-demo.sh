@@ -45,7 +45,7 @@ export K8S_BIN
 [[ -x $K8S_BIN/kube-proxy ]] || die "$K8S_BIN/kube-proxy is missing: the agent reaches the API server through the kubernetes Service"
 KUBECTL=$K8S_BIN/kubectl
 
-say "the agent's image (scripts/image.sh, as make image), exported for the nodes' containerd"
+say "the agent's image (scripts/image.sh, as make image), exported for the nodes' containerd (they import $STATE/images/*.tar at start)"
 export STORAGE_DRIVER=${STORAGE_DRIVER:-vfs} BUILDAH_ISOLATION=${BUILDAH_ISOLATION:-chroot}
 "$ROOT/scripts/image.sh" >/dev/null
 # A docker-archive keeps the full repo tag, under which the CRI looks the image up
@@ -111,7 +111,6 @@ agent_ready() {
 i=1
 for c in "${CLUSTERS[@]}"; do
 	kc=$STATE/$c/kubeconfig
-	"$CLUSTER" import "$c" "$STATE/images/cable-agent.tar"
 	say "cluster $c: cablectl install kubernetes ... | kubectl apply -f -"
 	"$BIN/cablectl" --config "$ADMIN" install kubernetes --cluster "$c" --pod-cidr "10.$i.0.0/16" \
 		--service-cidr "10.96.$i.0/24" --agent-broker "$BROKER" | "$KUBECTL" --kubeconfig "$kc" apply -f -
