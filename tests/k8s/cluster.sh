@@ -5,6 +5,7 @@
 #   cluster.sh down NAME                 remove all of it; idempotent, also after a failed up
 #   cluster.sh import NAME ARCHIVE...    import image archives (docker-archive) into every node
 #   cluster.sh nodeexec NAME NODE CMD... run CMD in a node's network and mount namespace
+#   cluster.sh rss NAME                  the resident memory of every process of the cluster
 #
 # Layout of cluster NAME with index I (NODE defaults to "gw worker"; node names are NAME-NODE):
 #   - a bridge ck<I>br in the host's network namespace holding 172.29.<I>.1/24: the host's only
@@ -641,6 +642,37 @@ down() {
 	fi
 }
 
+# cluster_pids: every process of the cluster: the control plane's, and each node's (its mount
+# namespace's and its pods' cgroups').
+cluster_pids() {
+	local f pid n holder mntns
+	for f in "$S"/pids/*; do
+		[[ -f $f ]] || continue
+		pid=$(<"$f")
+		[[ -e /proc/$pid ]] && echo "$pid"
+	done
+	[[ -f $S/nodes.list ]] || return 0
+	while read -r n; do
+		holder=$(node_holder "$n" || true)
+		mntns=""
+		[[ $holder =~ ^[0-9]+$ ]] && mntns=$(readlink "/proc/$holder/ns/mnt" 2>/dev/null || true)
+		pids_in_mntns "$mntns"
+		pids_in_cgroup "$CGROUP_PARENT/$C-$n"
+	done <"$S/nodes.list"
+}
+
+# rss: the cluster's resident memory, per program and in total (MiB).
+rss() {
+	local pid name kb
+	for pid in $(cluster_pids | sort -un); do
+		name=$(cat "/proc/$pid/comm" 2>/dev/null) || continue
+		kb=$(awk '/^VmRSS:/ {print $2}' "/proc/$pid/status" 2>/dev/null)
+		echo "${name:-?} ${kb:-0}"
+	done | awk '{kb[$1] += $2; n[$1]++; total += $2}
+		END {for (p in kb) printf "%-28s %3d process(es) %7.1f MiB\n", p, n[p], kb[p] / 1024
+			printf "%-28s %22.1f MiB\n", "total", total / 1024}'
+}
+
 import() {
 	local name=$1 n a
 	shift
@@ -677,12 +709,17 @@ main() {
 		shift 2
 		nodeexec "$node" "$@"
 		;;
+	rss)
+		(($# == 1)) || die "usage: cluster.sh rss NAME"
+		cluster_vars "$1"
+		rss
+		;;
 	_node_run)
 		cluster_vars "$1"
 		node_run "$2" "$3"
 		;;
 	*)
-		die "usage: cluster.sh up|down|import|nodeexec ..."
+		die "usage: cluster.sh up|down|import|nodeexec|rss ..."
 		;;
 	esac
 }
