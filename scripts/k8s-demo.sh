@@ -34,6 +34,7 @@ for b in cable-broker cable-agent cablectl; do
 	[[ -x $BIN/$b ]] || die "$BIN/$b is missing; run 'make build' (or 'make k8s-demo')"
 done
 
+"$CLUSTER" check
 start=$SECONDS
 "$ROOT/scripts/k8s-demo-down.sh" >/dev/null
 mkdir -p "$STATE/images" "$STATE/broker"

@@ -5,6 +5,7 @@
 #   cluster.sh down NAME                 remove all of it; idempotent, also after a failed up
 #   cluster.sh import NAME ARCHIVE...    import image archives (docker-archive) into every node
 #   cluster.sh nodeexec NAME NODE CMD... run CMD in a node's network and mount namespace
+#   cluster.sh check                     check that the programs it needs are installed
 #   cluster.sh rss NAME                  the resident memory of every process of the cluster
 #
 # Layout of cluster NAME with index I (NODE defaults to "gw worker"; node names are NAME-NODE):
@@ -709,6 +710,9 @@ main() {
 		shift 2
 		nodeexec "$node" "$@"
 		;;
+	check)
+		check_tools
+		;;
 	rss)
 		(($# == 1)) || die "usage: cluster.sh rss NAME"
 		cluster_vars "$1"
@@ -719,7 +723,7 @@ main() {
 		node_run "$2" "$3"
 		;;
 	*)
-		die "usage: cluster.sh up|down|import|nodeexec|rss ..."
+		die "usage: cluster.sh up|down|import|nodeexec|rss|check ..."
 		;;
 	esac
 }
