@@ -13,7 +13,7 @@ NETNS_TIMEOUT ?= 40m
 # kernel fails instead of skipping.
 VM_TIMEOUT ?= 45m
 
-.PHONY: all build deps test lint check-bpf unit-test netns-test vm-test demo demo-down bench bench-services bench-dns bench-scale bench-xds bench-ingress fuzz generate fmt vet clean
+.PHONY: all build deps test lint check-bpf unit-test netns-test vm-test demo demo-down k8s-demo k8s-demo-down bench bench-services bench-dns bench-scale bench-xds bench-ingress fuzz generate fmt vet clean
 
 all: build
 
@@ -54,6 +54,17 @@ demo: deps build
 
 demo-down:
 	./scripts/demo-down.sh
+
+# Two real Kubernetes clusters, east and west (upstream v1.37 built once into
+# /var/cache/cablemesh/k8s by tests/k8s/build.sh: 15-70 minutes cold on 2 cores), each with a
+# control plane and two nodes in network namespaces, a broker, and the agent installed with
+# `cablectl install kubernetes | kubectl apply -f -`; prints the kubeconfigs (root; the Debian
+# packages of tests/k8s/DEPENDENCIES.md). Not part of make test.
+k8s-demo: deps build
+	./scripts/k8s-demo.sh
+
+k8s-demo-down:
+	./scripts/k8s-demo-down.sh
 
 # Benchmarks (root): throughput and RTT over each cable driver vs the raw underlay, and the
 # issue-2 WireGuard figure; results in bench/results/. BENCH_RUN='^TestDrivers$' runs one.

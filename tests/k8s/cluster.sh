@@ -13,7 +13,8 @@
 #     foothold, so kubectl and tests reach the API server from the host;
 #   - the control plane in network namespace ck8-NAME-cp at 172.29.<I>.2: etcd on its loopback,
 #     kube-apiserver on :6443 (advertised at 172.29.<I>.2, not loopback: the `kubernetes` Service's
-#     endpoint must be reachable from the nodes), kube-controller-manager (allocates each node a /24
+#     endpoint must be reachable from the nodes; it reaches kubelets at their InternalIP, as no DNS
+#     knows the node names), kube-controller-manager (allocates each node a /24
 #     of the pod CIDR 10.<I>.0.0/16), kube-scheduler;
 #   - each node in network namespace ck8-NAME-NODE at 172.29.<I>.11, .12, ... and a mount
 #     namespace of its own in which /var/lib, /var/log and /run are the node's directories under the
@@ -247,6 +248,7 @@ start_control_plane() {
 		--authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
 		--client-ca-file="$p/ca.crt" --tls-cert-file="$p/apiserver.crt" --tls-private-key-file="$p/apiserver.key" \
 		--kubelet-client-certificate="$p/apiserver-kubelet.crt" --kubelet-client-key="$p/apiserver-kubelet.key" \
+		--kubelet-preferred-address-types=InternalIP \
 		--service-account-issuer=https://kubernetes.default.svc.cluster.local \
 		--service-account-key-file="$p/sa.pub" --service-account-signing-key-file="$p/sa.key" \
 		--profiling=false --v=1
