@@ -275,6 +275,45 @@ func TestCluster(t *testing.T) {
 		c.mustKC("", "delete", "-f", "../../deploy/crds/cablemesh.io_clusterconnectionpolicies.yaml")
 	})
 
+	t.Run("the real authorizer grants the agent exactly the README's RBAC", func(t *testing.T) {
+		c.mustKC("", "apply", "-k", "../../deploy/daemonset")
+		defer c.mustKC("", "delete", "--wait=true", "-k", "../../deploy/daemonset")
+		const sa = "--as=system:serviceaccount:cablemesh:cable-agent"
+		allowed := [][]string{
+			{"get", "nodes"}, {"list", "nodes"}, {"watch", "nodes"},
+			{"get", "services", "-A"}, {"list", "services", "-A"}, {"watch", "services", "-A"},
+			{"list", "endpointslices.discovery.k8s.io", "-A"}, {"watch", "endpointslices.discovery.k8s.io", "-A"},
+			{"list", "serviceexports.multicluster.x-k8s.io", "-A"}, {"watch", "serviceimports.multicluster.x-k8s.io", "-A"},
+			{"update", "serviceexports.multicluster.x-k8s.io", "--subresource=status", "-n", "demo"},
+			{"list", "clusterconnectionpolicies.cablemesh.io"}, {"watch", "clusterconnectionpolicies.cablemesh.io"},
+		}
+		refused := [][]string{
+			{"get", "secrets", "-n", "cablemesh"}, {"list", "pods", "-A"}, {"get", "configmaps", "-n", "cablemesh"},
+			{"update", "nodes"}, {"patch", "nodes"}, {"create", "services", "-n", "demo"},
+			{"delete", "endpointslices.discovery.k8s.io", "-n", "demo"},
+			{"update", "serviceexports.multicluster.x-k8s.io", "-n", "demo"},
+			{"create", "serviceimports.multicluster.x-k8s.io", "-n", "demo"},
+			{"create", "clusterconnectionpolicies.cablemesh.io"}, {"delete", "clusterconnectionpolicies.cablemesh.io"},
+		}
+		check := func(args []string, want string) {
+			// The answer is the last line; kubectl warns first about a cluster-scoped resource.
+			out, _ := c.kc("", append([]string{"auth", "can-i", sa}, args...)...)
+			got := ""
+			if lines := strings.Fields(out); len(lines) > 0 {
+				got = lines[len(lines)-1]
+			}
+			if got != want {
+				t.Errorf("can-i %s: %q, want %q", strings.Join(args, " "), got, want)
+			}
+		}
+		for _, a := range allowed {
+			check(a, "yes")
+		}
+		for _, a := range refused {
+			check(a, "no")
+		}
+	})
+
 	t.Run("a pod runs on the worker and is reached from the gateway node", func(t *testing.T) {
 		pod := "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: default}\nspec:\n  nodeName: " + c.name +
 			"-worker\n  containers: [{name: p, image: docker.io/cablemesh/pause:3.10, imagePullPolicy: Never}]\n"
