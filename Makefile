@@ -13,7 +13,7 @@ NETNS_TIMEOUT ?= 40m
 # kernel fails instead of skipping.
 VM_TIMEOUT ?= 45m
 
-.PHONY: all build deps deps-demo deps-test deps-bench test lint check-bpf unit-test netns-test vm-test demo demo-down bench bench-services bench-dns bench-scale bench-xds bench-ingress bench-start fuzz generate fmt vet clean
+.PHONY: all build deps deps-demo deps-test deps-bench test lint check-bpf unit-test netns-test vm-test demo demo-down k8s-demo k8s-demo-down deps-k8s bench bench-services bench-dns bench-scale bench-xds bench-ingress bench-start fuzz generate fmt vet clean
 
 all: build
 
@@ -72,6 +72,20 @@ demo:
 
 demo-down:
 	./scripts/demo-down.sh
+
+# Two real Kubernetes clusters, east and west (upstream v1.37 built once into
+# /var/cache/cablemesh/k8s by tests/k8s/build.sh: about 15 minutes cold on an idle 2-core machine),
+# each with a control plane and two nodes in network namespaces, a broker, and the agent installed
+# with `cablectl install kubernetes | kubectl apply -f -`; prints the kubeconfigs (root). Not part
+# of make test yet. See tests/k8s/README.md.
+deps-k8s:
+	./scripts/install-deps.sh k8s
+
+k8s-demo: deps-k8s build
+	./scripts/k8s-demo.sh
+
+k8s-demo-down:
+	./scripts/k8s-demo-down.sh
 
 # Benchmarks (root): throughput and RTT over each cable driver vs the raw underlay, and the
 # issue-2 WireGuard figure; results in bench/results/. BENCH_RUN='^TestDrivers$' runs one.

@@ -8,6 +8,7 @@
 #   demo   what `make demo` runs (a few small packages)
 #   test   what `make test` runs: the stages unit, netns, vm and run, and the VM stage's guest kernel
 #   bench  what `make bench*` runs: the stages bench, netns and run (the benches build meshes)
+#   k8s    what tests/k8s and `make k8s-demo` run: the stages k8s, image and run
 #   gen, image, or a stage's name (unit, netns, vm, run)
 #   none   demo test bench
 #   --check     install nothing; exit 1 naming each missing program and its package
@@ -31,10 +32,11 @@ for p in "${profiles[@]}"; do
 	case $p in
 	test) selected+="unit netns vm run "; kernel=1 ;;
 	bench) selected+="bench netns run " ;;
+	k8s) selected+="k8s image run " ;;
 	vm) selected+="vm "; kernel=1 ;;
 	demo | unit | netns | run | gen | image) selected+="$p " ;;
 	*)
-		echo "install-deps: unknown profile '$p' (want demo, test, bench, gen, image, or a stage: unit, netns, vm, run)" >&2
+		echo "install-deps: unknown profile '$p' (want demo, test, bench, k8s, gen, image, or a stage: unit, netns, vm, run)" >&2
 		exit 2
 		;;
 	esac

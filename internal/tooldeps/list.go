@@ -29,6 +29,7 @@ var Stages = []string{
 	"bench", // make bench*
 	"gen",   // make generate
 	"image", // make image
+	"k8s",   // tests/k8s and make k8s-demo: real Kubernetes clusters on this machine
 	"run",   // the binaries themselves at run time (cable-agent starting charon, cablectl diagnose)
 }
 

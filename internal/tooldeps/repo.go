@@ -36,6 +36,8 @@ func StageOf(file string) string {
 		return "bench"
 	case file == "scripts/demo.sh", file == "scripts/demo-down.sh":
 		return "demo"
+	case strings.HasPrefix(file, "tests/k8s/"), strings.HasPrefix(file, "scripts/k8s-"):
+		return "k8s"
 	case file == "scripts/image.sh":
 		return "image"
 	case strings.HasSuffix(file, "_test.go"), strings.HasSuffix(path.Dir(file), "test"):

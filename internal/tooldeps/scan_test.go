@@ -26,6 +26,8 @@ var indirectAllowed = map[string]string{
 	"tests/vm/guestinit/main.go runCommand":                   "the VM guest runs the commands tests/vm sends it: test binaries",
 	"tests/netns/ingressnft_test.go start":                    "tcpcheck, built from tests/netns/cmd",
 	"tests/netns/vxlandriver/vxlandriver_test.go tcpTransfer": "the driver's test peer, built by the test",
+	"tests/k8s/cluster_test.go run":                           "tests/k8s/cluster.sh, the project's own script",
+	"tests/k8s/cluster_test.go kc":                            "kubectl, built by tests/k8s/build.sh",
 	"tests/netns/xdsguard_test.go fetchSecretAs":              "xdsgrpc, built from tests/netns/cmd",
 }
 

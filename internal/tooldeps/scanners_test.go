@@ -37,9 +37,12 @@ YAML
 "$BIN/cablectl" status
 ./scripts/other.sh
 X=1 Y=2 timeout 5 socat - -
+((SECONDS - start < 5)) || die late
+for ((i = 0; i < 3; i++)); do renice 1; done
+nice -n 19 gzip x
 `
 	got := programs(ScanShell(src))
-	want := []string{"cat", "dirname", "foo", "grep", "ip", "jq", "nft", "seq", "setsid", "sh", "sleep", "socat", "stat", "tcpdump", "timeout"}
+	want := []string{"cat", "die", "dirname", "foo", "grep", "gzip", "ip", "jq", "nft", "nice", "renice", "seq", "setsid", "sh", "sleep", "socat", "stat", "tcpdump", "timeout"}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("ScanShell found %v, want %v", got, want)
 	}

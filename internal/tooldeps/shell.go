@@ -83,6 +83,10 @@ func (s *shLexer) commands(stop byte) {
 			s.pos += 2
 			flush()
 			s.casePattern = true
+		case c == '(' && s.peek(1) == '(':
+			// ((...)) and for ((...)) are arithmetic: their words are no commands.
+			flush()
+			s.skipParens()
 		case c == ';' || c == '&' || c == '|' || c == '(' || c == ')':
 			s.pos++
 			if c == ')' && s.casePattern {
@@ -369,6 +373,9 @@ func (s *shLexer) run(words []shWord) {
 	case "exec", "setsid", "nohup", "sudo", "xargs", "nice", "env", "command", "time":
 		// Their options, and env's assignments, come before the command.
 		for len(args) > 0 && (strings.HasPrefix(args[0].text, "-") && args[0].text != "-v" || isAssignment(args[0].text)) {
+			args = args[1:]
+		}
+		if name == "nice" && len(args) > 0 && isDigits(args[0].text) { // nice -n N: N follows -n
 			args = args[1:]
 		}
 		if name == "command" && len(args) > 0 && args[0].text == "-v" {

@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# `make k8s-demo`: two real Kubernetes clusters, east and west, on this machine (tests/k8s/cluster.sh:
+# upstream v1.37 control planes and kubelets in network namespaces), a cable-broker, and the agent
+# installed in each cluster exactly as the README says:
+#   cablectl install kubernetes ... | kubectl apply -f -
+#   kubectl label node NODE cablemesh.io/gateway=true
+# It waits until each cluster's agent pod is Running and Ready on its gateway node, prints the
+# kubeconfig of each cluster and the broker's admin credential, and leaves everything running.
+# Tear down with: make k8s-demo-down (scripts/k8s-demo-down.sh). Running it again first tears down.
+#
+# Addresses: the underlay bridge ck8ul holds 172.29.0.1/24 in the host's network namespace (the
+# host's foothold, so kubectl and cablectl work from here), the broker is 172.29.0.2 in namespace
+# ck8-broker, the gateways' second links are 172.29.0.1<I>; cluster I's nodes are 172.29.<I>.0/24
+# and each gateway routes the other cluster's node network over the underlay. Pod CIDRs
+# 10.1.0.0/16 (east) and 10.2.0.0/16 (west), service CIDRs 10.96.1.0/24 and 10.96.2.0/24.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BIN=${CABLEMESH_BIN:-$ROOT/bin}
+export CABLEMESH_K8S_DIR=${CABLEMESH_K8S_DIR:-/tmp/cablemesh-k8s}
+STATE=$CABLEMESH_K8S_DIR
+CLUSTER=$ROOT/tests/k8s/cluster.sh
+UL=ck8ul
+BRK_NS=ck8-broker
+BROKER_IP=172.29.0.2
+BROKER=$BROKER_IP:7443
+CLUSTERS=(east west)
+
+say() { printf '%s k8s-demo: %s\n' "$(date -u +%H:%M:%S)" "$*"; }
+die() { say "error: $*" >&2; exit 1; }
+
+[[ $(id -u) == 0 ]] || die "run as root (it creates network namespaces, mounts and cgroups)"
+for b in cable-broker cable-agent cablectl; do
+	[[ -x $BIN/$b ]] || die "$BIN/$b is missing; run 'make build' (or 'make k8s-demo')"
+done
+
+"$CLUSTER" check
+start=$SECONDS
+"$ROOT/scripts/k8s-demo-down.sh" >/dev/null
+mkdir -p "$STATE/images" "$STATE/broker"
+chmod 700 "$STATE"
+
+say "Kubernetes binaries (tests/k8s/build.sh: reused from the cache, or built: 15-30 minutes cold)"
+K8S_BIN=$("$ROOT/tests/k8s/build.sh")
+export K8S_BIN
+[[ -x $K8S_BIN/kube-proxy ]] || die "$K8S_BIN/kube-proxy is missing: the agent reaches the API server through the kubernetes Service"
+KUBECTL=$K8S_BIN/kubectl
+
+say "the agent's image (scripts/image.sh, as make image), exported for the nodes' containerd (they import $STATE/images/*.tar at start)"
+export STORAGE_DRIVER=${STORAGE_DRIVER:-vfs} BUILDAH_ISOLATION=${BUILDAH_ISOLATION:-chroot}
+"$ROOT/scripts/image.sh" >/dev/null
+# A docker-archive keeps the full repo tag, under which the CRI looks the image up
+# (cablemesh/cable-agent:v0.1.0 is docker.io/cablemesh/cable-agent:v0.1.0 to it).
+buildah push --quiet cablemesh/cable-agent:v0.1.0 \
+	"docker-archive:$STATE/images/cable-agent.tar:docker.io/cablemesh/cable-agent:v0.1.0" >/dev/null
+
+say "underlay $UL (172.29.0.0/24) and cable-broker at $BROKER (namespace $BRK_NS)"
+ip link add "$UL" type bridge
+ip addr add 172.29.0.1/24 dev "$UL"
+ip link set "$UL" up
+ip netns add "$BRK_NS"
+ip -n "$BRK_NS" link set lo up
+ip link add ck0brk type veth peer name eth0 netns "$BRK_NS"
+ip link set ck0brk master "$UL" up
+ip -n "$BRK_NS" addr add "$BROKER_IP/24" dev eth0
+ip -n "$BRK_NS" link set eth0 up
+setsid nsenter --net="/run/netns/$BRK_NS" "$BIN/cable-broker" --data-dir "$STATE/broker" --listen "$BROKER" \
+	>>"$STATE/broker.log" 2>&1 </dev/null &
+echo $! >"$STATE/broker.pid"
+ADMIN=$STATE/broker/admin.yaml
+for _ in $(seq 1 150); do
+	[[ -f $ADMIN ]] && "$BIN/cablectl" --config "$ADMIN" cluster list >/dev/null 2>&1 && break
+	sleep 0.2
+done
+"$BIN/cablectl" --config "$ADMIN" cluster list >/dev/null || {
+	tail -n 30 "$STATE/broker.log" >&2
+	die "the broker did not come up"
+}
+
+i=1
+for c in "${CLUSTERS[@]}"; do
+	say "cluster $c: control plane and nodes $c-gw, $c-worker"
+	"$CLUSTER" up "$c" "$i" gw worker
+	i=$((i + 1))
+done
+
+# gateway_underlay NAME INDEX: the gateway node's second link, on the underlay, and routes to the
+# other clusters' node networks (their gateways' InternalIPs, which the agents advertise).
+gateway_underlay() {
+	local c=$1 idx=$2 ns=ck8-$1-gw j
+	ip link add "ck${idx}ul" type veth peer name ul0 netns "$ns"
+	ip link set "ck${idx}ul" master "$UL" up
+	ip -n "$ns" addr add "172.29.0.1$idx/24" dev ul0
+	ip -n "$ns" link set ul0 up
+	for ((j = 1; j <= ${#CLUSTERS[@]}; j++)); do
+		((j == idx)) && continue
+		ip -n "$ns" route add "172.29.$j.0/24" via "172.29.0.1$j"
+	done
+}
+i=1
+for c in "${CLUSTERS[@]}"; do
+	gateway_underlay "$c" "$i"
+	i=$((i + 1))
+done
+
+agent_ready() {
+	local kc=$STATE/$1/kubeconfig
+	[[ $("$KUBECTL" --kubeconfig "$kc" -n cablemesh get pods -l app.kubernetes.io/name=cable-agent \
+		-o jsonpath='{range .items[*]}{.spec.nodeName}={.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' 2>/dev/null) == "$1-gw=True" ]]
+}
+
+i=1
+for c in "${CLUSTERS[@]}"; do
+	kc=$STATE/$c/kubeconfig
+	say "cluster $c: cablectl install kubernetes ... | kubectl apply -f -"
+	"$BIN/cablectl" --config "$ADMIN" install kubernetes --cluster "$c" --pod-cidr "10.$i.0.0/16" \
+		--service-cidr "10.96.$i.0/24" --agent-broker "$BROKER" | "$KUBECTL" --kubeconfig "$kc" apply -f -
+	"$KUBECTL" --kubeconfig "$kc" label node "$c-gw" cablemesh.io/gateway=true
+	i=$((i + 1))
+done
+for c in "${CLUSTERS[@]}"; do
+	say "cluster $c: waiting for the agent pod to be Ready on $c-gw"
+	deadline=$((SECONDS + 180))
+	until agent_ready "$c"; do
+		if ((SECONDS >= deadline)); then
+			"$KUBECTL" --kubeconfig "$STATE/$c/kubeconfig" -n cablemesh get pods -o wide >&2 || true
+			"$KUBECTL" --kubeconfig "$STATE/$c/kubeconfig" -n cablemesh logs ds/cable-agent --tail 30 >&2 || true
+			die "the agent of $c is not Ready after 180s"
+		fi
+		sleep 1
+	done
+done
+
+for c in "${CLUSTERS[@]}"; do
+	echo
+	echo "== kubectl --kubeconfig $STATE/$c/kubeconfig get nodes,pods -A -o wide"
+	"$KUBECTL" --kubeconfig "$STATE/$c/kubeconfig" get nodes -o wide
+	"$KUBECTL" --kubeconfig "$STATE/$c/kubeconfig" get pods -A -o wide
+done
+echo
+echo "== cablectl --config $ADMIN cluster list"
+"$BIN/cablectl" --config "$ADMIN" cluster list
+
+cat <<EOF
+
+The Kubernetes demo is up after $((SECONDS - start))s (state and logs in $STATE).
+  east kubeconfig:    $STATE/east/kubeconfig
+  west kubeconfig:    $STATE/west/kubeconfig
+  broker admin:       $ADMIN   (cablectl --config $ADMIN ...)
+  kubectl:            $KUBECTL
+Try:  $KUBECTL --kubeconfig $STATE/east/kubeconfig -n cablemesh logs ds/cable-agent
+      $ROOT/tests/k8s/cluster.sh nodeexec east gw ip addr
+Tear it down with:  make k8s-demo-down
+EOF
