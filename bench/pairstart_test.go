@@ -170,39 +170,8 @@ func pairBuilds(t *testing.T, spec string) ([]*pairBuild, error) {
 func onePairStart(t *testing.T, bins harness.Binaries) PairSample {
 	s := PairSample{Load1: loadAvg()}
 	m := harness.NewWithBinaries(t, bins)
-	east := m.AddCluster("east", "10.1.0.0/16")
-	west := m.AddCluster("west", "10.2.0.0/16")
-	if os.Getenv("CABLEMESH_START_DEBUG") == "1" {
-		east.WriteConfig("logLevel: debug\n")
-		west.WriteConfig("logLevel: debug\n")
-	}
-	east.StartAgent()
-	if err := harness.WaitFor(time.Minute, 20*time.Millisecond, func() (bool, string) {
-		r := m.Cablectl("cluster", "list", "-o", "json")
-		return gatewayRegistered(r.Stdout, "east"), r.Stdout + r.Stderr
-	}); err != nil {
-		t.Fatalf("east never registered: %v\n%s", err, east.Agent.LogTail(40))
-	}
-	ew := startFastPinger(t, m, "ping-east-west", east.PodNS, west.PodIP)
-	we := startFastPinger(t, m, "ping-west-east", west.PodNS, east.PodIP)
-	time.Sleep(50 * time.Millisecond)
-	west.StartAgent()
-	start := west.AgentStarted
-	var tEW, tWE time.Time
-	err := harness.WaitFor(40*time.Second, 10*time.Millisecond, func() (bool, string) {
-		if tEW.IsZero() {
-			tEW = firstReply(ew.LogPath)
-		}
-		if tWE.IsZero() {
-			tWE = firstReply(we.LogPath)
-		}
-		return !tEW.IsZero() && !tWE.IsZero(), fmt.Sprintf("east->west %v, west->east %v", tEW, tWE)
-	})
-	ew.Stop(5 * time.Second)
-	we.Stop(5 * time.Second)
-	if err != nil {
-		t.Fatalf("pods never answered: %v\n%s", err, west.Agent.LogTail(40))
-	}
+	r := startPairUntilReplies(t, m, "CABLEMESH_START_DEBUG", 10*time.Millisecond)
+	east, west, start, tEW, tWE := r.east, r.west, r.start, r.eastToWest, r.westToEast
 	s.BothMs = ms(maxTime(tEW, tWE).Sub(start))
 	if tm := logLineTime(west.LogPath, "joined the broker"); !tm.IsZero() {
 		s.JoinedMs = ms(tm.Sub(start))

@@ -185,39 +185,8 @@ func percentile(v []float64, p float64) float64 {
 func oneStart(t *testing.T) StartSample {
 	s := StartSample{Load1: loadAvg()}
 	m := harness.New(t)
-	east := m.AddCluster("east", "10.1.0.0/16")
-	west := m.AddCluster("west", "10.2.0.0/16")
-	if os.Getenv("CABLEMESH_WGSTART_DEBUG") == "1" {
-		east.WriteConfig("logLevel: debug\n")
-		west.WriteConfig("logLevel: debug\n")
-	}
-	east.StartAgent()
-	if err := harness.WaitFor(time.Minute, 20*time.Millisecond, func() (bool, string) {
-		r := m.Cablectl("cluster", "list", "-o", "json")
-		return gatewayRegistered(r.Stdout, "east"), r.Stdout + r.Stderr
-	}); err != nil {
-		t.Fatalf("east never registered: %v\n%s", err, east.Agent.LogTail(40))
-	}
-	ew := startFastPinger(t, m, "ping-east-west", east.PodNS, west.PodIP)
-	we := startFastPinger(t, m, "ping-west-east", west.PodNS, east.PodIP)
-	time.Sleep(50 * time.Millisecond)
-	west.StartAgent()
-	start := west.AgentStarted
-	var tEW, tWE time.Time
-	err := harness.WaitFor(40*time.Second, 20*time.Millisecond, func() (bool, string) {
-		if tEW.IsZero() {
-			tEW = firstReply(ew.LogPath)
-		}
-		if tWE.IsZero() {
-			tWE = firstReply(we.LogPath)
-		}
-		return !tEW.IsZero() && !tWE.IsZero(), fmt.Sprintf("east->west %v, west->east %v", tEW, tWE)
-	})
-	ew.Stop(5 * time.Second)
-	we.Stop(5 * time.Second)
-	if err != nil {
-		t.Fatalf("pods never answered: %v", err)
-	}
+	r := startPairUntilReplies(t, m, "CABLEMESH_WGSTART_DEBUG", 20*time.Millisecond)
+	east, west, start, tEW, tWE := r.east, r.west, r.start, r.eastToWest, r.westToEast
 	s.EastToWestMs = ms(tEW.Sub(start))
 	s.WestToEastMs = ms(tWE.Sub(start))
 	s.BothMs = max(s.EastToWestMs, s.WestToEastMs)
@@ -234,6 +203,54 @@ func oneStart(t *testing.T) StartSample {
 		}
 	}
 	return s
+}
+
+// pairRun is one start of a two-cluster mesh: the clusters, when west's agent started, and when
+// each pod first had a reply from the other.
+type pairRun struct {
+	east, west             *harness.Cluster
+	start                  time.Time
+	eastToWest, westToEast time.Time
+}
+
+// startPairUntilReplies adds east and west to m, starts east and waits until it is registered,
+// starts a fast pinger in each pod towards the other, starts west, and returns once both pods
+// have had a reply (polling every poll). debugEnv=1 turns the agents' debug logs on.
+func startPairUntilReplies(t *testing.T, m *harness.Mesh, debugEnv string, poll time.Duration) pairRun {
+	t.Helper()
+	east := m.AddCluster("east", "10.1.0.0/16")
+	west := m.AddCluster("west", "10.2.0.0/16")
+	if os.Getenv(debugEnv) == "1" {
+		east.WriteConfig("logLevel: debug\n")
+		west.WriteConfig("logLevel: debug\n")
+	}
+	east.StartAgent()
+	if err := harness.WaitFor(time.Minute, 20*time.Millisecond, func() (bool, string) {
+		r := m.Cablectl("cluster", "list", "-o", "json")
+		return gatewayRegistered(r.Stdout, "east"), r.Stdout + r.Stderr
+	}); err != nil {
+		t.Fatalf("east never registered: %v\n%s", err, east.Agent.LogTail(40))
+	}
+	ew := startFastPinger(t, m, "ping-east-west", east.PodNS, west.PodIP)
+	we := startFastPinger(t, m, "ping-west-east", west.PodNS, east.PodIP)
+	time.Sleep(50 * time.Millisecond)
+	west.StartAgent()
+	r := pairRun{east: east, west: west, start: west.AgentStarted}
+	err := harness.WaitFor(40*time.Second, poll, func() (bool, string) {
+		if r.eastToWest.IsZero() {
+			r.eastToWest = firstReply(ew.LogPath)
+		}
+		if r.westToEast.IsZero() {
+			r.westToEast = firstReply(we.LogPath)
+		}
+		return !r.eastToWest.IsZero() && !r.westToEast.IsZero(), fmt.Sprintf("east->west %v, west->east %v", r.eastToWest, r.westToEast)
+	})
+	ew.Stop(5 * time.Second)
+	we.Stop(5 * time.Second)
+	if err != nil {
+		t.Fatalf("pods never answered: %v\n%s", err, west.Agent.LogTail(40))
+	}
+	return r
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
