@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cablemesh/cablemesh/agent/config"
@@ -65,8 +66,10 @@ func (a *Agent) startDrivers(ctx context.Context) error {
 	}
 	var running []cable.Driver
 	errs := reconcile.Drivers{}
-	for _, d := range a.builtDrivers() {
-		if err := d.Init(ctx); err != nil {
+	built := a.builtDrivers()
+	initErrs := initDrivers(ctx, built)
+	for i, d := range built {
+		if err := initErrs[i]; err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
@@ -84,6 +87,20 @@ func (a *Agent) startDrivers(ctx context.Context) error {
 	a.reconciler = reconcile.NewReconciler(running, a.pairLog)
 	a.mu.Unlock()
 	return nil
+}
+
+// initDrivers initialises every driver at once and returns their errors in the same order. The
+// drivers share nothing on the host (their own links, ports and daemons), and a node is only
+// announced once they are up: one at a time, charon's start and wireguard-go's delay each other
+// for nothing, and a new pair waits for the sum.
+func initDrivers(ctx context.Context, drivers []cable.Driver) []error {
+	errs := make([]error, len(drivers))
+	var wg sync.WaitGroup
+	for i, d := range drivers {
+		wg.Go(func() { errs[i] = d.Init(ctx) })
+	}
+	wg.Wait()
+	return errs
 }
 
 // buildDriver builds driver name with cfg's block for it (the config in force at start, or a
