@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"maps"
 	"net/netip"
@@ -270,5 +271,40 @@ func TestADriverThatCannotBeBuiltStopsTheAgentAndTheOthersAreClosed(t *testing.T
 	}
 	if got := ops(wg.Calls()); !slices.Equal(got, []string{"close "}) {
 		t.Errorf("wireguard calls = %q, want only close (built, never initialised)", got)
+	}
+}
+
+// rendezvousDriver's Init returns only once every driver of its group has entered Init: one at
+// a time, the first would wait out its deadline.
+type rendezvousDriver struct {
+	*fakedriver.Driver
+	arrived *sync.WaitGroup
+	err     error
+}
+
+func (d rendezvousDriver) Init(ctx context.Context) error {
+	d.arrived.Done()
+	all := make(chan struct{})
+	go func() { d.arrived.Wait(); close(all) }()
+	select {
+	case <-all:
+		return d.err
+	case <-time.After(2 * time.Second):
+		return errors.New("the other drivers never entered Init: initialised one at a time")
+	}
+}
+
+func TestDriversInitialiseAtOnceAndKeepTheirErrorsInOrder(t *testing.T) {
+	var arrived sync.WaitGroup
+	arrived.Add(3)
+	bad := errors.New("no charon")
+	drivers := []cable.Driver{
+		rendezvousDriver{Driver: fakedriver.NewNamed("wireguard", 51820), arrived: &arrived},
+		rendezvousDriver{Driver: fakedriver.NewNamed("ipsec", 500), arrived: &arrived, err: bad},
+		rendezvousDriver{Driver: fakedriver.NewNamed("vxlan", 4789), arrived: &arrived},
+	}
+	errs := initDrivers(context.Background(), drivers)
+	if len(errs) != 3 || errs[0] != nil || !errors.Is(errs[1], bad) || errs[2] != nil {
+		t.Fatalf("initDrivers = %v, want [nil %v nil]", errs, bad)
 	}
 }
