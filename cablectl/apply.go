@@ -13,8 +13,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/cablemesh/cablemesh/api/limits"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
-	"github.com/cablemesh/cablemesh/broker/admission"
 	"github.com/cablemesh/cablemesh/policy"
 )
 
@@ -226,28 +226,28 @@ func applyPolicies(cmd *cobra.Command, f *adminFlags, policies []policy.ClusterC
 }
 
 // checkApplyBounds refuses, before anything is sent, an apply the broker would refuse for its
-// size (admission's bounds), naming the policy, the field and the limit: a request larger than
-// the broker's message limit would otherwise come back as a bare transport error.
+// size (the API's bounds, api/limits), naming the policy, the field and the limit: a request
+// larger than the broker's message limit would otherwise come back as a bare transport error.
 func checkApplyBounds(policies []policy.ClusterConnectionPolicy, enc []*apiv1.Policy) error {
-	if n := len(enc); n > admission.MaxPoliciesPerApply {
-		return fmt.Errorf("apply: %d policies at once, at most %d: apply them in several parts (nothing applied)", n, admission.MaxPoliciesPerApply)
+	if n := len(enc); n > limits.MaxPoliciesPerApply {
+		return fmt.Errorf("apply: %d policies at once, at most %d: apply them in several parts (nothing applied)", n, limits.MaxPoliciesPerApply)
 	}
 	var problems []string
 	total := 0
 	for i, p := range enc {
 		total += len(p.Json)
-		if n := len(p.Json); n > admission.MaxPolicyJSONBytes {
-			problems = append(problems, fmt.Sprintf("policy %q: the policy is %d bytes of JSON, at most %d", p.Name, n, admission.MaxPolicyJSONBytes))
+		if n := len(p.Json); n > limits.MaxPolicyJSONBytes {
+			problems = append(problems, fmt.Sprintf("policy %q: the policy is %d bytes of JSON, at most %d", p.Name, n, limits.MaxPolicyJSONBytes))
 		}
-		for _, e := range admission.PolicyBounds(policies[i]) {
+		for _, e := range limits.PolicyBounds(policies[i]) {
 			problems = append(problems, fmt.Sprintf("policy %q: %s", p.Name, e))
 		}
 	}
 	if len(problems) > 0 {
 		return fmt.Errorf("apply: nothing applied: %s", strings.Join(problems, "; "))
 	}
-	if total > admission.MaxApplyBytes {
-		return fmt.Errorf("apply: %d bytes of policies at once, at most %d: apply them in several parts (nothing applied)", total, admission.MaxApplyBytes)
+	if total > limits.MaxApplyBytes {
+		return fmt.Errorf("apply: %d bytes of policies at once, at most %d: apply them in several parts (nothing applied)", total, limits.MaxApplyBytes)
 	}
 	return nil
 }
