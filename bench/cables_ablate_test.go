@@ -99,9 +99,9 @@ func turnOff(t *testing.T, m *harness.Mesh, cs []*harness.Cluster, driver string
 		})
 	}
 	return func() {
-		// In the reverse order: the counters' programs are back before a restart adopts them.
-		for i := len(undos) - 1; i >= 0; i-- {
-			undos[i]()
+		// In this order: the counters' programs are back before a restart (clamp) adopts them.
+		for _, u := range undos {
+			u()
 		}
 	}
 }
@@ -110,7 +110,7 @@ func turnOff(t *testing.T, m *harness.Mesh, cs []*harness.Cluster, driver string
 func ctrLinks(m *harness.Mesh, cs []*harness.Cluster) []string {
 	var out []string
 	for _, c := range cs {
-		dir := filepath.Join(m.BPFFS, c.Name+"-gw")
+		dir := filepath.Join(m.BPFFS, c.Name+"-gw", "links")
 		ents, _ := os.ReadDir(dir)
 		for _, e := range ents {
 			if strings.HasPrefix(e.Name(), ctrPinPrefix) {

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -49,6 +50,8 @@ import (
 //	CABLEMESH_CABLES_ABLATE   comma-separated drivers (vxlan, ipsec, wireguard) whose cable also
 //	                          runs, every round, with one piece of the agent's path off at a time
 //	                          (probes, counters, clamp) and all three off: see cables_ablate_test.go
+//	CABLEMESH_CABLES_PERF     1: perf record -a (cpu-clock) during every one-stream run; the report,
+//	                          by command and symbol, goes into the JSON (profile)
 //
 // The counter programs' run time and run count (BPF_ENABLE_STATS while the bench runs) are read
 // around every cable run: the nanoseconds per packet they cost.
@@ -79,6 +82,10 @@ type CableRun struct {
 	// CounterCPUShare is the counter programs' run time over the run's wall time (CPU seconds
 	// per second).
 	CounterCPUShare float64 `json:"counterCPUShare,omitempty"`
+	// Profile is perf's report of the run (CABLEMESH_CABLES_PERF=1, one-stream runs): the
+	// symbols of the datapath's commands (perfComms) that took at least 0.2 % of the samples of
+	// the machine's CPUs, by command.
+	Profile string `json:"profile,omitempty"`
 }
 
 // CablePathResult is one path's runs and medians.
@@ -227,7 +234,7 @@ func TestCables(t *testing.T) {
 		res.Repairs += strings.Count(c.Agent.Log(), "re-asserting the connection")
 	}
 	res.Date = time.Now().UTC().Format(time.RFC3339)
-	res.Kernel, res.CPUs, res.Revision = kernelRelease(), runtimeCPUs(), gitRevision()
+	res.Kernel, res.CPUs, res.Revision = kernelRelease(), runtime.NumCPU(), gitRevision()
 	res.Command = fmt.Sprintf("CABLEMESH_CABLES_ROUNDS=%d CABLEMESH_CABLES_SECONDS=%d CABLEMESH_CABLES_ABLATE=%s make bench-cables", rounds, secs, strings.Join(ablate, ","))
 	res.Notes = cablesNotes()
 	writeCablesResults(t, res)
@@ -344,9 +351,16 @@ func cableRun(t *testing.T, m *harness.Mesh, stats *bpfStats, cs []*harness.Clus
 	if stats != nil && p.driver != "" {
 		before = stats.counterPrograms(m, cs)
 	}
+	var prof *perfProfile
+	if streams == 1 && os.Getenv("CABLEMESH_CABLES_PERF") == "1" {
+		prof = startPerf(t, m, name, secs)
+	}
 	t0 := time.Now()
 	r := iperfStreams(t, m, name, p.fromNS, p.toNS, p.to, secs, streams)
 	wall := time.Since(t0)
+	if prof != nil {
+		run.Profile = prof.report(t, m)
+	}
 	run.Gbps, run.Retransmits = r.BitsPerSecond/1e9, r.Retransmits
 	if before != nil {
 		after := stats.counterPrograms(m, cs)
@@ -483,9 +497,50 @@ func installed(m *harness.Mesh, c *harness.Cluster) string {
 	return b.String()
 }
 
-func runtimeCPUs() int {
-	b, _ := os.ReadFile("/proc/cpuinfo")
-	return max(strings.Count(string(b), "\nprocessor"), 1)
+// perfComms are the commands of the bench's datapath (the machine runs other things): iperf3
+// (whose system calls and softirqs carry most of the kernel's per-packet work), the tunnels'
+// userspace datapaths, the agents, and the softirq threads.
+const perfComms = "iperf3,charon,wireguard-go,cable-agent,ksoftirqd/0,ksoftirqd/1"
+
+// perfProfile is a perf record -a running beside one iperf3 run.
+type perfProfile struct {
+	p    *harness.Process
+	data string
+}
+
+// startPerf samples every CPU (cpu-clock: no hardware counters in a VM) for the run's length,
+// from 1 s in (the connection is up by then).
+func startPerf(t *testing.T, m *harness.Mesh, name string, secs int) *perfProfile {
+	t.Helper()
+	data := filepath.Join(m.Dir, "perf-"+name+".data")
+	p, err := harness.StartProcess("perf "+name, "", filepath.Join(m.Dir, "perf-"+name+".log"),
+		"sh", "-c", `sleep 1 && exec perf record -a -e cpu-clock -F 999 -o "$0" -- sleep "$1"`, data, strconv.Itoa(max(secs-2, 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &perfProfile{p: p, data: data}
+}
+
+func (pp *perfProfile) report(t *testing.T, m *harness.Mesh) string {
+	t.Helper()
+	if _, err := pp.p.Wait(30 * time.Second); err != nil {
+		t.Logf("perf record: %v: %s", err, pp.p.LogTail(5))
+		return ""
+	}
+	r := harness.RunTimeout(m.Ctx, 2*time.Minute, "perf", "report", "-i", pp.data, "--stdio", "--no-children",
+		"--comms", perfComms, "--sort", "comm,sym", "--percent-limit", "0.2")
+	os.Remove(pp.data)
+	if r.Err != nil {
+		t.Logf("perf report: %s", r)
+		return ""
+	}
+	var lines []string
+	for _, l := range strings.Split(r.Stdout, "\n") {
+		if strings.Contains(l, "%") && !strings.HasPrefix(l, "#") {
+			lines = append(lines, strings.TrimSpace(l))
+		}
+	}
+	return strings.Join(lines, "\n")
 }
 
 func cablesNotes() []string {
