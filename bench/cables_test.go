@@ -50,6 +50,7 @@ import (
 //	CABLEMESH_CABLES_ABLATE   comma-separated drivers (vxlan, ipsec, wireguard) whose cable also
 //	                          runs, every round, with one piece of the agent's path off at a time
 //	                          (probes, counters, clamp) and all three off: see cables_ablate_test.go
+//	CABLEMESH_CABLES_SETTLE_MS  pause after a cable moves to its driver, before its runs (2000)
 //	CABLEMESH_CABLES_PERF     1: perf record -a (cpu-clock) during every one-stream run; the report,
 //	                          by command and symbol, goes into the JSON (profile)
 //
@@ -65,6 +66,10 @@ type cablePath struct {
 	to         netip.Addr
 	// off is the ablation: the pieces of the agent's path turned off for this path's runs.
 	off []string
+	// comm is the command of the path's userspace datapath ("" for a kernel one), gws the
+	// namespaces it runs in: its CPU time per GB carried is measured.
+	comm string
+	gws  []string
 }
 
 // CableRun is one iperf3 run over one path.
@@ -82,6 +87,12 @@ type CableRun struct {
 	// CounterCPUShare is the counter programs' run time over the run's wall time (CPU seconds
 	// per second).
 	CounterCPUShare float64 `json:"counterCPUShare,omitempty"`
+	// AgentCPUShare is the CPU time both cable agents used during the run over its wall time,
+	// whatever path runs (their control plane competes for the CPUs with every path).
+	AgentCPUShare float64 `json:"agentCPUShare"`
+	// DatapathCPUPerGB is the CPU seconds the path's userspace datapath processes (charon,
+	// wireguard-go, or the agents for the wireguard cable) used per GB carried.
+	DatapathCPUPerGB float64 `json:"datapathCPUSecondsPerGB,omitempty"`
 	// Profile is perf's report of the run (CABLEMESH_CABLES_PERF=1, one-stream runs): the
 	// symbols of the datapath's commands (perfComms) that took at least 0.2 % of the samples of
 	// the machine's CPUs, by command.
@@ -176,10 +187,10 @@ func TestCables(t *testing.T) {
 		{name: "plain-agw", what: "plain routing between the agents' gateways (no cable)", fromNS: plainAgw[0].NS, toNS: plainAgw[1].NS, to: plainAgw[1].Addr},
 		{name: "vxlan-hand", what: "iproute2 VXLAN, MTU 1450, nft MSS clamp", fromNS: hv[0].NS, toNS: hv[1].NS, to: hv[1].Addr},
 		{name: "vxlan-cable", what: "the vxlan cable", driver: harness.DriverVXLAN, fromNS: east.PodNS, toNS: west.PodNS, to: west.PodIP},
-		{name: "ipsec-hand", what: fmt.Sprintf("charon, kernel-libipsec, hand-written swanctl.conf (route MTU %d, advmss %d), nft MSS clamp", mtu, advmss), fromNS: hi[0].NS, toNS: hi[1].NS, to: hi[1].Addr},
-		{name: "ipsec-cable", what: "the ipsec cable", driver: harness.DriverIPsec, fromNS: east.PodNS, toNS: west.PodNS, to: west.PodIP},
-		{name: "wg-hand", what: "standalone wireguard-go + wg, MTU 1420, nft MSS clamp", fromNS: hw[0].NS, toNS: hw[1].NS, to: hw[1].Addr},
-		{name: "wg-cable", what: "the wireguard cable", driver: harness.DriverWireGuard, fromNS: east.PodNS, toNS: west.PodNS, to: west.PodIP},
+		{name: "ipsec-hand", what: fmt.Sprintf("charon, kernel-libipsec, hand-written swanctl.conf (route MTU %d, advmss %d), nft MSS clamp", mtu, advmss), fromNS: hi[0].NS, toNS: hi[1].NS, to: hi[1].Addr, comm: "charon", gws: []string{hme.GwNS, hmw.GwNS}},
+		{name: "ipsec-cable", what: "the ipsec cable", driver: harness.DriverIPsec, fromNS: east.PodNS, toNS: west.PodNS, to: west.PodIP, comm: "charon", gws: []string{east.GwNS, west.GwNS}},
+		{name: "wg-hand", what: "standalone wireguard-go + wg, MTU 1420, nft MSS clamp", fromNS: hw[0].NS, toNS: hw[1].NS, to: hw[1].Addr, comm: "wireguard-go", gws: []string{hme.GwNS, hmw.GwNS}},
+		{name: "wg-cable", what: "the wireguard cable", driver: harness.DriverWireGuard, fromNS: east.PodNS, toNS: west.PodNS, to: west.PodIP, comm: "cable-agent", gws: []string{east.GwNS, west.GwNS}},
 	}
 	paths = withAblations(paths, ablate)
 	if len(only) > 0 {
@@ -341,6 +352,9 @@ func switchDriver(t *testing.T, m *harness.Mesh, cs []*harness.Cluster, d string
 	}); err != nil {
 		t.Fatalf("the %s cable carries no ping: %v", d, err)
 	}
+	// The agents' work after a change (status, counters, services, probes restarting) is not
+	// the datapath's: let it end before measuring.
+	time.Sleep(time.Duration(envInt("CABLEMESH_CABLES_SETTLE_MS", 2000)) * time.Millisecond)
 }
 
 // cableRun is one iperf3 run over p with the counter programs' statistics around it.
@@ -351,6 +365,8 @@ func cableRun(t *testing.T, m *harness.Mesh, stats *bpfStats, cs []*harness.Clus
 	if stats != nil && p.driver != "" {
 		before = stats.counterPrograms(m, cs)
 	}
+	agents0 := commCPU(m, "cable-agent", cs[0].GwNS, cs[1].GwNS)
+	dp0 := commCPU(m, p.comm, p.gws...)
 	var prof *perfProfile
 	if streams == 1 && os.Getenv("CABLEMESH_CABLES_PERF") == "1" {
 		prof = startPerf(t, m, name, secs)
@@ -358,6 +374,10 @@ func cableRun(t *testing.T, m *harness.Mesh, stats *bpfStats, cs []*harness.Clus
 	t0 := time.Now()
 	r := iperfStreams(t, m, name, p.fromNS, p.toNS, p.to, secs, streams)
 	wall := time.Since(t0)
+	run.AgentCPUShare = (commCPU(m, "cable-agent", cs[0].GwNS, cs[1].GwNS) - agents0) / wall.Seconds()
+	if gb := r.BitsPerSecond * float64(secs) / 8 / 1e9; p.comm != "" && gb > 0 {
+		run.DatapathCPUPerGB = (commCPU(m, p.comm, p.gws...) - dp0) / gb
+	}
 	if prof != nil {
 		run.Profile = prof.report(t, m)
 	}
@@ -376,6 +396,28 @@ func cableRun(t *testing.T, m *harness.Mesh, stats *bpfStats, cs []*harness.Clus
 		}
 	}
 	return run
+}
+
+// commCPU is the CPU seconds used so far by the processes named comm in the namespaces nss (0
+// for comm "").
+func commCPU(m *harness.Mesh, comm string, nss ...string) float64 {
+	if comm == "" {
+		return 0
+	}
+	var total float64
+	for _, ns := range nss {
+		r := harness.Run(m.Ctx, "ip", "netns", "pids", ns)
+		for _, f := range strings.Fields(r.Stdout) {
+			pid, err := strconv.Atoi(f)
+			if err != nil {
+				continue
+			}
+			if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); err == nil && strings.TrimSpace(string(b)) == comm {
+				total += cpuSeconds(pid)
+			}
+		}
+	}
+	return total
 }
 
 // iperfStreams is iperf (throughput_test.go) with the run's length and parallel streams given.
@@ -486,6 +528,10 @@ func installed(m *harness.Mesh, c *harness.Cluster) string {
 		r := harness.NSRun(m.Ctx, c.GwNS, cmd[0], cmd[1:]...)
 		fmt.Fprintf(&b, "$ %s\n%s%s\n", strings.Join(cmd, " "), r.Stdout, r.Stderr)
 	}
+	fmt.Fprintf(&b, "tcx counter links the agent pinned (tc and bpftool 7.1 do not show tcx):\n")
+	for _, l := range ctrLinks(m, []*harness.Cluster{c}) {
+		fmt.Fprintf(&b, "  %s\n", filepath.Base(l))
+	}
 	for _, l := range m.Links(c.GwNS) {
 		for _, dir := range []string{"ingress", "egress"} {
 			r := harness.NSRun(m.Ctx, c.GwNS, "tc", "filter", "show", "dev", l, dir)
@@ -560,11 +606,15 @@ func writeCablesResults(t *testing.T, res CablesResult) {
 	fmt.Fprintf(&b, "Kernel %s, %d CPUs, revision %s. iperf3 pod to pod, %d s per run, one stream and four, %d rounds, every path interleaved in each round. Load average %.2f at the start, %.2f at the end; CPUs busy %.0f%% over the bench (everything on the machine).\n\n",
 		res.Kernel, res.CPUs, res.Revision, res.DurationSeconds, res.Rounds, res.LoadAvg[0], res.LoadAvg[1], 100*res.BusyCPU)
 	fmt.Fprintf(&b, "Command: `%s`\n\n", res.Command)
-	fmt.Fprintf(&b, "| path | what | 1 stream, per round: Gbit/s (load) | median | 4 streams, per round: Gbit/s (load) | median | counter ns/run (1 / 4 streams, medians) |\n|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| path | what | 1 stream, per round: Gbit/s (load) | median | 4 streams, per round: Gbit/s (load) | median | counter ns/run (1 / 4 streams, medians) | agents' CPU share during the runs (median) | datapath CPU s/GB (median) |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, p := range res.Paths {
 		var one, four []string
-		var ns1, ns4 []float64
+		var ns1, ns4, agentCPU, dpCPU []float64
 		for _, r := range p.Runs {
+			agentCPU = append(agentCPU, r.AgentCPUShare)
+			if r.DatapathCPUPerGB > 0 {
+				dpCPU = append(dpCPU, r.DatapathCPUPerGB)
+			}
 			s := fmt.Sprintf("%.2f (%.1f)", r.Gbps, r.Load1)
 			if r.Streams == 1 {
 				one = append(one, s)
@@ -578,7 +628,11 @@ func writeCablesResults(t *testing.T, res CablesResult) {
 		if slices.Max(append(ns1, ns4...)) > 0 {
 			ctr = fmt.Sprintf("%.0f / %.0f", medianOf(ns1), medianOf(ns4))
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | **%.2f** | %s | **%.2f** | %s |\n", p.Name, p.What, strings.Join(one, ", "), p.Median1, strings.Join(four, ", "), p.Median4, ctr)
+		dp := ""
+		if len(dpCPU) > 0 {
+			dp = fmt.Sprintf("%.2f", medianOf(dpCPU))
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | **%.2f** | %s | **%.2f** | %s | %.3f | %s |\n", p.Name, p.What, strings.Join(one, ", "), p.Median1, strings.Join(four, ", "), p.Median4, ctr, medianOf(agentCPU), dp)
 	}
 	fmt.Fprintf(&b, "\n| ratio (medians) | 1 stream | per round | 4 streams | per round |\n|---|---|---|---|---|\n")
 	for i := 0; i+1 < len(res.Ratios); i += 2 {
