@@ -118,7 +118,11 @@ secrets {
 // handIPsec starts a charon in each of the gateways gws (in a mount namespace with a private
 // /run: charon's pid file path is compiled in), loads the hand-written configuration with
 // swanctl, initiates from the first and waits until the pods ps ping each other.
-func handIPsec(t *testing.T, m *harness.Mesh, gws []*harness.Cluster, ps []podNS, mtu, advmss int) {
+//
+// With ownSession each charon starts in a session of its own (setsid), as the ipsec driver starts
+// its charon (Setsid): with the kernel's scheduler autogroups (kernel.sched_autogroup_enabled=1)
+// a session is a scheduling group, so this is the cable's charon's share of a busy machine.
+func handIPsec(t *testing.T, m *harness.Mesh, gws []*harness.Cluster, ps []podNS, mtu, advmss int, ownSession bool) {
 	t.Helper()
 	key := make([]byte, 32)
 	if _, err := rand.Read(key); err != nil {
@@ -142,9 +146,14 @@ func handIPsec(t *testing.T, m *harness.Mesh, gws []*harness.Cluster, ps []podNS
 				t.Fatal(err)
 			}
 		}
-		p, err := harness.StartProcess("charon "+c.Name, c.GwNS, filepath.Join(m.Dir, "charon-"+c.Name+".log"),
-			"env", "STRONGSWAN_CONF="+conf, "unshare", "-m", "sh", "-c",
-			`mount -t tmpfs -o mode=0755,size=4m tmpfs /run && exec "$0"`, harness.Charon)
+		argv := []string{"env", "STRONGSWAN_CONF=" + conf, "unshare", "-m", "sh", "-c",
+			`mount -t tmpfs -o mode=0755,size=4m tmpfs /run && exec "$0"`, harness.Charon}
+		if ownSession {
+			// --wait keeps setsid the parent the harness stops (it forwards nothing, but the
+			// namespace's teardown kills what is left).
+			argv = append([]string{"setsid", "--wait"}, argv...)
+		}
+		p, err := harness.StartProcess("charon "+c.Name, c.GwNS, filepath.Join(m.Dir, "charon-"+c.Name+".log"), argv...)
 		if err != nil {
 			t.Fatal(err)
 		}

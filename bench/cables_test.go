@@ -35,6 +35,8 @@ import (
 //	vxlan-cable   the vxlan cable
 //	ipsec-hand    charon with kernel-libipsec from a hand-written strongswan.conf and swanctl.conf
 //	              (the cable's proposals, route MTU and advmss; PSK)
+//	ipsec-hand-session  the same between a second pair of agentless gateways, each charon started
+//	              in a session of its own (setsid), as the ipsec driver starts its charon
 //	ipsec-cable   the ipsec cable
 //	wg-hand       standalone wireguard-go configured by wg(8), MTU 1420
 //	wg-cable      the wireguard cable
@@ -180,7 +182,14 @@ func TestCables(t *testing.T) {
 	// The hand-made charon takes the cable's route MTU and advmss, read once the pair runs on ipsec.
 	switchDriver(t, m, cables, harness.DriverIPsec)
 	mtu, advmss := ipsecRouteMTU(t, m, east)
-	handIPsec(t, m, hand, hi, mtu, advmss)
+	handIPsec(t, m, hand, hi, mtu, advmss, false)
+	// The same again between a second pair of agentless gateways, each charon in a session of
+	// its own like the cable's.
+	hse, hsw := m.NewCluster("hse", "10.13.0.0/16"), m.NewCluster("hsw", "10.14.0.0/16")
+	handSession := []*harness.Cluster{hse, hsw}
+	hs := pods(t, m, handSession, "hs", 96)
+	clampHand(t, m, handSession, []string{"hvx0", "hvx0"})
+	handIPsec(t, m, handSession, hs, mtu, advmss, true)
 
 	paths := []cablePath{
 		{name: "plain", what: "plain routing between the agentless gateways", fromNS: plain[0].NS, toNS: plain[1].NS, to: plain[1].Addr},
@@ -188,6 +197,7 @@ func TestCables(t *testing.T) {
 		{name: "vxlan-hand", what: "iproute2 VXLAN, MTU 1450, nft MSS clamp", fromNS: hv[0].NS, toNS: hv[1].NS, to: hv[1].Addr},
 		{name: "vxlan-cable", what: "the vxlan cable", driver: harness.DriverVXLAN, fromNS: east.PodNS, toNS: west.PodNS, to: west.PodIP},
 		{name: "ipsec-hand", what: fmt.Sprintf("charon, kernel-libipsec, hand-written swanctl.conf (route MTU %d, advmss %d), nft MSS clamp", mtu, advmss), fromNS: hi[0].NS, toNS: hi[1].NS, to: hi[1].Addr, comm: "charon", gws: []string{hme.GwNS, hmw.GwNS}},
+		{name: "ipsec-hand-session", what: "ipsec-hand with each charon in a session (scheduler autogroup) of its own, as the ipsec driver starts its charon", fromNS: hs[0].NS, toNS: hs[1].NS, to: hs[1].Addr, comm: "charon", gws: []string{hse.GwNS, hsw.GwNS}},
 		{name: "ipsec-cable", what: "the ipsec cable", driver: harness.DriverIPsec, fromNS: east.PodNS, toNS: west.PodNS, to: west.PodIP, comm: "charon", gws: []string{east.GwNS, west.GwNS}},
 		{name: "wg-hand", what: "standalone wireguard-go + wg, MTU 1420, nft MSS clamp", fromNS: hw[0].NS, toNS: hw[1].NS, to: hw[1].Addr, comm: "wireguard-go", gws: []string{hme.GwNS, hmw.GwNS}},
 		{name: "wg-cable", what: "the wireguard cable", driver: harness.DriverWireGuard, fromNS: east.PodNS, toNS: west.PodNS, to: west.PodIP, comm: "cable-agent", gws: []string{east.GwNS, west.GwNS}},
@@ -473,7 +483,7 @@ func cableRatios(rs []CablePathResult, rounds int) []CableRatio {
 	for _, r := range rs {
 		by[r.Name] = r
 	}
-	pairs := [][2]string{{"vxlan-cable", "vxlan-hand"}, {"ipsec-cable", "ipsec-hand"}, {"wg-cable", "wg-hand"},
+	pairs := [][2]string{{"vxlan-cable", "vxlan-hand"}, {"ipsec-cable", "ipsec-hand"}, {"ipsec-cable", "ipsec-hand-session"}, {"ipsec-hand-session", "ipsec-hand"}, {"wg-cable", "wg-hand"},
 		{"vxlan-cable", "plain"}, {"vxlan-hand", "plain"}, {"plain-agw", "plain"}}
 	for _, r := range rs {
 		if len(r.Off) > 0 {
