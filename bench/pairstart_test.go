@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cablemesh/cablemesh/internal/benchresults"
 	"github.com/cablemesh/cablemesh/tests/netns/harness"
 )
 
@@ -249,14 +248,18 @@ func loadAvgLine() string {
 
 func writePairStartResults(t *testing.T, res PairStartResult) {
 	t.Helper()
-	var b strings.Builder
-	fmt.Fprintf(&b, "# A new pair's first packets, builds side by side (%s)\n\n", res.Date)
-	fmt.Fprintf(&b, "Kernel %s, %d CPUs, revision %s. Load average (1/5/15 min) %s at the start, %s at the end.\n\n", res.Kernel, res.CPUs, res.Revision, res.LoadAvgStart, res.LoadAvgEnd)
-	fmt.Fprintf(&b, "Metric: %s.\n\nCommand: `%s`\n\n", res.Metric, res.Command)
-	fmt.Fprintf(&b, "| build | starts | median (ms) | p90 (ms) | worst (ms) | steps, median (ms): joined / agent ready / registered / pair configured | dir |\n|---|---|---|---|---|---|---|\n")
+	r := startReport{
+		Title: fmt.Sprintf("A new pair's first packets, builds side by side (%s)", res.Date),
+		Machine: fmt.Sprintf("Kernel %s, %d CPUs, revision %s. Load average (1/5/15 min) %s at the start, %s at the end.",
+			res.Kernel, res.CPUs, res.Revision, res.LoadAvgStart, res.LoadAvgEnd),
+		Metric:  res.Metric,
+		Command: res.Command,
+		Table:   "| build | starts | median (ms) | p90 (ms) | worst (ms) | steps, median (ms): joined / agent ready / registered / pair configured | dir |\n|---|---|---|---|---|---|---|",
+		Notes:   res.Notes,
+	}
 	for _, p := range res.Builds {
-		fmt.Fprintf(&b, "| %s | %d | %.0f | %.0f | %.0f | %.0f / %.0f / %.0f / %.0f | `%s` |\n", p.Label, len(p.Samples),
-			p.MedianMs, p.P90Ms, p.WorstMs, p.JoinedMedianMs, p.ReadyMedianMs, p.RegisteredMedianMs, p.ConnectMedianMs, p.Dir)
+		r.Rows = append(r.Rows, fmt.Sprintf("| %s | %d | %.0f | %.0f | %.0f | %.0f / %.0f / %.0f / %.0f | `%s` |", p.Label, len(p.Samples),
+			p.MedianMs, p.P90Ms, p.WorstMs, p.JoinedMedianMs, p.ReadyMedianMs, p.RegisteredMedianMs, p.ConnectMedianMs, p.Dir))
 	}
 	for _, p := range res.Builds {
 		var v, l []string
@@ -264,14 +267,9 @@ func writePairStartResults(t *testing.T, res PairStartResult) {
 			v = append(v, fmt.Sprintf("%.0f", s.BothMs))
 			l = append(l, fmt.Sprintf("%.1f", s.Load1))
 		}
-		fmt.Fprintf(&b, "\n%s, every start in order (ms): %s\n", p.Label, strings.Join(v, ", "))
-		fmt.Fprintf(&b, "\n%s, 1-minute load average at each start: %s\n", p.Label, strings.Join(l, ", "))
+		r.Series = append(r.Series, startSeries{p.Label, "every start in order (ms)", v}, startSeries{p.Label, "1-minute load average at each start", l})
 	}
-	fmt.Fprintf(&b, "\nNotes:\n\n")
-	for _, n := range res.Notes {
-		fmt.Fprintf(&b, "- %s\n", n)
-	}
-	benchresults.Save(t, "results", "pairstart", res, b.String())
+	writeStartReport(t, "pairstart", res, r)
 }
 
 // processPriority says the nice value this bench (and so every process it starts) runs at: a
