@@ -15,7 +15,7 @@ func TestNameCarriesThePrefixAndThisProcessID(t *testing.T) {
 }
 
 func TestAliveTellsARunningProcessFromAZombieAndAnEndedOne(t *testing.T) {
-	if !alive(os.Getpid()) {
+	if !Alive(os.Getpid()) {
 		t.Error("this process is not alive")
 	}
 	cmd := exec.Command("sleep", "0")
@@ -25,14 +25,27 @@ func TestAliveTellsARunningProcessFromAZombieAndAnEndedOne(t *testing.T) {
 	pid := cmd.Process.Pid
 	// Not waited for: once it has exited it stays a zombie, which signal 0 still reaches.
 	deadline := time.Now().Add(5 * time.Second)
-	for alive(pid) && time.Now().Before(deadline) {
+	for Alive(pid) && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if alive(pid) {
+	if Alive(pid) {
 		t.Errorf("process %d that exited (a zombie) counts as alive", pid)
 	}
 	cmd.Wait()
-	if alive(pid) {
+	if Alive(pid) {
 		t.Errorf("reaped process %d counts as alive", pid)
+	}
+}
+
+func TestAddRefusesAHarnessRunPrefix(t *testing.T) {
+	for _, p := range []string{"cbt7", "cbta", "cbt7a3f-"} {
+		if !harnessRunPrefix.MatchString(p) {
+			t.Errorf("prefix %q has the shape of a harness run prefix, but passes", p)
+		}
+	}
+	for _, p := range []string{"cbtv", "cbti", "cbtl", "cbtx"} {
+		if harnessRunPrefix.MatchString(p) {
+			t.Errorf("prefix %q is refused, but a harness run prefix cannot start so", p)
+		}
 	}
 }
