@@ -1,27 +1,33 @@
 // Package fakebroker is an in-test broker: a real gRPC server over TLS on loopback that speaks
 // the Agent service of api/v1 with the agreed wire facts (serving chain [leaf, CA], leaf SAN
-// apiv1.BrokerServerName, client certs verified if given), a mesh CA, join tokens, and a store of
-// clusters and endpoints whose changes tests drive directly. Like the real broker it keeps, per
-// node, the certificates that are good (the newest and the one it was renewed with), renews them
-// (RenewCertificate), revokes them (Revoke), rotates its CA with an overlap (RotateCA,
-// FinishRotation) and sends the CA bundle on the watch.
+// apiv1.BrokerServerName, client certificates verified if given), join tokens, and a store of
+// clusters and endpoints whose changes tests drive directly. Its key material is the broker's
+// own (broker/pki): the mesh CA, the serving certificate, the token key, agent and ingress
+// certificates in the broker's format, and a CA rotation with an overlap (RotateCA,
+// FinishRotation) that serves from the previous CA until it finishes. Like the real broker it
+// keeps, per node, the certificates that are good (the newest and the one it was renewed with),
+// renews them (RenewCertificate), revokes them (Revoke) and sends the CA bundle on the watch.
+// What the real broker cannot do for a test, it adds: certificates of a short lifetime
+// (SetCertLifetime), refused calls (RefuseJoins, SetRenewError, ActAsOldBroker), imports set
+// directly (SetImports).
+//
+// It is not the real broker run in-process: the broker package registers the real cable drivers
+// (broker/policies.go), whose names the agent tests give their fake drivers, and it admits only
+// what a real agent sends (single-use join tokens, no second join of a node with a live
+// certificate, imports derived from exports), where these tests drive the mesh directly.
 package fakebroker
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
-	"math/big"
 	"net"
-	"net/url"
+	"os"
 	"slices"
 	"sort"
 	"sync"
@@ -39,68 +45,32 @@ import (
 	"github.com/cablemesh/cablemesh/api/jointoken"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/api/watchzstd"
+	"github.com/cablemesh/cablemesh/broker/pki"
 )
 
-// PKI is a mesh CA with a broker serving certificate.
-type PKI struct {
-	CA      *x509.Certificate
-	CAKey   *ecdsa.PrivateKey
-	CAPEM   []byte
-	Serving tls.Certificate
+// serverIPs are the addresses the serving certificate names besides apiv1.BrokerServerName.
+var serverIPs = []net.IP{net.IPv4(127, 0, 0, 1).To4(), net.IPv6loopback}
+
+// rotationOverlap is how long the previous CA stays trusted after RotateCA, as the bundle says.
+const rotationOverlap = time.Hour
+
+// withPKIDir runs f on a directory of its own, removed after: broker/pki writes the files of
+// the material it creates, which the fake keeps in memory only.
+func withPKIDir(f func(dir string) error) error {
+	dir, err := os.MkdirTemp("", "fakebroker-pki-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	return f(dir)
 }
 
-// NewPKI makes a CA and a serving leaf for apiv1.BrokerServerName.
-func NewPKI() (*PKI, error) { return newPKI("fake mesh CA") }
-
-func newPKI(name string) (*PKI, error) {
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, err
-	}
-	caTmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: name},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		return nil, err
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	p := &PKI{CA: ca, CAKey: caKey, CAPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})}
-	leafKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, err
-	}
-	leafDER, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
-		SerialNumber: big.NewInt(2),
-		Subject:      pkix.Name{CommonName: apiv1.BrokerServerName},
-		DNSNames:     []string{apiv1.BrokerServerName},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}, ca, &leafKey.PublicKey, caKey)
-	if err != nil {
-		return nil, err
-	}
-	p.Serving = tls.Certificate{Certificate: [][]byte{leafDER, caDER}, PrivateKey: leafKey}
-	return p, nil
-}
-
-// CAHash is the pinned fingerprint of the CA.
-func (p *PKI) CAHash() string { return jointoken.CAHash(p.CA.Raw) }
-
-var tokenKey = []byte("0123456789abcdef0123456789abcdef-fake-broker")
+// clusterUID is the UID the fake gives cluster in tokens and certificates.
+func clusterUID(cluster string) string { return "uid-" + cluster }
 
 // Broker is the fake broker's state and its (restartable) gRPC server.
 type Broker struct {
 	apiv1.UnimplementedAgentServer
-	PKI *PKI
 
 	encodedSent atomic.Int64 // watch messages sent compressed (EncodedSent)
 
@@ -125,11 +95,10 @@ type Broker struct {
 	conflicts      []*apiv1.ServiceConflict
 	watchRequests  []*apiv1.WatchRequest
 
-	// Certificates: the CA new certificates come from during a rotation (nil otherwise; PKI
-	// serves until the rotation finishes), the lifetime of agent certificates, the good serials
-	// of each node (newest first, at most two), revoked nodes, and the serial of each node's
-	// last authenticated call.
-	next           *PKI
+	// Certificates: the key material (a rotation replaces it), the lifetime of agent
+	// certificates (0: the broker's, pki.Validity), the good serials of each node (newest first,
+	// at most two), revoked nodes, and the serial of each node's last authenticated call.
+	pki            *pki.PKI
 	certLifetime   time.Duration
 	goodSerials    map[string][]string
 	revoked        map[string]bool
@@ -148,13 +117,17 @@ type Broker struct {
 
 // New makes a broker with no clusters. Start it with Start.
 func New() (*Broker, error) {
-	p, err := NewPKI()
+	var p *pki.PKI
+	err := withPKIDir(func(dir string) (err error) {
+		p, _, err = pki.LoadOrCreate(dir, serverIPs, time.Now())
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
-	return &Broker{PKI: p, clusters: map[string]*apiv1.Cluster{}, endpoints: map[string]*apiv1.Endpoint{}, policies: map[string]*apiv1.Policy{},
+	return &Broker{pki: p, clusters: map[string]*apiv1.Cluster{}, endpoints: map[string]*apiv1.Endpoint{}, policies: map[string]*apiv1.Policy{},
 		exports: map[string][]*apiv1.ServiceExport{}, imports: map[string]*apiv1.ServiceImports{}, changed: make(chan struct{}),
-		certLifetime: 24 * time.Hour, goodSerials: map[string][]string{}, revoked: map[string]bool{}, lastSerial: map[string]string{}}, nil
+		goodSerials: map[string][]string{}, revoked: map[string]bool{}, lastSerial: map[string]string{}}, nil
 }
 
 // Start serves on addr ("127.0.0.1:0" for any port; the previous address to restart).
@@ -194,38 +167,25 @@ func (b *Broker) Stop() {
 	}
 }
 
-// serverTLS is the TLS configuration of the next handshake: the serving certificate of PKI, and
+// serverTLS is the TLS configuration of the next handshake: the serving certificate, and
 // client certificates of every trusted CA.
 func (b *Broker) serverTLS() *tls.Config {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	pool := x509.NewCertPool()
-	pool.AddCert(b.PKI.CA)
-	if b.next != nil {
-		pool.AddCert(b.next.CA)
-	}
 	return &tls.Config{
-		Certificates: []tls.Certificate{b.PKI.Serving},
+		Certificates: []tls.Certificate{b.pki.ServerTLS},
 		ClientAuth:   tls.VerifyClientCertIfGiven,
-		ClientCAs:    pool,
+		ClientCAs:    b.pki.CAPool(),
 		MinVersion:   tls.VersionTLS12,
 	}
 }
 
-// issuingLocked is the CA new certificates come from.
-func (b *Broker) issuingLocked() *PKI {
-	if b.next != nil {
-		return b.next
-	}
-	return b.PKI
-}
-
-// bundleLocked is the CA bundle clients are told of: every trusted CA, the serving one first.
+// bundleLocked is the CA bundle clients are told of, as the broker makes it: every trusted CA,
+// the serving one first, the issuing one named.
 func (b *Broker) bundleLocked() *apiv1.CABundle {
-	out := &apiv1.CABundle{Pem: append([]byte(nil), b.PKI.CAPEM...), IssuingCa: b.issuingLocked().CAHash()}
-	if b.next != nil {
-		out.Pem = append(out.Pem, b.next.CAPEM...)
-		out.PreviousTrustedUntil = timestamppb.New(time.Now().Add(time.Hour))
+	out := &apiv1.CABundle{Pem: slices.Clone(b.pki.CAPEM), IssuingCa: b.pki.IssuerHash()}
+	if b.pki.Previous != nil {
+		out.PreviousTrustedUntil = timestamppb.New(b.pki.PreviousUntil)
 	}
 	return out
 }
@@ -237,35 +197,65 @@ func (b *Broker) Bundle() *apiv1.CABundle {
 	return b.bundleLocked()
 }
 
-// SetCertLifetime sets how long the agent certificates issued from now on last (default 24h).
+// IssuingCA is the CA new certificates come from.
+func (b *Broker) IssuingCA() *x509.Certificate {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.pki.CACert
+}
+
+// CAHash is the fingerprint join tokens pin: the serving CA's.
+func (b *Broker) CAHash() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.pki.CAHash()
+}
+
+// SetCertLifetime sets how long the agent certificates issued from now on last (default the
+// broker's, pki.Validity), for tests of their renewal.
 func (b *Broker) SetCertLifetime(d time.Duration) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.certLifetime = d
 }
 
-// RotateCA starts a rotation: a new CA issues every certificate from now on, both are trusted,
-// the old one still serves; watches get the new bundle.
+// RotateCA starts a rotation as the broker does (pki.Rotate): a new CA issues every certificate
+// from now on, both are trusted, the old one still serves; watches get the new bundle.
 func (b *Broker) RotateCA() error {
-	p, err := newPKI("fake mesh CA (rotated)")
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	err := withPKIDir(func(dir string) error {
+		p, err := b.pki.Rotate(dir, time.Now(), rotationOverlap)
+		if err == nil {
+			b.pki = p
+		}
+		return err
+	})
 	if err != nil {
 		return err
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.next = p
 	b.caChangedLocked()
 	return nil
 }
 
-// FinishRotation ends the overlap: the new CA serves and is the only one trusted.
+// FinishRotation ends the overlap (pki.FinishRotation): the new CA serves and is the only one
+// trusted.
 func (b *Broker) FinishRotation() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.next == nil {
+	if b.pki.Previous == nil {
 		return
 	}
-	b.PKI, b.next = b.next, nil
+	err := withPKIDir(func(dir string) error {
+		p, err := b.pki.FinishRotation(dir, serverIPs, time.Now())
+		if err == nil {
+			b.pki = p
+		}
+		return err
+	})
+	if err != nil {
+		panic(fmt.Sprintf("fakebroker: finish the CA rotation: %v", err)) // only a full disk gets here
+	}
 	b.caChangedLocked()
 }
 
@@ -319,47 +309,47 @@ func (b *Broker) GoodSerials(cluster, node string) []string {
 	return append([]string(nil), b.goodSerials[cluster+"/"+node]...)
 }
 
-// issueLocked signs an agent certificate for the CSR from the issuing CA and records it as the
-// node's newest good certificate (keep: how many of the node's earlier ones stay good).
+// issueLocked issues an agent certificate for the CSR from the issuing CA, in the broker's
+// format (pki.IssueAgent), and records it as the node's newest good certificate (keep: how many
+// of the node's earlier ones stay good).
 func (b *Broker) issueLocked(csrPEM []byte, cluster, node string, keep int) (*x509.Certificate, []byte, error) {
-	blk, _ := pem.Decode(csrPEM)
-	if blk == nil {
-		return nil, nil, status.Error(codes.InvalidArgument, "csr_pem holds no PEM block")
-	}
-	csr, err := x509.ParseCertificateRequest(blk.Bytes)
-	if err == nil {
-		err = csr.CheckSignature()
-	}
+	certPEM, cert, err := b.pki.IssueAgent(csrPEM, cluster, clusterUID(cluster), node, time.Now())
 	if err != nil {
 		return nil, nil, status.Errorf(codes.InvalidArgument, "bad CSR: %v", err)
 	}
-	sn, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 96))
-	if err != nil {
-		return nil, nil, status.Error(codes.Internal, err.Error())
+	if b.certLifetime > 0 {
+		if certPEM, cert, err = b.shortenLocked(cert); err != nil {
+			return nil, nil, status.Error(codes.Internal, err.Error())
+		}
 	}
-	ca := b.issuingLocked()
-	now := time.Now()
-	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
-		SerialNumber: sn,
-		Subject:      pkix.Name{CommonName: node, Organization: []string{cluster}},
-		NotBefore:    now.Add(-time.Second),
-		NotAfter:     now.Add(b.certLifetime),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}, ca.CA, csr.PublicKey, ca.CAKey)
-	if err != nil {
-		return nil, nil, status.Error(codes.Internal, err.Error())
-	}
-	cert, _ := x509.ParseCertificate(der)
 	key := cluster + "/" + node
-	good := append([]string{sn.Text(16)}, b.goodSerials[key][:min(keep, len(b.goodSerials[key]))]...)
+	good := append([]string{pki.Serial(cert)}, b.goodSerials[key][:min(keep, len(b.goodSerials[key]))]...)
 	b.goodSerials[key] = good
-	return cert, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), nil
+	return cert, certPEM, nil
 }
 
-// Token returns a valid join token for cluster.
+// shortenLocked is cert issued again, the same but for its NotAfter: certLifetime from now.
+// The broker's certificates all last pki.Validity; a renewal test cannot wait that long.
+func (b *Broker) shortenLocked(cert *x509.Certificate) ([]byte, *x509.Certificate, error) {
+	tmpl := *cert
+	tmpl.NotAfter = time.Now().Add(b.certLifetime)
+	der, err := x509.CreateCertificate(rand.Reader, &tmpl, b.pki.CACert, cert.PublicKey, b.pki.CAKey)
+	if err != nil {
+		return nil, nil, err
+	}
+	short, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), short, nil
+}
+
+// Token returns a join token for cluster, signed with the broker's token key, that expires
+// after validFor (a negative one: already expired).
 func (b *Broker) Token(cluster string, validFor time.Duration) string {
-	t, err := jointoken.Sign(jointoken.Claims{Cluster: cluster, ClusterUID: "uid-" + cluster, Expires: time.Now().Add(validFor), CAHash: b.PKI.CAHash(), Nonce: "n"}, tokenKey)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	t, err := jointoken.Sign(jointoken.Claims{Cluster: cluster, ClusterUID: clusterUID(cluster), Expires: time.Now().Add(validFor), CAHash: b.pki.CAHash(), Nonce: "n"}, b.pki.TokenKey)
 	if err != nil {
 		panic(err)
 	}
@@ -499,6 +489,9 @@ func (b *Broker) emit(ev *apiv1.Event) {
 
 // Join implements the agent's first call.
 func (b *Broker) Join(_ context.Context, req *apiv1.JoinRequest) (*apiv1.JoinResponse, error) {
+	b.mu.Lock()
+	tokenKey := b.pki.TokenKey
+	b.mu.Unlock()
 	claims, err := jointoken.Verify(req.GetToken(), tokenKey, time.Now())
 	if err != nil {
 		return nil, status.Error(codes.Unauthenticated, err.Error())
@@ -552,49 +545,24 @@ func (b *Broker) RenewCertificate(ctx context.Context, req *apiv1.RenewCertifica
 	return &apiv1.RenewCertificateResponse{CertificatePem: certPEM, CaPem: bundle.Pem, NotAfter: timestamppb.New(cert.NotAfter), Ca: bundle}, nil
 }
 
-// IssueIngressCertificate issues an ingress serving certificate (as broker/pki.IssueIngress
-// shapes it) for the caller's node from the issuing CA.
+// IssueIngressCertificate issues an ingress serving certificate for the caller's node from the
+// issuing CA, as the broker does (pki.IssueIngress).
 func (b *Broker) IssueIngressCertificate(ctx context.Context, req *apiv1.IssueIngressCertificateRequest) (*apiv1.IssueIngressCertificateResponse, error) {
 	cluster, node, err := b.identity(ctx)
 	if err != nil {
 		return nil, err
 	}
 	b.mu.Lock()
-	old := b.noIngressCerts
-	b.mu.Unlock()
-	if old {
+	defer b.mu.Unlock()
+	if b.noIngressCerts {
 		return nil, status.Error(codes.Unimplemented, "method IssueIngressCertificate not implemented")
 	}
-	blk, _ := pem.Decode(req.GetCsrPem())
-	if blk == nil {
-		return nil, status.Error(codes.InvalidArgument, "csr_pem holds no PEM block")
-	}
-	csr, err := x509.ParseCertificateRequest(blk.Bytes)
-	if err == nil {
-		err = csr.CheckSignature()
-	}
+	certPEM, cert, err := b.pki.IssueIngress(req.GetCsrPem(), cluster, node, time.Now())
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "bad CSR: %v", err)
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	b.ingressIssued++
-	ca := b.issuingLocked()
-	now := time.Now()
-	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
-		SerialNumber: big.NewInt(now.UnixNano()),
-		Subject:      pkix.Name{CommonName: node, Organization: []string{"cablemesh:ingress:" + cluster}},
-		URIs:         []*url.URL{{Scheme: "cablemesh", Host: "ingress", Path: "/" + cluster + "/node/" + node}},
-		NotBefore:    now.Add(-time.Second),
-		NotAfter:     now.Add(b.certLifetime),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}, ca.CA, csr.PublicKey, ca.CAKey)
-	if err != nil {
-		return nil, status.Error(codes.Internal, err.Error())
-	}
-	cert, _ := x509.ParseCertificate(der)
-	return &apiv1.IssueIngressCertificateResponse{CertificatePem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), NotAfter: timestamppb.New(cert.NotAfter)}, nil
+	return &apiv1.IssueIngressCertificateResponse{CertificatePem: certPEM, NotAfter: timestamppb.New(cert.NotAfter)}, nil
 }
 
 // ActAsOldBroker makes IssueIngressCertificate answer Unimplemented, as a broker older than it.
@@ -611,29 +579,38 @@ func (b *Broker) IngressIssued() int {
 	return b.ingressIssued
 }
 
-// identity returns the cluster and node of the caller's client certificate, refusing it as the
-// real broker does when the node was revoked or the certificate is no longer one of its good ones.
+// identity returns the cluster and node of the caller's client certificate (pki.IdentityOf),
+// refusing it as the real broker does when the node was revoked or the certificate is no longer
+// one of its good ones.
 func (b *Broker) identity(ctx context.Context) (cluster, node string, err error) {
+	leaf, err := clientCert(ctx)
+	if err != nil {
+		return "", "", err
+	}
+	id, err := pki.IdentityOf(leaf)
+	if err != nil || id.Admin {
+		return "", "", status.Errorf(codes.Unauthenticated, "not an agent certificate: %v", err)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.checkLocked(id.Cluster, id.Node, id.Serial); err != nil {
+		return "", "", err
+	}
+	b.lastSerial[id.Cluster+"/"+id.Node] = id.Serial
+	return id.Cluster, id.Node, nil
+}
+
+// clientCert is the verified client certificate of the call.
+func clientCert(ctx context.Context) (*x509.Certificate, error) {
 	p, ok := peer.FromContext(ctx)
 	if !ok {
-		return "", "", status.Error(codes.Unauthenticated, "no peer")
+		return nil, status.Error(codes.Unauthenticated, "no peer")
 	}
 	ti, ok := p.AuthInfo.(credentials.TLSInfo)
 	if !ok || len(ti.State.VerifiedChains) == 0 {
-		return "", "", status.Error(codes.Unauthenticated, "a client certificate is required")
+		return nil, status.Error(codes.Unauthenticated, "a client certificate is required")
 	}
-	leaf := ti.State.VerifiedChains[0][0]
-	if len(leaf.Subject.Organization) == 0 {
-		return "", "", status.Error(codes.Unauthenticated, "certificate names no cluster")
-	}
-	cluster, node = leaf.Subject.Organization[0], leaf.Subject.CommonName
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if err := b.checkLocked(cluster, node, leaf.SerialNumber.Text(16)); err != nil {
-		return "", "", err
-	}
-	b.lastSerial[cluster+"/"+node] = leaf.SerialNumber.Text(16)
-	return cluster, node, nil
+	return ti.State.VerifiedChains[0][0], nil
 }
 
 // checkLocked refuses a revoked node's certificates and those it no longer lists.
@@ -687,8 +664,11 @@ func (b *Broker) Watch(req *apiv1.WatchRequest, stream grpc.ServerStreamingServe
 	if err != nil {
 		return err
 	}
-	p, _ := peer.FromContext(stream.Context())
-	serial := p.AuthInfo.(credentials.TLSInfo).State.VerifiedChains[0][0].SerialNumber.Text(16)
+	leaf, err := clientCert(stream.Context())
+	if err != nil {
+		return err
+	}
+	serial := pki.Serial(leaf)
 	b.mu.Lock()
 	b.watchRequests = append(b.watchRequests, proto.Clone(req).(*apiv1.WatchRequest))
 	since := req.GetSinceRevision()
