@@ -1,7 +1,8 @@
 // Package fakebroker is an in-test broker: a real gRPC server over TLS on loopback that speaks
 // the Agent service of api/v1 with the agreed wire facts (serving chain [leaf, CA], leaf SAN
-// apiv1.BrokerServerName, client certificates verified if given), join tokens, and a store of
-// clusters and endpoints whose changes tests drive directly. Its key material is the broker's
+// apiv1.BrokerServerName, client certificates verified if given), join tokens, and the broker's
+// store (store.Memory) of clusters, endpoints and policies, whose changes tests drive directly
+// and which the watches follow as the broker's do. Its key material is the broker's
 // own (broker/pki): the mesh CA, the serving certificate, the token key, agent and ingress
 // certificates in the broker's format, and a CA rotation with an overlap (RotateCA,
 // FinishRotation) that serves from the previous CA until it finishes. Like the real broker it
@@ -29,7 +30,6 @@ import (
 	"net"
 	"os"
 	"slices"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,6 +46,7 @@ import (
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/api/watchzstd"
 	"github.com/cablemesh/cablemesh/broker/pki"
+	"github.com/cablemesh/cablemesh/broker/store"
 )
 
 // serverIPs are the addresses the serving certificate names besides apiv1.BrokerServerName.
@@ -74,13 +75,13 @@ type Broker struct {
 
 	encodedSent atomic.Int64 // watch messages sent compressed (EncodedSent)
 
-	mu        sync.Mutex
-	rev       uint64
-	clusters  map[string]*apiv1.Cluster
-	endpoints map[string]*apiv1.Endpoint
-	policies  map[string]*apiv1.Policy
-	history   []*apiv1.Event // every event, in order
-	changed   chan struct{}  // closed and replaced on every change
+	// store holds the clusters, endpoints and policies; a watch follows its commits.
+	store *store.Memory
+
+	mu sync.Mutex
+	// changed is closed and replaced on every change a watch sends that is not the store's
+	// (imports, the CA bundle, a revocation).
+	changed   chan struct{}
 	joins     int
 	registers int
 	beats     int
@@ -125,7 +126,7 @@ func New() (*Broker, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Broker{pki: p, clusters: map[string]*apiv1.Cluster{}, endpoints: map[string]*apiv1.Endpoint{}, policies: map[string]*apiv1.Policy{},
+	return &Broker{pki: p, store: store.NewMemory(store.Options{}),
 		exports: map[string][]*apiv1.ServiceExport{}, imports: map[string]*apiv1.ServiceImports{}, changed: make(chan struct{}),
 		goodSerials: map[string][]string{}, revoked: map[string]bool{}, lastSerial: map[string]string{}}, nil
 }
@@ -365,56 +366,52 @@ func (b *Broker) Counts() (joins, registers, beats int) {
 
 // Revision is the store revision.
 func (b *Broker) Revision() uint64 {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.rev
+	var rev uint64
+	b.view(func(tx store.ReadTx) error {
+		rev = tx.Revision()
+		return nil
+	})
+	return rev
 }
 
 // Endpoint returns a copy of a registered endpoint, or nil.
 func (b *Broker) Endpoint(cluster, node string) *apiv1.Endpoint {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if e := b.endpoints[cluster+"/"+node]; e != nil {
-		return proto.Clone(e).(*apiv1.Endpoint)
+	var e *apiv1.Endpoint
+	b.view(func(tx store.ReadTx) (err error) {
+		e, err = tx.Endpoint(cluster, node)
+		return err
+	})
+	return e
+}
+
+// view reads the store; it fails only on a closed store, which the fake never closes.
+func (b *Broker) view(fn func(store.ReadTx) error) {
+	if err := b.store.View(context.Background(), fn); err != nil {
+		panic(fmt.Sprintf("fakebroker: read the store: %v", err))
 	}
-	return nil
+}
+
+// update writes the store; it fails only on a record without its key (a test's mistake).
+func (b *Broker) update(fn func(store.Tx) error) {
+	if _, err := b.store.Update(context.Background(), fn); err != nil {
+		panic(fmt.Sprintf("fakebroker: write the store: %v", err))
+	}
 }
 
 // UpsertCluster stores a cluster record.
 func (b *Broker) UpsertCluster(c *apiv1.Cluster) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.rev++
-	c = proto.Clone(c).(*apiv1.Cluster)
-	c.Revision = b.rev
-	b.clusters[c.GetName()] = c
-	b.emit(&apiv1.Event{Type: apiv1.Event_UPSERT, Kind: "cluster", Key: c.GetName(), Revision: b.rev,
-		Resource: &apiv1.Resource{Kind: &apiv1.Resource_Cluster{Cluster: c}}})
+	b.update(func(tx store.Tx) error { return tx.PutCluster(c) })
 }
 
 // UpsertPolicy stores a connection policy record (Json is policy.ClusterConnectionPolicy as
 // JSON; IsDefault marks the mesh default).
 func (b *Broker) UpsertPolicy(p *apiv1.Policy) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.rev++
-	p = proto.Clone(p).(*apiv1.Policy)
-	p.Revision = b.rev
-	b.policies[p.GetName()] = p
-	b.emit(&apiv1.Event{Type: apiv1.Event_UPSERT, Kind: "policy", Key: p.GetName(), Revision: b.rev,
-		Resource: &apiv1.Resource{Kind: &apiv1.Resource_Policy{Policy: p}}})
+	b.update(func(tx store.Tx) error { return tx.PutPolicy(p) })
 }
 
 // DeletePolicy removes a policy.
 func (b *Broker) DeletePolicy(name string) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if _, ok := b.policies[name]; !ok {
-		return
-	}
-	delete(b.policies, name)
-	b.rev++
-	b.emit(&apiv1.Event{Type: apiv1.Event_DELETE, Kind: "policy", Key: name, Revision: b.rev})
+	b.update(func(tx store.Tx) error { return tx.DeletePolicy(name) })
 }
 
 // pskSecret is the fake mesh secret the pair PSKs derive from.
@@ -453,38 +450,12 @@ func forCallerAll(evs []*apiv1.Event, caller string) []*apiv1.Event {
 
 // UpsertEndpoint stores an endpoint record.
 func (b *Broker) UpsertEndpoint(e *apiv1.Endpoint) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.upsertEndpointLocked(e)
-}
-
-func (b *Broker) upsertEndpointLocked(e *apiv1.Endpoint) {
-	b.rev++
-	e = proto.Clone(e).(*apiv1.Endpoint)
-	e.Revision = b.rev
-	key := e.GetCluster() + "/" + e.GetNode()
-	b.endpoints[key] = e
-	b.emit(&apiv1.Event{Type: apiv1.Event_UPSERT, Kind: "endpoint", Key: key, Revision: b.rev,
-		Resource: &apiv1.Resource{Kind: &apiv1.Resource_Endpoint{Endpoint: e}}})
+	b.update(func(tx store.Tx) error { return tx.PutEndpoint(e) })
 }
 
 // DeleteEndpoint withdraws an endpoint, as a lease expiry would.
 func (b *Broker) DeleteEndpoint(cluster, node string) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	key := cluster + "/" + node
-	if _, ok := b.endpoints[key]; !ok {
-		return
-	}
-	delete(b.endpoints, key)
-	b.rev++
-	b.emit(&apiv1.Event{Type: apiv1.Event_DELETE, Kind: "endpoint", Key: key, Revision: b.rev})
-}
-
-func (b *Broker) emit(ev *apiv1.Event) {
-	b.history = append(b.history, ev)
-	close(b.changed)
-	b.changed = make(chan struct{})
+	b.update(func(tx store.Tx) error { return tx.DeleteEndpoint(cluster, node) })
 }
 
 // Join implements the agent's first call.
@@ -510,7 +481,11 @@ func (b *Broker) Join(_ context.Context, req *apiv1.JoinRequest) (*apiv1.JoinRes
 		return nil, err
 	}
 	b.joins++
-	c := b.clusters[req.GetCluster()]
+	var c *apiv1.Cluster
+	b.view(func(tx store.ReadTx) (err error) {
+		c, err = tx.Cluster(req.GetCluster())
+		return err
+	})
 	if c == nil {
 		c = &apiv1.Cluster{Name: req.GetCluster()}
 	}
@@ -518,7 +493,7 @@ func (b *Broker) Join(_ context.Context, req *apiv1.JoinRequest) (*apiv1.JoinRes
 	return &apiv1.JoinResponse{
 		CertificatePem: certPEM,
 		CaPem:          bundle.Pem,
-		Cluster:        proto.Clone(c).(*apiv1.Cluster),
+		Cluster:        c,
 		NotAfter:       timestamppb.New(cert.NotAfter),
 		Ca:             bundle,
 	}, nil
@@ -636,10 +611,10 @@ func (b *Broker) RegisterEndpoint(ctx context.Context, req *apiv1.RegisterEndpoi
 	if e.GetCluster() != cluster || e.GetNode() != node {
 		return nil, status.Errorf(codes.PermissionDenied, "agent %s/%s may not register %s/%s", cluster, node, e.GetCluster(), e.GetNode())
 	}
+	b.UpsertEndpoint(e)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.registers++
-	b.upsertEndpointLocked(e)
 	return &apiv1.RegisterEndpointResponse{Endpoint: e, LeaseSeconds: req.GetLeaseSeconds()}, nil
 }
 
@@ -649,16 +624,18 @@ func (b *Broker) Heartbeat(ctx context.Context, req *apiv1.HeartbeatRequest) (*a
 	if err != nil {
 		return nil, err
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.endpoints[cluster+"/"+node] == nil {
+	if b.Endpoint(cluster, node) == nil {
 		return nil, status.Errorf(codes.NotFound, "endpoint %s/%s is not registered", cluster, node)
 	}
+	rev := b.Revision()
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	b.beats++
-	return &apiv1.HeartbeatResponse{Revision: b.rev}, nil
+	return &apiv1.HeartbeatResponse{Revision: rev}, nil
 }
 
-// Watch sends a snapshot (or the deltas after since_revision), then every change.
+// Watch sends a snapshot (or the deltas after since_revision) as the store's watch gives it,
+// then every commit, and the imports and the CA bundle when they change.
 func (b *Broker) Watch(req *apiv1.WatchRequest, stream grpc.ServerStreamingServer[apiv1.WatchResponse]) error {
 	caller, node, err := b.identity(stream.Context())
 	if err != nil {
@@ -671,14 +648,21 @@ func (b *Broker) Watch(req *apiv1.WatchRequest, stream grpc.ServerStreamingServe
 	serial := pki.Serial(leaf)
 	b.mu.Lock()
 	b.watchRequests = append(b.watchRequests, proto.Clone(req).(*apiv1.WatchRequest))
-	since := req.GetSinceRevision()
-	var first *apiv1.WatchResponse
-	if since == 0 || since > b.rev {
-		first = b.snapshotLocked()
-	} else {
-		first = &apiv1.WatchResponse{Revision: b.rev, Events: b.eventsAfterLocked(since)}
+	b.mu.Unlock()
+	ctx := stream.Context()
+	w, err := b.store.Watch(ctx, req.GetSinceRevision())
+	if err != nil {
+		return status.Error(codes.Unavailable, err.Error())
 	}
-	sent := b.rev
+	var batch store.Batch
+	select {
+	case <-ctx.Done():
+		return nil
+	case batch = <-w.C():
+	}
+	b.mu.Lock()
+	first := &apiv1.WatchResponse{Snapshot: batch.Snapshot, Revision: batch.Revision, Events: forCallerAll(batch.Events, caller)}
+	sent := batch.Revision
 	changed := b.changed
 	sentImports := b.importsVersion
 	if req.GetWantImports() && !b.importsHeld {
@@ -689,7 +673,6 @@ func (b *Broker) Watch(req *apiv1.WatchRequest, stream grpc.ServerStreamingServe
 	first.Ca = b.bundleLocked()
 	sentCA := b.caVersion
 	b.mu.Unlock()
-	first.Events = forCallerAll(first.Events, caller)
 	// As the broker does, a large message goes compressed to an agent that accepts it.
 	if slices.Contains(req.GetAcceptEncodings(), watchzstd.Name) {
 		if first, err = b.compressed(first); err != nil {
@@ -700,9 +683,15 @@ func (b *Broker) Watch(req *apiv1.WatchRequest, stream grpc.ServerStreamingServe
 		return err
 	}
 	for {
+		var evs []*apiv1.Event
 		select {
-		case <-stream.Context().Done():
+		case <-ctx.Done():
 			return nil
+		case batch, ok := <-w.C():
+			if !ok {
+				return status.Error(codes.Unavailable, fmt.Sprintf("watch ended: %v", w.Err()))
+			}
+			evs, sent = batch.Events, batch.Revision
 		case <-changed:
 		}
 		b.mu.Lock()
@@ -710,8 +699,6 @@ func (b *Broker) Watch(req *apiv1.WatchRequest, stream grpc.ServerStreamingServe
 			b.mu.Unlock()
 			return err
 		}
-		evs := b.eventsAfterLocked(sent)
-		sent = b.rev
 		changed = b.changed
 		var imps *apiv1.ServiceImports
 		if req.GetWantImports() && !b.importsHeld && b.importsVersion != sentImports {
@@ -753,48 +740,6 @@ func (b *Broker) compressed(resp *apiv1.WatchResponse) (*apiv1.WatchResponse, er
 
 // EncodedSent is how many watch messages went compressed.
 func (b *Broker) EncodedSent() int64 { return b.encodedSent.Load() }
-
-func (b *Broker) eventsAfterLocked(rev uint64) []*apiv1.Event {
-	var out []*apiv1.Event
-	for _, ev := range b.history {
-		if ev.GetRevision() > rev {
-			out = append(out, ev)
-		}
-	}
-	return out
-}
-
-func (b *Broker) snapshotLocked() *apiv1.WatchResponse {
-	resp := &apiv1.WatchResponse{Snapshot: true, Revision: b.rev}
-	names := make([]string, 0, len(b.clusters))
-	for n := range b.clusters {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		resp.Events = append(resp.Events, &apiv1.Event{Type: apiv1.Event_UPSERT, Kind: "cluster", Key: n, Revision: b.clusters[n].GetRevision(),
-			Resource: &apiv1.Resource{Kind: &apiv1.Resource_Cluster{Cluster: b.clusters[n]}}})
-	}
-	pnames := make([]string, 0, len(b.policies))
-	for n := range b.policies {
-		pnames = append(pnames, n)
-	}
-	sort.Strings(pnames)
-	for _, n := range pnames {
-		resp.Events = append(resp.Events, &apiv1.Event{Type: apiv1.Event_UPSERT, Kind: "policy", Key: n, Revision: b.policies[n].GetRevision(),
-			Resource: &apiv1.Resource{Kind: &apiv1.Resource_Policy{Policy: b.policies[n]}}})
-	}
-	keys := make([]string, 0, len(b.endpoints))
-	for k := range b.endpoints {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		resp.Events = append(resp.Events, &apiv1.Event{Type: apiv1.Event_UPSERT, Kind: "endpoint", Key: k, Revision: b.endpoints[k].GetRevision(),
-			Resource: &apiv1.Resource{Kind: &apiv1.Resource_Endpoint{Endpoint: b.endpoints[k]}}})
-	}
-	return resp
-}
 
 // String describes the broker for test logs.
 func (b *Broker) String() string {
@@ -866,7 +811,7 @@ func (b *Broker) SetExports(ctx context.Context, req *apiv1.SetExportsRequest) (
 	}
 	b.setExports++
 	b.exports[cluster+"/"+node] = stored
-	return &apiv1.SetExportsResponse{Exports: stored, Conflicts: b.conflicts, Revision: b.rev}, nil
+	return &apiv1.SetExportsResponse{Exports: stored, Conflicts: b.conflicts, Revision: b.Revision()}, nil
 }
 
 // Exports returns what cluster/node last set, and how many SetExports calls succeeded.
