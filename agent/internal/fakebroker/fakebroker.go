@@ -81,17 +81,13 @@ type Broker struct {
 	mu sync.Mutex
 	// changed is closed and replaced on every change a watch sends that is not the store's
 	// (imports, the CA bundle, a revocation).
-	changed   chan struct{}
-	joins     int
-	registers int
-	beats     int
+	changed chan struct{}
 	// Services: what each node exported (by cluster/node), the imports each cluster's agents
 	// get (set by the test), and the requests seen.
 	exports        map[string][]*apiv1.ServiceExport
 	imports        map[string]*apiv1.ServiceImports
 	importsVersion uint64
 	importsHeld    bool // HoldImports: watches send no imports until ReleaseImports
-	setExports     int
 	exportsErr     error
 	conflicts      []*apiv1.ServiceConflict
 	watchRequests  []*apiv1.WatchRequest
@@ -99,17 +95,15 @@ type Broker struct {
 	// Certificates: the key material (a rotation replaces it), the lifetime of agent
 	// certificates (0: the broker's, pki.Validity), the good serials of each node (newest first,
 	// at most two), revoked nodes, and the serial of each node's last authenticated call.
-	pki            *pki.PKI
-	certLifetime   time.Duration
-	goodSerials    map[string][]string
-	revoked        map[string]bool
-	lastSerial     map[string]string
-	ingressIssued  int
-	noIngressCerts bool
-	renewals       int
-	renewErr       error
-	joinErr        error
-	caVersion      uint64
+	pki          *pki.PKI
+	certLifetime time.Duration
+	goodSerials  map[string][]string
+	revoked      map[string]bool
+	lastSerial   map[string]string
+	caVersion    uint64
+
+	// knobs refuse calls and count those that succeeded (knobs.go).
+	knobs *knobs
 
 	srv  *grpc.Server
 	lis  net.Listener
@@ -126,7 +120,7 @@ func New() (*Broker, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Broker{pki: p, store: store.NewMemory(store.Options{}),
+	return &Broker{pki: p, store: store.NewMemory(store.Options{}), knobs: newKnobs(),
 		exports: map[string][]*apiv1.ServiceExport{}, imports: map[string]*apiv1.ServiceImports{}, changed: make(chan struct{}),
 		goodSerials: map[string][]string{}, revoked: map[string]bool{}, lastSerial: map[string]string{}}, nil
 }
@@ -141,7 +135,7 @@ func (b *Broker) Start(addr string) error {
 	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{
 		MinVersion:         tls.VersionTLS12,
 		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) { return b.serverTLS(), nil },
-	})))
+	})), grpc.UnaryInterceptor(b.knobs.unary))
 	apiv1.RegisterAgentServer(srv, b)
 	b.mu.Lock()
 	b.srv, b.lis, b.addr = srv, lis, lis.Addr().String()
@@ -275,27 +269,6 @@ func (b *Broker) Revoke(cluster, node string) {
 	b.changed = make(chan struct{})
 }
 
-// Renewals is how many RenewCertificate calls succeeded.
-func (b *Broker) Renewals() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.renewals
-}
-
-// SetRenewError makes RenewCertificate fail with err (nil: succeed).
-func (b *Broker) SetRenewError(err error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.renewErr = err
-}
-
-// RefuseJoins makes Join fail with err (nil: accept again).
-func (b *Broker) RefuseJoins(err error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.joinErr = err
-}
-
 // LastSerial is the serial (hex) of the certificate of cluster/node's last authenticated call.
 func (b *Broker) LastSerial(cluster, node string) string {
 	b.mu.Lock()
@@ -355,13 +328,6 @@ func (b *Broker) Token(cluster string, validFor time.Duration) string {
 		panic(err)
 	}
 	return t
-}
-
-// Counts returns how many Join, RegisterEndpoint and Heartbeat calls succeeded.
-func (b *Broker) Counts() (joins, registers, beats int) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.joins, b.registers, b.beats
 }
 
 // Revision is the store revision.
@@ -472,15 +438,11 @@ func (b *Broker) Join(_ context.Context, req *apiv1.JoinRequest) (*apiv1.JoinRes
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.joinErr != nil {
-		return nil, b.joinErr
-	}
 	delete(b.revoked, req.GetCluster()+"/"+req.GetNode())
 	cert, certPEM, err := b.issueLocked(req.GetCsrPem(), req.GetCluster(), req.GetNode(), 0)
 	if err != nil {
 		return nil, err
 	}
-	b.joins++
 	var c *apiv1.Cluster
 	b.view(func(tx store.ReadTx) (err error) {
 		c, err = tx.Cluster(req.GetCluster())
@@ -508,14 +470,10 @@ func (b *Broker) RenewCertificate(ctx context.Context, req *apiv1.RenewCertifica
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.renewErr != nil {
-		return nil, b.renewErr
-	}
 	cert, certPEM, err := b.issueLocked(req.GetCsrPem(), cluster, node, 1)
 	if err != nil {
 		return nil, err
 	}
-	b.renewals++
 	bundle := b.bundleLocked()
 	return &apiv1.RenewCertificateResponse{CertificatePem: certPEM, CaPem: bundle.Pem, NotAfter: timestamppb.New(cert.NotAfter), Ca: bundle}, nil
 }
@@ -529,29 +487,11 @@ func (b *Broker) IssueIngressCertificate(ctx context.Context, req *apiv1.IssueIn
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.noIngressCerts {
-		return nil, status.Error(codes.Unimplemented, "method IssueIngressCertificate not implemented")
-	}
 	certPEM, cert, err := b.pki.IssueIngress(req.GetCsrPem(), cluster, node, time.Now())
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "bad CSR: %v", err)
 	}
-	b.ingressIssued++
 	return &apiv1.IssueIngressCertificateResponse{CertificatePem: certPEM, NotAfter: timestamppb.New(cert.NotAfter)}, nil
-}
-
-// ActAsOldBroker makes IssueIngressCertificate answer Unimplemented, as a broker older than it.
-func (b *Broker) ActAsOldBroker() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.noIngressCerts = true
-}
-
-// IngressIssued counts the ingress certificates issued.
-func (b *Broker) IngressIssued() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.ingressIssued
 }
 
 // identity returns the cluster and node of the caller's client certificate (pki.IdentityOf),
@@ -612,9 +552,6 @@ func (b *Broker) RegisterEndpoint(ctx context.Context, req *apiv1.RegisterEndpoi
 		return nil, status.Errorf(codes.PermissionDenied, "agent %s/%s may not register %s/%s", cluster, node, e.GetCluster(), e.GetNode())
 	}
 	b.UpsertEndpoint(e)
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.registers++
 	return &apiv1.RegisterEndpointResponse{Endpoint: e, LeaseSeconds: req.GetLeaseSeconds()}, nil
 }
 
@@ -627,11 +564,7 @@ func (b *Broker) Heartbeat(ctx context.Context, req *apiv1.HeartbeatRequest) (*a
 	if b.Endpoint(cluster, node) == nil {
 		return nil, status.Errorf(codes.NotFound, "endpoint %s/%s is not registered", cluster, node)
 	}
-	rev := b.Revision()
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.beats++
-	return &apiv1.HeartbeatResponse{Revision: rev}, nil
+	return &apiv1.HeartbeatResponse{Revision: b.Revision()}, nil
 }
 
 // Watch sends a snapshot (or the deltas after since_revision) as the store's watch gives it,
@@ -809,7 +742,6 @@ func (b *Broker) SetExports(ctx context.Context, req *apiv1.SetExportsRequest) (
 		}
 		stored = append(stored, proto.Clone(e).(*apiv1.ServiceExport))
 	}
-	b.setExports++
 	b.exports[cluster+"/"+node] = stored
 	return &apiv1.SetExportsResponse{Exports: stored, Conflicts: b.conflicts, Revision: b.Revision()}, nil
 }
@@ -822,7 +754,7 @@ func (b *Broker) Exports(cluster, node string) ([]*apiv1.ServiceExport, int) {
 	for _, e := range b.exports[cluster+"/"+node] {
 		out = append(out, proto.Clone(e).(*apiv1.ServiceExport))
 	}
-	return out, b.setExports
+	return out, b.knobs.count(apiv1.Agent_SetExports_FullMethodName)
 }
 
 // WatchRequests returns the watch requests received, in order.
