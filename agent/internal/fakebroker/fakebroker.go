@@ -31,7 +31,6 @@ import (
 	"os"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -73,8 +72,6 @@ func clusterUID(cluster string) string { return "uid-" + cluster }
 type Broker struct {
 	apiv1.UnimplementedAgentServer
 
-	encodedSent atomic.Int64 // watch messages sent compressed (EncodedSent)
-
 	// store holds the clusters, endpoints and policies; a watch follows its commits.
 	store *store.Memory
 
@@ -90,7 +87,6 @@ type Broker struct {
 	importsHeld    bool // HoldImports: watches send no imports until ReleaseImports
 	exportsErr     error
 	conflicts      []*apiv1.ServiceConflict
-	watchRequests  []*apiv1.WatchRequest
 
 	// Certificates: the key material (a rotation replaces it), the lifetime of agent
 	// certificates (0: the broker's, pki.Validity), the good serials of each node (newest first,
@@ -135,7 +131,7 @@ func (b *Broker) Start(addr string) error {
 	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{
 		MinVersion:         tls.VersionTLS12,
 		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) { return b.serverTLS(), nil },
-	})), grpc.UnaryInterceptor(b.knobs.unary))
+	})), grpc.UnaryInterceptor(b.knobs.unary), grpc.StreamInterceptor(b.knobs.stream))
 	apiv1.RegisterAgentServer(srv, b)
 	b.mu.Lock()
 	b.srv, b.lis, b.addr = srv, lis, lis.Addr().String()
@@ -579,9 +575,6 @@ func (b *Broker) Watch(req *apiv1.WatchRequest, stream grpc.ServerStreamingServe
 		return err
 	}
 	serial := pki.Serial(leaf)
-	b.mu.Lock()
-	b.watchRequests = append(b.watchRequests, proto.Clone(req).(*apiv1.WatchRequest))
-	b.mu.Unlock()
 	ctx := stream.Context()
 	w, err := b.store.Watch(ctx, req.GetSinceRevision())
 	if err != nil {
@@ -653,7 +646,7 @@ func (b *Broker) Watch(req *apiv1.WatchRequest, stream grpc.ServerStreamingServe
 }
 
 // compressed is resp as the broker sends it to an agent that accepts zstd: only its encoded
-// field, when compressing makes it smaller (counted: EncodedSent).
+// field, when compressing makes it smaller.
 func (b *Broker) compressed(resp *apiv1.WatchResponse) (*apiv1.WatchResponse, error) {
 	raw, err := proto.Marshal(resp)
 	if err != nil {
@@ -667,12 +660,8 @@ func (b *Broker) compressed(resp *apiv1.WatchResponse) (*apiv1.WatchResponse, er
 	if err := proto.Unmarshal(msg, out); err != nil {
 		return nil, err
 	}
-	b.encodedSent.Add(1)
 	return out, nil
 }
-
-// EncodedSent is how many watch messages went compressed.
-func (b *Broker) EncodedSent() int64 { return b.encodedSent.Load() }
 
 // String describes the broker for test logs.
 func (b *Broker) String() string {
@@ -755,11 +744,4 @@ func (b *Broker) Exports(cluster, node string) ([]*apiv1.ServiceExport, int) {
 		out = append(out, proto.Clone(e).(*apiv1.ServiceExport))
 	}
 	return out, b.knobs.count(apiv1.Agent_SetExports_FullMethodName)
-}
-
-// WatchRequests returns the watch requests received, in order.
-func (b *Broker) WatchRequests() []*apiv1.WatchRequest {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return append([]*apiv1.WatchRequest(nil), b.watchRequests...)
 }

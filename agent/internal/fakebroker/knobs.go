@@ -2,24 +2,31 @@ package fakebroker
 
 import (
 	"context"
+	"slices"
 	"sync"
+	"sync/atomic"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 )
 
 // knobs are what a test asks of the broker that no broker does: refusing a call it would
-// answer, answering as an older broker, and counting the calls that succeeded. They wrap the
-// Agent service as a gRPC interceptor, apart from what the service does.
+// answer, answering as an older broker, counting the calls that succeeded, and recording the
+// watches. They wrap the Agent service as gRPC interceptors, apart from what the service does.
 type knobs struct {
 	mu sync.Mutex
 	// refuse holds the error each refused method (its full name) fails with.
 	refuse map[string]error
 	// succeeded counts the calls of each method that returned no error.
 	succeeded map[string]int
+	// watchRequests are the watch requests received, in order; encodedSent counts the watch
+	// messages sent compressed.
+	watchRequests []*apiv1.WatchRequest
+	encodedSent   atomic.Int64
 }
 
 func newKnobs() *knobs { return &knobs{refuse: map[string]error{}, succeeded: map[string]int{}} }
@@ -85,4 +92,43 @@ func (b *Broker) RefuseJoins(err error) { b.knobs.refuseWith(apiv1.Agent_Join_Fu
 func (b *Broker) ActAsOldBroker() {
 	b.knobs.refuseWith(apiv1.Agent_IssueIngressCertificate_FullMethodName,
 		status.Error(codes.Unimplemented, "method IssueIngressCertificate not implemented"))
+}
+
+// stream is the interceptor of the Watch stream: it records each watch's request and counts
+// the messages that went compressed.
+func (k *knobs) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	return handler(srv, &observedStream{ServerStream: ss, k: k})
+}
+
+// observedStream is a watch as the knobs see it.
+type observedStream struct {
+	grpc.ServerStream
+	k *knobs
+}
+
+func (s *observedStream) RecvMsg(m any) error {
+	err := s.ServerStream.RecvMsg(m)
+	if req, ok := m.(*apiv1.WatchRequest); ok && err == nil {
+		s.k.mu.Lock()
+		s.k.watchRequests = append(s.k.watchRequests, proto.Clone(req).(*apiv1.WatchRequest))
+		s.k.mu.Unlock()
+	}
+	return err
+}
+
+func (s *observedStream) SendMsg(m any) error {
+	if resp, ok := m.(*apiv1.WatchResponse); ok && len(resp.GetEncoded()) > 0 {
+		s.k.encodedSent.Add(1)
+	}
+	return s.ServerStream.SendMsg(m)
+}
+
+// EncodedSent is how many watch messages went compressed.
+func (b *Broker) EncodedSent() int64 { return b.knobs.encodedSent.Load() }
+
+// WatchRequests returns the watch requests received, in order.
+func (b *Broker) WatchRequests() []*apiv1.WatchRequest {
+	b.knobs.mu.Lock()
+	defer b.knobs.mu.Unlock()
+	return slices.Clone(b.knobs.watchRequests)
 }
