@@ -262,12 +262,9 @@ func writePairStartResults(t *testing.T, res PairStartResult) {
 			p.MedianMs, p.P90Ms, p.WorstMs, p.JoinedMedianMs, p.ReadyMedianMs, p.RegisteredMedianMs, p.ConnectMedianMs, p.Dir))
 	}
 	for _, p := range res.Builds {
-		var v, l []string
-		for _, s := range p.Samples {
-			v = append(v, fmt.Sprintf("%.0f", s.BothMs))
-			l = append(l, fmt.Sprintf("%.1f", s.Load1))
-		}
-		r.Series = append(r.Series, startSeries{p.Label, "every start in order (ms)", v}, startSeries{p.Label, "1-minute load average at each start", l})
+		r.Series = append(r.Series,
+			startSeries{p.Label, "every start in order (ms)", formatEach(p.Samples, "%.0f", func(s PairSample) float64 { return s.BothMs })},
+			startSeries{p.Label, "1-minute load average at each start", formatEach(p.Samples, "%.1f", func(s PairSample) float64 { return s.Load1 })})
 	}
 	writeStartReport(t, "pairstart", res, r)
 }

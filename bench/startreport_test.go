@@ -32,6 +32,15 @@ type startSeries struct {
 	Values      []string
 }
 
+// formatEach is value of each sample, formatted.
+func formatEach[S any](samples []S, format string, value func(S) float64) []string {
+	out := make([]string, 0, len(samples))
+	for _, s := range samples {
+		out = append(out, fmt.Sprintf(format, value(s)))
+	}
+	return out
+}
+
 // markdown renders the report.
 func (r startReport) markdown() string {
 	var b strings.Builder

@@ -409,12 +409,9 @@ func writeStartResults(t *testing.T, res StartResult) {
 			p.MedianMs, p.P99Ms, p.WorstMs, p.Over1s, p.TunnelMedianMs, p.TunnelP99Ms, p.TunnelWorstMs, p.LoadAvgStart, p.LoadAvgEnd, 100*p.BusyCPU))
 	}
 	for _, p := range res.Phases {
-		var v, tun []string
-		for _, s := range p.Samples {
-			v = append(v, fmt.Sprintf("%.0f", s.BothMs))
-			tun = append(tun, fmt.Sprintf("%.0f", s.TunnelMs))
-		}
-		r.Series = append(r.Series, startSeries{p.Name, "every start in order (ms)", v}, startSeries{p.Name, "tunnel part of each (ms)", tun})
+		r.Series = append(r.Series,
+			startSeries{p.Name, "every start in order (ms)", formatEach(p.Samples, "%.0f", func(s StartSample) float64 { return s.BothMs })},
+			startSeries{p.Name, "tunnel part of each (ms)", formatEach(p.Samples, "%.0f", func(s StartSample) float64 { return s.TunnelMs })})
 	}
 	writeStartReport(t, "wgstart", res, r)
 }
