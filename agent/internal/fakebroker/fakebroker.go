@@ -44,6 +44,7 @@ import (
 	"github.com/cablemesh/cablemesh/api/jointoken"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/api/watchzstd"
+	"github.com/cablemesh/cablemesh/broker/admission"
 	"github.com/cablemesh/cablemesh/broker/pki"
 	"github.com/cablemesh/cablemesh/broker/store"
 )
@@ -89,12 +90,11 @@ type Broker struct {
 	conflicts      []*apiv1.ServiceConflict
 
 	// Certificates: the key material (a rotation replaces it), the lifetime of agent
-	// certificates (0: the broker's, pki.Validity), the good serials of each node (newest first,
-	// at most two), revoked nodes, and the serial of each node's last authenticated call.
+	// certificates (0: the broker's, pki.Validity), and the serial of each node's last
+	// authenticated call. Which certificates of a node are good is its record in the store
+	// (apiv1.NodeCertificate), which the broker's rules (broker/admission) keep and check.
 	pki          *pki.PKI
 	certLifetime time.Duration
-	goodSerials  map[string][]string
-	revoked      map[string]bool
 	lastSerial   map[string]string
 	caVersion    uint64
 
@@ -118,7 +118,7 @@ func New() (*Broker, error) {
 	}
 	return &Broker{pki: p, store: store.NewMemory(store.Options{}), knobs: newKnobs(),
 		exports: map[string][]*apiv1.ServiceExport{}, imports: map[string]*apiv1.ServiceImports{}, changed: make(chan struct{}),
-		goodSerials: map[string][]string{}, revoked: map[string]bool{}, lastSerial: map[string]string{}}, nil
+		lastSerial: map[string]string{}}, nil
 }
 
 // Start serves on addr ("127.0.0.1:0" for any port; the previous address to restart).
@@ -256,13 +256,38 @@ func (b *Broker) caChangedLocked() {
 	b.changed = make(chan struct{})
 }
 
-// Revoke revokes every certificate of cluster/node: its calls are refused, its watch ends.
+// Revoke revokes every certificate of cluster/node as the broker does (admission.RevokeNode):
+// its record says revoked, its endpoint is withdrawn; its calls are refused, its watch ends.
 func (b *Broker) Revoke(cluster, node string) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.revoked[cluster+"/"+node] = true
-	close(b.changed)
-	b.changed = make(chan struct{})
+	b.update(func(tx store.Tx) error {
+		c, err := tx.Cluster(cluster)
+		if err != nil {
+			return err
+		}
+		if c == nil {
+			c = &apiv1.Cluster{Name: cluster}
+		}
+		c = proto.Clone(c).(*apiv1.Cluster)
+		c.Uid = clusterUID(cluster) // the incarnation the fake's certificates name
+		rec, err := tx.NodeCertificate(cluster, node)
+		if err != nil {
+			return err
+		}
+		ep, err := tx.Endpoint(cluster, node)
+		if err != nil {
+			return err
+		}
+		r, err := admission.RevokeNode(cluster, node, c, rec, ep, nil, time.Now())
+		if err != nil || r.Already {
+			return err
+		}
+		if r.Endpoint != nil {
+			if err := tx.DeleteEndpoint(cluster, node); err != nil {
+				return err
+			}
+		}
+		return tx.PutNodeCertificate(r.Node)
+	})
 }
 
 // LastSerial is the serial (hex) of the certificate of cluster/node's last authenticated call.
@@ -274,35 +299,42 @@ func (b *Broker) LastSerial(cluster, node string) string {
 
 // GoodSerials are the serials of cluster/node's certificates the broker accepts, newest first.
 func (b *Broker) GoodSerials(cluster, node string) []string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return append([]string(nil), b.goodSerials[cluster+"/"+node]...)
+	var out []string
+	b.view(func(tx store.ReadTx) error {
+		rec, err := tx.NodeCertificate(cluster, node)
+		if rec != nil && !rec.Revoked {
+			for _, c := range rec.Certificates {
+				out = append(out, c.Serial)
+			}
+		}
+		return err
+	})
+	return out
 }
 
 // issueLocked issues an agent certificate for the CSR from the issuing CA, in the broker's
-// format (pki.IssueAgent), and records it as the node's newest good certificate (keep: how many
-// of the node's earlier ones stay good).
-func (b *Broker) issueLocked(csrPEM []byte, cluster, node string, keep int) (*x509.Certificate, []byte, error) {
+// format (pki.IssueAgent), and returns it with the record of it (admission.Issued).
+func (b *Broker) issueLocked(csrPEM []byte, cluster, node string) (*x509.Certificate, []byte, *apiv1.IssuedCertificate, error) {
 	certPEM, cert, err := b.pki.IssueAgent(csrPEM, cluster, clusterUID(cluster), node, time.Now())
 	if err != nil {
-		return nil, nil, status.Errorf(codes.InvalidArgument, "bad CSR: %v", err)
+		return nil, nil, nil, status.Errorf(codes.InvalidArgument, "bad CSR: %v", err)
 	}
 	if b.certLifetime > 0 {
 		if certPEM, cert, err = b.shortenLocked(cert); err != nil {
-			return nil, nil, status.Error(codes.Internal, err.Error())
+			return nil, nil, nil, status.Error(codes.Internal, err.Error())
 		}
 	}
-	key := cluster + "/" + node
-	good := append([]string{pki.Serial(cert)}, b.goodSerials[key][:min(keep, len(b.goodSerials[key]))]...)
-	b.goodSerials[key] = good
-	return cert, certPEM, nil
+	return cert, certPEM, admission.Issued(cert, b.pki.IssuerHash(), ""), nil
 }
 
-// shortenLocked is cert issued again, the same but for its NotAfter: certLifetime from now.
-// The broker's certificates all last pki.Validity; a renewal test cannot wait that long.
+// shortenLocked is cert issued again, the same but for its validity: from now (less a second)
+// to certLifetime from now. The broker's certificates all last pki.Validity; a renewal test
+// cannot wait that long, and the agent renews two thirds into a certificate's lifetime, so it
+// must start now.
 func (b *Broker) shortenLocked(cert *x509.Certificate) ([]byte, *x509.Certificate, error) {
 	tmpl := *cert
-	tmpl.NotAfter = time.Now().Add(b.certLifetime)
+	now := time.Now()
+	tmpl.NotBefore, tmpl.NotAfter = now.Add(-time.Second), now.Add(b.certLifetime)
 	der, err := x509.CreateCertificate(rand.Reader, &tmpl, b.pki.CACert, cert.PublicKey, b.pki.CAKey)
 	if err != nil {
 		return nil, nil, err
@@ -402,6 +434,14 @@ func forCaller(ev *apiv1.Event, caller string) *apiv1.Event {
 	return ev
 }
 
+// agentEvents are the events of evs an agent receives: those of clusters, endpoints and
+// policies (node certificate records stay at the broker).
+func agentEvents(evs []*apiv1.Event) []*apiv1.Event {
+	return slices.DeleteFunc(slices.Clone(evs), func(ev *apiv1.Event) bool {
+		return ev.Kind != store.KindCluster && ev.Kind != store.KindEndpoint && ev.Kind != store.KindPolicy
+	})
+}
+
 func forCallerAll(evs []*apiv1.Event, caller string) []*apiv1.Event {
 	out := make([]*apiv1.Event, len(evs))
 	for i, ev := range evs {
@@ -434,11 +474,16 @@ func (b *Broker) Join(_ context.Context, req *apiv1.JoinRequest) (*apiv1.JoinRes
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	delete(b.revoked, req.GetCluster()+"/"+req.GetNode())
-	cert, certPEM, err := b.issueLocked(req.GetCsrPem(), req.GetCluster(), req.GetNode(), 0)
+	cert, certPEM, issued, err := b.issueLocked(req.GetCsrPem(), req.GetCluster(), req.GetNode())
 	if err != nil {
 		return nil, err
 	}
+	// The node's record holds the new certificate only: every earlier one (and a revocation)
+	// is gone, as after the broker's join.
+	b.update(func(tx store.Tx) error {
+		return tx.PutNodeCertificate(&apiv1.NodeCertificate{Cluster: req.GetCluster(), Node: req.GetNode(), ClusterUid: clusterUID(req.GetCluster()),
+			Certificates: []*apiv1.IssuedCertificate{issued}})
+	})
 	var c *apiv1.Cluster
 	b.view(func(tx store.ReadTx) (err error) {
 		c, err = tx.Cluster(req.GetCluster())
@@ -458,17 +503,40 @@ func (b *Broker) Join(_ context.Context, req *apiv1.JoinRequest) (*apiv1.JoinRes
 }
 
 // RenewCertificate issues a new certificate of the caller's cluster and node from the issuing
-// CA; the certificate renewed with stays good, any older one does not.
+// CA; the certificate renewed with stays good, any older one does not (admission.Renew).
 func (b *Broker) RenewCertificate(ctx context.Context, req *apiv1.RenewCertificateRequest) (*apiv1.RenewCertificateResponse, error) {
-	cluster, node, err := b.identity(ctx)
+	id, err := b.caller(ctx)
 	if err != nil {
 		return nil, err
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	cert, certPEM, err := b.issueLocked(req.GetCsrPem(), cluster, node, 1)
+	cert, certPEM, issued, err := b.issueLocked(req.GetCsrPem(), id.Cluster, id.Node)
 	if err != nil {
 		return nil, err
+	}
+	_, err = b.store.Update(ctx, func(tx store.Tx) error {
+		rec, err := tx.NodeCertificate(id.Cluster, id.Node)
+		if err != nil {
+			return err
+		}
+		ep, err := tx.Endpoint(id.Cluster, id.Node)
+		if err != nil {
+			return err
+		}
+		r, err := admission.Renew(id, rec, ep, issued)
+		if err != nil {
+			return err
+		}
+		if r.Endpoint != nil {
+			if err := tx.PutEndpoint(r.Endpoint); err != nil {
+				return err
+			}
+		}
+		return tx.PutNodeCertificate(r.Node)
+	})
+	if err != nil {
+		return nil, status.Error(codes.Unauthenticated, err.Error())
 	}
 	bundle := b.bundleLocked()
 	return &apiv1.RenewCertificateResponse{CertificatePem: certPEM, CaPem: bundle.Pem, NotAfter: timestamppb.New(cert.NotAfter), Ca: bundle}, nil
@@ -490,25 +558,51 @@ func (b *Broker) IssueIngressCertificate(ctx context.Context, req *apiv1.IssueIn
 	return &apiv1.IssueIngressCertificateResponse{CertificatePem: certPEM, NotAfter: timestamppb.New(cert.NotAfter)}, nil
 }
 
-// identity returns the cluster and node of the caller's client certificate (pki.IdentityOf),
-// refusing it as the real broker does when the node was revoked or the certificate is no longer
-// one of its good ones.
+// identity returns the cluster and node of the caller (see caller).
 func (b *Broker) identity(ctx context.Context) (cluster, node string, err error) {
+	id, err := b.caller(ctx)
+	return id.Cluster, id.Node, err
+}
+
+// caller is the identity of the caller's client certificate (pki.IdentityOf), refused as the
+// broker refuses it (admission.AgentCertificate) when the node was revoked or the certificate is
+// no longer one of its good ones.
+func (b *Broker) caller(ctx context.Context) (pki.Identity, error) {
 	leaf, err := clientCert(ctx)
 	if err != nil {
-		return "", "", err
+		return pki.Identity{}, err
 	}
 	id, err := pki.IdentityOf(leaf)
 	if err != nil || id.Admin {
-		return "", "", status.Errorf(codes.Unauthenticated, "not an agent certificate: %v", err)
+		return pki.Identity{}, status.Errorf(codes.Unauthenticated, "not an agent certificate: %v", err)
+	}
+	if err := b.checkCertificate(ctx, id); err != nil {
+		return pki.Identity{}, err
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if err := b.checkLocked(id.Cluster, id.Node, id.Serial); err != nil {
-		return "", "", err
-	}
 	b.lastSerial[id.Cluster+"/"+id.Node] = id.Serial
-	return id.Cluster, id.Node, nil
+	return id, nil
+}
+
+// checkCertificate checks id's certificate against its node's record, and writes the record
+// when the check changes it (a certificate's first use), as the broker does on every call.
+func (b *Broker) checkCertificate(ctx context.Context, id pki.Identity) error {
+	_, err := b.store.Update(ctx, func(tx store.Tx) error {
+		rec, err := tx.NodeCertificate(id.Cluster, id.Node)
+		if err != nil {
+			return err
+		}
+		changed, err := admission.AgentCertificate(id, rec, "", time.Now())
+		if err != nil || changed == nil {
+			return err
+		}
+		return tx.PutNodeCertificate(changed)
+	})
+	if err != nil {
+		return status.Error(codes.Unauthenticated, err.Error())
+	}
+	return nil
 }
 
 // clientCert is the verified client certificate of the call.
@@ -522,19 +616,6 @@ func clientCert(ctx context.Context) (*x509.Certificate, error) {
 		return nil, status.Error(codes.Unauthenticated, "a client certificate is required")
 	}
 	return ti.State.VerifiedChains[0][0], nil
-}
-
-// checkLocked refuses a revoked node's certificates and those it no longer lists.
-func (b *Broker) checkLocked(cluster, node, serial string) error {
-	key := cluster + "/" + node
-	switch good := b.goodSerials[key]; {
-	case b.revoked[key]:
-		return status.Errorf(codes.Unauthenticated, "the certificate of %s was revoked at %s (cablectl cluster revoke-node); join again with a new token",
-			key, time.Now().UTC().Format(time.RFC3339))
-	case len(good) > 0 && !slices.Contains(good, serial):
-		return status.Errorf(codes.Unauthenticated, "the certificate of %s (serial %s) is no longer good: the node joined again or renewed its certificate since; use its current certificate or join again with a new token", key, serial)
-	}
-	return nil
 }
 
 // RegisterEndpoint stores the caller's endpoint.
@@ -566,16 +647,12 @@ func (b *Broker) Heartbeat(ctx context.Context, req *apiv1.HeartbeatRequest) (*a
 // Watch sends a snapshot (or the deltas after since_revision) as the store's watch gives it,
 // then every commit, and the imports and the CA bundle when they change.
 func (b *Broker) Watch(req *apiv1.WatchRequest, stream grpc.ServerStreamingServer[apiv1.WatchResponse]) error {
-	caller, node, err := b.identity(stream.Context())
-	if err != nil {
-		return err
-	}
-	leaf, err := clientCert(stream.Context())
-	if err != nil {
-		return err
-	}
-	serial := pki.Serial(leaf)
 	ctx := stream.Context()
+	id, err := b.caller(ctx)
+	if err != nil {
+		return err
+	}
+	caller := id.Cluster
 	w, err := b.store.Watch(ctx, req.GetSinceRevision())
 	if err != nil {
 		return status.Error(codes.Unavailable, err.Error())
@@ -587,7 +664,7 @@ func (b *Broker) Watch(req *apiv1.WatchRequest, stream grpc.ServerStreamingServe
 	case batch = <-w.C():
 	}
 	b.mu.Lock()
-	first := &apiv1.WatchResponse{Snapshot: batch.Snapshot, Revision: batch.Revision, Events: forCallerAll(batch.Events, caller)}
+	first := &apiv1.WatchResponse{Snapshot: batch.Snapshot, Revision: batch.Revision, Events: forCallerAll(agentEvents(batch.Events), caller)}
 	sent := batch.Revision
 	changed := b.changed
 	sentImports := b.importsVersion
@@ -617,14 +694,14 @@ func (b *Broker) Watch(req *apiv1.WatchRequest, stream grpc.ServerStreamingServe
 			if !ok {
 				return status.Error(codes.Unavailable, fmt.Sprintf("watch ended: %v", w.Err()))
 			}
-			evs, sent = batch.Events, batch.Revision
+			evs, sent = agentEvents(batch.Events), batch.Revision
 		case <-changed:
 		}
-		b.mu.Lock()
-		if err := b.checkLocked(caller, node, serial); err != nil {
-			b.mu.Unlock()
+		// A watch ends once its certificate is no longer good (a revocation, a join since).
+		if err := b.checkCertificate(ctx, id); err != nil {
 			return err
 		}
+		b.mu.Lock()
 		changed = b.changed
 		var imps *apiv1.ServiceImports
 		if req.GetWantImports() && !b.importsHeld && b.importsVersion != sentImports {
