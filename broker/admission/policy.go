@@ -250,7 +250,7 @@ func CheckCableDriver(p policy.ClusterConnectionPolicy) error {
 	if d == nil || !p.Spec.Connects() {
 		return nil
 	}
-	if _, ok := cable.Lookup(d.Name); !ok {
+	if _, ok := cable.LookupSpec(d.Name); !ok {
 		return fmt.Errorf("spec.cableDriver.name: %q is not a cable driver of this mesh (have %s)", d.Name, strings.Join(cable.Names(), ", "))
 	}
 	// mode is the policy package's pair option (validated by p.Validate), never the driver's.
