@@ -45,7 +45,7 @@
 //   - A no-connect policy decides no-connect for every pair its topology
 //     covers, and may not name a cable driver.
 //   - A connect policy without cableDriver uses the mesh default policy's
-//     driver and options (DefaultDriver, wireguard, when the default is
+//     driver and options (DefaultDriver, the registry's, when the default is
 //     no-connect). A cableDriver given without a name is an error.
 //   - Priority: absent is 0; higher wins. Among covering policies of the top
 //     priority, agreeing ones (same verdict, same driver and options) do not

@@ -20,7 +20,7 @@ var specLine = regexp.MustCompile(`^spec:[ ]*(?:#.*)?$`)
 //
 //	spec:
 //	  cableDriver:
-//	      name:  "vxlan"
+//	      name:  "some-driver"
 //	   priority: 3
 //
 // It returns the text with each such line moved to the column of spec's

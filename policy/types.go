@@ -2,6 +2,8 @@ package policy
 
 import (
 	"maps"
+
+	"github.com/cablemesh/cablemesh/cable"
 )
 
 // Names of the resource, as written in YAML. The seed (004) calls the kind
@@ -36,8 +38,8 @@ const (
 	OriginMesh = "mesh"
 
 	// DefaultDriver is the cable driver used when neither a connect policy nor
-	// the mesh default policy names one.
-	DefaultDriver = "wireguard"
+	// the mesh default policy names one: the driver registry's default.
+	DefaultDriver = cable.DefaultDriver
 
 	// DefaultPolicyName is the name of the default policy built by DefaultPolicy.
 	DefaultPolicyName = "default"
