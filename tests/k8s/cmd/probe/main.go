@@ -15,6 +15,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -149,8 +150,7 @@ func call(args []string) error {
 	if err != nil {
 		return fmt.Errorf("read from %s: %w", addrs[0], err)
 	}
-	fmt.Printf("%s via %s", answer, addrs[0])
-	fmt.Println()
+	fmt.Printf("%s\nvia %s\n", bytes.TrimSpace(answer), addrs[0])
 	return nil
 }
 
@@ -198,7 +198,9 @@ func stream(args []string) error {
 		var buf [8]byte
 		want := uint64(0)
 		for time.Now().Before(end) {
-			c.SetReadDeadline(time.Now().Add(3 * time.Second))
+			// Long enough that a stall of the path (an agent restarting, say) shows as a stall
+			// and not as a broken stream: TCP itself retransmits for minutes.
+			c.SetReadDeadline(time.Now().Add(60 * time.Second))
 			if _, err := io.ReadFull(c, buf[:]); err != nil {
 				if len(rep.Errors) < 20 {
 					rep.Errors = append(rep.Errors, time.Since(start).Round(time.Millisecond).String()+": "+err.Error())
