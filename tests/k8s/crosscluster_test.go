@@ -51,6 +51,12 @@ func upMesh(t *testing.T) *mesh {
 		t.Fatalf("k8s-demo.sh: %v\n%s", err, tail(out, 60))
 	}
 	t.Logf("east and west up, agents Ready on every node, in %v", time.Since(start).Round(time.Second))
+	for _, c := range []string{"east", "west"} {
+		cmd := exec.Command(filepath.Join(root, "tests", "k8s", "cluster.sh"), "rss", c)
+		cmd.Env = append(os.Environ(), "CABLEMESH_K8S_DIR="+m.dir)
+		out, _ := cmd.CombinedOutput()
+		t.Logf("resident memory of %s:\n%s", c, out)
+	}
 	return m
 }
 
