@@ -75,7 +75,7 @@ k8s-test: build
 	./scripts/install-deps.sh k8s
 	K8S_BUILD_JOBS=$${K8S_BUILD_JOBS:-2} ./tests/k8s/build.sh >/dev/null
 	rc=0; (cd tests/k8s && CABLEMESH_K8S=1 CABLEMESH_K8S_TEST_DIR=$(K8S_TEST_DIR) CABLEMESH_BIN=$(BIN) \
-		$(GO) test -v -count=1 -timeout $(K8S_TIMEOUT) .) || rc=$$?; \
+		$(GO) test -v -count=1 -timeout $(K8S_TIMEOUT) . ./cmd/...) || rc=$$?; \
 		./scripts/k8s-test-cleanup.sh $(K8S_TEST_DIR); exit $$rc
 
 # The demo installs only what it runs (a few small packages), not the tests' set; the install
