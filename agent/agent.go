@@ -141,7 +141,8 @@ type Agent struct {
 	driverErrs   reconcile.Drivers // every configured driver: nil, or why it does not run
 	reconciler   *reconcile.Reconciler
 	state        *brokerstate.State
-	joinCluster  *apiv1.Cluster // cluster record from Join, until the watch brings one
+	stateSaver   *brokerstate.Saver // writes state to the cache file, coalesced
+	joinCluster  *apiv1.Cluster     // cluster record from Join, until the watch brings one
 	watchUp      bool
 	beatOK       bool
 	lastContact  time.Time
@@ -254,6 +255,7 @@ func New(opts Options) (*Agent, error) {
 		ingress:    ingressState{trigger: make(chan struct{}, 1)},
 		mesh:       meshState{trigger: make(chan struct{}, 1)},
 	}
+	a.stateSaver = brokerstate.NewSaver(cfg.StateDir, brokerstate.DefaultSaveInterval, a.log)
 	a.registry.MustRegister(&collector{a: a})
 	a.initReload()
 	return a, nil
@@ -265,6 +267,7 @@ func New(opts Options) (*Agent, error) {
 // Options.CleanupOnExit, what the agent made on the host is removed.
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.stop()
+	defer a.flushState()
 	if err := CheckFiles(a.cfg); err != nil {
 		return err
 	}

@@ -207,9 +207,7 @@ func (a *Agent) apply(resp *apiv1.WatchResponse) error {
 		a.lastErr = ""
 	}
 	a.mu.Unlock()
-	if err := next.Save(a.cfg.StateDir, time.Now()); err != nil {
-		a.log.Error("cannot persist broker state; running on memory", "err", err)
-	}
+	a.stateSaver.Update(next) // written within a second, and at once when Run ends
 	if ca := resp.GetCa(); ca != nil {
 		a.onCABundle(ca)
 	}
@@ -220,6 +218,13 @@ func (a *Agent) apply(resp *apiv1.WatchResponse) error {
 	a.Trigger()
 	a.TriggerServices()
 	return nil
+}
+
+// flushState writes the broker state the saver still holds, when Run ends.
+func (a *Agent) flushState() {
+	if err := a.stateSaver.Close(); err != nil {
+		a.log.Error("cannot persist broker state on exit", "err", err)
+	}
 }
 
 func (a *Agent) revision() uint64 {

@@ -33,7 +33,7 @@ func newApplyCmd(g *globalFlags) *cobra.Command {
 		Use:   "apply -f FILE [-f FILE]...",
 		Short: "Create or update ClusterConnectionPolicies from YAML (multi-document; \"-\" reads stdin)",
 		Long: `Applies every ClusterConnectionPolicy in the files (YAML, multi-document, or JSON; a directory
-means its *.yaml, *.yml and *.json files): the seed's examples apply as written, with kind
+means its *.yaml, *.yml and *.json files): policies written for Submariner's connection-policy proposal apply as written, with kind
 ClusterConnectionPolicy or ClusterConnectionPolicies. All of them are applied at once or none
 is: a file with one invalid policy changes nothing. Prints, per policy,
 clusterconnectionpolicy/NAME created, configured or unchanged.`,
@@ -84,7 +84,7 @@ cannot be deleted. Prints clusterconnectionpolicy/NAME deleted per policy.`,
 }
 
 // readPolicyFiles reads and decodes every policy in files. Warnings (lines the decoder had to
-// re-indent, as in two of the seed's examples) go to stderr. Names must be unique across files.
+// re-indent, a common slip in hand-written YAML) go to stderr. Names must be unique across files.
 func readPolicyFiles(cmd *cobra.Command, files []string) ([]policy.ClusterConnectionPolicy, error) {
 	if len(files) == 0 {
 		return nil, usagef("%s needs -f FILE (a file, a directory, or - for stdin)", cmd.CommandPath())

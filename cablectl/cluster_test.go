@@ -27,7 +27,7 @@ import (
 func startClusterTestBroker(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
-	srv, err := broker.New(broker.Config{DataDir: dir, Listen: "127.0.0.1:0", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	srv, err := broker.New(t.Context(), broker.Config{DataDir: dir, Listen: "127.0.0.1:0", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}

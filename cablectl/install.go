@@ -16,8 +16,8 @@ import (
 	"github.com/cablemesh/cablemesh/deploy"
 )
 
-// newInstallCmd is `cablectl install kubernetes`: seed 002's manner, the command prints what
-// kubectl applies; the manifests are deploy/'s, embedded (package deploy).
+// newInstallCmd is `cablectl install kubernetes`: as `linkerd install` does, the command
+// prints what kubectl applies; the manifests are deploy/'s, embedded (package deploy).
 func newInstallCmd(g *globalFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "install",

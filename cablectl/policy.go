@@ -26,7 +26,7 @@ func newConnectionPolicyCmd(g *globalFlags) *cobra.Command {
 		Aliases: []string{"connection-policies", "ccp"},
 		Short:   "Manage ClusterConnectionPolicies: which cluster pairs connect, and over which cable (needs --config)",
 		Long: `ClusterConnectionPolicies decide, for every pair of clusters, whether they connect and over
-which cable driver (seed 004). The broker stores them and every agent resolves its own pairs
+which cable driver. The broker stores them and every agent resolves its own pairs
 with them; the mesh default policy "default" decides the pairs no other policy covers.
 Policies are also applied from YAML with "cablectl apply -f FILE".`,
 	}
@@ -205,7 +205,7 @@ func printPolicies(w io.Writer, format string, resp *apiv1.ListPoliciesResponse)
 		if r.status.Error != "" {
 			conflicts = "invalid"
 		}
-		// "mesh", or "cluster/<name>" for a policy applied in that cluster (seed 003).
+		// "mesh", or "cluster/<name>" for a policy applied in that cluster.
 		origin := r.p.OriginString()
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", name, r.p.EffectivePriority(), r.p.Spec.EffectiveTopology(),
 			connectionPolicy(r.p.Spec), driverColumn(r.p.Spec), selectorsColumn(r.p.Spec), r.status.PairsDecided, conflicts, origin)
@@ -333,7 +333,7 @@ cluster/<name>) are left out unless named: they are changed in their cluster.`,
 			for _, r := range rows {
 				r.p.Status = nil
 				byName[r.raw.Name] = r.p
-				// A cluster's policies (seed 003) are that cluster's to change, and apply refuses
+				// A cluster's policies are that cluster's to change, and apply refuses
 				// them: a backup of the mesh's policies leaves them out.
 				if r.p.ClusterOf() == "" {
 					all = append(all, r.p)

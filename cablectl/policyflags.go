@@ -6,8 +6,8 @@ import (
 	"github.com/cablemesh/cablemesh/policy"
 )
 
-// policyFlags are the values of `cablectl connection-policy add` (seed 004's
-// `subctl connection-policy add` flags), as strings the way a CLI gets them.
+// policyFlags are the values of `cablectl connection-policy add` (the flags of Submariner's
+// `subctl connection-policy add`), as strings the way a CLI gets them.
 type policyFlags struct {
 	Name                 string // --name
 	LeftClusterSelector  string // --left-cluster-selector, policy.ParseSelector form
@@ -17,8 +17,8 @@ type policyFlags struct {
 	Priority             *int   // --priority (nil when not given)
 	ConnectionPolicy     string // --connection-policy
 	CableDriver          string // --cable-driver
-	// CableConfig is --cable-config. The seed names a ConfigMap there; we
-	// have no ConfigMaps, so it carries the options themselves: "k=v,k=v".
+	// CableConfig is --cable-config. subctl names a ConfigMap there; a
+	// policy has no ConfigMap beside it, so it carries the options themselves: "k=v,k=v".
 	CableConfig string
 	// LeftSet, RightSet and ClusterSet say whether the selector flags were
 	// given at all, so that an explicitly empty selector ("" = every
