@@ -16,6 +16,7 @@ import (
 var indirectAllowed = map[string]string{
 	"bench/dns/dns_test.go startAgentDNS":                     "the test binary itself (os.Args[0])",
 	"bench/scale/scale_test.go startBroker":                   "the cable-broker the bench builds",
+	"cmd/cablectl/main_test.go TestExitCodes":                 "the test binary itself (os.Args[0]) running main",
 	"broker/store/etcdtest/etcdtest.go Start":                 `etcd, from exec.LookPath("etcd")`,
 	"cable/wireguard/isolate.go RunIsolated":                  "the agent re-running itself (os.Executable)",
 	"deploy/kubectl_test.go kubectlApplyDryRun":               `kubectl, from exec.LookPath("kubectl")`,
