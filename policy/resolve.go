@@ -42,7 +42,7 @@ func (d Decision) Equal(o Decision) bool {
 // Resolver holds compiled policies. Build it once per change of policies and
 // ask it about as many pairs as needed; it is safe for concurrent use.
 //
-// Rules (DESIGN.md "Policy resolution", seed 004):
+// Rules (DESIGN.md "Policy resolution"):
 //
 //   - A policy in the clusterSelector form covers every pair whose two ends
 //     it selects. In the left/right form, with L and R the clusters the two
@@ -56,7 +56,7 @@ func (d Decision) Equal(o Decision) bool {
 //   - A connect policy connects the pairs it covers that its topology
 //     connects; a no-connect policy decides no-connect for every pair it covers.
 //   - A policy with a cluster origin covers only pairs that include that cluster.
-//   - At equal priority a mesh policy outranks a cluster's (seed 003): a cluster policy
+//   - At equal priority a mesh policy outranks a cluster's: a cluster policy
 //     votes on a pair only when no mesh policy of its priority covers it.
 //   - The covering policies of the highest priority decide. If they disagree
 //     (connect vs no-connect, or different driver or options), no-connect wins,
@@ -141,7 +141,7 @@ func NewResolver(policies []ClusterConnectionPolicy, defaultPolicy ClusterConnec
 		if a.prio != b.prio {
 			return a.prio > b.prio
 		}
-		// At equal priority the mesh's policies come first and outrank a cluster's (seed 003):
+		// At equal priority the mesh's policies come first and outrank a cluster's:
 		// the scan stops below the first rank that covers a pair (see outranks).
 		if (a.origin == "") != (b.origin == "") {
 			return a.origin == ""
