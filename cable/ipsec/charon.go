@@ -23,7 +23,7 @@ import (
 // kernel-netlink, in itself with kernel-libipsec), ipsec0, its routes and its rule, and stopping
 // it deletes them all. So an agent restart must not stop it (DESIGN.md: an agent restart does not
 // flap unchanged tunnels): charon is started detached from the agent, not as its child (no
-// parent-death signal, a session of its own, reparented to init at once), logging to a file
+// parent-death signal, a process group of its own, reparented to init at once), logging to a file
 // rather than to a pipe that would break once the agent is gone, with a pid file naming it. The
 // next Init adopts it when it is exactly the charon it would start (adopt.go), and supervises it
 // by polling /proc, as it is not its child. Close leaves it running; Cleanup stops it.
@@ -160,7 +160,11 @@ func (p *charonProcess) launch(ctx context.Context) (procRef, error) {
 	cmd := exec.Command("/bin/sh", "-c", launchScript, p.binary, p.logFile)
 	// A minimal environment: the agent's (which might hold anything) is not passed on.
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "STRONGSWAN_CONF=" + p.conf}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS, Setsid: true}
+	// A process group of its own keeps the agent's terminal and group signals away from charon. Not
+	// a session of its own: with sched_autogroup every session is a scheduling group, and charon
+	// (kernel-libipsec's datapath) then got far less CPU than iperf3 beside it; the ipsec cable ran at
+	// 0.41 of a hand-made charon, and at 1.12 in its caller's session (bench/cables.md).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS, Setpgid: true}
 	out, err := cmd.Output()
 	if err != nil {
 		var stderr []byte
