@@ -45,6 +45,7 @@ import (
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/bpf"
 	"github.com/cablemesh/cablemesh/cable"
+	"github.com/cablemesh/cablemesh/internal/syncloop"
 	"github.com/cablemesh/cablemesh/policy"
 )
 
@@ -127,9 +128,9 @@ type Agent struct {
 	// node (the reconciler, the drivers, the probes).
 	log, pairLog *slog.Logger
 
-	trigger   chan struct{}
-	wakeWatch chan struct{} // a successful register wakes a watch loop waiting out its backoff
-	redial    func()        // makes the broker connection retry now; set before the loops start
+	trigger   syncloop.Trigger // a reconcile pass
+	wakeWatch syncloop.Trigger // a successful register wakes a watch loop waiting out its backoff
+	redial    func()           // makes the broker connection retry now; set before the loops start
 
 	keyring *brokerclient.Keyring // the agent's identity; set by Run before anything reads it
 	conn    *brokerConn           // the broker connection; set by Run before the loops start
@@ -164,7 +165,7 @@ type Agent struct {
 
 	registry   *prometheus.Registry // the agent's metrics (served on metricsAddress)
 	dp         *datapath            // the services datapath, once Run started it
-	svcTrigger chan struct{}
+	svcTrigger syncloop.Trigger
 	exports    exportState
 	clock      brokerClock // brokerclock.go: the broker's clock and build from its last reply
 
@@ -242,17 +243,12 @@ func New(opts Options) (*Agent, error) {
 		opts:       opts,
 		log:        opts.Log.With("cluster", cfg.Cluster, "node", cfg.Node),
 		pairLog:    opts.Log.With("localCluster", cfg.Cluster, "localNode", cfg.Node),
-		trigger:    make(chan struct{}, 1),
-		wakeWatch:  make(chan struct{}, 1),
 		state:      brokerstate.New(),
 		metrics:    newHealthMetrics(),
 		lastRepair: map[string]time.Time{},
 		registry:   prometheus.NewRegistry(),
-		svcTrigger: make(chan struct{}, 1),
-		certs:      certState{refusedCh: make(chan struct{}), renewNow: make(chan struct{}, 1)},
+		certs:      certState{refusedCh: make(chan struct{})},
 		exports:    exportState{config: cfg.ExportsProto(), runtime: map[string]*apiv1.ServiceExport{}},
-		ingress:    ingressState{trigger: make(chan struct{}, 1)},
-		mesh:       meshState{trigger: make(chan struct{}, 1)},
 	}
 	a.registry.MustRegister(&collector{a: a})
 	a.initReload()

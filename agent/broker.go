@@ -94,10 +94,7 @@ func (a *Agent) watchLoop(ctx context.Context, client apiv1.AgentClient) {
 		}
 		a.log.Log(ctx, level, "broker watch ended; keeping current state and retrying", "err", err, "retryIn", d.Round(time.Millisecond).String())
 		// Drop a stale wake-up: only a register that succeeds from now on should cut the wait.
-		select {
-		case <-a.wakeWatch:
-		default:
-		}
+		a.wakeWatch.Drain()
 		t := time.NewTimer(d)
 		select {
 		case <-ctx.Done():
@@ -107,7 +104,7 @@ func (a *Agent) watchLoop(ctx context.Context, client apiv1.AgentClient) {
 			t.Stop()
 			return
 		case <-t.C:
-		case <-a.wakeWatch:
+		case <-a.wakeWatch.C():
 			t.Stop()
 		}
 		a.redial()

@@ -19,6 +19,7 @@ import (
 	"github.com/cablemesh/cablemesh/api/jointoken"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/internal/retry"
+	"github.com/cablemesh/cablemesh/internal/syncloop"
 )
 
 // The agent's certificate over its life (the identity in stateDir: agent.key, agent.crt and the
@@ -108,12 +109,12 @@ func (c *brokerConn) Close() error {
 
 // certState is what the agent knows of its certificate beyond the keyring.
 type certState struct {
-	bundle    *apiv1.CABundle // the last CA bundle the broker sent (nil until one came)
-	bundleSeq uint64          // counts the bundles the watch delivered
-	renewErr  string          // the last renewal's error, until one succeeds
-	refused   string          // the broker's words once it refused the certificate for good
-	refusedCh chan struct{}   // closed then
-	renewNow  chan struct{}   // the bundle changed: look again whether a renewal is due
+	bundle    *apiv1.CABundle  // the last CA bundle the broker sent (nil until one came)
+	bundleSeq uint64           // counts the bundles the watch delivered
+	renewErr  string           // the last renewal's error, until one succeeds
+	refused   string           // the broker's words once it refused the certificate for good
+	refusedCh chan struct{}    // closed then
+	renewNow  syncloop.Trigger // the bundle changed: look again whether a renewal is due
 }
 
 // caBundle is the last CA bundle the broker sent, or nil.
@@ -158,10 +159,7 @@ func (a *Agent) onCABundle(b *apiv1.CABundle) {
 	a.certs.bundle = b
 	a.certs.bundleSeq++
 	a.mu.Unlock()
-	select {
-	case a.certs.renewNow <- struct{}{}:
-	default:
-	}
+	a.certs.renewNow.Fire()
 }
 
 // certLoop renews the agent's certificate when it is due (brokerclient.RenewalDue) and moves the
@@ -189,7 +187,7 @@ func (a *Agent) certLoop(ctx context.Context, client apiv1.AgentClient) {
 		case <-a.certs.refusedCh:
 			t.Stop()
 			return
-		case <-a.certs.renewNow:
+		case <-a.certs.renewNow.C():
 			t.Stop()
 			continue
 		case <-closeOld:

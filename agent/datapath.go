@@ -204,10 +204,7 @@ func (a *Agent) datapath() *datapath {
 
 // TriggerServices asks for a services pass soon; triggers coalesce.
 func (a *Agent) TriggerServices() {
-	select {
-	case a.svcTrigger <- struct{}{}:
-	default:
-	}
+	a.svcTrigger.Fire()
 }
 
 // servicesLoop runs a services pass on every trigger (imports or endpoints changed, a health
@@ -220,7 +217,7 @@ func (a *Agent) servicesLoop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-a.svcTrigger:
+		case <-a.svcTrigger.C():
 		case <-t.C:
 		}
 	}

@@ -96,10 +96,7 @@ func (a *Agent) registerLoop(ctx context.Context, client apiv1.AgentClient) {
 			quiet.reset()
 			if !watchUp {
 				// The broker answers: do not leave the watch waiting out a long backoff.
-				select {
-				case a.wakeWatch <- struct{}{}:
-				default:
-				}
+				a.wakeWatch.Fire()
 			}
 		}
 		if !retry.Sleep(ctx, wait) {

@@ -16,6 +16,7 @@ import (
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 	"github.com/cablemesh/cablemesh/agent/xds"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/internal/syncloop"
 )
 
 // The ingress on gateways (issue 9): every exported service port gets an ingress port from
@@ -40,7 +41,7 @@ type ingressState struct {
 	certErr  string // why no ingress certificate is served (ingresscert.go)
 
 	srv     *xds.Server // nil without ingress.xds.listen
-	trigger chan struct{}
+	trigger syncloop.Trigger
 	certs   *xds.Certs // what the last snapshot was built with
 	bind    string     // the address the last snapshot's per-port listeners bind
 }
@@ -107,10 +108,7 @@ func (a *Agent) stampIngressPorts(set []*apiv1.ServiceExport) {
 
 // triggerIngress asks the ingress loop to rebuild the xDS snapshot.
 func (a *Agent) triggerIngress() {
-	select {
-	case a.ingress.trigger <- struct{}{}:
-	default:
-	}
+	a.ingress.trigger.Fire()
 }
 
 // startIngress opens the xDS server when ingress.xds.listen is set; the returned stop ends it
@@ -152,7 +150,7 @@ func (a *Agent) ingressLoop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-a.ingress.trigger:
+		case <-a.ingress.trigger.C():
 		case <-t.C:
 			// A rebuild costs ~0.1 s of CPU at 1,000 services: only when the files changed.
 			cur := readCerts(a.cfg.StateDir)

@@ -3,11 +3,9 @@ package agent
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -133,25 +131,17 @@ func loadIngressCert(dir string) (*tls.Certificate, error) {
 // ingressCertDue finds and replaces).
 func (a *Agent) issueIngressCert(ctx context.Context, client apiv1.AgentClient, reason string) error {
 	a.log.Info("requesting an ingress certificate from the broker", "reason", reason)
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	kr, err := brokerclient.NewKeyRequest(pkix.Name{}, "ingress")
 	if err != nil {
-		return fmt.Errorf("generate ingress key: %w", err)
-	}
-	csr, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
-	if err != nil {
-		return fmt.Errorf("create ingress certificate request: %w", err)
+		return err
 	}
 	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	resp, err := client.IssueIngressCertificate(cctx, &apiv1.IssueIngressCertificateRequest{CsrPem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: csr})})
+	resp, err := client.IssueIngressCertificate(cctx, &apiv1.IssueIngressCertificateRequest{CsrPem: kr.CSRPEM})
 	if err != nil {
 		return fmt.Errorf("issue ingress certificate: %w", err)
 	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		return fmt.Errorf("encode ingress key: %w", err)
-	}
-	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
+	keyPEM := kr.KeyPEM
 	leaf, err := a.checkIngressAnswer(resp.GetCertificatePem(), keyPEM)
 	if err != nil {
 		return err

@@ -18,6 +18,7 @@ import (
 	"github.com/cablemesh/cablemesh/agent/reconcile"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/internal/syncloop"
 	"github.com/cablemesh/cablemesh/mcs"
 )
 
@@ -73,7 +74,7 @@ type meshState struct {
 	// meshOnce neither copies the broker state nor resolves the policies again; nil until the
 	// first pass.
 	fromPass *meshWants
-	trigger  chan struct{}
+	trigger  syncloop.Trigger
 }
 
 // meshWants is what the mesh takes from a reconcile pass's wanted connections.
@@ -97,10 +98,7 @@ func (a *Agent) setMeshWants(st *brokerstate.State, wants []reconcile.Want) {
 
 // triggerMesh asks meshLoop for an Apply soon; triggers coalesce.
 func (a *Agent) triggerMesh() {
-	select {
-	case a.mesh.trigger <- struct{}{}:
-	default:
-	}
+	a.mesh.trigger.Fire()
 }
 
 // observeRegistered records the mesh address the broker gave this node at registration.
@@ -192,17 +190,14 @@ func (a *Agent) meshLoop(ctx context.Context) {
 			return
 		case <-t.C:
 			force = true // re-applied as it is: repairs drift (someone flushed the table)
-		case <-a.mesh.trigger:
+		case <-a.mesh.trigger.C():
 			select {
 			case <-ctx.Done():
 				return
 			case <-time.After(meshDebounce):
 			}
 			// What arrived during the wait is part of this pass.
-			select {
-			case <-a.mesh.trigger:
-			default:
-			}
+			a.mesh.trigger.Drain()
 		}
 	}
 }

@@ -19,10 +19,7 @@ import (
 
 // Trigger asks for a reconcile pass soon; triggers coalesce.
 func (a *Agent) Trigger() {
-	select {
-	case a.trigger <- struct{}{}:
-	default:
-	}
+	a.trigger.Fire()
 }
 
 // reconcileLoop runs a pass on every trigger (a broker message), every resyncInterval (drift),
@@ -39,7 +36,7 @@ func (a *Agent) reconcileLoop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-a.trigger:
+		case <-a.trigger.C():
 		case <-t.C:
 		case <-healthTick:
 			if !a.repairDue(a.currentWants()) {

@@ -9,6 +9,7 @@ import (
 	"github.com/cablemesh/cablemesh/agent/kube"
 	"github.com/cablemesh/cablemesh/agent/reconcile"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/internal/syncloop"
 )
 
 // On Kubernetes (kubernetes.enabled) a gateway's addresses come from its Node object, as
@@ -30,8 +31,8 @@ type nodeAddrState struct {
 	mu      sync.Mutex
 	addrs   kube.NodeAddresses
 	known   bool
-	first   chan struct{} // closed at the first addresses with an InternalIP
-	changed chan struct{} // a change after the first, for nodeAddressLoop
+	first   chan struct{}     // closed at the first addresses with an InternalIP
+	changed *syncloop.Trigger // a change after the first, for nodeAddressLoop
 	// guard replaces Agent.guard (built at start) once the Node's InternalIP changed: the
 	// guard protects the address the node has now (currentGuard).
 	guard *reconcile.Guard
@@ -86,7 +87,7 @@ func (a *Agent) startNodeAddresses(ctx context.Context) (stop func(), err error)
 		return func() {}, nil
 	}
 	a.nodeAddr.first = make(chan struct{})
-	a.nodeAddr.changed = make(chan struct{}, 1)
+	a.nodeAddr.changed = &syncloop.Trigger{}
 	wctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -129,18 +130,12 @@ func (a *Agent) onNodeAddresses(n kube.NodeAddresses) {
 	if n.Private.IsValid() || a.cfg.AdvertiseAddress != "" {
 		select {
 		case <-a.nodeAddr.first:
-			select {
-			case a.nodeAddr.changed <- struct{}{}:
-			default:
-			}
+			a.nodeAddr.changed.Fire()
 		default:
 			close(a.nodeAddr.first)
 			if a.cfg.AdvertiseAddress != "" {
 				// The agent did not wait for these: it may have registered without the public IP.
-				select {
-				case a.nodeAddr.changed <- struct{}{}:
-				default:
-				}
+				a.nodeAddr.changed.Fire()
 			}
 		}
 	}
@@ -158,7 +153,7 @@ func (a *Agent) nodeAddressLoop(ctx context.Context, client apiv1.AgentClient) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-a.nodeAddr.changed:
+		case <-a.nodeAddr.changed.C():
 		}
 		private, public := a.endpointAddrs()
 		a.log.Info("node addresses changed", "private", private, "public", public)
