@@ -40,13 +40,13 @@ import (
 	"github.com/cablemesh/cablemesh/agent/config"
 	"github.com/cablemesh/cablemesh/agent/health"
 	"github.com/cablemesh/cablemesh/agent/ingress"
+	"github.com/cablemesh/cablemesh/agent/plan"
 	"github.com/cablemesh/cablemesh/agent/reconcile"
 	"github.com/cablemesh/cablemesh/agent/routes"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/bpf"
 	"github.com/cablemesh/cablemesh/cable"
 	"github.com/cablemesh/cablemesh/internal/syncloop"
-	"github.com/cablemesh/cablemesh/policy"
 )
 
 // DriverFactory builds the cable driver name for this node with its settings (the config's block
@@ -150,9 +150,9 @@ type Agent struct {
 	cached       bool // running on state loaded from disk, not yet resynced
 	lastProblems string
 
-	guard      reconcile.Guard  // what no cable route may cover; set by Run before anything reads it
-	resKey     string           // policy.Resolver cache: PolicyKey of the policies it was built from
-	res        *policy.Resolver // nil until first built
+	guard   reconcile.Guard // what no cable route may cover; set by Run before anything reads it
+	planner *plan.Planner   // the one plan per input change that every consumer reads
+
 	lastRepair map[string]time.Time
 
 	health        *health.Manager   // nil unless a gateway with healthCheck enabled, once Run started
@@ -247,6 +247,7 @@ func New(opts Options) (*Agent, error) {
 		metrics:    newHealthMetrics(),
 		lastRepair: map[string]time.Time{},
 		registry:   prometheus.NewRegistry(),
+		planner:    plan.New(opts.Log.With("cluster", cfg.Cluster, "node", cfg.Node)),
 		certs:      certState{refusedCh: make(chan struct{})},
 		exports:    exportState{config: cfg.ExportsProto(), runtime: map[string]*apiv1.ServiceExport{}},
 	}

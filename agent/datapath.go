@@ -15,6 +15,7 @@ import (
 
 	"github.com/cablemesh/cablemesh/agent/config"
 	"github.com/cablemesh/cablemesh/agent/dns"
+	"github.com/cablemesh/cablemesh/agent/plan"
 	"github.com/cablemesh/cablemesh/agent/reconcile"
 	"github.com/cablemesh/cablemesh/agent/services"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
@@ -229,16 +230,8 @@ func (a *Agent) servicesOnce(ctx context.Context) {
 	if dp == nil {
 		return
 	}
-	st := a.snapshot()
-	var drivers reconcile.Drivers
-	if a.cfg.Gateway {
-		drivers = a.driverSet()
-	}
-	node := "" // a non-gateway routes what its gateway connects: its own mesh address is not needed
-	if a.cfg.Gateway {
-		node = a.cfg.Node
-	}
-	wants, problems, decisions := reconcile.DesiredAt(st, a.cfg.Cluster, node, a.resolver(st), drivers, a.currentGuard())
+	p := a.plan()
+	st, wants := p.State, p.Wants
 	if a.cfg.Gateway {
 		a.countersPass(dp, wants)
 	}
@@ -247,7 +240,7 @@ func (a *Agent) servicesOnce(ctx context.Context) {
 		// an earlier run) stay as they are until the broker says what is imported.
 		return
 	}
-	reach := services.Reachability(a.cfg.Cluster, a.cfg.Gateway, a.pairs(ctx, wants, problems, decisions))
+	reach := services.Reachability(a.cfg.Cluster, a.cfg.Gateway, a.pairs(ctx, p))
 	imports, outOfScope := services.InScope(st.Imports, st.Clusters, st.Endpoints)
 	plan := services.Compute(imports, a.cfg.Cluster, reach)
 	plan.Problems = append(outOfScope, plan.Problems...)
@@ -256,7 +249,8 @@ func (a *Agent) servicesOnce(ctx context.Context) {
 
 // pairs is what this node knows of every remote cluster with a live gateway endpoint, for
 // services.Reachability.
-func (a *Agent) pairs(ctx context.Context, wants []reconcile.Want, problems []reconcile.Problem, decisions []reconcile.PairDecision) map[string]services.Pair {
+func (a *Agent) pairs(ctx context.Context, p *plan.Plan) map[string]services.Pair {
+	wants, problems, decisions := p.Wants, p.Problems, p.Decisions
 	out := map[string]services.Pair{}
 	for _, d := range decisions {
 		out[d.Cluster] = services.Pair{Connect: d.Connect, Policy: d.Policy, GatewayMode: d.Mode == reconcile.ModeGateway}
@@ -579,7 +573,7 @@ func (a *Agent) traffic() map[uint32]bpf.ClusterCounters {
 
 // servicesStatus is the services section of the status document.
 func (a *Agent) servicesStatus() *statusapi.Services {
-	st := a.snapshot()
+	st := a.plan().State
 	out := &statusapi.Services{
 		ImportSelector: a.importSelector(),
 		ImportsKnown:   st.HasImports,

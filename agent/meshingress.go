@@ -70,30 +70,7 @@ type meshState struct {
 	linkAddr   netip.Addr // what cbl-mesh0 holds (as last ensured)
 	applyErr   string
 	applied    *ingress.Config // last Config the data plane accepted
-	// fromPass is what the last reconcile pass resolved for the mesh (setMeshWants), so that
-	// meshOnce neither copies the broker state nor resolves the policies again; nil until the
-	// first pass.
-	fromPass *meshWants
-	trigger  syncloop.Trigger
-}
-
-// meshWants is what the mesh takes from a reconcile pass's wanted connections.
-type meshWants struct {
-	gatewayMode bool         // gatewayModeUsed
-	remote      []netip.Addr // remoteMeshAddresses
-}
-
-// meshWantsOf is what the mesh needs of wants, with local our own cluster record.
-func meshWantsOf(local *apiv1.Cluster, wants []reconcile.Want) *meshWants {
-	return &meshWants{gatewayMode: gatewayModeUsed(local, wants), remote: remoteMeshAddresses(wants)}
-}
-
-// setMeshWants keeps what meshOnce needs of the wants a reconcile pass computed from st.
-func (a *Agent) setMeshWants(st *brokerstate.State, wants []reconcile.Want) {
-	mw := meshWantsOf(st.Clusters[a.cfg.Cluster], wants)
-	a.mesh.mu.Lock()
-	a.mesh.fromPass = mw
-	a.mesh.mu.Unlock()
+	trigger    syncloop.Trigger
 }
 
 // triggerMesh asks meshLoop for an Apply soon; triggers coalesce.
@@ -206,24 +183,15 @@ func (a *Agent) meshLoop(ctx context.Context) {
 // plane's Config, applied when it changed (or force).
 func (a *Agent) meshOnce(ctx context.Context, force bool) {
 	a.mesh.mu.Lock()
-	reg, dp, mw := a.mesh.registered, a.mesh.dp, a.mesh.fromPass
+	reg, dp := a.mesh.registered, a.mesh.dp
 	a.mesh.mu.Unlock()
-	var own netip.Addr
-	if mw == nil {
-		// No reconcile pass has run yet (meshLoop's first pass): resolve here.
-		st := a.snapshot()
-		wants, _, _ := a.desired(st)
-		mw = meshWantsOf(st.Clusters[a.cfg.Cluster], wants)
-		own = meshAddressOf(st, a.cfg.Cluster, a.cfg.Node, reg)
-	} else {
-		a.mu.Lock()
-		own = meshAddressOf(a.state, a.cfg.Cluster, a.cfg.Node, reg)
-		a.mu.Unlock()
-	}
+	p := a.plan()
+	own := meshAddressOf(p.State, a.cfg.Cluster, a.cfg.Node, reg)
+	gatewayMode := gatewayModeUsed(p.State.Clusters[a.cfg.Cluster], p.Wants)
 	// The broker gives every gateway a mesh address, but only a gateway of a gateway-mode
 	// cluster, or with a gateway-mode pair, uses it: a mesh of direct pairs sees no mesh link and
 	// an empty table.
-	if !mw.gatewayMode {
+	if !gatewayMode {
 		own = netip.Addr{}
 	}
 	linkErr := ""
@@ -253,7 +221,7 @@ func (a *Agent) meshOnce(ctx context.Context, force bool) {
 		return
 	}
 	set, _, _ := a.effectiveExports()
-	cfg := ingressConfig(own, mw.remote, set, a.cfg.Ingress.Mode)
+	cfg := ingressConfig(own, remoteMeshAddresses(p.Wants), set, a.cfg.Ingress.Mode)
 	a.mesh.mu.Lock()
 	same := a.mesh.applied != nil && reflect.DeepEqual(*a.mesh.applied, cfg)
 	a.mesh.mu.Unlock()

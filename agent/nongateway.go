@@ -10,6 +10,7 @@ import (
 
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
 	"github.com/cablemesh/cablemesh/agent/health"
+	"github.com/cablemesh/cablemesh/agent/plan"
 	"github.com/cablemesh/cablemesh/agent/routes"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 )
@@ -103,7 +104,8 @@ func gatewayTargets(st *brokerstate.State, cluster string) []health.Target {
 // nonGatewayRoutes points the probes at the gateways of st and returns the routes of this
 // non-gateway node: each remote cluster via the first gateway that carries the pair and answers
 // the probes (routes.Plan). The choices are kept for the status.
-func (a *Agent) nonGatewayRoutes(st *brokerstate.State) []routes.Route {
+func (a *Agent) nonGatewayRoutes(p *plan.Plan) []routes.Route {
+	st := p.State
 	a.mu.Lock()
 	m := a.gwProbes
 	a.mu.Unlock()
@@ -116,7 +118,7 @@ func (a *Agent) nonGatewayRoutes(st *brokerstate.State) []routes.Route {
 			return !ok || r.Healthy(threshold)
 		}
 	}
-	out, choices := routes.Plan(st, a.cfg.Cluster, a.resolver(st), a.currentGuard(), healthy)
+	out, choices := routes.Plan(st, a.cfg.Cluster, p.Resolver, p.Guard(), healthy)
 	a.mu.Lock()
 	prev := a.gwChoices
 	a.gwChoices = choices
@@ -145,7 +147,7 @@ func (a *Agent) workerStatus() *statusapi.Worker {
 	m := a.gwProbes
 	choices := a.gwChoices
 	a.mu.Unlock()
-	st := a.snapshot()
+	st := a.plan().State
 	s := gatewayProbeSettings.WithDefaults()
 	if m != nil {
 		s = m.Settings()

@@ -8,13 +8,11 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
 	"github.com/cablemesh/cablemesh/agent/config"
+	"github.com/cablemesh/cablemesh/agent/plan"
 	"github.com/cablemesh/cablemesh/agent/reconcile"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
-	"github.com/cablemesh/cablemesh/policy"
 )
 
 // Trigger asks for a reconcile pass soon; triggers coalesce.
@@ -49,19 +47,18 @@ func (a *Agent) reconcileLoop(ctx context.Context) {
 
 // reconcileOnce is one observe → desire → diff → apply pass.
 func (a *Agent) reconcileOnce(ctx context.Context) {
-	st := a.snapshot()
+	p := a.plan()
+	st := p.State
 	// A pass over a full state (cached, or the broker's snapshot) makes the agent ready (/readyz).
 	defer a.markSynced(st.Revision)
 	if !a.cfg.Gateway {
-		if err := a.opts.ApplyRoutes(a.nonGatewayRoutes(st)); err != nil {
+		if err := a.opts.ApplyRoutes(a.nonGatewayRoutes(p)); err != nil {
 			a.log.Warn("routes via the gateway not applied", "err", err)
 		}
 		return
 	}
-	desired, problems, _ := a.desired(st)
-	a.logProblems(problems)
-	// meshOnce, which triggerMesh below wakes, takes what it needs from this pass's result.
-	a.setMeshWants(st, desired)
+	desired := p.Wants
+	a.logProblems(p.Problems)
 	a.mu.Lock()
 	r := a.reconciler
 	a.mu.Unlock()
@@ -121,54 +118,35 @@ func (a *Agent) logProblems(problems []reconcile.Problem) {
 	}
 }
 
-// snapshot returns a copy of the broker state for planning without holding the lock. Until the
-// watch brings our own cluster record, the one from Join stands in (its labels matter to the
-// policies).
-func (a *Agent) snapshot() *brokerstate.State {
+// plan is the plan for the inputs in force (plan.Planner computes it once per change).
+func (a *Agent) plan() *plan.Plan {
+	in := plan.Inputs{Cluster: a.cfg.Cluster, StandInNode: a.cfg.Node, Guard: a.currentGuard()}
+	if a.cfg.Gateway {
+		in.Node, in.Drivers = a.cfg.Node, a.driverSet()
+	}
+	return a.planner.Get(a.planKey(), in, a.stateCopy)
+}
+
+// planKey names the broker-side inputs of the plan without copying them.
+func (a *Agent) planKey() plan.Key {
+	// Lock order: a.mu, then a.mesh.mu.
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	st := a.state.Clone()
-	if st.Clusters[a.cfg.Cluster] == nil && a.joinCluster != nil {
-		st.Clusters[a.cfg.Cluster] = proto.Clone(a.joinCluster).(*apiv1.Cluster)
-	}
-	// Until the watch brings our own endpoint with its mesh address, the registration answer's
-	// stands in (gateway-mode pairs need it).
-	key := brokerstate.EndpointKey(a.cfg.Cluster, a.cfg.Node)
+	return a.planKeyLocked()
+}
+
+func (a *Agent) planKeyLocked() plan.Key {
 	a.mesh.mu.Lock()
 	reg := a.mesh.registered
 	a.mesh.mu.Unlock()
-	if own := st.Endpoints[key]; reg.IsValid() && own != nil && !reconcile.MeshAddress(own).IsValid() {
-		e := proto.Clone(own).(*apiv1.Endpoint)
-		e.MeshAddress = reg.String()
-		st.Endpoints[key] = e
-	}
-	return st
+	return plan.Key{State: a.state, Revision: a.state.Revision, Join: a.joinCluster, Registered: reg}
 }
 
-// resolver returns the policy resolver for st's policies, rebuilt only when they changed.
-func (a *Agent) resolver(st *brokerstate.State) *policy.Resolver {
-	key := reconcile.PolicyKey(st)
+// stateCopy is a copy of the broker state for the planner, with the key it was taken at.
+func (a *Agent) stateCopy() (plan.Key, *brokerstate.State) {
 	a.mu.Lock()
-	if a.res != nil && a.resKey == key {
-		r := a.res
-		a.mu.Unlock()
-		return r
-	}
-	a.mu.Unlock()
-	r, problems := reconcile.Resolver(st)
-	for _, p := range problems {
-		a.log.Warn("ignoring connection policy", "policy", p.Policy, "reason", p.Message)
-	}
-	a.log.Info("connection policies loaded", "policies", len(st.Policies), "revision", st.Revision)
-	a.mu.Lock()
-	a.res, a.resKey = r, key
-	a.mu.Unlock()
-	return r
-}
-
-// desired is the planner's view for this gateway: wanted connections, problems, decisions.
-func (a *Agent) desired(st *brokerstate.State) ([]reconcile.Want, []reconcile.Problem, []reconcile.PairDecision) {
-	return reconcile.DesiredAt(st, a.cfg.Cluster, a.cfg.Node, a.resolver(st), a.driverSet(), a.currentGuard())
+	defer a.mu.Unlock()
+	return a.planKeyLocked(), a.state.Clone()
 }
 
 // localCluster is our own cluster record: from the broker state, else from the Join answer.

@@ -25,7 +25,8 @@ import (
 // healthCheck.failureThreshold times in a row is in error whatever the device says
 // (health.Merge).
 func (a *Agent) Status(ctx context.Context) statusapi.Status {
-	st := a.snapshot()
+	p := a.plan()
+	st := p.State
 	connected, rev, last, errMsg, cached := a.brokerStatus()
 	out := statusapi.Status{
 		Cluster: a.cfg.Cluster,
@@ -72,8 +73,7 @@ func (a *Agent) Status(ctx context.Context) statusapi.Status {
 	if !a.cfg.Gateway || r == nil {
 		if !a.cfg.Gateway {
 			// The routes via the gateway leave out what the guard refuses too.
-			_, problems, _ := reconcile.Desired(st, a.cfg.Cluster, a.resolver(st), nil, a.currentGuard())
-			out.Problems = append(out.Problems, statusProblems(problems)...)
+			out.Problems = append(out.Problems, statusProblems(p.Problems)...)
 			out.Worker = a.workerStatus()
 		}
 		return out
@@ -93,7 +93,7 @@ func (a *Agent) Status(ctx context.Context) statusapi.Status {
 		}
 		out.Drivers = append(out.Drivers, ds)
 	}
-	desired, problems, decisions := a.desired(st)
+	desired, problems, decisions := p.Wants, p.Problems, p.Decisions
 	octx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	observed, obsErrs := r.Observe(octx)
 	cancel()
