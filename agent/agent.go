@@ -43,6 +43,7 @@ import (
 	"github.com/cablemesh/cablemesh/agent/plan"
 	"github.com/cablemesh/cablemesh/agent/reconcile"
 	"github.com/cablemesh/cablemesh/agent/routes"
+	"github.com/cablemesh/cablemesh/agent/servicedp"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/bpf"
 	"github.com/cablemesh/cablemesh/cable"
@@ -163,11 +164,10 @@ type Agent struct {
 	gwProbes  *health.Manager
 	gwChoices []routes.Choice
 
-	registry   *prometheus.Registry // the agent's metrics (served on metricsAddress)
-	dp         *datapath            // the services datapath, once Run started it
-	svcTrigger syncloop.Trigger
-	exports    exportState
-	clock      brokerClock // brokerclock.go: the broker's clock and build from its last reply
+	registry *prometheus.Registry // the agent's metrics (served on metricsAddress)
+	dp       *servicedp.Datapath  // the services datapath, once Run started it
+	exports  exportState
+	clock    brokerClock // brokerclock.go: the broker's clock and build from its last reply
 
 	clusterPolicies clusterPolicyState // cluster-scoped policies and their sync (clusterpolicies.go)
 
@@ -212,15 +212,6 @@ func New(opts Options) (*Agent, error) {
 	}
 	if opts.MSS == nil {
 		opts.MSS = KernelMSS{}
-	}
-	if opts.OpenLB == nil {
-		opts.OpenLB = openLB
-	}
-	if opts.OpenCounters == nil {
-		opts.OpenCounters = openCounters
-	}
-	if opts.ListLinks == nil {
-		opts.ListLinks = linkIndexes
 	}
 	if opts.Underlay == nil {
 		opts.Underlay = interfaceNetwork
@@ -343,7 +334,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	// Reconcile from the cache before the broker answers (or when it never does), then program
 	// the services from it: DNS answers and the maps are as they were before a restart.
 	a.reconcileOnce(ctx)
-	a.servicesOnce(ctx)
+	a.datapath().Once(ctx)
 	a.log.Info("agent ready", "gateway", a.cfg.Gateway, "statusSocket", a.cfg.StatusSocket, "broker", a.cfg.Broker, "cachedRevision", a.revision())
 	if a.opts.Ready != nil {
 		a.opts.Ready()
@@ -364,7 +355,7 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	var wg sync.WaitGroup
 	wg.Go(func() { a.reconcileLoop(ctx) })
-	wg.Go(func() { a.servicesLoop(ctx) })
+	wg.Go(func() { a.datapath().Run(ctx) })
 	wg.Go(func() { a.watchLoop(ctx, client) })
 	wg.Go(func() { a.exportsLoop(ctx, client) })
 	wg.Go(func() { a.certLoop(ctx, client) })

@@ -165,7 +165,9 @@ func (a *Agent) clampMSS() {
 // stop ends what Run started on the host as Run returns: with Options.CleanupOnExit it first
 // removes what the agent made, then it closes every driver it built.
 func (a *Agent) stop() {
-	a.stopDatapath(a.opts.CleanupOnExit)
+	if dp := a.datapath(); dp != nil {
+		dp.Stop(a.opts.CleanupOnExit)
+	}
 	if a.opts.CleanupOnExit {
 		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 		a.cleanup(ctx)

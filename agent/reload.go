@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -321,7 +320,7 @@ func (a *Agent) applyConfig(ctx context.Context, client apiv1.AgentClient, cur, 
 		a.exports.mu.Unlock()
 	}
 	if plan.DNS {
-		a.applyDNS(next)
+		a.datapath().ApplyConfig(next)
 	}
 	if len(plan.Drivers) > 0 && a.cfg.Gateway {
 		a.rebuildDrivers(ctx, next, plan.Drivers)
@@ -347,30 +346,6 @@ func (a *Agent) reregister(ctx context.Context, client apiv1.AgentClient) {
 		}
 	}
 	a.log.Warn("endpoint not re-registered after a driver change; the broker publishes the old ports until the next registration", "err", err)
-}
-
-// errNoDNS is why a DNS change has nothing to apply to.
-var errNoDNS = errors.New("no DNS server runs (dns.listen is empty)")
-
-// applyDNS gives the DNS server the reloaded upstreams and TTL, and rebuilds its zone with the
-// TTL from the records it serves.
-func (a *Agent) applyDNS(next *config.Config) {
-	dp := a.datapath()
-	if dp == nil || dp.dns == nil {
-		a.log.Warn("dns settings not applied", "err", errNoDNS)
-		return
-	}
-	if err := dp.dns.SetForwarding(next.DNS.Upstream, time.Duration(next.DNS.TTL)*time.Second); err != nil {
-		a.log.Error("dns settings not applied", "err", err)
-		return
-	}
-	dp.dns.SetClients(a.dnsClients(next))
-	dp.mu.Lock()
-	defer dp.mu.Unlock()
-	if dp.dnsUpdated {
-		// Errors were reported when these records were first served; the TTL changes none.
-		_ = dp.dns.Update(dp.lastDNS)
-	}
 }
 
 // healthSettingsOf are cfg's probe settings (defaults already applied by config).

@@ -441,10 +441,10 @@ func TestAReloadChangesDNSTheLogLevelAndTheDriverSet(t *testing.T) {
 	})
 	dnsServer := func() []string {
 		dp := r.agent.datapath()
-		if dp == nil || dp.dns == nil {
+		if dp.DNS() == nil {
 			return nil
 		}
-		return dp.dns.Upstreams()
+		return dp.DNS().Upstreams()
 	}
 	if got := strings.Join(dnsServer(), ","); got != "10.0.0.53:53" {
 		t.Fatalf("dns upstreams at start: %q", got)

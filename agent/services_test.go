@@ -79,10 +79,10 @@ func servicesAgent(t *testing.T, b *fakebroker.Broker, net *switchPinger, mod fu
 func dnsAddr(t *testing.T, r *running) string {
 	t.Helper()
 	dp := r.agent.datapath()
-	if dp == nil || dp.dns == nil {
+	if dp.DNS() == nil {
 		t.Fatal("no dns server")
 	}
-	return dp.dns.Addr().String()
+	return dp.DNS().Addr().String()
 }
 
 func query(t *testing.T, addr, name string, qtype uint16) *mdns.Msg {

@@ -109,7 +109,7 @@ func (a *Agent) Status(ctx context.Context) statusapi.Status {
 		a.mu.Unlock()
 		out.Connections = applyHealth(out.Connections, m.Result, reasons, m.Settings())
 	}
-	if tr := a.traffic(); tr != nil {
+	if tr := a.datapath().Traffic(); tr != nil {
 		for i := range out.Connections {
 			c := tr[out.Connections[i].ClusterID]
 			out.Connections[i].Traffic = &statusapi.Traffic{RxPackets: c.RxPackets, RxBytes: c.RxBytes, TxPackets: c.TxPackets, TxBytes: c.TxBytes}

@@ -1,8 +1,9 @@
-package agent
+package servicedp
 
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net/netip"
 	"reflect"
@@ -11,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
 
 	"github.com/cablemesh/cablemesh/agent/config"
@@ -19,8 +21,9 @@ import (
 	"github.com/cablemesh/cablemesh/agent/reconcile"
 	"github.com/cablemesh/cablemesh/agent/services"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
+	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/bpf"
-	"github.com/cablemesh/cablemesh/cable"
+	"github.com/cablemesh/cablemesh/internal/syncloop"
 )
 
 // The services datapath: the clusterset.local DNS server, the eBPF socket load balancer and the
@@ -56,9 +59,35 @@ type TrafficCounters interface {
 // probes) can be in the service maps, and how soon a new cable link gets its counters.
 const servicesResync = 2 * time.Second
 
-// datapath is the services datapath's running state. Its fields are guarded by mu, except the
-// components themselves, which are set once before the loop starts.
-type datapath struct {
+// Deps are what the services datapath takes from the rest of the agent.
+type Deps struct {
+	Log      *slog.Logger
+	Registry prometheus.Registerer
+	// Live is the config in force (dns.upstream, dns.allowClients and the CIDRs follow a reload).
+	Live func() *config.Config
+	// LocalCluster is this node's cluster record (its CIDRs are DNS clients); nil until known.
+	LocalCluster func() *apiv1.Cluster
+	// InterfaceAddrs lists this node's addresses (DNS clients too).
+	InterfaceAddrs func() []netip.Addr
+	OpenLB         func(context.Context, bpf.Options) (LoadBalancer, error)
+	OpenCounters   func(context.Context, bpf.Options) (TrafficCounters, error)
+	ListLinks      func() (map[string]int, error)
+	// Plan is the plan in force; Pairs what this node knows of every remote cluster in it
+	// (PlannedPairs, plus the devices and the probes on gateways).
+	Plan  func() *plan.Plan
+	Pairs func(context.Context, *plan.Plan) map[string]services.Pair
+	// TunnelLinks are the cable links the counters attach to (names or '*' patterns).
+	TunnelLinks func() []string
+}
+
+// Datapath is the services datapath. Its fields are guarded by mu, except the components
+// themselves, which Start sets once before the loop starts.
+type Datapath struct {
+	cfg     *config.Config // as at start: dns.listen, the pin dir, the map sizes, gateway
+	deps    Deps
+	log     *slog.Logger
+	trigger syncloop.Trigger
+
 	dns      *dns.Server
 	lb       LoadBalancer
 	counters TrafficCounters
@@ -82,6 +111,20 @@ type datapath struct {
 	firstPlanned map[string]uint64
 	nextRank     uint64
 	refused      map[string]string
+}
+
+// New returns the services datapath of cfg (the start-up config); Start opens it.
+func New(cfg *config.Config, deps Deps) *Datapath {
+	if deps.OpenLB == nil {
+		deps.OpenLB = openLB
+	}
+	if deps.OpenCounters == nil {
+		deps.OpenCounters = openCounters
+	}
+	if deps.ListLinks == nil {
+		deps.ListLinks = linkIndexes
+	}
+	return &Datapath{cfg: cfg, deps: deps, log: deps.Log, attached: map[string]int{}, firstPlanned: map[string]uint64{}, refused: map[string]string{}}
 }
 
 // openLB and openCounters default to the bpf package.
@@ -118,13 +161,12 @@ func linkIndexes() (map[string]int, error) {
 // on gateways, the counters. A DNS server that cannot listen ends the agent (its address is
 // configuration); a load balancer that cannot load (no cgroup2, no bpffs, an old kernel) is
 // logged loudly and reported in status, and the node runs without it.
-func (a *Agent) startDatapath(ctx context.Context) error {
-	dp := &datapath{attached: map[string]int{}, firstPlanned: map[string]uint64{}, refused: map[string]string{}}
-	// dnsErr is set by applyServices (under dp.mu) when an update leaves records out.
-	if a.cfg.DNS.Listen != "" {
+func (d *Datapath) Start(ctx context.Context) error {
+	// dnsErr is set by applyServices (under d.mu) when an update leaves records out.
+	if d.cfg.DNS.Listen != "" {
 		s, err := dns.NewServer(dns.Config{
-			Listen: a.cfg.DNS.Listen, Upstreams: a.cfg.DNS.Upstream, TTL: time.Duration(a.cfg.DNS.TTL) * time.Second,
-			Clients: a.dnsClients(a.cfg), LocalAddrs: a.nodeAddrs, Logger: a.log, Registerer: a.registry,
+			Listen: d.cfg.DNS.Listen, Upstreams: d.cfg.DNS.Upstream, TTL: time.Duration(d.cfg.DNS.TTL) * time.Second,
+			Clients: d.dnsClients(d.cfg), LocalAddrs: d.nodeAddrs, Logger: d.log, Registerer: d.deps.Registry,
 		})
 		if err == nil {
 			err = s.Start()
@@ -132,56 +174,47 @@ func (a *Agent) startDatapath(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("dns: %w", err)
 		}
-		dp.dns = s
+		d.dns = s
 	}
-	cg, err := CgroupPath(a.cfg.CgroupPath)
-	opts := bpf.Options{PinDir: a.cfg.BPFPinDir, CgroupPath: cg, Log: a.log.With("component", "bpf"),
-		ServiceMapEntries: a.cfg.LoadBalancer.ServiceMapEntries, BackendMapEntries: a.cfg.LoadBalancer.BackendMapEntries}
+	cg, err := CgroupPath(d.cfg.CgroupPath)
+	opts := bpf.Options{PinDir: d.cfg.BPFPinDir, CgroupPath: cg, Log: d.log.With("component", "bpf"),
+		ServiceMapEntries: d.cfg.LoadBalancer.ServiceMapEntries, BackendMapEntries: d.cfg.LoadBalancer.BackendMapEntries}
 	if err == nil {
-		dp.cgroup = cg
-		dp.lb, err = a.opts.OpenLB(ctx, opts)
+		d.cgroup = cg
+		d.lb, err = d.deps.OpenLB(ctx, opts)
 	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		dp.lbErr = err.Error()
-		a.log.Error("SERVICES LOAD BALANCER UNAVAILABLE: service VIPs are not translated on this node", "cgroupPath", a.cfg.CgroupPath, "bpfPinDir", a.cfg.BPFPinDir, "err", err)
+		d.lbErr = err.Error()
+		d.log.Error("SERVICES LOAD BALANCER UNAVAILABLE: service VIPs are not translated on this node", "cgroupPath", d.cfg.CgroupPath, "bpfPinDir", d.cfg.BPFPinDir, "err", err)
 	} else {
-		a.log.Info("services load balancer ready", "cgroupPath", cg, "bpfPinDir", a.cfg.BPFPinDir)
+		d.log.Info("services load balancer ready", "cgroupPath", cg, "bpfPinDir", d.cfg.BPFPinDir)
 	}
-	if a.cfg.Gateway && dp.lb != nil {
-		if dp.counters, err = a.opts.OpenCounters(ctx, opts); err != nil {
-			dp.counterErr = err.Error()
-			a.log.Warn("traffic counters unavailable", "bpfPinDir", a.cfg.BPFPinDir, "err", err)
+	if d.cfg.Gateway && d.lb != nil {
+		if d.counters, err = d.deps.OpenCounters(ctx, opts); err != nil {
+			d.counterErr = err.Error()
+			d.log.Warn("traffic counters unavailable", "bpfPinDir", d.cfg.BPFPinDir, "err", err)
 		}
 	}
-	a.mu.Lock()
-	a.dp = dp
-	a.mu.Unlock()
 	return nil
 }
 
 // stopDatapath closes what startDatapath opened; with remove (--cleanup-on-exit) it also
 // detaches and unpins the load balancer and the counters.
-func (a *Agent) stopDatapath(remove bool) {
-	a.mu.Lock()
-	dp := a.dp
-	a.mu.Unlock()
-	if dp == nil {
-		return
-	}
-	if dp.dns != nil {
+func (d *Datapath) Stop(remove bool) {
+	if d.dns != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		if err := dp.dns.Shutdown(ctx); err != nil {
-			a.log.Warn("dns server did not stop cleanly", "err", err)
+		if err := d.dns.Shutdown(ctx); err != nil {
+			d.log.Warn("dns server did not stop cleanly", "err", err)
 		}
 		cancel()
 	}
 	for _, c := range []interface {
 		Close() error
 		Remove() error
-	}{dp.lb, dp.counters} {
+	}{d.lb, d.counters} {
 		if c == nil || reflect.ValueOf(c).IsNil() {
 			continue
 		}
@@ -192,132 +225,60 @@ func (a *Agent) stopDatapath(remove bool) {
 			err = c.Close()
 		}
 		if err != nil {
-			a.log.Error("services datapath did not close cleanly", "remove", remove, "err", err)
+			d.log.Error("services datapath did not close cleanly", "remove", remove, "err", err)
 		}
 	}
 }
 
-func (a *Agent) datapath() *datapath {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.dp
+// Trigger asks for a services pass soon; triggers coalesce.
+func (d *Datapath) Trigger() {
+	d.trigger.Fire()
 }
 
-// TriggerServices asks for a services pass soon; triggers coalesce.
-func (a *Agent) TriggerServices() {
-	a.svcTrigger.Fire()
-}
-
-// servicesLoop runs a services pass on every trigger (imports or endpoints changed, a health
+// Run runs a services pass on every trigger (imports or endpoints changed, a health
 // transition, a reconcile that changed a connection) and every servicesResync.
-func (a *Agent) servicesLoop(ctx context.Context) {
+func (d *Datapath) Run(ctx context.Context) {
 	t := time.NewTicker(servicesResync)
 	defer t.Stop()
 	for {
-		a.servicesOnce(ctx)
+		d.Once(ctx)
 		select {
 		case <-ctx.Done():
 			return
-		case <-a.svcTrigger.C():
+		case <-d.trigger.C():
 		case <-t.C:
 		}
 	}
 }
 
-// servicesOnce is one observe → plan → apply pass of the services datapath.
-func (a *Agent) servicesOnce(ctx context.Context) {
-	dp := a.datapath()
-	if dp == nil {
-		return
-	}
-	p := a.plan()
+// Once is one observe → plan → apply pass of the services datapath.
+func (d *Datapath) Once(ctx context.Context) {
+	p := d.deps.Plan()
 	st, wants := p.State, p.Wants
-	if a.cfg.Gateway {
-		a.countersPass(dp, wants)
+	if d.cfg.Gateway {
+		d.countersPass(wants)
 	}
 	if !st.HasImports {
 		// Never had imports: the DNS server answers SERVFAIL and the maps (perhaps adopted from
 		// an earlier run) stay as they are until the broker says what is imported.
 		return
 	}
-	reach := services.Reachability(a.cfg.Cluster, a.cfg.Gateway, a.pairs(ctx, p))
+	reach := services.Reachability(d.cfg.Cluster, d.cfg.Gateway, d.deps.Pairs(ctx, p))
 	imports, outOfScope := services.InScope(st.Imports, st.Clusters, st.Endpoints)
-	plan := services.Compute(imports, a.cfg.Cluster, reach)
+	plan := services.Compute(imports, d.cfg.Cluster, reach)
 	plan.Problems = append(outOfScope, plan.Problems...)
-	a.applyServices(ctx, dp, plan)
-}
-
-// pairs is what this node knows of every remote cluster with a live gateway endpoint, for
-// services.Reachability.
-func (a *Agent) pairs(ctx context.Context, p *plan.Plan) map[string]services.Pair {
-	wants, problems, decisions := p.Wants, p.Problems, p.Decisions
-	out := map[string]services.Pair{}
-	for _, d := range decisions {
-		out[d.Cluster] = services.Pair{Connect: d.Connect, Policy: d.Policy, GatewayMode: d.Mode == reconcile.ModeGateway}
-	}
-	for _, w := range wants {
-		pr := out[w.Remote.Cluster]
-		pr.RemoteNode = w.Remote.Node
-		out[w.Remote.Cluster] = pr
-	}
-	for _, p := range problems {
-		if p.Cluster == "" || p.Partial {
-			continue // a subnet left out: the pair is connected all the same
-		}
-		pr := out[p.Cluster]
-		pr.Problem = p.Message
-		out[p.Cluster] = pr
-	}
-	if !a.cfg.Gateway {
-		return out
-	}
-	a.mu.Lock()
-	r := a.reconciler
-	a.mu.Unlock()
-	var observed map[string][]cable.ConnectionStatus
-	var obsErrs map[string]error
-	var applied map[string]reconcile.Applied
-	if r != nil {
-		octx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		observed, obsErrs = r.Observe(octx)
-		cancel()
-		applied = r.Applied()
-	}
-	m := a.healthManager()
-	for _, w := range wants {
-		c := w.Remote.Cluster
-		pr := out[c]
-		if m != nil {
-			if res, ok := m.Result(c); ok && res.Target.Node == w.Remote.Node {
-				th := m.Settings().FailureThreshold
-				pr.Probe = &services.Probe{Healthy: res.Healthy(th), ConsecutiveFailures: res.ConsecutiveFailures, LastError: res.LastError}
-			}
-		}
-		// The device judges a pair only once the reconciler has applied what is wanted now: a pair
-		// being connected or moved to another driver is not on its new device yet, and its
-		// clients must not lose their connections for that (the probes still judge it).
-		if ap, ok := applied[c]; ok && reconcile.EqualWant(ap.Want, w) && obsErrs[w.Driver] == nil {
-			pr.Device = services.DeviceMissing
-			for _, o := range observed[w.Driver] {
-				if o.Cluster == c {
-					pr.Device, pr.DeviceMessage = string(o.State), o.Message
-				}
-			}
-		}
-		out[c] = pr
-	}
-	return out
+	d.applyServices(ctx, plan)
 }
 
 // nodeAddrs are this node's addresses, for the DNS server's clients.
-func (a *Agent) nodeAddrs() ([]netip.Addr, error) { return a.opts.InterfaceAddrs(), nil }
+func (d *Datapath) nodeAddrs() ([]netip.Addr, error) { return d.deps.InterfaceAddrs(), nil }
 
 // dnsClients are the prefixes the DNS server answers besides loopback and the node's own
 // addresses: the cluster's pod and service CIDRs (the config's and the broker's record both:
 // the config's may name this node's share only) and dns.allowClients, sorted and unique.
-func (a *Agent) dnsClients(cfg *config.Config) []netip.Prefix {
+func (d *Datapath) dnsClients(cfg *config.Config) []netip.Prefix {
 	cidrs := slices.Concat(cfg.PodCIDRs, cfg.ServiceCIDRs, cfg.DNS.AllowClients)
-	if c := a.localCluster(); c != nil {
+	if c := d.deps.LocalCluster(); c != nil {
 		cidrs = slices.Concat(cidrs, c.GetPodCidrs(), c.GetServiceCidrs())
 	}
 	out := config.Prefixes(cidrs)
@@ -333,88 +294,88 @@ func (a *Agent) dnsClients(cfg *config.Config) []netip.Prefix {
 // applyServices applies a plan: the DNS zone (when it changed), the load balancer's maps
 // (always: Sync writes only differences, and repairs drift), then the destruction of sockets
 // whose backend left the maps.
-func (a *Agent) applyServices(ctx context.Context, dp *datapath, plan services.Plan) {
-	if joined := strings.Join(plan.Problems, "\n"); joined != dp.lastProblemsLocked() {
+func (d *Datapath) applyServices(ctx context.Context, plan services.Plan) {
+	if joined := strings.Join(plan.Problems, "\n"); joined != d.lastProblemsLocked() {
 		for _, p := range plan.Problems {
-			a.log.Warn("service import left out", "reason", p)
+			d.log.Warn("service import left out", "reason", p)
 		}
-		dp.mu.Lock()
-		dp.lastProblems = joined
-		dp.mu.Unlock()
+		d.mu.Lock()
+		d.lastProblems = joined
+		d.mu.Unlock()
 	}
-	if dp.dns != nil {
+	if d.dns != nil {
 		// The cluster's CIDRs may have arrived with this state (first join, a CIDR change).
-		if clients := a.dnsClients(a.liveConfig()); !slices.Equal(clients, dp.dns.Clients()) {
-			dp.dns.SetClients(clients)
-			a.log.Info("dns clients changed", "clients", clients)
+		if clients := d.dnsClients(d.deps.Live()); !slices.Equal(clients, d.dns.Clients()) {
+			d.dns.SetClients(clients)
+			d.log.Info("dns clients changed", "clients", clients)
 		}
-		dp.mu.Lock()
-		changed := !dp.dnsUpdated || !reflect.DeepEqual(dp.lastDNS, plan.DNS)
-		dp.mu.Unlock()
+		d.mu.Lock()
+		changed := !d.dnsUpdated || !reflect.DeepEqual(d.lastDNS, plan.DNS)
+		d.mu.Unlock()
 		if changed {
 			msg := ""
-			if err := dp.dns.Update(plan.DNS); err != nil {
+			if err := d.dns.Update(plan.DNS); err != nil {
 				msg = "some records left out: " + err.Error()
-				a.log.Warn("dns: some service records left out", "err", err)
+				d.log.Warn("dns: some service records left out", "err", err)
 			}
-			dp.mu.Lock()
-			dp.lastDNS, dp.dnsUpdated, dp.dnsErr = plan.DNS, true, msg
-			dp.mu.Unlock()
+			d.mu.Lock()
+			d.lastDNS, d.dnsUpdated, d.dnsErr = plan.DNS, true, msg
+			d.mu.Unlock()
 		}
 	}
 	var syncErr string
-	if dp.lb != nil {
-		before, err := dp.lb.Services()
+	if d.lb != nil {
+		before, err := d.lb.Services()
 		var held []bpf.Service
 		if err == nil {
-			held, err = a.syncFit(dp, plan, before)
+			held, err = d.syncFit(plan, before)
 		}
 		if err != nil {
 			syncErr = err.Error()
 		} else {
-			a.logBackendChanges(before, held)
+			d.logBackendChanges(before, held)
 			if gone := bpf.Gone(before, held); len(gone) > 0 {
-				n, err := dp.lb.DestroySockets(ctx, gone)
+				n, err := d.lb.DestroySockets(ctx, gone)
 				if err != nil && ctx.Err() == nil {
-					a.log.Warn("could not destroy every socket of the backends that left", "backends", len(gone), "destroyed", n, "err", err)
+					d.log.Warn("could not destroy every socket of the backends that left", "backends", len(gone), "destroyed", n, "err", err)
 				}
-				dp.mu.Lock()
-				dp.destroyed += uint64(n)
-				dp.mu.Unlock()
+				d.mu.Lock()
+				d.destroyed += uint64(n)
+				d.mu.Unlock()
 			}
 		}
 	}
-	dp.mu.Lock()
-	if syncErr != dp.syncErr && syncErr != "" {
-		a.log.Error("service load balancer not synced; keeping what the maps hold", "err", syncErr)
+	d.mu.Lock()
+	if syncErr != d.syncErr && syncErr != "" {
+		d.log.Error("service load balancer not synced; keeping what the maps hold", "err", syncErr)
 	}
-	dp.syncErr = syncErr
-	dp.plan, dp.planned = plan, true
-	dp.mu.Unlock()
+	d.syncErr = syncErr
+	d.plan, d.planned = plan, true
+	d.mu.Unlock()
 }
 
 // syncFit syncs the load balancer with what of plan fits in its maps (services.FitOrder decides
 // the order), records the imports refused for the status, logs each refusal once, and returns
 // the services the maps now hold.
-func (a *Agent) syncFit(dp *datapath, plan services.Plan, before []bpf.Service) ([]bpf.Service, error) {
+func (d *Datapath) syncFit(plan services.Plan, before []bpf.Service) ([]bpf.Service, error) {
 	programmed := make(map[string]bool, len(before))
 	for _, s := range before {
 		programmed[s.String()] = true
 	}
-	dp.mu.Lock()
+	d.mu.Lock()
 	for _, key := range plan.LBImports {
-		if _, ok := dp.firstPlanned[key]; !ok {
-			dp.firstPlanned[key] = dp.nextRank
-			dp.nextRank++
+		if _, ok := d.firstPlanned[key]; !ok {
+			d.firstPlanned[key] = d.nextRank
+			d.nextRank++
 		}
 	}
-	order := services.FitOrder(plan, a.cfg.Cluster, programmed, dp.firstPlanned)
-	dp.mu.Unlock()
+	order := services.FitOrder(plan, d.cfg.Cluster, programmed, d.firstPlanned)
+	d.mu.Unlock()
 	groups := make([][]bpf.Service, len(order))
 	for i, g := range order {
 		groups[i] = g.Services
 	}
-	refusals, err := dp.lb.SyncFit(groups)
+	refusals, err := d.lb.SyncFit(groups)
 	if err != nil {
 		return nil, err
 	}
@@ -430,38 +391,38 @@ func (a *Agent) syncFit(dp *datapath, plan services.Plan, before []bpf.Service) 
 			held = append(held, g.Services...)
 		}
 	}
-	dp.mu.Lock()
-	defer dp.mu.Unlock()
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	for _, i := range slices.Sorted(maps.Keys(out)) {
 		g := order[i]
-		if _, had := dp.refused[g.Import]; !had {
-			a.log.Warn("service import refused by the load balancer: its maps are too full for it; the others are applied",
+		if _, had := d.refused[g.Import]; !had {
+			d.log.Warn("service import refused by the load balancer: its maps are too full for it; the others are applied",
 				"service", g.Import, "countsAgainst", g.Owner, "reason", refused[g.Import])
 		}
 	}
-	for key := range dp.refused {
+	for key := range d.refused {
 		if _, still := refused[key]; !still {
-			a.log.Info("service import taken by the load balancer after a refusal", "service", key)
+			d.log.Info("service import taken by the load balancer after a refusal", "service", key)
 		}
 	}
-	dp.refused = refused
+	d.refused = refused
 	// Forget the ranks of imports gone, so the table does not grow with churn.
 	planned := make(map[string]bool, len(plan.LBImports))
 	for _, key := range plan.LBImports {
 		planned[key] = true
 	}
-	maps.DeleteFunc(dp.firstPlanned, func(key string, _ uint64) bool { return !planned[key] })
+	maps.DeleteFunc(d.firstPlanned, func(key string, _ uint64) bool { return !planned[key] })
 	return held, nil
 }
 
-func (dp *datapath) lastProblemsLocked() string {
-	dp.mu.Lock()
-	defer dp.mu.Unlock()
-	return dp.lastProblems
+func (d *Datapath) lastProblemsLocked() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.lastProblems
 }
 
 // logBackendChanges logs every service whose backends changed between two syncs.
-func (a *Agent) logBackendChanges(before, after []bpf.Service) {
+func (d *Datapath) logBackendChanges(before, after []bpf.Service) {
 	old := map[string][]bpf.Backend{}
 	for _, s := range before {
 		old[s.String()] = s.Backends
@@ -476,20 +437,20 @@ func (a *Agent) logBackendChanges(before, after []bpf.Service) {
 		for _, b := range s.Backends {
 			list = append(list, b.String())
 		}
-		a.log.Info("service backends", "service", s.String(), "backends", strings.Join(list, ","), "count", len(s.Backends))
+		d.log.Info("service backends", "service", s.String(), "backends", strings.Join(list, ","), "count", len(s.Backends))
 	}
 	for k := range old {
-		a.log.Info("service removed from the load balancer", "service", k)
+		d.log.Info("service removed from the load balancer", "service", k)
 	}
 }
 
 func sortedBackends(in []bpf.Backend) []bpf.Backend {
 	out := slices.Clone(in)
-	slices.SortFunc(out, func(a, b bpf.Backend) int {
-		if c := a.Addr.Compare(b.Addr); c != 0 {
+	slices.SortFunc(out, func(x, y bpf.Backend) int {
+		if c := x.Addr.Compare(y.Addr); c != 0 {
 			return c
 		}
-		return int(a.Port) - int(b.Port)
+		return int(x.Port) - int(y.Port)
 	})
 	return out
 }
@@ -497,41 +458,41 @@ func sortedBackends(in []bpf.Backend) []bpf.Backend {
 // countersPass keeps the counters on every cable link (the drivers' Links, '*' patterns
 // expanded against the links that exist), attaching to links that appeared or were recreated,
 // and their subnets equal to the wanted connections' remote CIDRs.
-func (a *Agent) countersPass(dp *datapath, wants []reconcile.Want) {
-	if dp.counters == nil {
+func (d *Datapath) countersPass(wants []reconcile.Want) {
+	if d.counters == nil {
 		return
 	}
 	var errs []string
-	links, err := a.opts.ListLinks()
+	links, err := d.deps.ListLinks()
 	if err != nil {
 		errs = append(errs, "list links: "+err.Error())
 	}
 	want := map[string]int{}
-	for _, pattern := range tunnelLinks(a.runningDrivers()) {
+	for _, pattern := range d.deps.TunnelLinks() {
 		for name, idx := range links {
 			if prefix, ok := strings.CutSuffix(pattern, "*"); ok && strings.HasPrefix(name, prefix) || name == pattern {
 				want[name] = idx
 			}
 		}
 	}
-	dp.mu.Lock()
-	defer dp.mu.Unlock()
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	for name, idx := range want {
-		if dp.attached[name] == idx {
+		if d.attached[name] == idx {
 			continue
 		}
-		if err := dp.counters.Attach(name); err != nil {
+		if err := d.counters.Attach(name); err != nil {
 			errs = append(errs, err.Error())
 			continue
 		}
-		dp.attached[name] = idx
+		d.attached[name] = idx
 	}
-	for name := range dp.attached {
+	for name := range d.attached {
 		if _, ok := want[name]; !ok {
-			if err := dp.counters.Detach(name); err != nil {
+			if err := d.counters.Detach(name); err != nil {
 				errs = append(errs, err.Error())
 			}
-			delete(dp.attached, name)
+			delete(d.attached, name)
 		}
 	}
 	subnets := map[netip.Prefix]uint32{}
@@ -543,66 +504,59 @@ func (a *Agent) countersPass(dp *datapath, wants []reconcile.Want) {
 			subnets[p] = w.Remote.ClusterID
 		}
 	}
-	if !reflect.DeepEqual(subnets, dp.subnets) {
-		if err := dp.counters.SetSubnets(subnets); err != nil {
+	if !reflect.DeepEqual(subnets, d.subnets) {
+		if err := d.counters.SetSubnets(subnets); err != nil {
 			errs = append(errs, err.Error())
 		} else {
-			dp.subnets = subnets
+			d.subnets = subnets
 		}
 	}
 	msg := strings.Join(errs, "; ")
-	if msg != dp.counterErr && msg != "" {
-		a.log.Warn("traffic counters incomplete", "err", msg)
+	if msg != d.counterErr && msg != "" {
+		d.log.Warn("traffic counters incomplete", "err", msg)
 	}
-	dp.counterErr = msg
+	d.counterErr = msg
 }
 
-// traffic reads the counters by cluster ID; nil without them.
-func (a *Agent) traffic() map[uint32]bpf.ClusterCounters {
-	dp := a.datapath()
-	if dp == nil || dp.counters == nil {
+// Traffic reads the counters by cluster ID; nil without them.
+func (d *Datapath) Traffic() map[uint32]bpf.ClusterCounters {
+	if d == nil || d.counters == nil {
 		return nil
 	}
-	m, err := dp.counters.Read()
+	m, err := d.counters.Read()
 	if err != nil {
-		a.log.Debug("read traffic counters", "err", err)
+		d.log.Debug("read traffic counters", "err", err)
 		return nil
 	}
 	return m
 }
 
-// servicesStatus is the services section of the status document.
-func (a *Agent) servicesStatus() *statusapi.Services {
-	st := a.plan().State
-	out := &statusapi.Services{
-		ImportSelector: a.importSelector(),
-		ImportsKnown:   st.HasImports,
-		Imports:        []statusapi.ServiceImport{},
+// Status fills in the datapath's part of the services section of the status document: the DNS
+// server, the load balancer and the imports as planned and as the maps hold them. A nil
+// Datapath (not started) adds nothing.
+func (d *Datapath) Status(out *statusapi.Services) {
+	if d == nil {
+		return
 	}
-	out.Exports, out.Sync = a.exportsStatus()
-	dp := a.datapath()
-	if dp == nil {
-		return out
-	}
-	out.LoadBalancer = statusapi.LoadBalancer{Running: dp.lb != nil, CgroupPath: dp.cgroup, PinDir: a.cfg.BPFPinDir, Error: dp.lbErr}
-	dp.mu.Lock()
-	out.DNS = statusapi.DNSStatus{Enabled: dp.dns != nil, Listen: a.cfg.DNS.Listen, Upstreams: a.liveConfig().DNS.Upstream, Error: dp.dnsErr}
-	if dp.dns != nil {
-		out.DNS.Warnings = dp.dns.Warnings()
-		for _, p := range dp.dns.Clients() {
+	out.LoadBalancer = statusapi.LoadBalancer{Running: d.lb != nil, CgroupPath: d.cgroup, PinDir: d.cfg.BPFPinDir, Error: d.lbErr}
+	d.mu.Lock()
+	out.DNS = statusapi.DNSStatus{Enabled: d.dns != nil, Listen: d.cfg.DNS.Listen, Upstreams: d.deps.Live().DNS.Upstream, Error: d.dnsErr}
+	if d.dns != nil {
+		out.DNS.Warnings = d.dns.Warnings()
+		for _, p := range d.dns.Clients() {
 			out.DNS.Clients = append(out.DNS.Clients, p.String())
 		}
 	}
-	plan, planned := dp.plan, dp.planned
-	if dp.syncErr != "" {
-		out.LoadBalancer.Error = dp.syncErr
+	plan, planned := d.plan, d.planned
+	if d.syncErr != "" {
+		out.LoadBalancer.Error = d.syncErr
 	}
-	out.LoadBalancer.SocketsDestroyed = dp.destroyed
-	refused := maps.Clone(dp.refused)
-	dp.mu.Unlock()
+	out.LoadBalancer.SocketsDestroyed = d.destroyed
+	refused := maps.Clone(d.refused)
+	d.mu.Unlock()
 	out.LoadBalancer.Refused = len(refused)
-	if dp.lb != nil {
-		out.LoadBalancer.ServiceMapEntries, out.LoadBalancer.BackendMapEntries = dp.lb.Capacity()
+	if d.lb != nil {
+		out.LoadBalancer.ServiceMapEntries, out.LoadBalancer.BackendMapEntries = d.lb.Capacity()
 	}
 	if planned {
 		out.Imports = slices.Clone(plan.Imports)
@@ -612,8 +566,8 @@ func (a *Agent) servicesStatus() *statusapi.Services {
 		out.Problems = plan.Problems
 	}
 	held := map[string]map[uint32][]string{}
-	if dp.lb != nil {
-		if svcs, err := dp.lb.Services(); err == nil {
+	if d.lb != nil {
+		if svcs, err := d.lb.Services(); err == nil {
 			out.LoadBalancer.Services = len(svcs)
 			held = services.Backends(svcs)
 		} else {
@@ -622,5 +576,4 @@ func (a *Agent) servicesStatus() *statusapi.Services {
 	}
 	services.AnnotateBackends(out.Imports, held)
 	services.MarkRefused(out.Imports, refused)
-	return out
 }
