@@ -37,6 +37,7 @@ import (
 
 	"github.com/cablemesh/cablemesh/agent/brokerclient"
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
+	"github.com/cablemesh/cablemesh/agent/cables"
 	"github.com/cablemesh/cablemesh/agent/config"
 	"github.com/cablemesh/cablemesh/agent/health"
 	"github.com/cablemesh/cablemesh/agent/ingress"
@@ -46,14 +47,17 @@ import (
 	"github.com/cablemesh/cablemesh/agent/servicedp"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/bpf"
-	"github.com/cablemesh/cablemesh/cable"
 	"github.com/cablemesh/cablemesh/internal/syncloop"
 )
 
-// DriverFactory builds the cable driver name for this node with its settings (the config's block
-// for it); cable.New, the registry, is the default. It only validates and builds; Init is the
-// agent's call.
-type DriverFactory func(name string, node cable.LocalNode, settings cable.Settings) (cable.Driver, error)
+// DriverFactory builds a cable driver (cables.DriverFactory).
+type DriverFactory = cables.DriverFactory
+
+// MSSClamp and KernelMSS are the TCP MSS clamp of the tunnels' links (cables).
+type (
+	MSSClamp  = cables.MSSClamp
+	KernelMSS = cables.KernelMSS
+)
 
 // DefaultRepairInterval is how often at most the agent re-asserts (re-runs the driver's
 // idempotent Connect for) a connection whose health probes keep failing.
@@ -137,28 +141,20 @@ type Agent struct {
 	conn    *brokerConn           // the broker connection; set by Run before the loops start
 	certs   certState             // guarded by mu (its channels are set by New)
 
-	mu           sync.Mutex
-	built        []cable.Driver    // every driver built, in config order; closed when Run ends
-	running      []cable.Driver    // the built drivers whose Init succeeded, in config order
-	driverErrs   reconcile.Drivers // every configured driver: nil, or why it does not run
-	reconciler   *reconcile.Reconciler
-	state        *brokerstate.State
-	joinCluster  *apiv1.Cluster // cluster record from Join, until the watch brings one
-	watchUp      bool
-	beatOK       bool
-	lastContact  time.Time
-	lastErr      string
-	cached       bool // running on state loaded from disk, not yet resynced
-	lastProblems string
+	mu          sync.Mutex
+	state       *brokerstate.State
+	joinCluster *apiv1.Cluster // cluster record from Join, until the watch brings one
+	watchUp     bool
+	beatOK      bool
+	lastContact time.Time
+	lastErr     string
+	cached      bool // running on state loaded from disk, not yet resynced
 
 	guard   reconcile.Guard // what no cable route may cover; set by Run before anything reads it
 	planner *plan.Planner   // the one plan per input change that every consumer reads
 
-	lastRepair map[string]time.Time
-
-	health        *health.Manager   // nil unless a gateway with healthCheck enabled, once Run started
-	healthReasons map[string]string // wanted connections not probed, and why
-	metrics       *healthMetrics
+	cables  *cables.Cables // the cable connections (gateways); the reconcile loop (all nodes)
+	metrics *healthMetrics
 	// gwProbes and gwChoices are a non-gateway node's probes of its cluster's gateways and how it
 	// last routed each remote cluster (nongateway.go); nil on gateways.
 	gwProbes  *health.Manager
@@ -185,9 +181,6 @@ func New(opts Options) (*Agent, error) {
 	if opts.Config == nil {
 		return nil, errors.New("agent: no config")
 	}
-	if opts.NewDriver == nil {
-		opts.NewDriver = cable.New
-	}
 	if opts.Log == nil {
 		opts.Log = slog.Default()
 	}
@@ -210,9 +203,6 @@ func New(opts Options) (*Agent, error) {
 	if opts.RepairInterval == 0 {
 		opts.RepairInterval = DefaultRepairInterval
 	}
-	if opts.MSS == nil {
-		opts.MSS = KernelMSS{}
-	}
 	if opts.Underlay == nil {
 		opts.Underlay = interfaceNetwork
 	}
@@ -230,18 +220,22 @@ func New(opts Options) (*Agent, error) {
 		return nil, errors.New("agent: kubernetes.enabled is set but no Kubernetes export source was given")
 	}
 	a := &Agent{
-		cfg:        cfg,
-		opts:       opts,
-		log:        opts.Log.With("cluster", cfg.Cluster, "node", cfg.Node),
-		pairLog:    opts.Log.With("localCluster", cfg.Cluster, "localNode", cfg.Node),
-		state:      brokerstate.New(),
-		metrics:    newHealthMetrics(),
-		lastRepair: map[string]time.Time{},
-		registry:   prometheus.NewRegistry(),
-		planner:    plan.New(opts.Log.With("cluster", cfg.Cluster, "node", cfg.Node)),
-		certs:      certState{refusedCh: make(chan struct{})},
-		exports:    exportState{config: cfg.ExportsProto(), runtime: map[string]*apiv1.ServiceExport{}},
+		cfg:      cfg,
+		opts:     opts,
+		log:      opts.Log.With("cluster", cfg.Cluster, "node", cfg.Node),
+		pairLog:  opts.Log.With("localCluster", cfg.Cluster, "localNode", cfg.Node),
+		state:    brokerstate.New(),
+		metrics:  newHealthMetrics(),
+		registry: prometheus.NewRegistry(),
+		planner:  plan.New(opts.Log.With("cluster", cfg.Cluster, "node", cfg.Node)),
+		certs:    certState{refusedCh: make(chan struct{})},
+		exports:  exportState{config: cfg.ExportsProto(), runtime: map[string]*apiv1.ServiceExport{}},
 	}
+	a.cables = cables.New(cfg, cables.Deps{
+		Log: a.log, PairLog: a.pairLog, NewDriver: opts.NewDriver, LocalNode: a.localNode, MSS: opts.MSS,
+		NewPinger: opts.NewPinger, Metrics: a.metrics, RepairInterval: opts.RepairInterval,
+		LocalPodCIDRs: a.localPodCIDRs, InterfaceAddrs: opts.InterfaceAddrs, OnHealthChange: a.TriggerServices,
+	})
 	a.registry.MustRegister(&collector{a: a})
 	a.initReload()
 	return a, nil
@@ -298,13 +292,13 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 
 	if a.cfg.Gateway {
-		if err := a.startDrivers(ctx); err != nil {
+		if err := a.cables.Start(ctx); err != nil {
 			return err
 		}
-		a.clampMSS()
+		a.cables.ClampMSS()
 		// The probers; a reload may start or stop them (reload_health.go).
-		a.setHealth(a.cfg.HealthCheck.IsEnabled(), a.healthSettings())
-		defer a.setHealth(false, health.Settings{})
+		a.cables.SetHealth(a.cfg.HealthCheck.IsEnabled(), a.healthSettings())
+		defer a.cables.SetHealth(false, health.Settings{})
 	} else {
 		defer a.startGatewayProbes()()
 	}
@@ -354,7 +348,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.redial = a.conn.ResetConnectBackoff
 
 	var wg sync.WaitGroup
-	wg.Go(func() { a.reconcileLoop(ctx) })
+	wg.Go(func() { a.cables.Run(ctx, a.reconcileOnce) })
 	wg.Go(func() { a.datapath().Run(ctx) })
 	wg.Go(func() { a.watchLoop(ctx, client) })
 	wg.Go(func() { a.exportsLoop(ctx, client) })

@@ -149,7 +149,7 @@ func (a *Agent) endpoint() *apiv1.Endpoint {
 		ep.Subnets = append(ep.Subnets, p.String())
 	}
 	// Only the drivers that run are published: the node does not claim a cable it cannot carry.
-	for _, d := range a.runningDrivers() {
+	for _, d := range a.cables.Running() {
 		le := d.LocalEndpoint()
 		ep.Drivers = append(ep.Drivers, d.Name())
 		if ep.CablePorts == nil {

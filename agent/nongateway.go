@@ -167,9 +167,9 @@ func (a *Agent) workerStatus() *statusapi.Worker {
 				g.ProbesSent, g.ProbesFailed = r.Sent, r.Failed
 				g.ConsecutiveFailures = r.ConsecutiveFailures
 				g.LastError = r.LastError
-				g.LastSuccess = utcPtr(r.LastSuccess)
+				g.LastSuccess = statusapi.UTCTime(r.LastSuccess)
 				if r.HasRTT {
-					g.RTTMs = millis(r.RTT.Last)
+					g.RTTMs = statusapi.Millis(r.RTT.Last)
 				}
 			}
 		}

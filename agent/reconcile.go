@@ -4,117 +4,40 @@ import (
 	"context"
 	"net/netip"
 	"slices"
-	"sort"
-	"strings"
 	"time"
 
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
 	"github.com/cablemesh/cablemesh/agent/config"
+	"github.com/cablemesh/cablemesh/agent/health"
 	"github.com/cablemesh/cablemesh/agent/plan"
-	"github.com/cablemesh/cablemesh/agent/reconcile"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/cable"
 )
 
 // Trigger asks for a reconcile pass soon; triggers coalesce.
-func (a *Agent) Trigger() {
-	a.trigger.Fire()
-}
+func (a *Agent) Trigger() { a.cables.Trigger() }
 
-// reconcileLoop runs a pass on every trigger (a broker message), every resyncInterval (drift),
-// and at a health tick when some unhealthy connection is due to be re-asserted.
-func (a *Agent) reconcileLoop(ctx context.Context) {
-	t := time.NewTicker(a.cfg.ResyncInterval)
-	defer t.Stop()
-	// Health checks: a connection whose probes fail is re-asserted soon, not at the next resync.
-	// The check follows the probe period in force: a reload may change it (repairticker.go).
-	repair := repairTicker{armed: &a.reload.repairEvery}
-	defer repair.stop()
-	for {
-		healthTick := repair.follow(a.repairPeriod())
-		select {
-		case <-ctx.Done():
-			return
-		case <-a.trigger.C():
-		case <-t.C:
-		case <-healthTick:
-			if !a.repairDue(a.currentWants()) {
-				continue
-			}
-		}
-		a.reconcileOnce(ctx)
-	}
-}
-
-// reconcileOnce is one observe → desire → diff → apply pass.
+// reconcileOnce is one pass: the routes via the gateway on other nodes, the cable connections on
+// gateways, each from the plan in force.
 func (a *Agent) reconcileOnce(ctx context.Context) {
 	p := a.plan()
-	st := p.State
 	// A pass over a full state (cached, or the broker's snapshot) makes the agent ready (/readyz).
-	defer a.markSynced(st.Revision)
+	defer a.markSynced(p.Revision())
 	if !a.cfg.Gateway {
 		if err := a.opts.ApplyRoutes(a.nonGatewayRoutes(p)); err != nil {
 			a.log.Warn("routes via the gateway not applied", "err", err)
 		}
 		return
 	}
-	desired := p.Wants
-	a.logProblems(p.Problems)
-	a.mu.Lock()
-	r := a.reconciler
-	a.mu.Unlock()
-	if r == nil {
+	ran, changed := a.cables.Once(ctx, p)
+	if !ran {
 		return
 	}
-	actions, err := r.Reconcile(ctx, desired, st.Revision, a.repairs(desired))
-	if err != nil && ctx.Err() == nil {
-		a.log.Warn("reconcile incomplete; retrying at the next pass", "err", err)
-	}
-	a.syncHealth(st, desired)
 	// The SNAT set follows the gateway-mode pairs (debounced, idempotent).
 	a.triggerMesh()
-	if len(actions) > 0 {
+	if changed {
 		// A connection came or went: its cluster's backends follow.
 		a.TriggerServices()
-	}
-}
-
-// currentWants is what the reconciler last applied, by cluster, for the health repair check.
-func (a *Agent) currentWants() map[string]reconcile.Want {
-	a.mu.Lock()
-	r := a.reconciler
-	a.mu.Unlock()
-	if r == nil {
-		return nil
-	}
-	out := map[string]reconcile.Want{}
-	for k, v := range r.Applied() {
-		out[k] = v.Want
-	}
-	return out
-}
-
-// logProblems logs skipped clusters and subnets left out when the set changes, not at every
-// resync.
-func (a *Agent) logProblems(problems []reconcile.Problem) {
-	var lines []string
-	for _, p := range problems {
-		lines = append(lines, p.Cluster+" "+p.Driver+": "+p.Message)
-	}
-	sort.Strings(lines)
-	joined := strings.Join(lines, "\n")
-	a.mu.Lock()
-	changed := joined != a.lastProblems
-	a.lastProblems = joined
-	a.mu.Unlock()
-	if !changed {
-		return
-	}
-	for _, p := range problems {
-		if p.Partial {
-			a.pairLog.Warn("remote cluster connected without one of its subnets", "cluster", p.Cluster, "driver", p.Driver, "policy", p.Policy, "reason", p.Message)
-			continue
-		}
-		a.pairLog.Warn("remote cluster not connected", "cluster", p.Cluster, "driver", p.Driver, "policy", p.Policy, "reason", p.Message)
 	}
 }
 
@@ -122,7 +45,7 @@ func (a *Agent) logProblems(problems []reconcile.Problem) {
 func (a *Agent) plan() *plan.Plan {
 	in := plan.Inputs{Cluster: a.cfg.Cluster, StandInNode: a.cfg.Node, Guard: a.currentGuard()}
 	if a.cfg.Gateway {
-		in.Node, in.Drivers = a.cfg.Node, a.driverSet()
+		in.Node, in.Drivers = a.cfg.Node, a.cables.DriverSet()
 	}
 	return a.planner.Get(a.planKey(), in, a.stateCopy)
 }
@@ -180,3 +103,38 @@ func (a *Agent) localPodCIDRs() []netip.Prefix {
 	}
 	return nil
 }
+
+// cleanupTimeout bounds the teardown of Options.CleanupOnExit.
+const cleanupTimeout = 30 * time.Second
+
+// stop ends what Run started on the host as Run returns: with Options.CleanupOnExit it first
+// removes what the agent made (the services datapath's programs and pins, the drivers' links and
+// the MSS clamp on gateways, the routes via the gateway elsewhere), then it closes every driver.
+func (a *Agent) stop() {
+	if dp := a.datapath(); dp != nil {
+		dp.Stop(a.opts.CleanupOnExit)
+	}
+	if a.opts.CleanupOnExit {
+		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+		if a.cfg.Gateway {
+			a.cables.Cleanup(ctx)
+		} else if err := a.opts.ApplyRoutes(nil); err != nil {
+			a.log.Error("route cleanup failed", "err", err)
+		}
+		cancel()
+		a.log.Info("cleaned up")
+	}
+	a.cables.Close()
+}
+
+// localNode is this node as the cable drivers see it.
+func (a *Agent) localNode() cable.LocalNode {
+	return cable.LocalNode{Cluster: a.cfg.Cluster, Node: a.cfg.Node, StateDir: a.cfg.StateDir,
+		AdvertiseAddress: a.advertiseAddr(), LocalSubnets: a.localSubnets()}
+}
+
+// healthSettings are the probe settings in force.
+func (a *Agent) healthSettings() health.Settings { return healthSettingsOf(a.liveConfig()) }
+
+// healthManager is the gateway's probes; nil without.
+func (a *Agent) healthManager() *health.Manager { return a.cables.Health() }

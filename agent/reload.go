@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -63,9 +62,6 @@ type reloadState struct {
 	// apply serialises applying configs (the watcher's and a test's); cur is swapped only once a
 	// config is applied whole.
 	apply sync.Mutex
-	// repairEvery is the period (ns) the reconcile loop's repair check runs at, 0 for none
-	// (repairticker.go): what the loop really does, for the reload's tests.
-	repairEvery atomic.Int64
 	// watch asks the broker watch for a new stream (reload_imports.go).
 	watch watchState
 }
@@ -303,8 +299,8 @@ func (a *Agent) applyConfig(ctx context.Context, client apiv1.AgentClient, cur, 
 	if plan.Health {
 		// healthCheck.enabled starts or stops the probers; the other settings go to the ones
 		// that run.
-		a.setHealth(next.HealthCheck.IsEnabled(), healthSettingsOf(next))
-		if m := a.healthManager(); m != nil {
+		a.cables.SetHealth(next.HealthCheck.IsEnabled(), healthSettingsOf(next))
+		if m := a.cables.Health(); m != nil {
 			m.SetSettings(healthSettingsOf(next))
 		}
 		// Without probes a pair they held out of the service maps comes back.
@@ -323,8 +319,8 @@ func (a *Agent) applyConfig(ctx context.Context, client apiv1.AgentClient, cur, 
 		a.datapath().ApplyConfig(next)
 	}
 	if len(plan.Drivers) > 0 && a.cfg.Gateway {
-		a.rebuildDrivers(ctx, next, plan.Drivers)
-		a.clampMSS()
+		a.cables.Rebuild(ctx, next, plan.Drivers)
+		a.cables.ClampMSS()
 		a.reregister(ctx, client)
 		a.Trigger()
 	}

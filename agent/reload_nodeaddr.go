@@ -161,13 +161,13 @@ func (a *Agent) nodeAddressLoop(ctx context.Context, client apiv1.AgentClient) {
 			// Serialised with config reloads: both rebuild drivers.
 			a.reload.apply.Lock()
 			var names []string
-			for _, d := range a.runningDrivers() {
+			for _, d := range a.cables.Running() {
 				names = append(names, d.Name())
 			}
 			slices.Sort(names)
 			if len(names) > 0 {
-				a.rebuildDrivers(ctx, a.liveConfig(), names)
-				a.clampMSS()
+				a.cables.Rebuild(ctx, a.liveConfig(), names)
+				a.cables.ClampMSS()
 			}
 			a.reload.apply.Unlock()
 			// The old address is no longer this node's: the guard protects the new one (and

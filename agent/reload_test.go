@@ -172,7 +172,7 @@ func TestAReloadAppliesOnlyWhatChangedAndRefusesTheClusterName(t *testing.T) {
 	if s.Config == nil || s.Config.Revision != 1 || !strings.HasPrefix(s.Config.Hash, "sha256:") || s.Config.Path != path {
 		t.Fatalf("status config at start = %+v", s.Config)
 	}
-	if p := time.Duration(r.agent.reload.repairEvery.Load()); p != time.Second {
+	if p := r.agent.cables.RepairEvery(); p != time.Second {
 		t.Errorf("repair check every %v at start, want the configured 1s", p)
 	}
 	wg := bl.of("wireguard")[0]
@@ -208,7 +208,7 @@ exports:
 	}
 	// The reconcile loop's repair check follows the new period too, not only the probers.
 	eventually(t, "the repair check at the new 2s period", func() bool {
-		return time.Duration(r.agent.reload.repairEvery.Load()) == 2*time.Second
+		return r.agent.cables.RepairEvery() == 2*time.Second
 	})
 	// The wireguard pair was not touched: the same driver, no call since the reload.
 	if len(bl.of("wireguard")) != 1 {
@@ -589,7 +589,7 @@ func TestAReloadTurnsProbesOffAndOnAndChangesTheImportSelector(t *testing.T) {
 			return s.Config != nil && s.Config.Revision == want && len(s.Config.Refused) == 0
 		}
 	}
-	repairEvery := func() time.Duration { return time.Duration(r.agent.reload.repairEvery.Load()) }
+	repairEvery := func() time.Duration { return r.agent.cables.RepairEvery() }
 	eventually(t, "probes and the repair check at 1s", func() bool { return r.agent.healthManager() != nil && repairEvery() == time.Second })
 	watches := len(b.WatchRequests())
 

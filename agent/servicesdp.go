@@ -2,14 +2,12 @@ package agent
 
 import (
 	"context"
-	"time"
 
+	"github.com/cablemesh/cablemesh/agent/cables"
 	"github.com/cablemesh/cablemesh/agent/plan"
-	"github.com/cablemesh/cablemesh/agent/reconcile"
 	"github.com/cablemesh/cablemesh/agent/servicedp"
 	"github.com/cablemesh/cablemesh/agent/services"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
-	"github.com/cablemesh/cablemesh/cable"
 )
 
 // LoadBalancer and TrafficCounters are the services datapath's eBPF parts (servicedp).
@@ -29,7 +27,7 @@ func (a *Agent) startDatapath(ctx context.Context) error {
 		Log: a.log, Registry: a.registry, Live: a.liveConfig, LocalCluster: a.localCluster,
 		InterfaceAddrs: a.opts.InterfaceAddrs, OpenLB: a.opts.OpenLB, OpenCounters: a.opts.OpenCounters,
 		ListLinks: a.opts.ListLinks, Plan: a.plan, Pairs: a.pairs,
-		TunnelLinks: func() []string { return tunnelLinks(a.runningDrivers()) },
+		TunnelLinks: func() []string { return cables.TunnelLinks(a.cables.Running()) },
 	})
 	if err := dp.Start(ctx); err != nil {
 		return err
@@ -70,44 +68,8 @@ func (a *Agent) servicesStatus() *statusapi.Services {
 // say of each wanted connection.
 func (a *Agent) pairs(ctx context.Context, p *plan.Plan) map[string]services.Pair {
 	out := servicedp.PlannedPairs(p)
-	if !a.cfg.Gateway {
-		return out
-	}
-	wants := p.Wants
-	a.mu.Lock()
-	r := a.reconciler
-	a.mu.Unlock()
-	var observed map[string][]cable.ConnectionStatus
-	var obsErrs map[string]error
-	var applied map[string]reconcile.Applied
-	if r != nil {
-		octx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		observed, obsErrs = r.Observe(octx)
-		cancel()
-		applied = r.Applied()
-	}
-	m := a.healthManager()
-	for _, w := range wants {
-		c := w.Remote.Cluster
-		pr := out[c]
-		if m != nil {
-			if res, ok := m.Result(c); ok && res.Target.Node == w.Remote.Node {
-				th := m.Settings().FailureThreshold
-				pr.Probe = &services.Probe{Healthy: res.Healthy(th), ConsecutiveFailures: res.ConsecutiveFailures, LastError: res.LastError}
-			}
-		}
-		// The device judges a pair only once the reconciler has applied what is wanted now: a pair
-		// being connected or moved to another driver is not on its new device yet, and its
-		// clients must not lose their connections for that (the probes still judge it).
-		if ap, ok := applied[c]; ok && reconcile.EqualWant(ap.Want, w) && obsErrs[w.Driver] == nil {
-			pr.Device = services.DeviceMissing
-			for _, o := range observed[w.Driver] {
-				if o.Cluster == c {
-					pr.Device, pr.DeviceMessage = string(o.State), o.Message
-				}
-			}
-		}
-		out[c] = pr
+	if a.cfg.Gateway {
+		a.cables.Observe(ctx, p, out)
 	}
 	return out
 }

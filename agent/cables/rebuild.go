@@ -1,4 +1,4 @@
-package agent
+package cables
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 	"github.com/cablemesh/cablemesh/cable"
 )
 
-// rebuildDrivers applies a reloaded config's driver changes: every driver in names (its block
+// Rebuild applies a reloaded config's driver changes: every driver in names (its block
 // changed, or cableDrivers added or removed it) is torn down (Cleanup, Close) and, when next
 // still lists it, built with its new block and initialised. The other drivers, their devices and
 // their pairs are not touched: the reconciler that replaces the current one keeps what it applied
@@ -21,7 +21,7 @@ import (
 // The host is reconciled by no one while this runs: the current reconciler is retired first
 // (waiting for a pass in flight), so no pass uses a driver being torn down, and the agent has no
 // reconciler until the new one is in place (a pass then does nothing; the caller triggers one).
-func (a *Agent) rebuildDrivers(ctx context.Context, next *config.Config, names []string) {
+func (c *Cables) Rebuild(ctx context.Context, next *config.Config, names []string) {
 	// Build the new drivers before anything changes: building validates and touches nothing.
 	fresh := map[string]cable.Driver{}
 	errs := map[string]error{}
@@ -29,21 +29,21 @@ func (a *Agent) rebuildDrivers(ctx context.Context, next *config.Config, names [
 		if !slices.Contains(next.CableDrivers, n) {
 			continue
 		}
-		d, err := a.buildDriver(n, next)
+		d, err := c.BuildDriver(n, next)
 		if err != nil {
 			// config.Parse had the driver validate the block: a failure here is the driver's.
 			errs[n] = err
-			a.log.Error("CABLE DRIVER UNAVAILABLE: cannot build it with the reloaded settings", "driver", n, "err", err)
+			c.log.Error("CABLE DRIVER UNAVAILABLE: cannot build it with the reloaded settings", "driver", n, "err", err)
 			continue
 		}
 		fresh[n] = d
 	}
 
-	a.mu.Lock()
-	old := a.reconciler
-	a.reconciler = nil
-	built := slices.Clone(a.built)
-	a.mu.Unlock()
+	c.mu.Lock()
+	old := c.reconciler
+	c.reconciler = nil
+	built := slices.Clone(c.built)
+	c.mu.Unlock()
 	if old != nil {
 		old.Retire()
 	}
@@ -56,12 +56,12 @@ func (a *Agent) rebuildDrivers(ctx context.Context, next *config.Config, names [
 		// Cleanup removes the driver's links and routes: its pairs go down until the new driver
 		// connects them again. Close then ends its goroutines and sockets.
 		if err := d.Cleanup(ctx); err != nil {
-			a.log.Error("cable driver cleanup failed before its rebuild", "driver", d.Name(), "err", err)
+			c.log.Error("cable driver cleanup failed before its rebuild", "driver", d.Name(), "err", err)
 		}
 		if err := d.Close(); err != nil {
-			a.log.Error("cable driver did not close cleanly before its rebuild", "driver", d.Name(), "err", err)
+			c.log.Error("cable driver did not close cleanly before its rebuild", "driver", d.Name(), "err", err)
 		}
-		a.log.Info("cable driver stopped for a config change", "driver", d.Name())
+		c.log.Info("cable driver stopped for a config change", "driver", d.Name())
 	}
 
 	changed := map[string]cable.Driver{}
@@ -73,19 +73,19 @@ func (a *Agent) rebuildDrivers(ctx context.Context, next *config.Config, names [
 		kept = append(kept, d) // built: closed when Run ends, even if Init fails
 		if err := d.Init(ctx); err != nil {
 			errs[n] = err
-			a.log.Error("CABLE DRIVER UNAVAILABLE: initialisation failed after a config change; this node will not offer it and pairs that need it stay down",
+			c.log.Error("CABLE DRIVER UNAVAILABLE: initialisation failed after a config change; this node will not offer it and pairs that need it stay down",
 				"driver", n, "err", err)
 			continue
 		}
 		changed[n] = d
-		a.log.Info("cable driver ready", "driver", n, "port", d.LocalEndpoint().Port, "links", strings.Join(d.Links(), ","), "reason", "config change")
+		c.log.Info("cable driver ready", "driver", n, "port", d.LocalEndpoint().Port, "links", strings.Join(d.Links(), ","), "reason", "config change")
 	}
 
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.built = inConfigOrder(kept, next.CableDrivers)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.built = inConfigOrder(kept, next.CableDrivers)
 	var running []cable.Driver
-	for _, d := range a.running {
+	for _, d := range c.running {
 		if _, ch := changed[d.Name()]; !ch {
 			running = append(running, d)
 		}
@@ -95,22 +95,22 @@ func (a *Agent) rebuildDrivers(ctx context.Context, next *config.Config, names [
 			running = append(running, d)
 		}
 	}
-	a.running = inConfigOrder(running, next.CableDrivers)
+	c.running = inConfigOrder(running, next.CableDrivers)
 	driverErrs := reconcile.Drivers{}
 	for _, n := range next.CableDrivers {
 		if _, ch := changed[n]; !ch {
-			if err, ok := a.driverErrs[n]; ok {
+			if err, ok := c.driverErrs[n]; ok {
 				driverErrs[n] = err
 			}
 			continue
 		}
 		driverErrs[n] = errs[n]
 	}
-	a.driverErrs = driverErrs
+	c.driverErrs = driverErrs
 	if old != nil {
-		a.reconciler = old.Successor(changed)
+		c.reconciler = old.Successor(changed)
 	} else {
-		a.reconciler = reconcile.NewReconciler(a.running, a.pairLog)
+		c.reconciler = reconcile.NewReconciler(c.running, c.pairLog)
 	}
 }
 

@@ -1,9 +1,8 @@
-package agent
+package cables
 
 import (
 	"fmt"
 	"net/netip"
-	"time"
 
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
 	"github.com/cablemesh/cablemesh/agent/health"
@@ -12,19 +11,16 @@ import (
 	"github.com/cablemesh/cablemesh/cable"
 )
 
-// healthSettings are the probe settings of the config in force (reload.go).
-func (a *Agent) healthSettings() health.Settings { return healthSettingsOf(a.liveConfig()) }
-
-// healthManager is the prober manager; nil on non-gateways, with probing disabled, or before Run.
-func (a *Agent) healthManager() *health.Manager {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.health
+// Health is the prober manager; nil on non-gateways, with probing disabled, or before Run.
+func (c *Cables) Health() *health.Manager {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.health
 }
 
 // syncHealth points the probers at the remote gateways of the connections this node wants.
-func (a *Agent) syncHealth(st *brokerstate.State, wants []reconcile.Want) {
-	m := a.healthManager()
+func (c *Cables) syncHealth(st *brokerstate.State, wants []reconcile.Want) {
+	m := c.Health()
 	if m == nil {
 		return
 	}
@@ -33,10 +29,10 @@ func (a *Agent) syncHealth(st *brokerstate.State, wants []reconcile.Want) {
 	for _, w := range wants {
 		desired = append(desired, w.Remote)
 	}
-	targets, reasons := healthTargets(st, desired, a.localPodCIDRs(), a.opts.InterfaceAddrs())
-	a.mu.Lock()
-	a.healthReasons = reasons
-	a.mu.Unlock()
+	targets, reasons := healthTargets(st, desired, c.deps.LocalPodCIDRs(), c.deps.InterfaceAddrs())
+	c.mu.Lock()
+	c.healthReasons = reasons
+	c.mu.Unlock()
 	m.Sync(targets)
 }
 
@@ -136,14 +132,14 @@ func applyHealth(conns []statusapi.Connection, probe func(cluster string) (healt
 			FailureThreshold:    s.FailureThreshold,
 			PeriodMs:            s.Period.Milliseconds(),
 			LastError:           r.LastError,
-			LastProbe:           utcPtr(r.LastProbe),
-			LastSuccess:         utcPtr(r.LastSuccess),
+			LastProbe:           statusapi.UTCTime(r.LastProbe),
+			LastSuccess:         statusapi.UTCTime(r.LastSuccess),
 		}
 		if r.HasRTT {
 			h.Samples = r.RTT.Samples
 			c.RTT = &statusapi.RTT{
-				LastMs: millis(r.RTT.Last), MinMs: millis(r.RTT.Min), AvgMs: millis(r.RTT.Avg), MaxMs: millis(r.RTT.Max),
-				P50Ms: millis(r.RTT.P50), P95Ms: millis(r.RTT.P95), P99Ms: millis(r.RTT.P99),
+				LastMs: statusapi.Millis(r.RTT.Last), MinMs: statusapi.Millis(r.RTT.Min), AvgMs: statusapi.Millis(r.RTT.Avg), MaxMs: statusapi.Millis(r.RTT.Max),
+				P50Ms: statusapi.Millis(r.RTT.P50), P95Ms: statusapi.Millis(r.RTT.P95), P99Ms: statusapi.Millis(r.RTT.P99),
 			}
 		}
 		c.Health = h
@@ -153,15 +149,28 @@ func applyHealth(conns []statusapi.Connection, probe func(cluster string) (healt
 	return conns
 }
 
-// millis is d in milliseconds, rounded to the microsecond (the probes' useful precision).
-func millis(d time.Duration) float64 {
-	return float64(d.Round(time.Microsecond)) / float64(time.Millisecond)
-}
-
-func utcPtr(t time.Time) *time.Time {
-	if t.IsZero() {
-		return nil
+// SetHealth starts the gateway's probers with settings when enabled (healthCheck.enabled) and
+// none run, or stops the ones that run when not. Run calls it at start and, with false, at its
+// end; a reload that changes healthCheck.enabled calls it too (applyConfig, which then wakes
+// the passes that follow it). A non-gateway has no probers of its own to start (its probes of
+// the local gateways, nongateway.go, do not depend on this setting).
+func (c *Cables) SetHealth(enabled bool, settings health.Settings) {
+	c.mu.Lock()
+	m := c.health
+	switch {
+	case enabled && m == nil && c.cfg.Gateway:
+		m = health.NewManager(settings, c.deps.NewPinger, c.deps.Metrics, c.pairLog)
+		// A pair whose probes cross the threshold leaves the service maps now, not at the
+		// next pass.
+		m.OnChange(func(string, bool) { c.deps.OnHealthChange() })
+		c.health = m
+		c.mu.Unlock()
+	case !enabled && m != nil:
+		c.health = nil
+		c.mu.Unlock()
+		// Outside c.mu: Close waits for the probers, whose callbacks may take it.
+		m.Close()
+	default:
+		c.mu.Unlock()
 	}
-	u := t.UTC()
-	return &u
 }

@@ -1,4 +1,4 @@
-package agent
+package cables
 
 import (
 	"fmt"
@@ -60,8 +60,8 @@ func planRepairs(unhealthy map[string]int, last map[string]time.Time, wanted map
 }
 
 // unhealthy applies unhealthyPairs to the health manager's results; nil without probes.
-func (a *Agent) unhealthy(wants map[string]reconcile.Want) map[string]int {
-	m := a.healthManager()
+func (c *Cables) unhealthy(wants map[string]reconcile.Want) map[string]int {
+	m := c.Health()
 	if m == nil {
 		return nil
 	}
@@ -69,28 +69,28 @@ func (a *Agent) unhealthy(wants map[string]reconcile.Want) map[string]int {
 }
 
 // repairs picks the pairs to re-assert in this pass and records that they were.
-func (a *Agent) repairs(wants []reconcile.Want) map[string]string {
+func (c *Cables) repairs(wants []reconcile.Want) map[string]string {
 	byCluster := map[string]reconcile.Want{}
 	for _, w := range wants {
 		byCluster[w.Remote.Cluster] = w
 	}
-	bad := a.unhealthy(byCluster)
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	due, next := planRepairs(bad, a.lastRepair, clusterSet(byCluster), time.Now(), a.opts.RepairInterval)
-	a.lastRepair = next
+	bad := c.unhealthy(byCluster)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	due, next := planRepairs(bad, c.lastRepair, clusterSet(byCluster), time.Now(), c.deps.RepairInterval)
+	c.lastRepair = next
 	return due
 }
 
 // repairDue reports whether some pair of wants may be re-asserted now.
-func (a *Agent) repairDue(wants map[string]reconcile.Want) bool {
-	bad := a.unhealthy(wants)
+func (c *Cables) repairDue(wants map[string]reconcile.Want) bool {
+	bad := c.unhealthy(wants)
 	if len(bad) == 0 {
 		return false
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	due, _ := planRepairs(bad, a.lastRepair, clusterSet(wants), time.Now(), a.opts.RepairInterval)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	due, _ := planRepairs(bad, c.lastRepair, clusterSet(wants), time.Now(), c.deps.RepairInterval)
 	return len(due) > 0
 }
 

@@ -1,4 +1,4 @@
-package agent
+package cables
 
 import (
 	"errors"
@@ -39,7 +39,7 @@ func TestBuildConnectionsShowsWhyAPairIsDownOrTrimmed(t *testing.T) {
 			t.Errorf("row %d = %s %s %q, want %s %s %q", i, c.Cluster, c.State, c.Message, w.cluster, w.state, w.message)
 		}
 	}
-	if got := statusProblems(problems); len(got) != 2 || got[0].Cluster != "north" || got[1].Cluster != "zeta" {
+	if got := StatusProblems(problems); len(got) != 2 || got[0].Cluster != "north" || got[1].Cluster != "zeta" {
 		t.Errorf("statusProblems = %+v", got)
 	}
 }

@@ -1,4 +1,4 @@
-package agent
+package cables
 
 import (
 	"sync/atomic"
@@ -49,8 +49,8 @@ func (r *repairTicker) stop() {
 
 // repairPeriod is the interval of the repair check: the probe period in force, 0 when nothing
 // is probed.
-func (a *Agent) repairPeriod() time.Duration {
-	if m := a.healthManager(); m != nil {
+func (c *Cables) repairPeriod() time.Duration {
+	if m := c.Health(); m != nil {
 		return m.Settings().Period
 	}
 	return 0
