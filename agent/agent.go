@@ -42,6 +42,7 @@ import (
 	"github.com/cablemesh/cablemesh/agent/health"
 	"github.com/cablemesh/cablemesh/agent/ingress"
 	"github.com/cablemesh/cablemesh/agent/plan"
+	"github.com/cablemesh/cablemesh/agent/preflight"
 	"github.com/cablemesh/cablemesh/agent/reconcile"
 	"github.com/cablemesh/cablemesh/agent/routes"
 	"github.com/cablemesh/cablemesh/agent/servicedp"
@@ -133,7 +134,6 @@ type Agent struct {
 	// node (the reconciler, the drivers, the probes).
 	log, pairLog *slog.Logger
 
-	trigger   syncloop.Trigger // a reconcile pass
 	wakeWatch syncloop.Trigger // a successful register wakes a watch loop waiting out its backoff
 	redial    func()           // makes the broker connection retry now; set before the loops start
 
@@ -155,10 +155,7 @@ type Agent struct {
 
 	cables  *cables.Cables // the cable connections (gateways); the reconcile loop (all nodes)
 	metrics *healthMetrics
-	// gwProbes and gwChoices are a non-gateway node's probes of its cluster's gateways and how it
-	// last routed each remote cluster (nongateway.go); nil on gateways.
-	gwProbes  *health.Manager
-	gwChoices []routes.Choice
+	worker  *routes.Worker // a non-gateway node's routes via its gateways
 
 	registry *prometheus.Registry // the agent's metrics (served on metricsAddress)
 	dp       *servicedp.Datapath  // the services datapath, once Run started it
@@ -184,10 +181,6 @@ func New(opts Options) (*Agent, error) {
 	if opts.Log == nil {
 		opts.Log = slog.Default()
 	}
-	if opts.ApplyRoutes == nil {
-		log := opts.Log
-		opts.ApplyRoutes = func(r []routes.Route) error { return routes.Apply(r, log) }
-	}
 	if opts.MinBackoff == 0 {
 		opts.MinBackoff = time.Second
 	}
@@ -202,12 +195,6 @@ func New(opts Options) (*Agent, error) {
 	}
 	if opts.RepairInterval == 0 {
 		opts.RepairInterval = DefaultRepairInterval
-	}
-	if opts.Underlay == nil {
-		opts.Underlay = interfaceNetwork
-	}
-	if opts.LookupHost == nil {
-		opts.LookupHost = lookupHost
 	}
 	if opts.OpenIngress == nil {
 		opts.OpenIngress = openNftIngress
@@ -236,6 +223,8 @@ func New(opts Options) (*Agent, error) {
 		NewPinger: opts.NewPinger, Metrics: a.metrics, RepairInterval: opts.RepairInterval,
 		LocalPodCIDRs: a.localPodCIDRs, InterfaceAddrs: opts.InterfaceAddrs, OnHealthChange: a.TriggerServices,
 	})
+	a.worker = routes.NewWorker(cfg.Cluster, routes.WorkerDeps{Log: a.log, PairLog: a.pairLog, NewPinger: opts.NewPinger,
+		Apply: opts.ApplyRoutes, OnChange: a.Trigger})
 	a.registry.MustRegister(&collector{a: a})
 	a.initReload()
 	return a, nil
@@ -247,13 +236,13 @@ func New(opts Options) (*Agent, error) {
 // Options.CleanupOnExit, what the agent made on the host is removed.
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.stop()
-	if err := CheckFiles(a.cfg); err != nil {
+	if err := preflight.CheckFiles(a.cfg); err != nil {
 		return err
 	}
-	if p := tokenFileProblem(a.cfg.JoinTokenFile); p != "" {
+	if p := preflight.TokenFileProblem(a.cfg.JoinTokenFile); p != "" {
 		a.log.Warn("JOIN TOKEN FILE IS READABLE BY OTHERS: "+p, "joinTokenFile", a.cfg.JoinTokenFile)
 	}
-	if w, err := tightenStateDir(a.cfg.StateDir, os.Geteuid()); err != nil {
+	if w, err := preflight.TightenStateDir(a.cfg.StateDir, os.Geteuid()); err != nil {
 		return err
 	} else if w != "" {
 		a.log.Warn("STATE DIRECTORY WAS WRITABLE BY OTHERS: "+w, "stateDir", a.cfg.StateDir)
@@ -300,7 +289,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.cables.SetHealth(a.cfg.HealthCheck.IsEnabled(), a.healthSettings())
 		defer a.cables.SetHealth(false, health.Settings{})
 	} else {
-		defer a.startGatewayProbes()()
+		defer a.worker.Start()()
 	}
 
 	if err := a.startDatapath(ctx); err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/cablemesh/cablemesh/agent/config"
 	"github.com/cablemesh/cablemesh/agent/health"
 	"github.com/cablemesh/cablemesh/agent/plan"
+	"github.com/cablemesh/cablemesh/agent/reconcile"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/cable"
 )
@@ -24,9 +25,7 @@ func (a *Agent) reconcileOnce(ctx context.Context) {
 	// A pass over a full state (cached, or the broker's snapshot) makes the agent ready (/readyz).
 	defer a.markSynced(p.Revision())
 	if !a.cfg.Gateway {
-		if err := a.opts.ApplyRoutes(a.nonGatewayRoutes(p)); err != nil {
-			a.log.Warn("routes via the gateway not applied", "err", err)
-		}
+		a.worker.Once(p)
 		return
 	}
 	ran, changed := a.cables.Once(ctx, p)
@@ -118,7 +117,7 @@ func (a *Agent) stop() {
 		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 		if a.cfg.Gateway {
 			a.cables.Cleanup(ctx)
-		} else if err := a.opts.ApplyRoutes(nil); err != nil {
+		} else if err := a.worker.Cleanup(); err != nil {
 			a.log.Error("route cleanup failed", "err", err)
 		}
 		cancel()
@@ -138,3 +137,10 @@ func (a *Agent) healthSettings() health.Settings { return healthSettingsOf(a.liv
 
 // healthManager is the gateway's probes; nil without.
 func (a *Agent) healthManager() *health.Manager { return a.cables.Health() }
+
+// buildGuard finds what no cable route may cover (plan.BuildGuard), at start and when the Node's
+// InternalIP changes.
+func (a *Agent) buildGuard(ctx context.Context) reconcile.Guard {
+	return plan.BuildGuard(ctx, plan.GuardSources{Broker: a.cfg.Broker, Advertise: a.advertiseAddr(), Log: a.log,
+		LookupHost: a.opts.LookupHost, Underlay: a.opts.Underlay})
+}

@@ -4,7 +4,9 @@ import (
 	"context"
 
 	"github.com/cablemesh/cablemesh/agent/cables"
+	"github.com/cablemesh/cablemesh/agent/config"
 	"github.com/cablemesh/cablemesh/agent/plan"
+	"github.com/cablemesh/cablemesh/agent/preflight"
 	"github.com/cablemesh/cablemesh/agent/servicedp"
 	"github.com/cablemesh/cablemesh/agent/services"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
@@ -73,3 +75,9 @@ func (a *Agent) pairs(ctx context.Context, p *plan.Plan) map[string]services.Pai
 	}
 	return out
 }
+
+// FileError is a file the config names that the agent cannot use (preflight.FileError).
+type FileError = preflight.FileError
+
+// CheckFiles checks the files cfg names before anything is created (preflight.CheckFiles).
+func CheckFiles(cfg *config.Config) error { return preflight.CheckFiles(cfg) }

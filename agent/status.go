@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cablemesh/cablemesh/agent/cables"
+	"github.com/cablemesh/cablemesh/agent/preflight"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 	"github.com/cablemesh/cablemesh/internal/version"
 )
@@ -49,7 +50,7 @@ func (a *Agent) Status(ctx context.Context) statusapi.Status {
 	a.clock.fill(&out.Broker)
 	out.Problems = append(out.Problems, a.certStatus(&out.Broker)...)
 	out.Problems = append(out.Problems, a.clusterPolicyProblems()...)
-	if p := tokenFileProblem(a.cfg.JoinTokenFile); p != "" {
+	if p := preflight.TokenFileProblem(a.cfg.JoinTokenFile); p != "" {
 		out.Problems = append(out.Problems, statusapi.Problem{Message: p})
 	}
 	out.Config = a.configStatus()
@@ -65,7 +66,7 @@ func (a *Agent) Status(ctx context.Context) statusapi.Status {
 	if !a.cfg.Gateway {
 		// The routes via the gateway leave out what the guard refuses too.
 		out.Problems = append(out.Problems, cables.StatusProblems(p.Problems)...)
-		out.Worker = a.workerStatus()
+		out.Worker = a.worker.Status(p)
 		return out
 	}
 	a.cables.Status(ctx, p, &out, a.liveConfig().CableDrivers, a.datapath().Traffic())

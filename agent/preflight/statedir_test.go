@@ -1,4 +1,4 @@
-package agent
+package preflight
 
 import (
 	"errors"
@@ -44,7 +44,7 @@ func TestStateDirPermissions(t *testing.T) {
 		change  func(t *testing.T, dir string)
 		euid    int
 		refused []string // words of the refusal; nil: accepted
-		tighten bool     // accepted, and tightenStateDir changes the directory to 0700
+		tighten bool     // accepted, and TightenStateDir changes the directory to 0700
 	}{
 		{name: "a state directory as the agent makes it is accepted", change: func(*testing.T, string) {}},
 		{name: "a missing state directory is accepted (created 0700)", change: func(t *testing.T, dir string) { mustRemoveAll(t, dir) }},
@@ -92,7 +92,7 @@ func TestStateDirPermissions(t *testing.T) {
 				return
 			}
 			before, _ := os.Stat(dir)
-			warning, err := tightenStateDir(dir, euid)
+			warning, err := TightenStateDir(dir, euid)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,4 +1,4 @@
-package agent
+package preflight
 
 import (
 	"errors"
@@ -59,7 +59,7 @@ func isPrivateKeyFile(name string) bool {
 
 // checkStateDirPermissions refuses a state directory, or a file or directory in it, that another
 // local user could have tampered with (see the table above); a directory that only needs
-// tightening (ours, group/others-writable) passes: tightenStateDir fixes it. A missing
+// tightening (ours, group/others-writable) passes: TightenStateDir fixes it. A missing
 // directory passes (the agent creates it 0700). euid is the agent's effective uid.
 func checkStateDirPermissions(dir string, euid int) error {
 	fi, err := os.Stat(dir)
@@ -129,10 +129,10 @@ func checkStateEntry(path string, fi fs.FileInfo, euid int) error {
 	return nil
 }
 
-// tightenStateDir removes group and others' access to the state directory when they can write
+// TightenStateDir removes group and others' access to the state directory when they can write
 // it and it is the agent's own (checkStateDirPermissions refused every other case), and says so.
 // It returns the warning logged ("" when nothing was done).
-func tightenStateDir(dir string, euid int) (string, error) {
+func TightenStateDir(dir string, euid int) (string, error) {
 	fi, err := os.Stat(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return "", nil

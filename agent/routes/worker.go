@@ -1,17 +1,18 @@
-package agent
+package routes
 
 import (
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
 	"github.com/cablemesh/cablemesh/agent/health"
 	"github.com/cablemesh/cablemesh/agent/plan"
-	"github.com/cablemesh/cablemesh/agent/routes"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 )
 
@@ -30,34 +31,77 @@ var gatewayProbeSettings = health.Settings{
 	Window:           32,
 }
 
-// startGatewayProbes starts the probes of a non-gateway node (their targets follow the broker
-// state at every reconcile pass, nonGatewayRoutes) and returns what stops them. A gateway that
+// WorkerDeps are what a non-gateway node's routes take from the rest of the agent.
+type WorkerDeps struct {
+	Log     *slog.Logger
+	PairLog *slog.Logger // this node's identity as localCluster/localNode: the probes name the gateway
+	// NewPinger opens a probe's socket; Apply applies the routes (default Apply).
+	NewPinger health.NewPinger
+	Apply     func([]Route) error
+	// OnChange asks for a pass now: a gateway's probes crossed the threshold.
+	OnChange func()
+}
+
+// Worker is a non-gateway node's routes via its cluster's gateways: it probes the gateways, picks
+// for every remote cluster the first gateway that carries the pair and answers, applies the
+// routes, and reports them in the status. mu guards probes and choices; no other lock is taken
+// under it.
+type Worker struct {
+	cluster string
+	deps    WorkerDeps
+
+	mu      sync.Mutex
+	probes  *health.Manager // nil until Start
+	choices []Choice        // how the last pass routed each remote cluster
+}
+
+// NewWorker returns the routes of a non-gateway node of cluster.
+func NewWorker(cluster string, deps WorkerDeps) *Worker {
+	if deps.Apply == nil {
+		log := deps.Log
+		deps.Apply = func(r []Route) error { return Apply(r, log) }
+	}
+	return &Worker{cluster: cluster, deps: deps}
+}
+
+// Once applies the routes of plan p.
+func (w *Worker) Once(p *plan.Plan) {
+	if err := w.deps.Apply(w.routes(p)); err != nil {
+		w.deps.Log.Warn("routes via the gateway not applied", "err", err)
+	}
+}
+
+// Cleanup removes the routes via the gateway.
+func (w *Worker) Cleanup() error { return w.deps.Apply(nil) }
+
+// Start starts the probes of a non-gateway node (their targets follow the broker state at
+// every pass, Once) and returns what stops them. A gateway that
 // crosses the threshold either way triggers a pass at once, so the routes move within one probe
 // period, not at the next resync.
-func (a *Agent) startGatewayProbes() (stop func()) {
+func (w *Worker) Start() (stop func()) {
 	// The probers' lines name the gateway as cluster/node: pairLog keeps this node's own identity
 	// under localCluster and localNode, so the keys do not clash.
-	m := health.NewManager(gatewayProbeSettings, a.gatewayPinger, nil, a.pairLog)
+	m := health.NewManager(gatewayProbeSettings, w.gatewayPinger, nil, w.deps.PairLog)
 	m.SetSubject("local gateway")
 	m.OnChange(func(key string, healthy bool) {
 		_, node, _ := strings.Cut(key, "/")
 		if healthy {
-			a.log.Info("local gateway answers this node's probes again; routes may move back", "gateway", node)
+			w.deps.Log.Info("local gateway answers this node's probes again; routes may move back", "gateway", node)
 		} else {
-			a.log.Warn("local gateway does not answer this node's probes; routes move to the next gateway that carries each pair", "gateway", node)
+			w.deps.Log.Warn("local gateway does not answer this node's probes; routes move to the next gateway that carries each pair", "gateway", node)
 		}
-		a.Trigger()
+		w.deps.OnChange()
 	})
-	a.mu.Lock()
-	a.gwProbes = m
-	a.mu.Unlock()
+	w.mu.Lock()
+	w.probes = m
+	w.mu.Unlock()
 	return m.Close
 }
 
 // gatewayPinger opens a probe of a local gateway from the address this node's routing picks for
 // it (a worker has no configured underlay address; the kernel knows which one reaches the
 // gateway), then hands it to the agent's pinger (ICMP, or the tests' fake).
-func (a *Agent) gatewayPinger(t health.Target) (health.Pinger, error) {
+func (w *Worker) gatewayPinger(t health.Target) (health.Pinger, error) {
 	if !t.Source.IsValid() {
 		src, err := sourceFor(t.Destination)
 		if err != nil {
@@ -65,7 +109,7 @@ func (a *Agent) gatewayPinger(t health.Target) (health.Pinger, error) {
 		}
 		t.Source = src
 	}
-	return a.opts.NewPinger(t)
+	return w.deps.NewPinger(t)
 }
 
 // sourceFor is the source address the kernel picks for packets to dst: connecting a UDP socket
@@ -101,53 +145,53 @@ func gatewayTargets(st *brokerstate.State, cluster string) []health.Target {
 	return out
 }
 
-// nonGatewayRoutes points the probes at the gateways of st and returns the routes of this
+// routes points the probes at the gateways of st and returns the routes of this
 // non-gateway node: each remote cluster via the first gateway that carries the pair and answers
-// the probes (routes.Plan). The choices are kept for the status.
-func (a *Agent) nonGatewayRoutes(p *plan.Plan) []routes.Route {
+// the probes (Plan). The choices are kept for the status.
+func (w *Worker) routes(p *plan.Plan) []Route {
 	st := p.State
-	a.mu.Lock()
-	m := a.gwProbes
-	a.mu.Unlock()
-	var healthy routes.Healthy
+	w.mu.Lock()
+	m := w.probes
+	w.mu.Unlock()
+	var healthy Healthy
 	if m != nil {
-		m.Sync(gatewayTargets(st, a.cfg.Cluster))
+		m.Sync(gatewayTargets(st, w.cluster))
 		threshold := m.Settings().FailureThreshold
 		healthy = func(node string) bool {
-			r, ok := m.Result(brokerstate.EndpointKey(a.cfg.Cluster, node))
+			r, ok := m.Result(brokerstate.EndpointKey(w.cluster, node))
 			return !ok || r.Healthy(threshold)
 		}
 	}
-	out, choices := routes.Plan(st, a.cfg.Cluster, p.Resolver, p.Guard(), healthy)
-	a.mu.Lock()
-	prev := a.gwChoices
-	a.gwChoices = choices
-	a.mu.Unlock()
-	a.logRouteMoves(prev, choices)
+	out, choices := Plan(st, w.cluster, p.Resolver, p.Guard(), healthy)
+	w.mu.Lock()
+	prev := w.choices
+	w.choices = choices
+	w.mu.Unlock()
+	w.logRouteMoves(prev, choices)
 	return out
 }
 
 // logRouteMoves logs every remote cluster whose gateway changed since the last pass.
-func (a *Agent) logRouteMoves(prev, next []routes.Choice) {
+func (w *Worker) logRouteMoves(prev, next []Choice) {
 	was := map[string]string{}
 	for _, c := range prev {
 		was[c.Cluster] = c.Via
 	}
 	for _, c := range next {
 		if old, ok := was[c.Cluster]; ok && old != c.Via {
-			a.log.Info("remote cluster routed via another local gateway", "cluster", c.Cluster, "from", old, "to", c.Via, "reason", c.Reason)
+			w.deps.Log.Info("remote cluster routed via another local gateway", "cluster", c.Cluster, "from", old, "to", c.Via, "reason", c.Reason)
 		}
 	}
 }
 
-// workerStatus is the Worker section of a non-gateway node's status: its probes and its routes
+// Status is the Worker section of a non-gateway node's status: its probes and its routes
 // as the last reconcile pass chose them.
-func (a *Agent) workerStatus() *statusapi.Worker {
-	a.mu.Lock()
-	m := a.gwProbes
-	choices := a.gwChoices
-	a.mu.Unlock()
-	st := a.plan().State
+func (w *Worker) Status(p *plan.Plan) *statusapi.Worker {
+	w.mu.Lock()
+	m := w.probes
+	choices := w.choices
+	w.mu.Unlock()
+	st := p.State
 	s := gatewayProbeSettings.WithDefaults()
 	if m != nil {
 		s = m.Settings()
@@ -158,7 +202,7 @@ func (a *Agent) workerStatus() *statusapi.Worker {
 		Gateways:         []statusapi.WorkerGateway{},
 		Routes:           []statusapi.WorkerRoute{},
 	}
-	for _, t := range gatewayTargets(st, a.cfg.Cluster) {
+	for _, t := range gatewayTargets(st, w.cluster) {
 		g := statusapi.WorkerGateway{Node: t.Node, Address: t.Destination.String(), Healthy: true}
 		if m != nil {
 			if r, ok := m.Result(t.Cluster); ok {

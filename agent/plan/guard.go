@@ -1,8 +1,9 @@
-package agent
+package plan
 
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"strings"
@@ -15,14 +16,31 @@ import (
 // resolveTimeout bounds the one resolution of the broker's host names at start.
 const resolveTimeout = 5 * time.Second
 
-// buildGuard finds, at start and again when the Node's InternalIP changes (currentGuard), what
+// GuardSources are where BuildGuard looks.
+type GuardSources struct {
+	Broker    string     // the config's broker list
+	Advertise netip.Addr // this node's advertise address (invalid: none yet)
+	Log       *slog.Logger
+	// LookupHost resolves the broker's host names; default the system resolver. Underlay is
+	// the network of the link that holds an address; default from the interface addresses.
+	LookupHost func(context.Context, string) ([]netip.Addr, error)
+	Underlay   func(netip.Addr) (netip.Prefix, error)
+}
+
+// BuildGuard finds, at start and again when the Node's InternalIP changes, what
 // no cable route may cover (reconcile.Guard): every address of the broker list (host names
 // resolved now), this node's advertise address and the network of the link that holds it. What
 // cannot be found is logged and left out; the gateways' addresses come from the broker state at
 // every pass.
-func (a *Agent) buildGuard(ctx context.Context) reconcile.Guard {
+func BuildGuard(ctx context.Context, src GuardSources) reconcile.Guard {
+	if src.LookupHost == nil {
+		src.LookupHost = lookupHost
+	}
+	if src.Underlay == nil {
+		src.Underlay = InterfaceNetwork
+	}
 	var g reconcile.Guard
-	addrs, _ := brokerclient.SplitAddresses(a.cfg.Broker) // validated with the config
+	addrs, _ := brokerclient.SplitAddresses(src.Broker) // validated with the config
 	for _, hp := range addrs {
 		host, _, _ := net.SplitHostPort(hp)
 		if ip, err := netip.ParseAddr(host); err == nil {
@@ -30,21 +48,21 @@ func (a *Agent) buildGuard(ctx context.Context) reconcile.Guard {
 			continue
 		}
 		rctx, cancel := context.WithTimeout(ctx, resolveTimeout)
-		ips, err := a.opts.LookupHost(rctx, host)
+		ips, err := src.LookupHost(rctx, host)
 		cancel()
 		if err != nil || len(ips) == 0 {
-			a.log.Warn("cannot resolve the broker's host name: cable routes are not checked against its addresses", "broker", hp, "err", err)
+			src.Log.Warn("cannot resolve the broker's host name: cable routes are not checked against its addresses", "broker", hp, "err", err)
 			continue
 		}
 		for _, ip := range ips {
 			g.Protected = append(g.Protected, reconcile.ProtectAddr(ip, fmt.Sprintf("the broker's address %s (%s)", ip.Unmap(), host)))
 		}
 	}
-	if adv := a.advertiseAddr(); adv.IsValid() {
+	if adv := src.Advertise; adv.IsValid() {
 		g.Protected = append(g.Protected, reconcile.ProtectAddr(adv, "this node's advertise address "+adv.String()))
-		switch p, err := a.opts.Underlay(adv); {
+		switch p, err := src.Underlay(adv); {
 		case err != nil:
-			a.log.Warn("cannot find the network of the advertise address's link: cable routes are not checked against it", "advertiseAddress", adv.String(), "err", err)
+			src.Log.Warn("cannot find the network of the advertise address's link: cable routes are not checked against it", "advertiseAddress", adv.String(), "err", err)
 		case p.IsValid() && !p.IsSingleIP():
 			g.Protected = append(g.Protected, reconcile.Protected{Prefix: p.Masked(), What: fmt.Sprintf("this node's underlay network %s (the link of its advertise address)", p.Masked())})
 		}
@@ -53,13 +71,13 @@ func (a *Agent) buildGuard(ctx context.Context) reconcile.Guard {
 	for _, p := range g.Protected {
 		what = append(what, p.Prefix.String())
 	}
-	a.log.Info("no cable route may cover the broker, this node's underlay or a gateway", "protected", strings.Join(what, ","))
+	src.Log.Info("no cable route may cover the broker, this node's underlay or a gateway", "protected", strings.Join(what, ","))
 	return g
 }
 
-// interfaceNetwork is the connected network of the interface address equal to addr (e.g.
+// InterfaceNetwork is the connected network of the interface address equal to addr (e.g.
 // 10.0.0.11/24 for 10.0.0.11), or an invalid prefix when no interface holds addr.
-func interfaceNetwork(addr netip.Addr) (netip.Prefix, error) {
+func InterfaceNetwork(addr netip.Addr) (netip.Prefix, error) {
 	ifas, err := net.InterfaceAddrs()
 	if err != nil {
 		return netip.Prefix{}, fmt.Errorf("list interface addresses: %w", err)

@@ -1,4 +1,7 @@
-package agent
+// Package preflight checks, before the agent creates anything, the files and directories its
+// config names: the state directory (and its permissions, tightened when only too loose) and, on
+// first start, the join token file.
+package preflight
 
 import (
 	"errors"
@@ -90,9 +93,9 @@ func checkStateDir(dir string) error {
 	}
 }
 
-// tokenFileProblem says why the join token file at path is a risk: readable by group or others
+// TokenFileProblem says why the join token file at path is a risk: readable by group or others
 // (anyone who can read it can join a node while it is valid). "" when it is not, or is gone.
-func tokenFileProblem(path string) string {
+func TokenFileProblem(path string) string {
 	if path == "" {
 		return ""
 	}
