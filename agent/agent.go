@@ -39,6 +39,7 @@ import (
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
 	"github.com/cablemesh/cablemesh/agent/cables"
 	"github.com/cablemesh/cablemesh/agent/config"
+	"github.com/cablemesh/cablemesh/agent/exports"
 	"github.com/cablemesh/cablemesh/agent/health"
 	"github.com/cablemesh/cablemesh/agent/ingress"
 	"github.com/cablemesh/cablemesh/agent/plan"
@@ -159,7 +160,7 @@ type Agent struct {
 
 	registry *prometheus.Registry // the agent's metrics (served on metricsAddress)
 	dp       *servicedp.Datapath  // the services datapath, once Run started it
-	exports  exportState
+	exports  *exports.Exports
 	clock    brokerClock // brokerclock.go: the broker's clock and build from its last reply
 
 	clusterPolicies clusterPolicyState // cluster-scoped policies and their sync (clusterpolicies.go)
@@ -216,7 +217,6 @@ func New(opts Options) (*Agent, error) {
 		registry: prometheus.NewRegistry(),
 		planner:  plan.New(opts.Log.With("cluster", cfg.Cluster, "node", cfg.Node)),
 		certs:    certState{refusedCh: make(chan struct{})},
-		exports:  exportState{config: cfg.ExportsProto(), runtime: map[string]*apiv1.ServiceExport{}},
 	}
 	a.cables = cables.New(cfg, cables.Deps{
 		Log: a.log, PairLog: a.pairLog, NewDriver: opts.NewDriver, LocalNode: a.localNode, MSS: opts.MSS,
@@ -225,6 +225,8 @@ func New(opts Options) (*Agent, error) {
 	})
 	a.worker = routes.NewWorker(cfg.Cluster, routes.WorkerDeps{Log: a.log, PairLog: a.pairLog, NewPinger: opts.NewPinger,
 		Apply: opts.ApplyRoutes, OnChange: a.Trigger})
+	a.exports = exports.New(cfg, exports.Deps{Log: a.log, Live: a.liveConfig, Scope: a.ownExportScope, Stamp: a.stampIngressPorts,
+		OnChange: func() { a.triggerIngress(); a.triggerMesh() }, Backoff: a.newBackoff, Link: brokerLink{a}})
 	a.registry.MustRegister(&collector{a: a})
 	a.initReload()
 	return a, nil
@@ -247,13 +249,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	} else if w != "" {
 		a.log.Warn("STATE DIRECTORY WAS WRITABLE BY OTHERS: "+w, "stateDir", a.cfg.StateDir)
 	}
-	runtime, err := loadRuntimeExports(a.cfg.StateDir)
-	if err != nil {
+	if err := a.exports.Load(); err != nil {
 		return err
 	}
-	a.exports.mu.Lock()
-	a.exports.runtime = runtime
-	a.exports.mu.Unlock()
 	if err := a.loadIngressPorts(); err != nil {
 		return err
 	}
@@ -340,14 +338,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	wg.Go(func() { a.cables.Run(ctx, a.reconcileOnce) })
 	wg.Go(func() { a.datapath().Run(ctx) })
 	wg.Go(func() { a.watchLoop(ctx, client) })
-	wg.Go(func() { a.exportsLoop(ctx, client) })
+	wg.Go(func() { a.exports.Run(ctx, client) })
 	wg.Go(func() { a.certLoop(ctx, client) })
 	if a.cfg.Ingress.XDS.Listen != "" {
 		wg.Go(func() { a.ingressCertLoop(ctx, client) })
 	}
 	wg.Go(func() { a.runClusterPolicies(ctx, client) })
 	if a.cfg.Kubernetes.Enabled {
-		wg.Go(func() { a.runExportSource(ctx, a.opts.Kubernetes) })
+		wg.Go(func() { a.exports.RunSource(ctx, a.opts.Kubernetes) })
 	}
 	if a.cfg.Gateway {
 		wg.Go(func() { a.registerLoop(ctx, client) })

@@ -61,7 +61,7 @@ func (a *Agent) identity(ctx context.Context) (*brokerclient.Identity, error) {
 // that refused the certificate for good ends the loop.
 func (a *Agent) watchLoop(ctx context.Context, client apiv1.AgentClient) {
 	bo := a.newBackoff()
-	var quiet repeatFilter
+	var quiet brokerclient.RepeatFilter
 	for {
 		gen := a.conn.generation()
 		got, err := a.watchOnce(ctx, client)
@@ -78,7 +78,7 @@ func (a *Agent) watchLoop(ctx context.Context, client apiv1.AgentClient) {
 		}
 		if got {
 			bo.Reset()
-			quiet.reset()
+			quiet.Reset()
 		}
 		a.mu.Lock()
 		a.watchUp = false
@@ -89,7 +89,7 @@ func (a *Agent) watchLoop(ctx context.Context, client apiv1.AgentClient) {
 		a.setBrokerError(err)
 		d := bo.Next()
 		level := slog.LevelWarn
-		if quiet.repeated(err) {
+		if quiet.Repeated(err) {
 			level = slog.LevelDebug
 		}
 		a.log.Log(ctx, level, "broker watch ended; keeping current state and retrying", "err", err, "retryIn", d.Round(time.Millisecond).String())
@@ -163,7 +163,7 @@ func (a *Agent) watchOnce(ctx context.Context, client apiv1.AgentClient) (got bo
 		}
 		if !got {
 			// (Re)connected: the broker may have lost or never had this node's exports.
-			a.TriggerExports()
+			a.exports.Trigger()
 		}
 		got = true
 		if err := a.apply(resp); err != nil {

@@ -167,7 +167,7 @@ func (a *Agent) onCABundle(b *apiv1.CABundle) {
 // certificate for good.
 func (a *Agent) certLoop(ctx context.Context, client apiv1.AgentClient) {
 	bo := a.newBackoff()
-	var quiet repeatFilter
+	var quiet brokerclient.RepeatFilter
 	var old []*grpc.ClientConn // replaced connections, closed after oldConnGrace
 	var closeOld <-chan time.Time
 	defer func() {
@@ -209,7 +209,7 @@ func (a *Agent) certLoop(ctx context.Context, client apiv1.AgentClient) {
 		}
 		if err == nil {
 			bo.Reset()
-			quiet.reset()
+			quiet.Reset()
 			cc, err := brokerclient.DialKeyring(a.cfg.Broker, a.keyring)
 			if err != nil {
 				// Cannot happen with an address the config accepted; the old connection goes on.
@@ -232,7 +232,7 @@ func (a *Agent) certLoop(ctx context.Context, client apiv1.AgentClient) {
 		if status.Code(errors.Unwrap(err)) == codes.Unimplemented {
 			d = unimplementedRetry // a broker older than renewals: ask again once it may be upgraded
 		}
-		a.log.Log(ctx, warnLevel(quiet.repeated(err)), "certificate renewal failed; retrying", "err", err, "reason", reason, "retryIn", d.Round(time.Millisecond).String(),
+		a.log.Log(ctx, brokerclient.WarnLevel(quiet.Repeated(err)), "certificate renewal failed; retrying", "err", err, "reason", reason, "retryIn", d.Round(time.Millisecond).String(),
 			"notAfter", id.Leaf.NotAfter.UTC().Format(time.RFC3339))
 		if !retry.Sleep(ctx, d) {
 			return

@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/cablemesh/cablemesh/agent/brokerclient"
 	"github.com/cablemesh/cablemesh/agent/clusterpolicy"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
@@ -83,7 +84,7 @@ func (a *Agent) runClusterPolicies(ctx context.Context, client apiv1.AgentClient
 		Resync:  a.cfg.ResyncInterval,
 		// The same set cannot succeed: wait for a change or the next resync.
 		Refused: func(err error) bool {
-			return refusedCode(err, codes.InvalidArgument, codes.PermissionDenied, codes.AlreadyExists, codes.Unimplemented)
+			return brokerclient.RefusedCode(err, codes.InvalidArgument, codes.PermissionDenied, codes.AlreadyExists, codes.Unimplemented)
 		},
 		Stop: func(error) bool { return a.certificateRefused() != "" },
 	})
@@ -127,7 +128,7 @@ func (a *Agent) sendClusterPolicies(ctx context.Context, client apiv1.AgentClien
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if err != nil {
-		x.sendErr = rpcMessage(err)
+		x.sendErr = brokerclient.RPCMessage(err)
 		return fmt.Errorf("set cluster policies: %w", err)
 	}
 	x.sendErr, x.synced = "", version

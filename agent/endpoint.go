@@ -22,7 +22,7 @@ import (
 // ends once the broker refused the agent's certificate for good.
 func (a *Agent) registerLoop(ctx context.Context, client apiv1.AgentClient) {
 	registered := false
-	var quiet repeatFilter
+	var quiet brokerclient.RepeatFilter
 	// The first registration goes at once: a gateway joining a quiet mesh is not kept waiting for
 	// a storm that is not happening. A fleet that starts together is spread by the broker, which
 	// answers registrations it has no room for with "busy, come back in a while"
@@ -88,12 +88,12 @@ func (a *Agent) registerLoop(ctx context.Context, client apiv1.AgentClient) {
 		if err != nil {
 			a.setBrokerError(err)
 			level := slog.LevelWarn
-			if quiet.repeated(err) {
+			if quiet.Repeated(err) {
 				level = slog.LevelDebug
 			}
 			a.log.Log(ctx, level, "endpoint registration or heartbeat failed", "err", err)
 		} else {
-			quiet.reset()
+			quiet.Reset()
 			if !watchUp {
 				// The broker answers: do not leave the watch waiting out a long backoff.
 				a.wakeWatch.Fire()

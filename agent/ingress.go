@@ -168,7 +168,7 @@ func (a *Agent) ingressLoop(ctx context.Context) {
 
 // xdsState is the xDS snapshot's input from the agent's state.
 func (a *Agent) xdsState() xds.State {
-	set, _, _ := a.effectiveExports()
+	set, _, _ := a.exports.Effective()
 	st := xds.State{
 		Cluster: a.cfg.Cluster, MeshDomain: a.cfg.Ingress.MeshDomain,
 		SNIPort: uint32(a.cfg.Ingress.SNIPort), HTTPPort: uint32(a.cfg.Ingress.HTTPPort),

@@ -51,7 +51,7 @@ const errNoIngressCertOldBroker = "the broker does not issue ingress certificate
 // runs. It ends with ctx.
 func (a *Agent) ingressCertLoop(ctx context.Context, client apiv1.AgentClient) {
 	bo := a.newBackoff()
-	var quiet repeatFilter
+	var quiet brokerclient.RepeatFilter
 	for {
 		wait := ingressCertRecheck
 		due, reason := a.ingressCertDue()
@@ -64,14 +64,14 @@ func (a *Agent) ingressCertLoop(ctx context.Context, client apiv1.AgentClient) {
 			switch {
 			case err == nil:
 				bo.Reset()
-				quiet.reset()
+				quiet.Reset()
 				a.triggerIngress()
 			case status.Code(errors.Unwrap(err)) == codes.Unimplemented:
-				a.log.Log(ctx, warnLevel(quiet.repeated(err)), errNoIngressCertOldBroker)
+				a.log.Log(ctx, brokerclient.WarnLevel(quiet.Repeated(err)), errNoIngressCertOldBroker)
 				wait = unimplementedRetry
 			default:
 				wait = bo.Next()
-				a.log.Log(ctx, warnLevel(quiet.repeated(err)), "cannot get an ingress certificate from the broker; retrying", "err", err, "retryIn", wait.Round(time.Millisecond).String())
+				a.log.Log(ctx, brokerclient.WarnLevel(quiet.Repeated(err)), "cannot get an ingress certificate from the broker; retrying", "err", err, "retryIn", wait.Round(time.Millisecond).String())
 			}
 		}
 		if !retry.Sleep(ctx, wait) {

@@ -220,7 +220,7 @@ func (a *Agent) meshOnce(ctx context.Context, force bool) {
 	if dp == nil {
 		return
 	}
-	set, _, _ := a.effectiveExports()
+	set, _, _ := a.exports.Effective()
 	cfg := ingressConfig(own, remoteMeshAddresses(p.Wants), set, a.cfg.Ingress.Mode)
 	a.mesh.mu.Lock()
 	same := a.mesh.applied != nil && reflect.DeepEqual(*a.mesh.applied, cfg)

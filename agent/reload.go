@@ -310,10 +310,7 @@ func (a *Agent) applyConfig(ctx context.Context, client apiv1.AgentClient, cur, 
 		a.Trigger()
 	}
 	if plan.Exports {
-		a.exports.mu.Lock()
-		a.exports.config = next.ExportsProto()
-		a.exportsChangedLocked()
-		a.exports.mu.Unlock()
+		a.exports.ApplyConfig(next)
 	}
 	if plan.DNS {
 		a.datapath().ApplyConfig(next)

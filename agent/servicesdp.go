@@ -5,11 +5,13 @@ import (
 
 	"github.com/cablemesh/cablemesh/agent/cables"
 	"github.com/cablemesh/cablemesh/agent/config"
+	"github.com/cablemesh/cablemesh/agent/exports"
 	"github.com/cablemesh/cablemesh/agent/plan"
 	"github.com/cablemesh/cablemesh/agent/preflight"
 	"github.com/cablemesh/cablemesh/agent/servicedp"
 	"github.com/cablemesh/cablemesh/agent/services"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
+	"github.com/cablemesh/cablemesh/mcs"
 )
 
 // LoadBalancer and TrafficCounters are the services datapath's eBPF parts (servicedp).
@@ -60,7 +62,7 @@ func (a *Agent) servicesStatus() *statusapi.Services {
 		ImportsKnown:   a.plan().State.HasImports,
 		Imports:        []statusapi.ServiceImport{},
 	}
-	out.Exports, out.Sync = a.exportsStatus()
+	out.Exports, out.Sync = a.exports.Status()
 	a.datapath().Status(out)
 	return out
 }
@@ -81,3 +83,43 @@ type FileError = preflight.FileError
 
 // CheckFiles checks the files cfg names before anything is created (preflight.CheckFiles).
 func CheckFiles(cfg *config.Config) error { return preflight.CheckFiles(cfg) }
+
+// ExportSource is a source of exports that change on their own (exports.Source).
+type ExportSource = exports.Source
+
+// brokerLink is the broker connection as the components' sync loops see it.
+type brokerLink struct{ a *Agent }
+
+func (l brokerLink) Generation() uint64                        { return l.a.conn.generation() }
+func (l brokerLink) CertificateRefused() string                { return l.a.certificateRefused() }
+func (l brokerLink) RefusedForGood(err error, gen uint64) bool { return l.a.refusedForGood(err, gen) }
+
+// ownExportScope is where this node's exports' endpoints may lie (mcs.EndpointScope): its
+// cluster's pod and service CIDRs as the broker's cluster record has them, and in gateway mode
+// its gateways' mesh addresses. false until the record is known (from the watch, its cache, or
+// Join): the broker then decides alone.
+func (a *Agent) ownExportScope() (mcs.EndpointScope, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	c := a.state.Clusters[a.cfg.Cluster]
+	if c == nil {
+		c = a.joinCluster
+	}
+	if c == nil {
+		return mcs.EndpointScope{}, false
+	}
+	var mesh []string
+	if c.GetGatewayMode() {
+		for _, ep := range a.state.Endpoints {
+			if ep.GetCluster() == a.cfg.Cluster && ep.GetMeshAddress() != "" {
+				mesh = append(mesh, ep.GetMeshAddress())
+			}
+		}
+		a.mesh.mu.Lock()
+		if a.mesh.registered.IsValid() {
+			mesh = append(mesh, a.mesh.registered.String())
+		}
+		a.mesh.mu.Unlock()
+	}
+	return mcs.ScopeOf(c, mesh), true
+}

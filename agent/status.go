@@ -2,14 +2,12 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/cablemesh/cablemesh/agent/cables"
@@ -104,13 +102,12 @@ func (a *Agent) serveStatus(ctx context.Context) (*server, error) {
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET "+statusapi.Path, func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, a.Status(r.Context()))
+		statusapi.WriteJSON(w, http.StatusOK, a.Status(r.Context()))
 	})
 	mux.HandleFunc("GET "+statusapi.ServicesPath, func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, a.servicesStatus())
+		statusapi.WriteJSON(w, http.StatusOK, a.servicesStatus())
 	})
-	mux.HandleFunc("PUT "+statusapi.ExportsPath+"{namespace}/{name}", a.handlePutExport)
-	mux.HandleFunc("DELETE "+statusapi.ExportsPath+"{namespace}/{name}", a.handleDeleteExport)
+	a.exports.Routes(mux)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
 	done := make(chan struct{})
 	go func() {
@@ -126,66 +123,4 @@ func (a *Agent) serveStatus(ctx context.Context) (*server, error) {
 		<-done
 		_ = os.Remove(path)
 	}}, nil
-}
-
-func writeJSON(w http.ResponseWriter, code int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	_ = enc.Encode(v)
-}
-
-// maxExportBody bounds a runtime export's JSON (4096 endpoints fit comfortably).
-const maxExportBody = 4 << 20
-
-// handlePutExport is PUT /v1/exports/{namespace}/{name}: the body is a statusapi.Export whose
-// namespace and name, when set, must be the path's.
-func (a *Agent) handlePutExport(w http.ResponseWriter, r *http.Request) {
-	var v statusapi.Export
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxExportBody))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&v); err != nil {
-		writeJSON(w, http.StatusBadRequest, statusapi.Error{Error: "decode export: " + err.Error()})
-		return
-	}
-	ns, name := r.PathValue("namespace"), r.PathValue("name")
-	if v.Namespace == "" {
-		v.Namespace = ns
-	}
-	if v.Name == "" {
-		v.Name = name
-	}
-	if v.Namespace != ns || v.Name != name {
-		writeJSON(w, http.StatusBadRequest, statusapi.Error{Error: fmt.Sprintf("export %s/%s sent to the path of %s/%s", v.Namespace, v.Name, ns, name)})
-		return
-	}
-	res, err := a.PutExport(v)
-	if err != nil {
-		writeJSON(w, exportErrorCode(err), statusapi.Error{Error: err.Error()})
-		return
-	}
-	writeJSON(w, http.StatusOK, res)
-}
-
-// handleDeleteExport is DELETE /v1/exports/{namespace}/{name}.
-func (a *Agent) handleDeleteExport(w http.ResponseWriter, r *http.Request) {
-	if err := a.DeleteExport(r.PathValue("namespace"), r.PathValue("name")); err != nil {
-		writeJSON(w, exportErrorCode(err), statusapi.Error{Error: err.Error()})
-		return
-	}
-	w.WriteHeader(http.StatusNoContent)
-}
-
-// exportErrorCode maps a runtime export error to its HTTP status.
-func exportErrorCode(err error) int {
-	switch {
-	case errors.Is(err, errNoSuchExport):
-		return http.StatusNotFound
-	case errors.Is(err, ErrExportRefused):
-		return http.StatusConflict
-	case errors.Is(err, os.ErrPermission), strings.Contains(err.Error(), "runtime exports:"):
-		return http.StatusInternalServerError
-	}
-	return http.StatusBadRequest
 }

@@ -1,4 +1,4 @@
-package agent
+package exports
 
 import (
 	"fmt"
@@ -8,42 +8,12 @@ import (
 	"github.com/cablemesh/cablemesh/mcs"
 )
 
-// ownExportScope is where this node's exports' endpoints may lie (mcs.EndpointScope): its
-// cluster's pod and service CIDRs as the broker's cluster record has them, and in gateway mode
-// its gateways' mesh addresses. false until the record is known (from the watch, its cache, or
-// Join): the broker then decides alone.
-func (a *Agent) ownExportScope() (mcs.EndpointScope, bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	c := a.state.Clusters[a.cfg.Cluster]
-	if c == nil {
-		c = a.joinCluster
-	}
-	if c == nil {
-		return mcs.EndpointScope{}, false
-	}
-	var mesh []string
-	if c.GetGatewayMode() {
-		for _, ep := range a.state.Endpoints {
-			if ep.GetCluster() == a.cfg.Cluster && ep.GetMeshAddress() != "" {
-				mesh = append(mesh, ep.GetMeshAddress())
-			}
-		}
-		a.mesh.mu.Lock()
-		if a.mesh.registered.IsValid() {
-			mesh = append(mesh, a.mesh.registered.String())
-		}
-		a.mesh.mu.Unlock()
-	}
-	return mcs.ScopeOf(c, mesh), true
-}
-
 // checkExportScope refuses a runtime export, named field, when one of its endpoints (v's, in
 // the order the caller gave them, so that the index is the caller's) lies outside this cluster
 // (the broker would refuse the node's whole set of exports for it): the error names the field,
 // the value and the CIDRs.
-func (a *Agent) checkExportScope(field string, v statusapi.Export) error {
-	scope, known := a.ownExportScope()
+func (x *Exports) checkScope(field string, v statusapi.Export) error {
+	scope, known := x.deps.Scope()
 	if !known {
 		return nil
 	}

@@ -1,4 +1,4 @@
-package agent
+package exports
 
 import (
 	"cmp"
@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"os"
 	"path/filepath"
@@ -16,9 +17,11 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/cablemesh/cablemesh/agent/brokerclient"
 	"github.com/cablemesh/cablemesh/agent/config"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/internal/retry"
 	"github.com/cablemesh/cablemesh/internal/statefile"
 	"github.com/cablemesh/cablemesh/internal/syncloop"
 	"github.com/cablemesh/cablemesh/mcs"
@@ -41,9 +44,9 @@ const (
 // ExportsFile is the runtime exports' file in the state dir.
 const ExportsFile = "exports.json"
 
-// ExportSource is a source of exports that change on their own (Kubernetes): Run calls onChange
+// Source is a source of exports that change on their own (Kubernetes): Run calls onChange
 // with the complete set whenever it changes, until ctx ends.
-type ExportSource interface {
+type Source interface {
 	Run(ctx context.Context, onChange func([]*apiv1.ServiceExport)) error
 }
 
@@ -51,8 +54,14 @@ type ExportSource interface {
 // defined elsewhere (409) or not at all (404).
 var ErrExportRefused = errors.New("export refused")
 
-// exportState holds the sources and what the broker last acknowledged.
-type exportState struct {
+// Exports is the component: it holds the sources and what the broker last acknowledged. mu
+// guards the fields below it; Deps.Scope and Deps.Live are called with it held (their locks come
+// after it), Deps.OnChange too (it only fires triggers).
+type Exports struct {
+	cfg  *config.Config // as at start: cluster, node, stateDir
+	deps Deps
+	log  *slog.Logger
+
 	mu      sync.Mutex
 	config  []*apiv1.ServiceExport          // normalised, from the config file
 	runtime map[string]*apiv1.ServiceExport // by namespace/name, normalised
@@ -63,14 +72,65 @@ type exportState struct {
 	loop            syncloop.Loop
 }
 
+// Deps are what the exports take from the rest of the agent.
+type Deps struct {
+	Log *slog.Logger
+	// Live is the config in force (to name an export of the config file by its index).
+	Live func() *config.Config
+	// Scope is where this cluster's endpoints may be (false: not known yet, nothing is checked).
+	Scope func() (mcs.EndpointScope, bool)
+	// Stamp stamps the ingress ports on the exports sent (gateway mode).
+	Stamp func([]*apiv1.ServiceExport)
+	// OnChange is called when the set changes (the ingress follows it).
+	OnChange func()
+	Backoff  func() *retry.Backoff
+	Link     Link
+}
+
+// Link is the broker connection as the sync loop sees it.
+type Link interface {
+	// Generation names the connection a call goes over: a refusal counts only on the one in use.
+	Generation() uint64
+	// CertificateRefused is the broker's words once it refused this node's certificate for good.
+	CertificateRefused() string
+	// RefusedForGood records err, got over connection gen, when it is such a refusal.
+	RefusedForGood(err error, gen uint64) bool
+}
+
+// New returns the exports of cfg (the start-up config) with the config file's own; Load reads
+// the runtime ones.
+func New(cfg *config.Config, deps Deps) *Exports {
+	return &Exports{cfg: cfg, deps: deps, log: deps.Log, config: cfg.ExportsProto(), runtime: map[string]*apiv1.ServiceExport{}}
+}
+
+// Load reads the runtime exports of the state dir; a file that cannot be read ends the agent.
+func (x *Exports) Load() error {
+	runtime, err := loadRuntime(x.cfg.StateDir)
+	if err != nil {
+		return err
+	}
+	x.mu.Lock()
+	x.runtime = runtime
+	x.mu.Unlock()
+	return nil
+}
+
+// ApplyConfig takes the exports of a reloaded config file.
+func (x *Exports) ApplyConfig(next *config.Config) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.config = next.ExportsProto()
+	x.changedLocked()
+}
+
 // exportsFile is the on-disk form of the runtime exports.
 type exportsFile struct {
 	Exports []config.Export `json:"exports"`
 }
 
-// loadRuntimeExports reads stateDir/exports.json (none: no runtime exports). A file that does
+// loadRuntime reads stateDir/exports.json (none: no runtime exports). A file that does
 // not decode or validate is an error: silently dropping it would withdraw those exports.
-func loadRuntimeExports(dir string) (map[string]*apiv1.ServiceExport, error) {
+func loadRuntime(dir string) (map[string]*apiv1.ServiceExport, error) {
 	path := filepath.Join(dir, ExportsFile)
 	data, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
@@ -94,8 +154,8 @@ func loadRuntimeExports(dir string) (map[string]*apiv1.ServiceExport, error) {
 	return out, nil
 }
 
-// saveRuntimeExports writes the runtime exports atomically.
-func saveRuntimeExports(dir string, exports map[string]*apiv1.ServiceExport) error {
+// saveRuntime writes the runtime exports atomically.
+func saveRuntime(dir string, exports map[string]*apiv1.ServiceExport) error {
 	f := exportsFile{Exports: []config.Export{}}
 	for _, k := range slices.Sorted(maps.Keys(exports)) {
 		f.Exports = append(f.Exports, config.ExportFromProto(exports[k]))
@@ -185,9 +245,8 @@ func exportFromView(v statusapi.Export) config.Export {
 }
 
 // effective is the node's complete set, each export stamped with this node's cluster and name.
-func (a *Agent) effectiveExports() ([]*apiv1.ServiceExport, []statusapi.NodeExport, uint64) {
-	scope, known := a.ownExportScope()
-	x := &a.exports
+func (x *Exports) Effective() ([]*apiv1.ServiceExport, []statusapi.NodeExport, uint64) {
+	scope, known := x.deps.Scope()
 	x.mu.Lock()
 	runtime := make([]*apiv1.ServiceExport, 0, len(x.runtime))
 	for _, k := range slices.Sorted(maps.Keys(x.runtime)) {
@@ -200,92 +259,89 @@ func (a *Agent) effectiveExports() ([]*apiv1.ServiceExport, []statusapi.NodeExpo
 	out := make([]*apiv1.ServiceExport, len(set))
 	for i, e := range set {
 		e = proto.Clone(e).(*apiv1.ServiceExport)
-		e.Cluster, e.Node = a.cfg.Cluster, a.cfg.Node
+		e.Cluster, e.Node = x.cfg.Cluster, x.cfg.Node
 		out[i] = e
 	}
-	a.stampIngressPorts(out)
+	x.deps.Stamp(out)
 	return out, rows, version
 }
 
-// exportsChanged records a change of the set and wakes the sync loop.
-func (a *Agent) exportsChangedLocked() {
-	a.exports.version++
-	a.TriggerExports()
-	a.triggerIngress()
-	a.triggerMesh()
+// changedLocked records a change of the set and wakes the sync loop.
+func (x *Exports) changedLocked() {
+	x.version++
+	x.Trigger()
+	x.deps.OnChange()
 }
 
-// TriggerExports asks the sync loop to send the node's exports to the broker.
-func (a *Agent) TriggerExports() { a.exports.loop.Trigger() }
+// Trigger asks the sync loop to send the node's exports to the broker.
+func (x *Exports) Trigger() { x.loop.Trigger() }
 
-// setKubeExports replaces the Kubernetes source's exports; they are normalised, and one that
+// setKube replaces the Kubernetes source's exports; they are normalised, and one that
 // does not validate is left out with a warning.
-func (a *Agent) setKubeExports(list []*apiv1.ServiceExport) {
+func (x *Exports) setKube(list []*apiv1.ServiceExport) {
 	var keep []*apiv1.ServiceExport
 	for i, e := range list {
 		e = proto.Clone(e).(*apiv1.ServiceExport)
 		if err := mcs.Normalize(fmt.Sprintf("kubernetes export %d (%s/%s)", i, e.GetNamespace(), e.GetName()), e); err != nil {
-			a.log.Warn("Kubernetes ServiceExport left out", "err", err)
+			x.log.Warn("Kubernetes ServiceExport left out", "err", err)
 			continue
 		}
 		keep = append(keep, e)
 	}
-	scope, known := a.ownExportScope()
+	scope, known := x.deps.Scope()
 	if _, msgs := kubeExportsInScope(scope, known, keep); len(msgs) > 0 {
-		a.log.Warn("Kubernetes endpoints outside this cluster left out of its exports", "endpoints", msgs)
+		x.log.Warn("Kubernetes endpoints outside this cluster left out of its exports", "endpoints", msgs)
 	}
-	a.exports.mu.Lock()
-	defer a.exports.mu.Unlock()
-	if slices.EqualFunc(keep, a.exports.kube, func(x, y *apiv1.ServiceExport) bool { return proto.Equal(x, y) }) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if slices.EqualFunc(keep, x.kube, func(x, y *apiv1.ServiceExport) bool { return proto.Equal(x, y) }) {
 		return
 	}
-	a.exports.kube = keep
-	a.exportsChangedLocked()
+	x.kube = keep
+	x.changedLocked()
 }
 
 // PutExport exports (or replaces) a runtime export. Bad input is an error naming the field and
 // the value; an export the config file defines is refused (ErrExportRefused). Nothing changes,
 // in memory or on disk, unless it succeeds.
-func (a *Agent) PutExport(v statusapi.Export) (statusapi.ExportResult, error) {
+func (x *Exports) PutExport(v statusapi.Export) (statusapi.ExportResult, error) {
 	p, err := config.NormalizeExport("export", exportFromView(v))
 	if err != nil {
 		return statusapi.ExportResult{}, err
 	}
-	if err := a.checkExportScope("export", v); err != nil {
+	if err := x.checkScope("export", v); err != nil {
 		return statusapi.ExportResult{}, err
 	}
 	k := mcs.Key(p.Namespace, p.Name)
-	x := &a.exports
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	for i, c := range x.config {
 		if mcs.Key(c.Namespace, c.Name) == k {
-			return statusapi.ExportResult{}, fmt.Errorf("%w: %s is defined in the agent config file (exports[%d]); change it there", ErrExportRefused, k, configIndex(a.liveConfig(), c, i))
+			return statusapi.ExportResult{}, fmt.Errorf("%w: %s is defined in the agent config file (exports[%d]); change it there", ErrExportRefused, k, configIndex(x.deps.Live(), c, i))
 		}
 	}
 	next := maps.Clone(x.runtime)
 	next[k] = p
-	if err := saveRuntimeExports(a.cfg.StateDir, next); err != nil {
+	if err := saveRuntime(x.cfg.StateDir, next); err != nil {
 		return statusapi.ExportResult{}, err
 	}
 	if old := x.runtime[k]; old == nil || !proto.Equal(old, p) {
 		x.runtime = next
-		a.exportsChangedLocked()
-		a.log.Info("service exported at run time", "service", k, "ports", len(p.Ports), "endpoints", len(p.Endpoints))
+		x.changedLocked()
+		x.log.Info("service exported at run time", "service", k, "ports", len(p.Ports), "endpoints", len(p.Endpoints))
 	}
 	return statusapi.ExportResult{Export: exportView(p), Source: SourceRuntime}, nil
 }
 
 // DeleteExport withdraws a runtime export. An export of the config file or of Kubernetes is
 // refused, saying where it is defined; one that does not exist is ErrExportRefused too.
-func (a *Agent) DeleteExport(namespace, name string) error {
+func (x *Exports) DeleteExport(namespace, name string) error {
 	k := mcs.Key(namespace, name)
-	x := &a.exports
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	for i, c := range x.config {
 		if mcs.Key(c.Namespace, c.Name) == k {
-			return fmt.Errorf("%w: %s is defined in the agent config file (exports[%d]); remove it there", ErrExportRefused, k, configIndex(a.liveConfig(), c, i))
+			return fmt.Errorf("%w: %s is defined in the agent config file (exports[%d]); remove it there", ErrExportRefused, k, configIndex(x.deps.Live(), c, i))
 		}
 	}
 	if _, ok := x.runtime[k]; !ok {
@@ -298,12 +354,12 @@ func (a *Agent) DeleteExport(namespace, name string) error {
 	}
 	next := maps.Clone(x.runtime)
 	delete(next, k)
-	if err := saveRuntimeExports(a.cfg.StateDir, next); err != nil {
+	if err := saveRuntime(x.cfg.StateDir, next); err != nil {
 		return err
 	}
 	x.runtime = next
-	a.exportsChangedLocked()
-	a.log.Info("runtime export withdrawn", "service", k)
+	x.changedLocked()
+	x.log.Info("runtime export withdrawn", "service", k)
 	return nil
 }
 
@@ -319,52 +375,51 @@ func configIndex(cfg *config.Config, c *apiv1.ServiceExport, i int) int {
 	return i
 }
 
-// exportsStatus returns the rows of the node's exports and the sync state.
-func (a *Agent) exportsStatus() ([]statusapi.NodeExport, statusapi.ExportSync) {
-	_, rows, version := a.effectiveExports()
-	a.exports.mu.Lock()
-	defer a.exports.mu.Unlock()
-	s := a.exports.sync
-	s.InSync = s.Error == "" && a.exports.synced == version && s.LastSync != nil
+// Status returns the rows of the node's exports and the sync state.
+func (x *Exports) Status() ([]statusapi.NodeExport, statusapi.ExportSync) {
+	_, rows, version := x.Effective()
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	s := x.sync
+	s.InSync = s.Error == "" && x.synced == version && s.LastSync != nil
 	s.Conflicts = slices.Clone(s.Conflicts)
 	return rows, s
 }
 
-// exportsLoop sends the node's exports to the broker whenever they change and after every
+// Run sends the node's exports to the broker whenever they change and after every
 // (re)connect of the watch, retrying with backoff until the broker has them.
-func (a *Agent) exportsLoop(ctx context.Context, client apiv1.AgentClient) {
+func (x *Exports) Run(ctx context.Context, client apiv1.AgentClient) {
 	var gen uint64 // the broker connection a send went over: a refusal ends the loop only on it
-	a.exports.loop.Run(ctx, "this node's exports", func(ctx context.Context) error {
-		set, _, version := a.effectiveExports()
-		gen = a.conn.generation()
-		return a.sendExports(ctx, client, set, version)
+	x.loop.Run(ctx, "this node's exports", func(ctx context.Context) error {
+		set, _, version := x.Effective()
+		gen = x.deps.Link.Generation()
+		return x.send(ctx, client, set, version)
 	}, syncloop.Options{
-		Backoff: a.newBackoff(),
-		Log:     a.log,
+		Backoff: x.deps.Backoff(),
+		Log:     x.log,
 		// Retrying the same set cannot help: wait for the next change or reconnect.
 		Refused: func(err error) bool {
-			return refusedCode(err, codes.InvalidArgument, codes.PermissionDenied, codes.Unimplemented)
+			return brokerclient.RefusedCode(err, codes.InvalidArgument, codes.PermissionDenied, codes.Unimplemented)
 		},
 		Stop: func(err error) bool {
 			if err == nil {
-				return a.certificateRefused() != ""
+				return x.deps.Link.CertificateRefused() != ""
 			}
-			return a.refusedForGood(err, gen)
+			return x.deps.Link.RefusedForGood(err, gen)
 		},
 	})
 }
 
-// sendExports makes one SetExports call and records its outcome.
-func (a *Agent) sendExports(ctx context.Context, client apiv1.AgentClient, set []*apiv1.ServiceExport, version uint64) error {
+// send makes one SetExports call and records its outcome.
+func (x *Exports) send(ctx context.Context, client apiv1.AgentClient, set []*apiv1.ServiceExport, version uint64) error {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	resp, err := client.SetExports(cctx, &apiv1.SetExportsRequest{Exports: set})
 	now := time.Now().UTC()
-	x := &a.exports
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if err != nil {
-		x.sync.Error = rpcMessage(err)
+		x.sync.Error = brokerclient.RPCMessage(err)
 		return fmt.Errorf("set exports: %w", err)
 	}
 	var conflicts []statusapi.ServiceConflict
@@ -373,19 +428,19 @@ func (a *Agent) sendExports(ctx context.Context, client apiv1.AgentClient, set [
 	}
 	if !slices.Equal(conflicts, x.sync.Conflicts) {
 		for _, c := range conflicts {
-			a.log.Warn("service export in conflict; the oldest export wins", "field", c.Field, "reason", c.Message)
+			x.log.Warn("service export in conflict; the oldest export wins", "field", c.Field, "reason", c.Message)
 		}
 	}
 	x.synced = version
 	x.sync = statusapi.ExportSync{Revision: resp.GetRevision(), LastSync: &now, Conflicts: conflicts}
-	a.log.Debug("exports sent to the broker", "exports", len(set), "revision", resp.GetRevision(), "conflicts", len(conflicts))
+	x.log.Debug("exports sent to the broker", "exports", len(set), "revision", resp.GetRevision(), "conflicts", len(conflicts))
 	return nil
 }
 
-// runExportSource runs the Kubernetes source until ctx ends, restarting it with backoff when it
+// RunSource runs the Kubernetes source until ctx ends, restarting it with backoff when it
 // fails.
-func (a *Agent) runExportSource(ctx context.Context, src ExportSource) {
-	syncloop.RunSource(ctx, a.log, "Kubernetes export source", a.newBackoff(), func(ctx context.Context) error {
-		return src.Run(ctx, a.setKubeExports)
+func (x *Exports) RunSource(ctx context.Context, src Source) {
+	syncloop.RunSource(ctx, x.log, "Kubernetes export source", x.deps.Backoff(), func(ctx context.Context) error {
+		return src.Run(ctx, x.setKube)
 	})
 }
