@@ -38,6 +38,7 @@ import (
 	"github.com/cablemesh/cablemesh/agent/brokerclient"
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
 	"github.com/cablemesh/cablemesh/agent/cables"
+	"github.com/cablemesh/cablemesh/agent/clusterpolicy"
 	"github.com/cablemesh/cablemesh/agent/config"
 	"github.com/cablemesh/cablemesh/agent/exports"
 	"github.com/cablemesh/cablemesh/agent/health"
@@ -163,7 +164,7 @@ type Agent struct {
 	exports  *exports.Exports
 	clock    brokerClock // brokerclock.go: the broker's clock and build from its last reply
 
-	clusterPolicies clusterPolicyState // cluster-scoped policies and their sync (clusterpolicies.go)
+	clusterPolicies *clusterpolicy.Sync // cluster-scoped policies and their sync
 
 	ingress ingressState // ingress ports and the xDS server (ingress.go)
 	mesh    meshState    // mesh address and ingress data plane (meshingress.go)
@@ -227,6 +228,8 @@ func New(opts Options) (*Agent, error) {
 		Apply: opts.ApplyRoutes, OnChange: a.Trigger})
 	a.exports = exports.New(cfg, exports.Deps{Log: a.log, Live: a.liveConfig, Scope: a.ownExportScope, Stamp: a.stampIngressPorts,
 		OnChange: func() { a.triggerIngress(); a.triggerMesh() }, Backoff: a.newBackoff, Link: brokerLink{a}})
+	a.clusterPolicies = clusterpolicy.NewSync(clusterpolicy.SyncDeps{Log: a.log, Cluster: cfg.Cluster, PolicyDir: cfg.PolicyDir,
+		Resync: cfg.ResyncInterval, Backoff: a.newBackoff, CertificateRefused: a.certificateRefused})
 	a.registry.MustRegister(&collector{a: a})
 	a.initReload()
 	return a, nil
@@ -343,7 +346,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.cfg.Ingress.XDS.Listen != "" {
 		wg.Go(func() { a.ingressCertLoop(ctx, client) })
 	}
-	wg.Go(func() { a.runClusterPolicies(ctx, client) })
+	wg.Go(func() { a.clusterPolicies.Run(ctx, client) })
 	if a.cfg.Kubernetes.Enabled {
 		wg.Go(func() { a.exports.RunSource(ctx, a.opts.Kubernetes) })
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/cablemesh/cablemesh/agent/cables"
+	"github.com/cablemesh/cablemesh/agent/clusterpolicy"
 	"github.com/cablemesh/cablemesh/agent/config"
 	"github.com/cablemesh/cablemesh/agent/exports"
 	"github.com/cablemesh/cablemesh/agent/plan"
@@ -123,3 +124,7 @@ func (a *Agent) ownExportScope() (mcs.EndpointScope, bool) {
 	}
 	return mcs.ScopeOf(c, mesh), true
 }
+
+// SetClusterPolicySource sets where the cluster's policies come from when the config has no
+// policyDir (on Kubernetes: a clusterpolicy.KubeSource). Call it before Run.
+func (a *Agent) SetClusterPolicySource(src clusterpolicy.Source) { a.clusterPolicies.SetSource(src) }

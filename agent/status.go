@@ -47,7 +47,7 @@ func (a *Agent) Status(ctx context.Context) statusapi.Status {
 	}
 	a.clock.fill(&out.Broker)
 	out.Problems = append(out.Problems, a.certStatus(&out.Broker)...)
-	out.Problems = append(out.Problems, a.clusterPolicyProblems()...)
+	out.Problems = append(out.Problems, a.clusterPolicies.Problems()...)
 	if p := preflight.TokenFileProblem(a.cfg.JoinTokenFile); p != "" {
 		out.Problems = append(out.Problems, statusapi.Problem{Message: p})
 	}

@@ -1,9 +1,10 @@
-package agent
+package clusterpolicy
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
@@ -11,26 +12,30 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/cablemesh/cablemesh/agent/brokerclient"
-	"github.com/cablemesh/cablemesh/agent/clusterpolicy"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/internal/retry"
 	"github.com/cablemesh/cablemesh/internal/syncloop"
 )
 
-// Cluster-scoped policies (seed 003): the agent reads this cluster's policies from its policyDir
+// Cluster-scoped policies: the agent reads this cluster's policies from its policyDir
 // (config) or from the ClusterConnectionPolicy objects of its Kubernetes API (a source
-// cmd/cable-agent hands to SetClusterPolicySource), and sends their complete set to the broker
+// cmd/cable-agent hands to Agent.SetClusterPolicySource), and sends their complete set to the broker
 // (SetClusterPolicies) whenever it changes, retrying with backoff until the broker has it, and
 // again every resyncInterval. It never resolves with its local copies: every agent, this one
 // included, resolves with the broker's copies that the watch brings (and the on-disk cache keeps
 // through a broker outage), so both ends of a pair decide alike. A change made while the broker
 // is down takes effect when it is back.
 
-// clusterPolicyState is the agent's cluster-scoped policies and what the broker acknowledged.
-type clusterPolicyState struct {
+// Sync is the agent's cluster-scoped policies and what the broker acknowledged. mu guards the
+// fields below it; no other lock is taken under it.
+type Sync struct {
+	deps SyncDeps
+	log  *slog.Logger
+
 	mu  sync.Mutex
-	src clusterpolicy.Source // from SetClusterPolicySource; the config's policyDir wins
-	set clusterpolicy.Set
+	src Source // from SetClusterPolicySource; the config's policyDir wins
+	cur Set
 	// have is set once the source handed out its first set: until then nothing is sent (an
 	// empty set would delete the cluster's policies at the broker).
 	have bool
@@ -39,27 +44,43 @@ type clusterPolicyState struct {
 	sendErr         string // the broker's last refusal or failure, "" after a success
 }
 
-// SetClusterPolicySource sets where the cluster's policies come from when the config has no
-// policyDir (on Kubernetes: a clusterpolicy.KubeSource). Call it before Run.
-func (a *Agent) SetClusterPolicySource(src clusterpolicy.Source) {
-	a.clusterPolicies.mu.Lock()
-	defer a.clusterPolicies.mu.Unlock()
-	a.clusterPolicies.src = src
+// SyncDeps are what the sync of the cluster's policies takes from the rest of the agent.
+type SyncDeps struct {
+	Log *slog.Logger
+	// Cluster and PolicyDir are the config's (policyDir, when set, is the source).
+	Cluster, PolicyDir string
+	// Resync sends the set again at that interval (a broker that lost it gets it back).
+	Resync  time.Duration
+	Backoff func() *retry.Backoff
+	// CertificateRefused is the broker's words once it refused this node's certificate for good:
+	// the loop stops then.
+	CertificateRefused func() string
 }
 
-func (a *Agent) clusterPolicySource() clusterpolicy.Source {
-	if a.cfg.PolicyDir != "" {
-		return &clusterpolicy.DirSource{Dir: a.cfg.PolicyDir, Cluster: a.cfg.Cluster, Log: a.log}
+// NewSync returns the sync of a cluster's policies to the broker.
+func NewSync(deps SyncDeps) *Sync { return &Sync{deps: deps, log: deps.Log} }
+
+// SetSource sets where the cluster's policies come from when the config has no
+// policyDir (on Kubernetes: a KubeSource). Call it before Run.
+func (x *Sync) SetSource(src Source) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.src = src
+}
+
+func (x *Sync) source() Source {
+	if x.deps.PolicyDir != "" {
+		return &DirSource{Dir: x.deps.PolicyDir, Cluster: x.deps.Cluster, Log: x.log}
 	}
-	a.clusterPolicies.mu.Lock()
-	defer a.clusterPolicies.mu.Unlock()
-	return a.clusterPolicies.src
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.src
 }
 
-// runClusterPolicies runs the source and the sync to the broker until ctx ends; without a
+// Run runs the source and the sync to the broker until ctx ends; without a
 // source it returns at once.
-func (a *Agent) runClusterPolicies(ctx context.Context, client apiv1.AgentClient) {
-	src := a.clusterPolicySource()
+func (x *Sync) Run(ctx context.Context, client apiv1.AgentClient) {
+	src := x.source()
 	if src == nil {
 		return
 	}
@@ -67,9 +88,9 @@ func (a *Agent) runClusterPolicies(ctx context.Context, client apiv1.AgentClient
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() {
-		syncloop.RunSource(ctx, a.log, "cluster policy source", a.newBackoff(), func(ctx context.Context) error {
-			return src.Run(ctx, func(set clusterpolicy.Set) {
-				a.setClusterPolicies(set)
+		syncloop.RunSource(ctx, x.log, "cluster policy source", x.deps.Backoff(), func(ctx context.Context) error {
+			return src.Run(ctx, func(set Set) {
+				x.set(set)
 				loop.Trigger()
 			})
 		})
@@ -77,42 +98,40 @@ func (a *Agent) runClusterPolicies(ctx context.Context, client apiv1.AgentClient
 	// Sent on every change, and every resyncInterval: a broker that lost its state, or an
 	// admin's delete, gets the set back.
 	loop.Run(ctx, "this cluster's policies", func(ctx context.Context) error {
-		return a.sendClusterPolicies(ctx, client)
+		return x.send(ctx, client)
 	}, syncloop.Options{
-		Backoff: a.newBackoff(),
-		Log:     a.log,
-		Resync:  a.cfg.ResyncInterval,
+		Backoff: x.deps.Backoff(),
+		Log:     x.log,
+		Resync:  x.deps.Resync,
 		// The same set cannot succeed: wait for a change or the next resync.
 		Refused: func(err error) bool {
 			return brokerclient.RefusedCode(err, codes.InvalidArgument, codes.PermissionDenied, codes.AlreadyExists, codes.Unimplemented)
 		},
-		Stop: func(error) bool { return a.certificateRefused() != "" },
+		Stop: func(error) bool { return x.deps.CertificateRefused() != "" },
 	})
 }
 
-// setClusterPolicies records a source's new set and logs what it refuses.
-func (a *Agent) setClusterPolicies(set clusterpolicy.Set) {
-	x := &a.clusterPolicies
+// set records a source's new set and logs what it refuses.
+func (x *Sync) set(set Set) {
 	x.mu.Lock()
-	x.set, x.have = set, true
+	x.cur, x.have = set, true
 	x.version++
 	x.mu.Unlock()
 	for _, p := range set.Problems {
-		a.log.Warn("cluster policy refused", "source", p.Source, "policy", p.Policy, "reason", p.Message)
+		x.log.Warn("cluster policy refused", "source", p.Source, "policy", p.Policy, "reason", p.Message)
 	}
-	a.log.Info("cluster policies read", "policies", strings.Join(set.Names(), ","), "refused", len(set.Problems))
+	x.log.Info("cluster policies read", "policies", strings.Join(set.Names(), ","), "refused", len(set.Problems))
 }
 
-// sendClusterPolicies makes one SetClusterPolicies call with the current set, if the source has
+// send makes one SetClusterPolicies call with the current set, if the source has
 // handed one out, and records its outcome.
-func (a *Agent) sendClusterPolicies(ctx context.Context, client apiv1.AgentClient) error {
-	x := &a.clusterPolicies
+func (x *Sync) send(ctx context.Context, client apiv1.AgentClient) error {
 	x.mu.Lock()
 	if !x.have {
 		x.mu.Unlock()
 		return nil
 	}
-	set, version := x.set, x.version
+	set, version := x.cur, x.version
 	x.mu.Unlock()
 	req := &apiv1.SetClusterPoliciesRequest{}
 	for _, p := range set.Policies {
@@ -134,23 +153,22 @@ func (a *Agent) sendClusterPolicies(ctx context.Context, client apiv1.AgentClien
 	x.sendErr, x.synced = "", version
 	for i, p := range resp.GetPolicies() {
 		if i < len(resp.GetOutcomes()) && resp.GetOutcomes()[i] != "unchanged" {
-			a.log.Info("cluster policy synced to the broker", "policy", p.GetName(), "outcome", resp.GetOutcomes()[i], "revision", p.GetRevision())
+			x.log.Info("cluster policy synced to the broker", "policy", p.GetName(), "outcome", resp.GetOutcomes()[i], "revision", p.GetRevision())
 		}
 	}
 	for _, n := range resp.GetDeleted() {
-		a.log.Info("cluster policy deleted at the broker", "policy", n)
+		x.log.Info("cluster policy deleted at the broker", "policy", n)
 	}
 	return nil
 }
 
-// clusterPolicyProblems are the status problems of the cluster's policies: each refused one, and
+// Problems are the status problems of the cluster's policies: each refused one, and
 // a set the broker refused or has not had yet because of an error.
-func (a *Agent) clusterPolicyProblems() []statusapi.Problem {
-	x := &a.clusterPolicies
+func (x *Sync) Problems() []statusapi.Problem {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	var out []statusapi.Problem
-	for _, p := range x.set.Problems {
+	for _, p := range x.cur.Problems {
 		out = append(out, statusapi.Problem{Message: "cluster policy " + p.String()})
 	}
 	if x.sendErr != "" {

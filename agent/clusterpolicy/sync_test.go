@@ -1,8 +1,9 @@
-package agent
+package clusterpolicy
 
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"strings"
 	"testing"
 
@@ -10,8 +11,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/cablemesh/cablemesh/agent/clusterpolicy"
-	"github.com/cablemesh/cablemesh/agent/config"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/policy"
 )
@@ -32,14 +31,11 @@ func (c *policyClient) SetClusterPolicies(_ context.Context, req *apiv1.SetClust
 }
 
 func TestClusterPoliciesAreSentOnlyOnceReadAndRefusalsShowInStatus(t *testing.T) {
-	a, err := New(Options{Config: &config.Config{Cluster: "east", Node: "gw1"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := NewSync(SyncDeps{Log: slog.New(slog.DiscardHandler), Cluster: "east"})
 	c := &policyClient{}
 	// Before the source's first set nothing goes out: an empty set would delete the cluster's
 	// policies at the broker.
-	if err := a.sendClusterPolicies(context.Background(), c); err != nil || len(c.reqs) != 0 {
+	if err := a.send(context.Background(), c); err != nil || len(c.reqs) != 0 {
 		t.Fatalf("before the first set: %v, %d requests", err, len(c.reqs))
 	}
 
@@ -48,9 +44,9 @@ func TestClusterPoliciesAreSentOnlyOnceReadAndRefusalsShowInStatus(t *testing.T)
 		Spec:     policy.Spec{ClusterSelector: &policy.Selector{}, CableDriver: &policy.CableDriver{Name: "vxlan"}}}
 	bad := good.DeepCopy()
 	bad.Metadata.Name, bad.Metadata.Labels = "nolabel", nil
-	a.setClusterPolicies(clusterpolicy.Build("east", []clusterpolicy.Item{{Source: "/p/a.yaml", Policy: good}, {Source: "/p/b.yaml", Policy: bad}}))
+	a.set(Build("east", []Item{{Source: "/p/a.yaml", Policy: good}, {Source: "/p/b.yaml", Policy: bad}}))
 
-	if err := a.sendClusterPolicies(context.Background(), c); err != nil || len(c.reqs) != 1 {
+	if err := a.send(context.Background(), c); err != nil || len(c.reqs) != 1 {
 		t.Fatalf("send: %v, %d requests", err, len(c.reqs))
 	}
 	sent := c.reqs[0].Policies
@@ -61,21 +57,21 @@ func TestClusterPoliciesAreSentOnlyOnceReadAndRefusalsShowInStatus(t *testing.T)
 	if err := json.Unmarshal(sent[0].Json, &p); err != nil || p.Origin != "east" || p.Metadata.Labels[policy.LabelCluster] != "east" {
 		t.Fatalf("sent policy %+v (%v)", p, err)
 	}
-	probs := a.clusterPolicyProblems()
+	probs := a.Problems()
 	if len(probs) != 1 || !strings.Contains(probs[0].Message, "/p/b.yaml") || !strings.Contains(probs[0].Message, policy.MissingOriginLabelMessage) {
 		t.Fatalf("problems %v", probs)
 	}
 
 	// A broker refusal is a status problem until a send succeeds.
 	c.err = status.Error(codes.InvalidArgument, "metadata.name: nope")
-	if err := a.sendClusterPolicies(context.Background(), c); err == nil {
+	if err := a.send(context.Background(), c); err == nil {
 		t.Fatal("a refused send returned no error")
 	}
-	if probs := a.clusterPolicyProblems(); len(probs) != 2 || !strings.Contains(probs[1].Message, "not synced to the broker: metadata.name: nope") {
+	if probs := a.Problems(); len(probs) != 2 || !strings.Contains(probs[1].Message, "not synced to the broker: metadata.name: nope") {
 		t.Fatalf("problems after a refusal %v", probs)
 	}
 	c.err = nil
-	if err := a.sendClusterPolicies(context.Background(), c); err != nil || len(a.clusterPolicyProblems()) != 1 {
-		t.Fatalf("after a successful send: %v, problems %v", err, a.clusterPolicyProblems())
+	if err := a.send(context.Background(), c); err != nil || len(a.Problems()) != 1 {
+		t.Fatalf("after a successful send: %v, problems %v", err, a.Problems())
 	}
 }
