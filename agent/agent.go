@@ -26,6 +26,7 @@ package agent
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"log/slog"
 	"net/netip"
@@ -113,7 +114,7 @@ type Options struct {
 	// (agent/ingress/nftables, in this network namespace). MeshLink puts the mesh address on
 	// cbl-mesh0; default agent/ingress's. Tests fake both.
 	OpenIngress func(*slog.Logger) (ingress.Dataplane, error)
-	MeshLink    MeshLink
+	MeshLink    ingress.MeshLink
 	// ConfigPath is the file Config was loaded from: Run watches it and applies its changes
 	// (reload.go). Empty: no reload.
 	ConfigPath string
@@ -166,8 +167,7 @@ type Agent struct {
 
 	clusterPolicies *clusterpolicy.Sync // cluster-scoped policies and their sync
 
-	ingress ingressState // ingress ports and the xDS server (ingress.go)
-	mesh    meshState    // mesh address and ingress data plane (meshingress.go)
+	ingress *ingress.Gateway // ingress ports, the xDS server, the mesh address and data plane
 
 	ready readiness // the first full sync, for /readyz (metrics.go)
 
@@ -201,9 +201,6 @@ func New(opts Options) (*Agent, error) {
 	if opts.OpenIngress == nil {
 		opts.OpenIngress = openNftIngress
 	}
-	if opts.MeshLink == nil {
-		opts.MeshLink = kernelMeshLink{}
-	}
 	cfg := opts.Config
 	if cfg.Kubernetes.Enabled && opts.Kubernetes == nil {
 		return nil, errors.New("agent: kubernetes.enabled is set but no Kubernetes export source was given")
@@ -226,10 +223,13 @@ func New(opts Options) (*Agent, error) {
 	})
 	a.worker = routes.NewWorker(cfg.Cluster, routes.WorkerDeps{Log: a.log, PairLog: a.pairLog, NewPinger: opts.NewPinger,
 		Apply: opts.ApplyRoutes, OnChange: a.Trigger})
-	a.exports = exports.New(cfg, exports.Deps{Log: a.log, Live: a.liveConfig, Scope: a.ownExportScope, Stamp: a.stampIngressPorts,
-		OnChange: func() { a.triggerIngress(); a.triggerMesh() }, Backoff: a.newBackoff, Link: brokerLink{a}})
+	a.exports = exports.New(cfg, exports.Deps{Log: a.log, Live: a.liveConfig, Scope: a.ownExportScope, Stamp: a.ingressStampPorts,
+		OnChange: a.ingressChanged, Backoff: a.newBackoff, Link: brokerLink{a}})
 	a.clusterPolicies = clusterpolicy.NewSync(clusterpolicy.SyncDeps{Log: a.log, Cluster: cfg.Cluster, PolicyDir: cfg.PolicyDir,
 		Resync: cfg.ResyncInterval, Backoff: a.newBackoff, CertificateRefused: a.certificateRefused})
+	a.ingress = ingress.New(cfg, ingress.Deps{Log: a.log, Exports: a.exportSet, Plan: a.plan, OpenDataplane: opts.OpenIngress,
+		MeshLink: opts.MeshLink, CleanupOnExit: opts.CleanupOnExit, CABundle: a.caBundle, CAs: func() *x509.CertPool { return a.keyring.Identity().CAs },
+		Backoff: a.newBackoff, OnRegistered: a.Trigger})
 	a.registry.MustRegister(&collector{a: a})
 	a.initReload()
 	return a, nil
@@ -255,7 +255,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.exports.Load(); err != nil {
 		return err
 	}
-	if err := a.loadIngressPorts(); err != nil {
+	if err := a.ingress.Load(); err != nil {
 		return err
 	}
 	id, err := a.identity(ctx)
@@ -301,12 +301,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	defer statusSrv.close()
-	stopIngress, err := a.startIngress(ctx)
+	stopIngress, err := a.ingress.Start(ctx)
 	if err != nil {
 		return err
 	}
 	defer stopIngress()
-	defer a.startMeshIngress(ctx)()
 	if a.cfg.MetricsAddress != "" {
 		m, err := a.serveMetrics(ctx)
 		if err != nil {
@@ -344,7 +343,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	wg.Go(func() { a.exports.Run(ctx, client) })
 	wg.Go(func() { a.certLoop(ctx, client) })
 	if a.cfg.Ingress.XDS.Listen != "" {
-		wg.Go(func() { a.ingressCertLoop(ctx, client) })
+		wg.Go(func() { a.ingress.RunCertificate(ctx, client) })
 	}
 	wg.Go(func() { a.clusterPolicies.Run(ctx, client) })
 	if a.cfg.Kubernetes.Enabled {

@@ -41,10 +41,6 @@ var errConnMoved = errors.New("the broker connection moved to the renewed certif
 // oldConnGrace is how long a replaced connection stays open for the calls in flight on it.
 const oldConnGrace = 15 * time.Second
 
-// unimplementedRetry is how long the agent waits before asking a broker that does not know
-// RenewCertificate again.
-const unimplementedRetry = time.Hour
-
 // brokerConn is the agent's connection to the broker as the loops call through it
 // (grpc.ClientConnInterface): each call goes over the connection current when it starts, and a
 // renewal replaces that connection whole (swap).
@@ -230,7 +226,7 @@ func (a *Agent) certLoop(ctx context.Context, client apiv1.AgentClient) {
 		a.mu.Unlock()
 		d := bo.Next()
 		if status.Code(errors.Unwrap(err)) == codes.Unimplemented {
-			d = unimplementedRetry // a broker older than renewals: ask again once it may be upgraded
+			d = brokerclient.UnimplementedRetry // a broker older than renewals: ask again once it may be upgraded
 		}
 		a.log.Log(ctx, brokerclient.WarnLevel(quiet.Repeated(err)), "certificate renewal failed; retrying", "err", err, "reason", reason, "retryIn", d.Round(time.Millisecond).String(),
 			"notAfter", id.Leaf.NotAfter.UTC().Format(time.RFC3339))

@@ -118,7 +118,7 @@ func (a *Agent) register(ctx context.Context, client apiv1.AgentClient) error {
 		return fmt.Errorf("register endpoint: %w", err)
 	}
 	a.clock.observe(sent, time.Now(), resp.GetBrokerTime(), resp.GetBrokerVersion())
-	a.observeRegistered(resp.GetEndpoint())
+	a.ingress.ObserveRegistered(resp.GetEndpoint())
 	a.log.Info("endpoint registered", "drivers", strings.Join(ep.GetDrivers(), ","), "address", ep.GetPrivateIp(), "subnets", strings.Join(ep.GetSubnets(), ","))
 	return nil
 }

@@ -51,16 +51,14 @@ func (a *Agent) plan() *plan.Plan {
 
 // planKey names the broker-side inputs of the plan without copying them.
 func (a *Agent) planKey() plan.Key {
-	// Lock order: a.mu, then a.mesh.mu.
+	// Lock order: a.mu, then the ingress's mesh lock (Registered).
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.planKeyLocked()
 }
 
 func (a *Agent) planKeyLocked() plan.Key {
-	a.mesh.mu.Lock()
-	reg := a.mesh.registered
-	a.mesh.mu.Unlock()
+	reg := a.ingress.Registered()
 	return plan.Key{State: a.state, Revision: a.state.Revision, Join: a.joinCluster, Registered: reg}
 }
 

@@ -2,16 +2,21 @@ package agent
 
 import (
 	"context"
+	"log/slog"
+	"net/netip"
 
 	"github.com/cablemesh/cablemesh/agent/cables"
 	"github.com/cablemesh/cablemesh/agent/clusterpolicy"
 	"github.com/cablemesh/cablemesh/agent/config"
 	"github.com/cablemesh/cablemesh/agent/exports"
+	"github.com/cablemesh/cablemesh/agent/ingress"
+	"github.com/cablemesh/cablemesh/agent/ingress/nftables"
 	"github.com/cablemesh/cablemesh/agent/plan"
 	"github.com/cablemesh/cablemesh/agent/preflight"
 	"github.com/cablemesh/cablemesh/agent/servicedp"
 	"github.com/cablemesh/cablemesh/agent/services"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
+	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/mcs"
 )
 
@@ -116,11 +121,9 @@ func (a *Agent) ownExportScope() (mcs.EndpointScope, bool) {
 				mesh = append(mesh, ep.GetMeshAddress())
 			}
 		}
-		a.mesh.mu.Lock()
-		if a.mesh.registered.IsValid() {
-			mesh = append(mesh, a.mesh.registered.String())
+		if reg := a.ingress.Registered(); reg.IsValid() {
+			mesh = append(mesh, reg.String())
 		}
-		a.mesh.mu.Unlock()
 	}
 	return mcs.ScopeOf(c, mesh), true
 }
@@ -128,3 +131,26 @@ func (a *Agent) ownExportScope() (mcs.EndpointScope, bool) {
 // SetClusterPolicySource sets where the cluster's policies come from when the config has no
 // policyDir (on Kubernetes: a clusterpolicy.KubeSource). Call it before Run.
 func (a *Agent) SetClusterPolicySource(src clusterpolicy.Source) { a.clusterPolicies.SetSource(src) }
+
+// openNftIngress opens the kernel data plane; on failure it returns an untyped nil, never a nil
+// *nftables.Dataplane inside the interface.
+func openNftIngress(log *slog.Logger) (ingress.Dataplane, error) {
+	dp, err := nftables.New(log)
+	if err != nil {
+		return nil, err
+	}
+	return dp, nil
+}
+
+// The ingress's glue: the exports it serves and stamps, the passes it follows.
+func (a *Agent) exportSet() []*apiv1.ServiceExport {
+	set, _, _ := a.exports.Effective()
+	return set
+}
+
+func (a *Agent) ingressStampPorts(set []*apiv1.ServiceExport) { a.ingress.StampPorts(set) }
+func (a *Agent) ingressChanged()                              { a.ingress.Changed() }
+func (a *Agent) triggerMesh()                                 { a.ingress.TriggerMesh() }
+
+// MeshAddress is this node's mesh address (invalid when none).
+func (a *Agent) MeshAddress() netip.Addr { return a.ingress.MeshAddress() }

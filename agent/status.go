@@ -54,13 +54,7 @@ func (a *Agent) Status(ctx context.Context) statusapi.Status {
 	out.Config = a.configStatus()
 	out.Problems = append(out.Problems, a.configProblems()...)
 	out.Services = a.servicesStatus()
-	out.Ingress = a.ingressStatus()
-	var dataplane *statusapi.IngressDataplane
-	out.MeshAddress, dataplane = a.meshStatus()
-	if out.Ingress != nil {
-		out.Ingress.Dataplane = dataplane
-	}
-	out.Problems = append(out.Problems, ingressProblems(out.Ingress)...)
+	a.ingress.Status(&out)
 	if !a.cfg.Gateway {
 		// The routes via the gateway leave out what the guard refuses too.
 		out.Problems = append(out.Problems, cables.StatusProblems(p.Problems)...)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"log/slog"
 	"slices"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -48,3 +49,7 @@ func WarnLevel(repeated bool) slog.Level {
 	}
 	return slog.LevelWarn
 }
+
+// UnimplementedRetry is how long the agent waits before asking a broker that does not know a call
+// (an older broker: renewals, ingress certificates) again, once it may have been upgraded.
+const UnimplementedRetry = time.Hour

@@ -1,9 +1,8 @@
-package agent
+package ingress
 
 import (
 	"cmp"
 	"context"
-	"log/slog"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -13,8 +12,6 @@ import (
 
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
 	"github.com/cablemesh/cablemesh/agent/config"
-	"github.com/cablemesh/cablemesh/agent/ingress"
-	"github.com/cablemesh/cablemesh/agent/ingress/nftables"
 	"github.com/cablemesh/cablemesh/agent/reconcile"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
@@ -39,7 +36,10 @@ import (
 // pass that touches several pairs) into one Apply.
 const meshDebounce = 100 * time.Millisecond
 
-// MeshLink puts the mesh address on the node; default ingress.EnsureMeshLink/RemoveMeshLink.
+// cleanupTimeout bounds the removal of the table and cbl-mesh0 with CleanupOnExit.
+const cleanupTimeout = 30 * time.Second
+
+// MeshLink puts the mesh address on the node; default EnsureMeshLink/RemoveMeshLink.
 type MeshLink interface {
 	Ensure(netip.Addr) error
 	Remove() error
@@ -47,50 +47,42 @@ type MeshLink interface {
 
 type kernelMeshLink struct{}
 
-func (kernelMeshLink) Ensure(a netip.Addr) error { return ingress.EnsureMeshLink(a) }
-func (kernelMeshLink) Remove() error             { return ingress.RemoveMeshLink() }
-
-// openNftIngress opens the kernel data plane; on failure it returns an untyped nil, never a nil
-// *nftables.Dataplane inside the interface.
-func openNftIngress(log *slog.Logger) (ingress.Dataplane, error) {
-	dp, err := nftables.New(log)
-	if err != nil {
-		return nil, err
-	}
-	return dp, nil
-}
+func (kernelMeshLink) Ensure(a netip.Addr) error { return EnsureMeshLink(a) }
+func (kernelMeshLink) Remove() error             { return RemoveMeshLink() }
 
 // meshState is the gateway's mesh address and ingress data plane.
 type meshState struct {
 	mu         sync.Mutex
 	registered netip.Addr // from the last RegisterEndpoint answer
-	dp         ingress.Dataplane
+	dp         Dataplane
 	openErr    string
 	linkErr    string
 	linkAddr   netip.Addr // what cbl-mesh0 holds (as last ensured)
 	applyErr   string
-	applied    *ingress.Config // last Config the data plane accepted
+	applied    *Config // last Config the data plane accepted
 	trigger    syncloop.Trigger
 }
 
-// triggerMesh asks meshLoop for an Apply soon; triggers coalesce.
-func (a *Agent) triggerMesh() {
-	a.mesh.trigger.Fire()
+// TriggerMesh asks meshLoop for an Apply soon (the plan changed); triggers coalesce.
+func (g *Gateway) TriggerMesh() { g.triggerMesh() }
+
+func (g *Gateway) triggerMesh() {
+	g.mesh.trigger.Fire()
 }
 
-// observeRegistered records the mesh address the broker gave this node at registration.
-func (a *Agent) observeRegistered(ep *apiv1.Endpoint) {
+// ObserveRegistered records the mesh address the broker gave this node at registration.
+func (g *Gateway) ObserveRegistered(ep *apiv1.Endpoint) {
 	addr := reconcile.MeshAddress(ep)
-	a.mesh.mu.Lock()
-	changed := addr != a.mesh.registered
-	a.mesh.registered = addr
-	a.mesh.mu.Unlock()
+	g.mesh.mu.Lock()
+	changed := addr != g.mesh.registered
+	g.mesh.registered = addr
+	g.mesh.mu.Unlock()
 	if changed {
 		if addr.IsValid() {
-			a.log.Info("mesh address allocated by the broker", "meshAddress", addr)
+			g.log.Info("mesh address allocated by the broker", "meshAddress", addr)
 		}
-		a.Trigger()
-		a.triggerMesh()
+		g.deps.OnRegistered()
+		g.triggerMesh()
 	}
 }
 
@@ -104,90 +96,92 @@ func meshAddressOf(st *brokerstate.State, cluster, node string, registered netip
 }
 
 // MeshAddress is this node's mesh address (invalid when none).
-func (a *Agent) MeshAddress() netip.Addr {
-	a.mesh.mu.Lock()
-	reg := a.mesh.registered
-	a.mesh.mu.Unlock()
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return meshAddressOf(a.state, a.cfg.Cluster, a.cfg.Node, reg)
+func (g *Gateway) MeshAddress() netip.Addr {
+	return meshAddressOf(g.deps.Plan().State, g.cfg.Cluster, g.cfg.Node, g.Registered())
+}
+
+// Registered is the mesh address of the last registration answer (invalid: none yet).
+func (g *Gateway) Registered() netip.Addr {
+	g.mesh.mu.Lock()
+	defer g.mesh.mu.Unlock()
+	return g.mesh.registered
 }
 
 // startMeshIngress opens the ingress data plane on gateways and runs meshLoop; the returned stop
 // ends the loop and, with CleanupOnExit, removes the table and cbl-mesh0 (else leaves them, so a
 // restart breaks no flow).
-func (a *Agent) startMeshIngress(ctx context.Context) (stop func()) {
-	if !a.cfg.Gateway {
+func (g *Gateway) startMeshIngress(ctx context.Context) (stop func()) {
+	if !g.cfg.Gateway {
 		return func() {}
 	}
-	dp, err := a.opts.OpenIngress(a.log)
-	a.mesh.mu.Lock()
+	dp, err := g.deps.OpenDataplane(g.log)
+	g.mesh.mu.Lock()
 	if err != nil {
-		a.mesh.openErr = err.Error()
-		a.log.Error("ingress data plane not available: gateway-mode pairs carry no traffic", "err", err)
+		g.mesh.openErr = err.Error()
+		g.log.Error("ingress data plane not available: gateway-mode pairs carry no traffic", "err", err)
 	}
-	a.mesh.dp = dp
-	a.mesh.mu.Unlock()
+	g.mesh.dp = dp
+	g.mesh.mu.Unlock()
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Go(func() { a.meshLoop(ctx) })
+	wg.Go(func() { g.meshLoop(ctx) })
 	return func() {
 		cancel()
 		wg.Wait()
-		if a.opts.CleanupOnExit {
+		if g.deps.CleanupOnExit {
 			cctx, ccancel := context.WithTimeout(context.Background(), cleanupTimeout)
 			defer ccancel()
 			if dp != nil {
 				if err := dp.Cleanup(cctx); err != nil {
-					a.log.Error("ingress data plane cleanup failed", "err", err)
+					g.log.Error("ingress data plane cleanup failed", "err", err)
 				}
 			}
-			if err := a.opts.MeshLink.Remove(); err != nil {
-				a.log.Error("mesh link cleanup failed", "link", ingress.MeshLinkName, "err", err)
+			if err := g.deps.MeshLink.Remove(); err != nil {
+				g.log.Error("mesh link cleanup failed", "link", MeshLinkName, "err", err)
 			}
 		}
 		if dp != nil {
 			if err := dp.Close(); err != nil {
-				a.log.Error("ingress data plane did not close cleanly", "err", err)
+				g.log.Error("ingress data plane did not close cleanly", "err", err)
 			}
 		}
 	}
 }
 
 // meshLoop applies the ingress on every trigger (debounced) and every resync.
-func (a *Agent) meshLoop(ctx context.Context) {
-	t := time.NewTicker(a.cfg.ResyncInterval)
+func (g *Gateway) meshLoop(ctx context.Context) {
+	t := time.NewTicker(g.cfg.ResyncInterval)
 	defer t.Stop()
 	force := true
 	for {
-		a.meshOnce(ctx, force)
+		g.meshOnce(ctx, force)
 		force = false
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 			force = true // re-applied as it is: repairs drift (someone flushed the table)
-		case <-a.mesh.trigger.C():
+		case <-g.mesh.trigger.C():
 			select {
 			case <-ctx.Done():
 				return
 			case <-time.After(meshDebounce):
 			}
 			// What arrived during the wait is part of this pass.
-			a.mesh.trigger.Drain()
+			g.mesh.trigger.Drain()
 		}
 	}
 }
 
 // meshOnce is one observe → compute → apply pass: the mesh address on cbl-mesh0, then the data
 // plane's Config, applied when it changed (or force).
-func (a *Agent) meshOnce(ctx context.Context, force bool) {
-	a.mesh.mu.Lock()
-	reg, dp := a.mesh.registered, a.mesh.dp
-	a.mesh.mu.Unlock()
-	p := a.plan()
-	own := meshAddressOf(p.State, a.cfg.Cluster, a.cfg.Node, reg)
-	gatewayMode := gatewayModeUsed(p.State.Clusters[a.cfg.Cluster], p.Wants)
+func (g *Gateway) meshOnce(ctx context.Context, force bool) {
+	g.mesh.mu.Lock()
+	reg, dp := g.mesh.registered, g.mesh.dp
+	g.mesh.mu.Unlock()
+	p := g.deps.Plan()
+	own := meshAddressOf(p.State, g.cfg.Cluster, g.cfg.Node, reg)
+	gatewayMode := gatewayModeUsed(p.State.Clusters[g.cfg.Cluster], p.Wants)
 	// The broker gives every gateway a mesh address, but only a gateway of a gateway-mode
 	// cluster, or with a gateway-mode pair, uses it: a mesh of direct pairs sees no mesh link and
 	// an empty table.
@@ -196,51 +190,51 @@ func (a *Agent) meshOnce(ctx context.Context, force bool) {
 	}
 	linkErr := ""
 	if own.IsValid() {
-		if err := a.opts.MeshLink.Ensure(own); err != nil {
+		if err := g.deps.MeshLink.Ensure(own); err != nil {
 			linkErr = err.Error()
 		}
-	} else if err := a.opts.MeshLink.Remove(); err != nil {
+	} else if err := g.deps.MeshLink.Remove(); err != nil {
 		linkErr = err.Error()
 	}
-	a.mesh.mu.Lock()
-	if linkErr != a.mesh.linkErr && linkErr != "" {
-		a.log.Error("mesh link not as wanted", "link", ingress.MeshLinkName, "meshAddress", own, "err", linkErr)
+	g.mesh.mu.Lock()
+	if linkErr != g.mesh.linkErr && linkErr != "" {
+		g.log.Error("mesh link not as wanted", "link", MeshLinkName, "meshAddress", own, "err", linkErr)
 	}
-	a.mesh.linkErr = linkErr
+	g.mesh.linkErr = linkErr
 	linkMoved := false
 	if linkErr == "" {
-		linkMoved = a.mesh.linkAddr != own
-		a.mesh.linkAddr = own
+		linkMoved = g.mesh.linkAddr != own
+		g.mesh.linkAddr = own
 	}
-	a.mesh.mu.Unlock()
+	g.mesh.mu.Unlock()
 	if linkMoved {
 		// The xDS ingress-port listeners bind the address cbl-mesh0 holds (agent/ingress.go).
-		a.triggerIngress()
+		g.triggerIngress()
 	}
 	if dp == nil {
 		return
 	}
-	set, _, _ := a.exports.Effective()
-	cfg := ingressConfig(own, remoteMeshAddresses(p.Wants), set, a.cfg.Ingress.Mode)
-	a.mesh.mu.Lock()
-	same := a.mesh.applied != nil && reflect.DeepEqual(*a.mesh.applied, cfg)
-	a.mesh.mu.Unlock()
+	set := g.deps.Exports()
+	cfg := ingressConfig(own, remoteMeshAddresses(p.Wants), set, g.cfg.Ingress.Mode)
+	g.mesh.mu.Lock()
+	same := g.mesh.applied != nil && reflect.DeepEqual(*g.mesh.applied, cfg)
+	g.mesh.mu.Unlock()
 	if same && !force {
 		return
 	}
 	err := dp.Apply(ctx, cfg)
-	a.mesh.mu.Lock()
-	prev := a.mesh.applyErr
-	a.mesh.applyErr = ""
-	a.mesh.applied = nil
+	g.mesh.mu.Lock()
+	prev := g.mesh.applyErr
+	g.mesh.applyErr = ""
+	g.mesh.applied = nil
 	if err != nil {
-		a.mesh.applyErr = err.Error()
+		g.mesh.applyErr = err.Error()
 	} else {
-		a.mesh.applied = &cfg
+		g.mesh.applied = &cfg
 	}
-	a.mesh.mu.Unlock()
+	g.mesh.mu.Unlock()
 	if err != nil && err.Error() != prev && ctx.Err() == nil {
-		a.log.Error("ingress data plane not applied; the previous rules stay", "err", err)
+		g.log.Error("ingress data plane not applied; the previous rules stay", "err", err)
 	}
 }
 
@@ -276,15 +270,15 @@ func remoteMeshAddresses(wants []reconcile.Want) []netip.Addr {
 // ingress port that the data plane serves (kernel mode: TCP and UDP; envoy mode: UDP only,
 // Envoy serves TCP) and its ready local endpoints (ip:targetPort). Sorted, so equal inputs give
 // equal configs.
-func ingressConfig(own netip.Addr, remote []netip.Addr, exports []*apiv1.ServiceExport, mode string) ingress.Config {
-	cfg := ingress.Config{MeshAddress: own}
+func ingressConfig(own netip.Addr, remote []netip.Addr, exports []*apiv1.ServiceExport, mode string) Config {
+	cfg := Config{MeshAddress: own}
 	if !own.IsValid() {
 		return cfg // no mesh address yet: nothing is served or translated
 	}
 	// A copy: the Config is kept as the applied one, and remote is shared with later passes.
 	cfg.RemoteMeshAddresses = slices.Clone(remote)
 	for _, e := range exports {
-		svc := ingress.Service{Namespace: e.GetNamespace(), Name: e.GetName()}
+		svc := Service{Namespace: e.GetNamespace(), Name: e.GetName()}
 		for _, p := range e.GetPorts() {
 			proto := strings.ToUpper(cmp.Or(p.GetProtocol(), "TCP"))
 			if p.GetIngressPort() == 0 || p.GetIngressPort() > 65535 || (proto != "TCP" && proto != "UDP") {
@@ -293,7 +287,7 @@ func ingressConfig(own netip.Addr, remote []netip.Addr, exports []*apiv1.Service
 			if mode == config.IngressEnvoy && proto == "TCP" {
 				continue // Envoy's listener serves it
 			}
-			port := ingress.Port{Name: p.GetName(), Protocol: proto, IngressPort: uint16(p.GetIngressPort()), Backends: []netip.AddrPort{}}
+			port := Port{Name: p.GetName(), Protocol: proto, IngressPort: uint16(p.GetIngressPort()), Backends: []netip.AddrPort{}}
 			for _, ep := range e.GetEndpoints() {
 				ip, err := netip.ParseAddr(ep.GetIp())
 				if !ep.GetReady() || err != nil || !ip.Unmap().Is4() {
@@ -309,29 +303,29 @@ func ingressConfig(own netip.Addr, remote []netip.Addr, exports []*apiv1.Service
 			cfg.Services = append(cfg.Services, svc)
 		}
 	}
-	slices.SortFunc(cfg.Services, func(x, y ingress.Service) int {
+	slices.SortFunc(cfg.Services, func(x, y Service) int {
 		return cmp.Or(cmp.Compare(x.Namespace, y.Namespace), cmp.Compare(x.Name, y.Name))
 	})
 	return cfg
 }
 
 // meshStatus is the status's gateway-mode part: the mesh address and the data plane's state.
-func (a *Agent) meshStatus() (string, *statusapi.IngressDataplane) {
-	own := a.MeshAddress()
+func (g *Gateway) meshStatus() (string, *statusapi.IngressDataplane) {
+	own := g.MeshAddress()
 	addr := ""
 	if own.IsValid() {
 		addr = own.String()
 	}
-	if !a.cfg.Gateway {
+	if !g.cfg.Gateway {
 		return addr, nil
 	}
-	a.mesh.mu.Lock()
-	dp := a.mesh.dp
-	out := &statusapi.IngressDataplane{Kind: "nftables", Error: joinMsgs(a.mesh.openErr, a.mesh.linkErr, a.mesh.applyErr)}
-	if a.mesh.linkAddr.IsValid() {
-		out.MeshLink = ingress.MeshLinkName
+	g.mesh.mu.Lock()
+	dp := g.mesh.dp
+	out := &statusapi.IngressDataplane{Kind: "nftables", Error: joinMsgs(g.mesh.openErr, g.mesh.linkErr, g.mesh.applyErr)}
+	if g.mesh.linkAddr.IsValid() {
+		out.MeshLink = MeshLinkName
 	}
-	a.mesh.mu.Unlock()
+	g.mesh.mu.Unlock()
 	if dp != nil {
 		s := dp.Status()
 		out.Programmed = s.Programmed

@@ -1,4 +1,4 @@
-package agent
+package ingress
 
 import (
 	"bytes"
@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/cablemesh/cablemesh/agent/config"
-	"github.com/cablemesh/cablemesh/agent/ingress"
 	"github.com/cablemesh/cablemesh/agent/ingressport"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 	"github.com/cablemesh/cablemesh/agent/xds"
@@ -47,31 +46,31 @@ type ingressState struct {
 }
 
 // ingressEnabled: ingress ports are a gateway's, since the ingress runs there.
-func (a *Agent) ingressEnabled() bool { return a.cfg.Gateway }
+func (g *Gateway) ingressEnabled() bool { return g.cfg.Gateway }
 
-// loadIngressPorts reads the allocations; a damaged file stops the agent (silently starting over
+// Load reads the allocations; a damaged file stops the agent (silently starting over
 // would move every service to another port).
-func (a *Agent) loadIngressPorts() error {
-	if !a.ingressEnabled() {
+func (g *Gateway) Load() error {
+	if !g.ingressEnabled() {
 		return nil
 	}
-	ports, err := ingressport.Load(a.cfg.StateDir)
+	ports, err := ingressport.Load(g.cfg.StateDir)
 	if err != nil {
 		return err
 	}
-	a.ingress.mu.Lock()
-	a.ingress.ports, a.ingress.loaded = ports, true
-	a.ingress.mu.Unlock()
+	g.ingress.mu.Lock()
+	g.ingress.ports, g.ingress.loaded = ports, true
+	g.ingress.mu.Unlock()
 	return nil
 }
 
-// stampIngressPorts gives every TCP and UDP port of the set its ingress port (the set's exports
+// StampPorts gives every TCP and UDP port of the set its ingress port (the set's exports
 // are this node's own copies), allocating and persisting new ones.
-func (a *Agent) stampIngressPorts(set []*apiv1.ServiceExport) {
-	if !a.ingressEnabled() {
+func (g *Gateway) StampPorts(set []*apiv1.ServiceExport) {
+	if !g.ingressEnabled() {
 		return
 	}
-	x := &a.ingress
+	x := &g.ingress
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if !x.loaded {
@@ -83,18 +82,18 @@ func (a *Agent) stampIngressPorts(set []*apiv1.ServiceExport) {
 			wanted = append(wanted, ingressport.Key{Namespace: e.GetNamespace(), Name: e.GetName(), Port: p.GetPort(), Protocol: p.GetProtocol()})
 		}
 	}
-	first, last, _ := config.ParsePortRange(a.cfg.Ingress.PortRange) // validated with the config
+	first, last, _ := config.ParsePortRange(g.cfg.Ingress.PortRange) // validated with the config
 	next, err := ingressport.Assign(x.ports, wanted, ingressport.Range{First: first, Last: last})
 	x.allocErr = ""
 	if err != nil {
 		x.allocErr = err.Error()
 	}
 	if !ingressport.Equal(next, x.ports) {
-		if err := ingressport.Save(a.cfg.StateDir, next); err != nil {
+		if err := ingressport.Save(g.cfg.StateDir, next); err != nil {
 			// Without the file the ports would not survive a restart: keep serving the old
 			// ones and say so, the next change retries.
 			x.allocErr = err.Error()
-			a.log.Error("cannot save the ingress ports", "err", err)
+			g.log.Error("cannot save the ingress ports", "err", err)
 		} else {
 			x.ports = next
 		}
@@ -107,34 +106,34 @@ func (a *Agent) stampIngressPorts(set []*apiv1.ServiceExport) {
 }
 
 // triggerIngress asks the ingress loop to rebuild the xDS snapshot.
-func (a *Agent) triggerIngress() {
-	a.ingress.trigger.Fire()
+func (g *Gateway) triggerIngress() {
+	g.ingress.trigger.Fire()
 }
 
 // startIngress opens the xDS server when ingress.xds.listen is set; the returned stop ends it
 // and its goroutines and removes its socket.
-func (a *Agent) startIngress(ctx context.Context) (stop func(), err error) {
-	if a.cfg.Ingress.XDS.Listen == "" {
+func (g *Gateway) startIngress(ctx context.Context) (stop func(), err error) {
+	if g.cfg.Ingress.XDS.Listen == "" {
 		return func() {}, nil
 	}
-	srv := xds.NewServer(a.log)
-	lis, err := srv.ListenWith(a.cfg.Ingress.XDS.Listen, xds.Access{UID: uint32(a.cfg.Ingress.XDS.AllowUID), GID: uint32(a.cfg.Ingress.XDS.AllowGID)})
+	srv := xds.NewServer(g.log)
+	lis, err := srv.ListenWith(g.cfg.Ingress.XDS.Listen, xds.Access{UID: uint32(g.cfg.Ingress.XDS.AllowUID), GID: uint32(g.cfg.Ingress.XDS.AllowGID)})
 	if err != nil {
 		return nil, err
 	}
-	a.ingress.mu.Lock()
-	a.ingress.srv = srv
-	a.ingress.mu.Unlock()
-	a.updateXDS(ctx) // the first snapshot before any client can ask
+	g.ingress.mu.Lock()
+	g.ingress.srv = srv
+	g.ingress.mu.Unlock()
+	g.updateXDS(ctx) // the first snapshot before any client can ask
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		if err := srv.Serve(lis); err != nil {
-			a.log.Error("xDS server stopped", "err", err)
+			g.log.Error("xDS server stopped", "err", err)
 		}
 	})
-	wg.Go(func() { a.ingressLoop(ctx) })
-	a.log.Info("xDS server listening", "listen", a.cfg.Ingress.XDS.Listen, "mode", a.cfg.Ingress.Mode)
+	wg.Go(func() { g.ingressLoop(ctx) })
+	g.log.Info("xDS server listening", "listen", g.cfg.Ingress.XDS.Listen, "mode", g.cfg.Ingress.Mode)
 	return func() {
 		cancel()
 		srv.Close()
@@ -143,44 +142,44 @@ func (a *Agent) startIngress(ctx context.Context) (stop func(), err error) {
 }
 
 // ingressLoop rebuilds the snapshot on every export change and certificate change.
-func (a *Agent) ingressLoop(ctx context.Context) {
+func (g *Gateway) ingressLoop(ctx context.Context) {
 	t := time.NewTicker(certPollInterval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-a.ingress.trigger.C():
+		case <-g.ingress.trigger.C():
 		case <-t.C:
 			// A rebuild costs ~0.1 s of CPU at 1,000 services: only when the files changed.
-			cur := readCerts(a.cfg.StateDir)
-			a.ingress.mu.Lock()
-			same := sameCerts(a.ingress.certs, cur)
-			a.ingress.mu.Unlock()
+			cur := readCerts(g.cfg.StateDir)
+			g.ingress.mu.Lock()
+			same := sameCerts(g.ingress.certs, cur)
+			g.ingress.mu.Unlock()
 			if same {
 				continue
 			}
-			a.log.Info("ingress certificate files changed; serving them over SDS")
+			g.log.Info("ingress certificate files changed; serving them over SDS")
 		}
-		a.updateXDS(ctx)
+		g.updateXDS(ctx)
 	}
 }
 
 // xdsState is the xDS snapshot's input from the agent's state.
-func (a *Agent) xdsState() xds.State {
-	set, _, _ := a.exports.Effective()
+func (g *Gateway) xdsState() xds.State {
+	set := g.deps.Exports()
 	st := xds.State{
-		Cluster: a.cfg.Cluster, MeshDomain: a.cfg.Ingress.MeshDomain,
-		SNIPort: uint32(a.cfg.Ingress.SNIPort), HTTPPort: uint32(a.cfg.Ingress.HTTPPort),
-		Certs: readCerts(a.cfg.StateDir),
+		Cluster: g.cfg.Cluster, MeshDomain: g.cfg.Ingress.MeshDomain,
+		SNIPort: uint32(g.cfg.Ingress.SNIPort), HTTPPort: uint32(g.cfg.Ingress.HTTPPort),
+		Certs: readCerts(g.cfg.StateDir),
 	}
 	// The per-port listeners bind the mesh address only once cbl-mesh0 holds it: Envoy cannot
 	// bind an address the node does not have (meshOnce triggers a rebuild when it changes).
-	a.mesh.mu.Lock()
-	if a.mesh.linkAddr.IsValid() {
-		st.MeshAddress = a.mesh.linkAddr.String()
+	g.mesh.mu.Lock()
+	if g.mesh.linkAddr.IsValid() {
+		st.MeshAddress = g.mesh.linkAddr.String()
 	}
-	a.mesh.mu.Unlock()
+	g.mesh.mu.Unlock()
 	for _, e := range set {
 		svc := xds.Service{Namespace: e.GetNamespace(), Name: e.GetName()}
 		for _, p := range e.GetPorts() {
@@ -203,51 +202,51 @@ func sameCerts(a, b *xds.Certs) bool {
 }
 
 // updateXDS serves the snapshot of the current state (nothing when its versions are unchanged).
-func (a *Agent) updateXDS(ctx context.Context) {
-	a.ingress.mu.Lock()
-	srv := a.ingress.srv
-	a.ingress.mu.Unlock()
+func (g *Gateway) updateXDS(ctx context.Context) {
+	g.ingress.mu.Lock()
+	srv := g.ingress.srv
+	g.ingress.mu.Unlock()
 	if srv == nil {
 		return
 	}
-	st := a.xdsState()
+	st := g.xdsState()
 	changed, err := srv.Update(ctx, st)
-	a.ingress.mu.Lock()
-	a.ingress.certs = st.Certs
+	g.ingress.mu.Lock()
+	g.ingress.certs = st.Certs
 	if err == nil {
-		a.ingress.bind = xds.IngressPortAddress(st)
+		g.ingress.bind = xds.IngressPortAddress(st)
 	}
-	prev := a.ingress.buildErr
-	a.ingress.buildErr = ""
+	prev := g.ingress.buildErr
+	g.ingress.buildErr = ""
 	if err != nil {
-		a.ingress.buildErr = err.Error()
+		g.ingress.buildErr = err.Error()
 	}
-	a.ingress.mu.Unlock()
+	g.ingress.mu.Unlock()
 	switch {
 	case err != nil && err.Error() != prev:
-		a.log.Error("xDS snapshot not built; the last one stays", "err", err)
+		g.log.Error("xDS snapshot not built; the last one stays", "err", err)
 	case changed:
-		a.log.Debug("xDS snapshot updated", "versions", srv.Versions())
+		g.log.Debug("xDS snapshot updated", "versions", srv.Versions())
 	}
 }
 
 // IngressPorts are the ingress ports allocated to this node's exported service ports (a copy;
 // empty on non-gateways): what both ingress data planes serve.
-func (a *Agent) IngressPorts() map[ingressport.Key]uint16 {
-	a.ingress.mu.Lock()
-	defer a.ingress.mu.Unlock()
-	return maps.Clone(a.ingress.ports)
+func (g *Gateway) IngressPorts() map[ingressport.Key]uint16 {
+	g.ingress.mu.Lock()
+	defer g.ingress.mu.Unlock()
+	return maps.Clone(g.ingress.ports)
 }
 
 // ingressStatus is the status's ingress section (gateways, and nodes serving xDS).
-func (a *Agent) ingressStatus() *statusapi.Ingress {
-	x := &a.ingress
+func (g *Gateway) ingressStatus() *statusapi.Ingress {
+	x := &g.ingress
 	x.mu.Lock()
-	if !a.ingressEnabled() && x.srv == nil {
+	if !g.ingressEnabled() && x.srv == nil {
 		x.mu.Unlock()
 		return nil
 	}
-	out := &statusapi.Ingress{Mode: a.cfg.Ingress.Mode, Ports: []statusapi.IngressPort{}, Error: joinMsgs(x.allocErr, x.buildErr, x.certErr)}
+	out := &statusapi.Ingress{Mode: g.cfg.Ingress.Mode, Ports: []statusapi.IngressPort{}, Error: joinMsgs(x.allocErr, x.buildErr, x.certErr)}
 	for _, k := range slices.SortedFunc(maps.Keys(x.ports), func(p, q ingressport.Key) int { return int(x.ports[p]) - int(x.ports[q]) }) {
 		out.Ports = append(out.Ports, statusapi.IngressPort{Namespace: k.Namespace, Name: k.Name, Port: k.Port, Protocol: k.Protocol, IngressPort: uint32(x.ports[k])})
 	}
@@ -257,13 +256,13 @@ func (a *Agent) ingressStatus() *statusapi.Ingress {
 		return out
 	}
 	x.mu.Lock()
-	xs := &statusapi.XDSStatus{Listen: a.cfg.Ingress.XDS.Listen, Versions: map[string]string{}, Nodes: []statusapi.XDSNode{}, IngressPortsBind: x.bind,
-		MaxNodes: xds.DefaultMaxNodes, NodeTTL: xds.DefaultNodeTTL.String(), AllowUID: uint32(a.cfg.Ingress.XDS.AllowUID), AllowGID: uint32(a.cfg.Ingress.XDS.AllowGID),
+	xs := &statusapi.XDSStatus{Listen: g.cfg.Ingress.XDS.Listen, Versions: map[string]string{}, Nodes: []statusapi.XDSNode{}, IngressPortsBind: x.bind,
+		MaxNodes: xds.DefaultMaxNodes, NodeTTL: xds.DefaultNodeTTL.String(), AllowUID: uint32(g.cfg.Ingress.XDS.AllowUID), AllowGID: uint32(g.cfg.Ingress.XDS.AllowGID),
 		IngressCertificate: ingressCertStatus(x.certs, x.certErr)}
 	x.mu.Unlock()
 	xs.RefusedConnections, xs.LastRefused = srv.Refused()
 	if xs.IngressPortsBind == "0.0.0.0" {
-		xs.IngressPortsBindNote = "no mesh address on " + ingress.MeshLinkName + " (not in gateway mode, or not allocated yet): the ingress-port listeners bind every address"
+		xs.IngressPortsBindNote = "no mesh address on " + MeshLinkName + " (not in gateway mode, or not allocated yet): the ingress-port listeners bind every address"
 	}
 	for url, v := range srv.Versions() {
 		xs.Versions[xds.ShortType(url)] = v

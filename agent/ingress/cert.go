@@ -1,4 +1,4 @@
-package agent
+package ingress
 
 import (
 	"bytes"
@@ -47,31 +47,31 @@ const ingressCertRecheck = time.Minute
 // errNoIngressCertOldBroker is the status of an agent whose broker issues no ingress certificates.
 const errNoIngressCertOldBroker = "the broker does not issue ingress certificates (Agent.IssueIngressCertificate is unimplemented: upgrade the broker): no certificate is served over SDS and the ingress's mTLS HTTP listener is left out; the agent's own key is never served"
 
-// ingressCertLoop keeps stateDir's ingress certificate issued and current while the xDS server
+// RunCertificate keeps stateDir's ingress certificate issued and current while the xDS server
 // runs. It ends with ctx.
-func (a *Agent) ingressCertLoop(ctx context.Context, client apiv1.AgentClient) {
-	bo := a.newBackoff()
+func (g *Gateway) RunCertificate(ctx context.Context, client apiv1.AgentClient) {
+	bo := g.deps.Backoff()
 	var quiet brokerclient.RepeatFilter
 	for {
 		wait := ingressCertRecheck
-		due, reason := a.ingressCertDue()
+		due, reason := g.ingressCertDue()
 		if due {
-			err := a.issueIngressCert(ctx, client, reason)
+			err := g.issueIngressCert(ctx, client, reason)
 			if ctx.Err() != nil {
 				return
 			}
-			a.setIngressCertErr(err)
+			g.setIngressCertErr(err)
 			switch {
 			case err == nil:
 				bo.Reset()
 				quiet.Reset()
-				a.triggerIngress()
+				g.triggerIngress()
 			case status.Code(errors.Unwrap(err)) == codes.Unimplemented:
-				a.log.Log(ctx, brokerclient.WarnLevel(quiet.Repeated(err)), errNoIngressCertOldBroker)
-				wait = unimplementedRetry
+				g.log.Log(ctx, brokerclient.WarnLevel(quiet.Repeated(err)), errNoIngressCertOldBroker)
+				wait = brokerclient.UnimplementedRetry
 			default:
 				wait = bo.Next()
-				a.log.Log(ctx, brokerclient.WarnLevel(quiet.Repeated(err)), "cannot get an ingress certificate from the broker; retrying", "err", err, "retryIn", wait.Round(time.Millisecond).String())
+				g.log.Log(ctx, brokerclient.WarnLevel(quiet.Repeated(err)), "cannot get an ingress certificate from the broker; retrying", "err", err, "retryIn", wait.Round(time.Millisecond).String())
 			}
 		}
 		if !retry.Sleep(ctx, wait) {
@@ -81,7 +81,7 @@ func (a *Agent) ingressCertLoop(ctx context.Context, client apiv1.AgentClient) {
 }
 
 // setIngressCertErr records the last issuance's outcome for status.
-func (a *Agent) setIngressCertErr(err error) {
+func (g *Gateway) setIngressCertErr(err error) {
 	msg := ""
 	switch {
 	case err == nil:
@@ -90,19 +90,19 @@ func (a *Agent) setIngressCertErr(err error) {
 	default:
 		msg = "ingress certificate: " + err.Error()
 	}
-	a.ingress.mu.Lock()
-	a.ingress.certErr = msg
-	a.ingress.mu.Unlock()
+	g.ingress.mu.Lock()
+	g.ingress.certErr = msg
+	g.ingress.mu.Unlock()
 }
 
 // ingressCertDue says whether the ingress certificate must be (re)issued: missing, damaged, not
 // of its key, or due by brokerclient.RenewalDue.
-func (a *Agent) ingressCertDue() (bool, string) {
-	cert, err := loadIngressCert(a.cfg.StateDir)
+func (g *Gateway) ingressCertDue() (bool, string) {
+	cert, err := loadIngressCert(g.cfg.StateDir)
 	if err != nil {
 		return true, err.Error()
 	}
-	at, reason := brokerclient.RenewalDue(cert.Leaf, a.caBundle())
+	at, reason := brokerclient.RenewalDue(cert.Leaf, g.deps.CABundle())
 	if time.Now().Before(at) {
 		return false, ""
 	}
@@ -129,8 +129,8 @@ func loadIngressCert(dir string) (*tls.Certificate, error) {
 // issueIngressCert makes a new key, has the broker issue its certificate, checks the answer and
 // writes both (the key first: a crash between the two leaves a pair that does not match, which
 // ingressCertDue finds and replaces).
-func (a *Agent) issueIngressCert(ctx context.Context, client apiv1.AgentClient, reason string) error {
-	a.log.Info("requesting an ingress certificate from the broker", "reason", reason)
+func (g *Gateway) issueIngressCert(ctx context.Context, client apiv1.AgentClient, reason string) error {
+	g.log.Info("requesting an ingress certificate from the broker", "reason", reason)
 	kr, err := brokerclient.NewKeyRequest(pkix.Name{}, "ingress")
 	if err != nil {
 		return err
@@ -142,24 +142,24 @@ func (a *Agent) issueIngressCert(ctx context.Context, client apiv1.AgentClient, 
 		return fmt.Errorf("issue ingress certificate: %w", err)
 	}
 	keyPEM := kr.KeyPEM
-	leaf, err := a.checkIngressAnswer(resp.GetCertificatePem(), keyPEM)
+	leaf, err := g.checkIngressAnswer(resp.GetCertificatePem(), keyPEM)
 	if err != nil {
 		return err
 	}
-	if err := brokerstate.WriteFileAtomic(filepath.Join(a.cfg.StateDir, IngressKeyFile), keyPEM, 0o600); err != nil {
+	if err := brokerstate.WriteFileAtomic(filepath.Join(g.cfg.StateDir, IngressKeyFile), keyPEM, 0o600); err != nil {
 		return err
 	}
-	if err := brokerstate.WriteFileAtomic(filepath.Join(a.cfg.StateDir, IngressCertFile), resp.GetCertificatePem(), 0o644); err != nil {
+	if err := brokerstate.WriteFileAtomic(filepath.Join(g.cfg.StateDir, IngressCertFile), resp.GetCertificatePem(), 0o644); err != nil {
 		return err
 	}
-	a.log.Info("ingress certificate issued; serving it over SDS", "serial", leaf.SerialNumber.Text(16), "notAfter", leaf.NotAfter.UTC().Format(time.RFC3339))
+	g.log.Info("ingress certificate issued; serving it over SDS", "serial", leaf.SerialNumber.Text(16), "notAfter", leaf.NotAfter.UTC().Format(time.RFC3339))
 	return nil
 }
 
 // checkIngressAnswer checks the broker's answer before anything is written: a serving
 // certificate of the mesh CAs for the key just made, an ingress certificate, never one that a
 // broker would take as a client's.
-func (a *Agent) checkIngressAnswer(certPEM, keyPEM []byte) (*x509.Certificate, error) {
+func (g *Gateway) checkIngressAnswer(certPEM, keyPEM []byte) (*x509.Certificate, error) {
 	pair, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
 		return nil, fmt.Errorf("ingress certificate answer: %w", err)
@@ -168,13 +168,13 @@ func (a *Agent) checkIngressAnswer(certPEM, keyPEM []byte) (*x509.Certificate, e
 	if err != nil {
 		return nil, fmt.Errorf("ingress certificate answer: %w", err)
 	}
-	if _, err := leaf.Verify(x509.VerifyOptions{Roots: a.keyring.Identity().CAs, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: g.deps.CAs(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
 		return nil, fmt.Errorf("ingress certificate answer: not a serving certificate of the mesh CAs: %w", err)
 	}
 	if !pki.IsIngress(leaf) {
 		return nil, fmt.Errorf("ingress certificate answer: %q is not an ingress certificate", leaf.Subject)
 	}
-	if _, err := leaf.Verify(x509.VerifyOptions{Roots: a.keyring.Identity().CAs, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err == nil {
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: g.deps.CAs(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err == nil {
 		return nil, errors.New("ingress certificate answer: it is also good as a client certificate; refusing to hand it to Envoy")
 	}
 	return leaf, nil
