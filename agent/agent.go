@@ -36,8 +36,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/cablemesh/cablemesh/agent/brokerclient"
-	"github.com/cablemesh/cablemesh/agent/brokerstate"
+	"github.com/cablemesh/cablemesh/agent/brokerlink"
 	"github.com/cablemesh/cablemesh/agent/cables"
 	"github.com/cablemesh/cablemesh/agent/clusterpolicy"
 	"github.com/cablemesh/cablemesh/agent/config"
@@ -51,7 +50,6 @@ import (
 	"github.com/cablemesh/cablemesh/agent/servicedp"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/bpf"
-	"github.com/cablemesh/cablemesh/internal/syncloop"
 )
 
 // DriverFactory builds a cable driver (cables.DriverFactory).
@@ -137,21 +135,9 @@ type Agent struct {
 	// node (the reconciler, the drivers, the probes).
 	log, pairLog *slog.Logger
 
-	wakeWatch syncloop.Trigger // a successful register wakes a watch loop waiting out its backoff
-	redial    func()           // makes the broker connection retry now; set before the loops start
+	link *brokerlink.Link // join, watch, heartbeat, renewal and the cached broker state
 
-	keyring *brokerclient.Keyring // the agent's identity; set by Run before anything reads it
-	conn    *brokerConn           // the broker connection; set by Run before the loops start
-	certs   certState             // guarded by mu (its channels are set by New)
-
-	mu          sync.Mutex
-	state       *brokerstate.State
-	joinCluster *apiv1.Cluster // cluster record from Join, until the watch brings one
-	watchUp     bool
-	beatOK      bool
-	lastContact time.Time
-	lastErr     string
-	cached      bool // running on state loaded from disk, not yet resynced
+	mu sync.Mutex // guards dp
 
 	guard   reconcile.Guard // what no cable route may cover; set by Run before anything reads it
 	planner *plan.Planner   // the one plan per input change that every consumer reads
@@ -163,7 +149,6 @@ type Agent struct {
 	registry *prometheus.Registry // the agent's metrics (served on metricsAddress)
 	dp       *servicedp.Datapath  // the services datapath, once Run started it
 	exports  *exports.Exports
-	clock    brokerClock // brokerclock.go: the broker's clock and build from its last reply
 
 	clusterPolicies *clusterpolicy.Sync // cluster-scoped policies and their sync
 
@@ -210,12 +195,13 @@ func New(opts Options) (*Agent, error) {
 		opts:     opts,
 		log:      opts.Log.With("cluster", cfg.Cluster, "node", cfg.Node),
 		pairLog:  opts.Log.With("localCluster", cfg.Cluster, "localNode", cfg.Node),
-		state:    brokerstate.New(),
 		metrics:  newHealthMetrics(),
 		registry: prometheus.NewRegistry(),
 		planner:  plan.New(opts.Log.With("cluster", cfg.Cluster, "node", cfg.Node)),
-		certs:    certState{refusedCh: make(chan struct{})},
 	}
+	a.link = brokerlink.New(cfg, brokerlink.Deps{Log: a.log, Backoff: a.newBackoff, ImportSelector: a.importSelector,
+		Endpoint: a.endpoint, OnRegistered: func(ep *apiv1.Endpoint) { a.ingress.ObserveRegistered(ep) },
+		OnState: func() { a.Trigger(); a.TriggerServices() }, OnFirstMessage: func() { a.exports.Trigger() }})
 	a.cables = cables.New(cfg, cables.Deps{
 		Log: a.log, PairLog: a.pairLog, NewDriver: opts.NewDriver, LocalNode: a.localNode, MSS: opts.MSS,
 		NewPinger: opts.NewPinger, Metrics: a.metrics, RepairInterval: opts.RepairInterval,
@@ -224,11 +210,11 @@ func New(opts Options) (*Agent, error) {
 	a.worker = routes.NewWorker(cfg.Cluster, routes.WorkerDeps{Log: a.log, PairLog: a.pairLog, NewPinger: opts.NewPinger,
 		Apply: opts.ApplyRoutes, OnChange: a.Trigger})
 	a.exports = exports.New(cfg, exports.Deps{Log: a.log, Live: a.liveConfig, Scope: a.ownExportScope, Stamp: a.ingressStampPorts,
-		OnChange: a.ingressChanged, Backoff: a.newBackoff, Link: brokerLink{a}})
+		OnChange: a.ingressChanged, Backoff: a.newBackoff, Link: a.link})
 	a.clusterPolicies = clusterpolicy.NewSync(clusterpolicy.SyncDeps{Log: a.log, Cluster: cfg.Cluster, PolicyDir: cfg.PolicyDir,
-		Resync: cfg.ResyncInterval, Backoff: a.newBackoff, CertificateRefused: a.certificateRefused})
+		Resync: cfg.ResyncInterval, Backoff: a.newBackoff, CertificateRefused: a.link.CertificateRefused})
 	a.ingress = ingress.New(cfg, ingress.Deps{Log: a.log, Exports: a.exportSet, Plan: a.plan, OpenDataplane: opts.OpenIngress,
-		MeshLink: opts.MeshLink, CleanupOnExit: opts.CleanupOnExit, CABundle: a.caBundle, CAs: func() *x509.CertPool { return a.keyring.Identity().CAs },
+		MeshLink: opts.MeshLink, CleanupOnExit: opts.CleanupOnExit, CABundle: a.link.CABundle, CAs: func() *x509.CertPool { return a.link.Keyring().Identity().CAs },
 		Backoff: a.newBackoff, OnRegistered: a.Trigger})
 	a.registry.MustRegister(&collector{a: a})
 	a.initReload()
@@ -258,12 +244,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.ingress.Load(); err != nil {
 		return err
 	}
-	id, err := a.identity(ctx)
-	if err != nil {
+	if err := a.link.Identify(ctx); err != nil {
 		return err
 	}
-	a.keyring = brokerclient.NewKeyring(id)
-	a.logCertificate(id)
 
 	stopNodeAddrs, err := a.startNodeAddresses(ctx)
 	if err != nil {
@@ -272,14 +255,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer stopNodeAddrs()
 	a.guard = a.buildGuard(ctx)
 
-	if st, err := brokerstate.Load(a.cfg.StateDir); err != nil {
-		a.log.Warn("ignoring unreadable broker state cache; waiting for the broker", "err", err)
-	} else if st != nil {
-		a.mu.Lock()
-		a.state, a.cached = st, true
-		a.mu.Unlock()
-		a.log.Info("loaded cached broker state", "revision", st.Revision, "clusters", len(st.Clusters), "endpoints", len(st.Endpoints))
-	}
+	a.link.LoadCache()
 
 	if a.cfg.Gateway {
 		if err := a.cables.Start(ctx); err != nil {
@@ -318,30 +294,23 @@ func (a *Agent) Run(ctx context.Context) error {
 	// the services from it: DNS answers and the maps are as they were before a restart.
 	a.reconcileOnce(ctx)
 	a.datapath().Once(ctx)
-	a.log.Info("agent ready", "gateway", a.cfg.Gateway, "statusSocket", a.cfg.StatusSocket, "broker", a.cfg.Broker, "cachedRevision", a.revision())
+	a.log.Info("agent ready", "gateway", a.cfg.Gateway, "statusSocket", a.cfg.StatusSocket, "broker", a.cfg.Broker, "cachedRevision", a.link.Revision())
 	if a.opts.Ready != nil {
 		a.opts.Ready()
 	}
 
-	// Every handshake presents the keyring's certificate and verifies the broker with its CAs:
-	// a renewal or a new CA bundle needs no restart (certs.go).
-	cc, err := brokerclient.DialKeyring(a.cfg.Broker, a.keyring)
+	client, closeConn, err := a.link.Dial()
 	if err != nil {
 		return err
 	}
-	a.conn = newBrokerConn(cc)
-	defer a.conn.Close()
-	client := apiv1.NewAgentClient(a.conn)
-	// Our loops pace the retries (watch backoff 1s..15s, heartbeat interval); gRPC's own
-	// reconnect backoff would otherwise add its wait on top and delay the resync after an outage.
-	a.redial = a.conn.ResetConnectBackoff
+	defer closeConn()
 
 	var wg sync.WaitGroup
 	wg.Go(func() { a.cables.Run(ctx, a.reconcileOnce) })
 	wg.Go(func() { a.datapath().Run(ctx) })
-	wg.Go(func() { a.watchLoop(ctx, client) })
+	wg.Go(func() { a.link.RunWatch(ctx, client) })
 	wg.Go(func() { a.exports.Run(ctx, client) })
-	wg.Go(func() { a.certLoop(ctx, client) })
+	wg.Go(func() { a.link.RunCertificates(ctx, client) })
 	if a.cfg.Ingress.XDS.Listen != "" {
 		wg.Go(func() { a.ingress.RunCertificate(ctx, client) })
 	}
@@ -350,7 +319,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		wg.Go(func() { a.exports.RunSource(ctx, a.opts.Kubernetes) })
 	}
 	if a.cfg.Gateway {
-		wg.Go(func() { a.registerLoop(ctx, client) })
+		wg.Go(func() { a.link.RunRegister(ctx, client) })
 	}
 	if a.opts.ConfigPath != "" {
 		wg.Go(func() { a.runReload(ctx, client) })

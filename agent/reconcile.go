@@ -50,33 +50,31 @@ func (a *Agent) plan() *plan.Plan {
 }
 
 // planKey names the broker-side inputs of the plan without copying them.
-func (a *Agent) planKey() plan.Key {
-	// Lock order: a.mu, then the ingress's mesh lock (Registered).
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.planKeyLocked()
-}
-
-func (a *Agent) planKeyLocked() plan.Key {
-	reg := a.ingress.Registered()
-	return plan.Key{State: a.state, Revision: a.state.Revision, Join: a.joinCluster, Registered: reg}
+// Lock order: the link's, then the ingress's mesh lock (Registered).
+func (a *Agent) planKey() (k plan.Key) {
+	a.link.Read(func(st *brokerstate.State, join *apiv1.Cluster) {
+		k = plan.Key{State: st, Revision: st.Revision, Join: join, Registered: a.ingress.Registered()}
+	})
+	return k
 }
 
 // stateCopy is a copy of the broker state for the planner, with the key it was taken at.
-func (a *Agent) stateCopy() (plan.Key, *brokerstate.State) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.planKeyLocked(), a.state.Clone()
+func (a *Agent) stateCopy() (k plan.Key, cp *brokerstate.State) {
+	a.link.Read(func(st *brokerstate.State, join *apiv1.Cluster) {
+		k = plan.Key{State: st, Revision: st.Revision, Join: join, Registered: a.ingress.Registered()}
+		cp = st.Clone()
+	})
+	return k, cp
 }
 
 // localCluster is our own cluster record: from the broker state, else from the Join answer.
-func (a *Agent) localCluster() *apiv1.Cluster {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if c := a.state.Clusters[a.cfg.Cluster]; c != nil {
-		return c
-	}
-	return a.joinCluster
+func (a *Agent) localCluster() (c *apiv1.Cluster) {
+	a.link.Read(func(st *brokerstate.State, join *apiv1.Cluster) {
+		if c = st.Clusters[a.cfg.Cluster]; c == nil {
+			c = join
+		}
+	})
+	return c
 }
 
 // localSubnets are the CIDRs behind this node: the config's, else the cluster's at the broker.

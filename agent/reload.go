@@ -62,8 +62,6 @@ type reloadState struct {
 	// apply serialises applying configs (the watcher's and a test's); cur is swapped only once a
 	// config is applied whole.
 	apply sync.Mutex
-	// watch asks the broker watch for a new stream (reload_imports.go).
-	watch watchState
 }
 
 // liveConfig is the config in force: the file the agent started with, or the last one a reload
@@ -252,7 +250,7 @@ func (a *Agent) ReloadConfig(ctx context.Context, client apiv1.AgentClient) {
 	a.reload.mu.Unlock()
 	if plan.Imports {
 		// Only now: the new stream must be opened with the selector of the config in force.
-		a.reopenWatch()
+		a.link.ReopenWatch()
 	}
 	var changes []string
 	for _, c := range plan.Live {
@@ -331,7 +329,7 @@ func (a *Agent) reregister(ctx context.Context, client apiv1.AgentClient) {
 	}
 	var err error
 	for i := range reregisterAttempts {
-		if err = a.register(ctx, client); err == nil || ctx.Err() != nil {
+		if err = a.link.Register(ctx, client); err == nil || ctx.Err() != nil {
 			return
 		}
 		if !retry.Sleep(ctx, time.Duration(i+1)*500*time.Millisecond) {

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/netip"
 
+	"github.com/cablemesh/cablemesh/agent/brokerstate"
 	"github.com/cablemesh/cablemesh/agent/cables"
 	"github.com/cablemesh/cablemesh/agent/clusterpolicy"
 	"github.com/cablemesh/cablemesh/agent/config"
@@ -93,39 +94,33 @@ func CheckFiles(cfg *config.Config) error { return preflight.CheckFiles(cfg) }
 // ExportSource is a source of exports that change on their own (exports.Source).
 type ExportSource = exports.Source
 
-// brokerLink is the broker connection as the components' sync loops see it.
-type brokerLink struct{ a *Agent }
-
-func (l brokerLink) Generation() uint64                        { return l.a.conn.generation() }
-func (l brokerLink) CertificateRefused() string                { return l.a.certificateRefused() }
-func (l brokerLink) RefusedForGood(err error, gen uint64) bool { return l.a.refusedForGood(err, gen) }
-
 // ownExportScope is where this node's exports' endpoints may lie (mcs.EndpointScope): its
 // cluster's pod and service CIDRs as the broker's cluster record has them, and in gateway mode
 // its gateways' mesh addresses. false until the record is known (from the watch, its cache, or
 // Join): the broker then decides alone.
-func (a *Agent) ownExportScope() (mcs.EndpointScope, bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	c := a.state.Clusters[a.cfg.Cluster]
-	if c == nil {
-		c = a.joinCluster
-	}
-	if c == nil {
-		return mcs.EndpointScope{}, false
-	}
-	var mesh []string
-	if c.GetGatewayMode() {
-		for _, ep := range a.state.Endpoints {
-			if ep.GetCluster() == a.cfg.Cluster && ep.GetMeshAddress() != "" {
-				mesh = append(mesh, ep.GetMeshAddress())
+func (a *Agent) ownExportScope() (scope mcs.EndpointScope, known bool) {
+	a.link.Read(func(st *brokerstate.State, join *apiv1.Cluster) {
+		c := st.Clusters[a.cfg.Cluster]
+		if c == nil {
+			c = join
+		}
+		if c == nil {
+			return
+		}
+		var mesh []string
+		if c.GetGatewayMode() {
+			for _, ep := range st.Endpoints {
+				if ep.GetCluster() == a.cfg.Cluster && ep.GetMeshAddress() != "" {
+					mesh = append(mesh, ep.GetMeshAddress())
+				}
+			}
+			if reg := a.ingress.Registered(); reg.IsValid() {
+				mesh = append(mesh, reg.String())
 			}
 		}
-		if reg := a.ingress.Registered(); reg.IsValid() {
-			mesh = append(mesh, reg.String())
-		}
-	}
-	return mcs.ScopeOf(c, mesh), true
+		scope, known = mcs.ScopeOf(c, mesh), true
+	})
+	return scope, known
 }
 
 // SetClusterPolicySource sets where the cluster's policies come from when the config has no

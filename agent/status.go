@@ -21,34 +21,16 @@ import (
 func (a *Agent) Status(ctx context.Context) statusapi.Status {
 	p := a.plan()
 	st := p.State
-	connected, rev, last, errMsg, cached := a.brokerStatus()
-	out := statusapi.Status{
-		Cluster: a.cfg.Cluster,
-		Node:    a.cfg.Node,
-		Gateway: a.cfg.Gateway,
-		Version: version.String(),
-		Broker: statusapi.Broker{
-			Address:   a.cfg.Broker,
-			Connected: connected,
-			Revision:  rev,
-			Error:     errMsg,
-			Cached:    cached,
-		},
-		Connections: []statusapi.Connection{},
-	}
+	out := statusapi.Status{Cluster: a.cfg.Cluster, Node: a.cfg.Node, Gateway: a.cfg.Gateway, Version: version.String(),
+		Connections: []statusapi.Connection{}}
 	if c := st.Clusters[a.cfg.Cluster]; c != nil {
 		out.ClusterID = c.GetId()
 	} else if c := a.localCluster(); c != nil {
 		out.ClusterID = c.GetId()
 	}
-	if !last.IsZero() {
-		t := last.UTC()
-		out.Broker.LastContact = &t
-	}
-	a.clock.fill(&out.Broker)
-	out.Problems = append(out.Problems, a.certStatus(&out.Broker)...)
+	out.Problems = append(out.Problems, a.link.Status(&out.Broker)...)
 	out.Problems = append(out.Problems, a.clusterPolicies.Problems()...)
-	if p := preflight.TokenFileProblem(a.cfg.JoinTokenFile); p != "" {
+	if p := preflight.TokenFileProblem(a.liveConfig().JoinTokenFile); p != "" {
 		out.Problems = append(out.Problems, statusapi.Problem{Message: p})
 	}
 	out.Config = a.configStatus()

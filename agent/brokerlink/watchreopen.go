@@ -1,4 +1,4 @@
-package agent
+package brokerlink
 
 import "errors"
 
@@ -17,40 +17,37 @@ type watchState struct {
 	snapshot bool          // the next stream asks for a full snapshot
 }
 
-// importSelector is the imports.selector in force (reload.go swaps the config).
-func (a *Agent) importSelector() string { return a.liveConfig().Imports.EffectiveSelector() }
-
 // watchReopen is a channel closed when the current watch stream must be replaced.
-func (a *Agent) watchReopen() <-chan struct{} {
-	a.reload.mu.Lock()
-	defer a.reload.mu.Unlock()
-	if a.reload.watch.reopen == nil {
-		a.reload.watch.reopen = make(chan struct{})
+func (l *Link) watchReopen() <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.watch.reopen == nil {
+		l.watch.reopen = make(chan struct{})
 	}
-	return a.reload.watch.reopen
+	return l.watch.reopen
 }
 
-// reopenWatch ends the current watch stream; the next one asks for a full snapshot with the
+// ReopenWatch ends the current watch stream; the next one asks for a full snapshot with the
 // selector in force. Call it once the new config is in force (liveConfig).
-func (a *Agent) reopenWatch() {
-	a.reload.mu.Lock()
-	defer a.reload.mu.Unlock()
-	if a.reload.watch.reopen != nil {
-		close(a.reload.watch.reopen)
+func (l *Link) ReopenWatch() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.watch.reopen != nil {
+		close(l.watch.reopen)
 	}
-	a.reload.watch.reopen = make(chan struct{})
-	a.reload.watch.snapshot = true
+	l.watch.reopen = make(chan struct{})
+	l.watch.snapshot = true
 }
 
 // watchSince is the revision the next watch stream resumes from: 0 (a full snapshot) once after
 // reopenWatch, else the last revision applied.
-func (a *Agent) watchSince() uint64 {
-	a.reload.mu.Lock()
-	snap := a.reload.watch.snapshot
-	a.reload.watch.snapshot = false
-	a.reload.mu.Unlock()
+func (l *Link) watchSince() uint64 {
+	l.mu.Lock()
+	snap := l.watch.snapshot
+	l.watch.snapshot = false
+	l.mu.Unlock()
 	if snap {
 		return 0
 	}
-	return a.revision()
+	return l.revision()
 }

@@ -1,4 +1,4 @@
-package agent
+package brokerlink
 
 import (
 	"bytes"
@@ -114,17 +114,17 @@ type certState struct {
 }
 
 // caBundle is the last CA bundle the broker sent, or nil.
-func (a *Agent) caBundle() *apiv1.CABundle {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.certs.bundle
+func (l *Link) caBundle() *apiv1.CABundle {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.certs.bundle
 }
 
 // onCABundle takes the CA bundle of a watch message: a new one replaces ca.crt and the CAs of the
 // next handshakes, and the renewal loop looks again whether the certificate must be renewed.
-func (a *Agent) onCABundle(b *apiv1.CABundle) {
+func (l *Link) onCABundle(b *apiv1.CABundle) {
 	changed := false
-	err := a.keyring.Update(func(id *brokerclient.Identity) (*brokerclient.Identity, error) {
+	err := l.keyring.Update(func(id *brokerclient.Identity) (*brokerclient.Identity, error) {
 		if bytes.Equal(b.GetPem(), id.CAPEM) {
 			return id, nil
 		}
@@ -132,14 +132,14 @@ func (a *Agent) onCABundle(b *apiv1.CABundle) {
 		if err != nil {
 			return nil, err
 		}
-		if err := brokerclient.SaveCAs(a.cfg.StateDir, b.GetPem()); err != nil {
+		if err := brokerclient.SaveCAs(l.cfg.StateDir, b.GetPem()); err != nil {
 			return nil, err
 		}
 		changed = true
 		return next, nil
 	})
 	if err != nil {
-		a.log.Error("ignoring the broker's CA bundle", "err", err)
+		l.log.Error("ignoring the broker's CA bundle", "err", err)
 		return
 	}
 	if changed {
@@ -148,21 +148,21 @@ func (a *Agent) onCABundle(b *apiv1.CABundle) {
 		for _, c := range cas {
 			hashes = append(hashes, jointoken.CAHash(c.Raw))
 		}
-		a.log.Info("mesh CA bundle updated: the broker is verified with these CAs from now on", "cas", strings.Join(hashes, ","),
-			"issuingCA", b.GetIssuingCa(), "file", filepath.Join(a.cfg.StateDir, brokerclient.CAFile))
+		l.log.Info("mesh CA bundle updated: the broker is verified with these CAs from now on", "cas", strings.Join(hashes, ","),
+			"issuingCA", b.GetIssuingCa(), "file", filepath.Join(l.cfg.StateDir, brokerclient.CAFile))
 	}
-	a.mu.Lock()
-	a.certs.bundle = b
-	a.certs.bundleSeq++
-	a.mu.Unlock()
-	a.certs.renewNow.Fire()
+	l.mu.Lock()
+	l.certs.bundle = b
+	l.certs.bundleSeq++
+	l.mu.Unlock()
+	l.certs.renewNow.Fire()
 }
 
 // certLoop renews the agent's certificate when it is due (brokerclient.RenewalDue) and moves the
 // broker connection to the renewed certificate. It ends with ctx, or when the broker refused the
 // certificate for good.
-func (a *Agent) certLoop(ctx context.Context, client apiv1.AgentClient) {
-	bo := a.newBackoff()
+func (l *Link) certLoop(ctx context.Context, client apiv1.AgentClient) {
+	bo := l.deps.Backoff()
 	var quiet brokerclient.RepeatFilter
 	var old []*grpc.ClientConn // replaced connections, closed after oldConnGrace
 	var closeOld <-chan time.Time
@@ -172,18 +172,18 @@ func (a *Agent) certLoop(ctx context.Context, client apiv1.AgentClient) {
 		}
 	}()
 	for {
-		id := a.keyring.Identity()
-		at, reason := brokerclient.RenewalDue(id.Leaf, a.caBundle())
+		id := l.keyring.Identity()
+		at, reason := brokerclient.RenewalDue(id.Leaf, l.caBundle())
 		// Look again at least hourly: the wall clock may have been set since.
 		t := time.NewTimer(min(max(time.Until(at), 0), time.Hour))
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return
-		case <-a.certs.refusedCh:
+		case <-l.certs.refusedCh:
 			t.Stop()
 			return
-		case <-a.certs.renewNow.C():
+		case <-l.certs.renewNow.C():
 			t.Stop()
 			continue
 		case <-closeOld:
@@ -198,37 +198,37 @@ func (a *Agent) certLoop(ctx context.Context, client apiv1.AgentClient) {
 				continue
 			}
 		}
-		gen := a.conn.generation()
-		next, err := a.renew(ctx, client, id, reason)
+		gen := l.conn.generation()
+		next, err := l.renew(ctx, client, id, reason)
 		if ctx.Err() != nil {
 			return
 		}
 		if err == nil {
 			bo.Reset()
 			quiet.Reset()
-			cc, err := brokerclient.DialKeyring(a.cfg.Broker, a.keyring)
+			cc, err := brokerclient.DialKeyring(l.cfg.Broker, l.keyring)
 			if err != nil {
 				// Cannot happen with an address the config accepted; the old connection goes on.
-				a.log.Error("cannot dial the broker with the renewed certificate", "err", err)
+				l.log.Error("cannot dial the broker with the renewed certificate", "err", err)
 				continue
 			}
-			old = append(old, a.conn.swap(cc))
+			old = append(old, l.conn.swap(cc))
 			closeOld = time.After(oldConnGrace)
-			a.log.Info("agent certificate renewed; new broker calls present it", "serial", next.Leaf.SerialNumber.Text(16),
+			l.log.Info("agent certificate renewed; new broker calls present it", "serial", next.Leaf.SerialNumber.Text(16),
 				"previous", id.Leaf.SerialNumber.Text(16), "notAfter", next.Leaf.NotAfter.UTC().Format(time.RFC3339), "reason", reason)
 			continue
 		}
-		if a.refusedForGood(err, gen) {
+		if l.refusedForGood(err, gen) {
 			return
 		}
-		a.mu.Lock()
-		a.certs.renewErr = err.Error()
-		a.mu.Unlock()
+		l.mu.Lock()
+		l.certs.renewErr = err.Error()
+		l.mu.Unlock()
 		d := bo.Next()
 		if status.Code(errors.Unwrap(err)) == codes.Unimplemented {
 			d = brokerclient.UnimplementedRetry // a broker older than renewals: ask again once it may be upgraded
 		}
-		a.log.Log(ctx, brokerclient.WarnLevel(quiet.Repeated(err)), "certificate renewal failed; retrying", "err", err, "reason", reason, "retryIn", d.Round(time.Millisecond).String(),
+		l.log.Log(ctx, brokerclient.WarnLevel(quiet.Repeated(err)), "certificate renewal failed; retrying", "err", err, "reason", reason, "retryIn", d.Round(time.Millisecond).String(),
 			"notAfter", id.Leaf.NotAfter.UTC().Format(time.RFC3339))
 		if !retry.Sleep(ctx, d) {
 			return
@@ -238,42 +238,42 @@ func (a *Agent) certLoop(ctx context.Context, client apiv1.AgentClient) {
 
 // renew makes one renewal and installs the new identity. The CAs are those of the answer, unless
 // the watch delivered a bundle meanwhile: the watch's is the newer word on the CAs.
-func (a *Agent) renew(ctx context.Context, client apiv1.AgentClient, id *brokerclient.Identity, reason string) (*brokerclient.Identity, error) {
-	a.log.Info("renewing the agent certificate", "reason", reason, "serial", id.Leaf.SerialNumber.Text(16), "notAfter", id.Leaf.NotAfter.UTC().Format(time.RFC3339))
-	a.mu.Lock()
-	seq := a.certs.bundleSeq
-	a.mu.Unlock()
+func (l *Link) renew(ctx context.Context, client apiv1.AgentClient, id *brokerclient.Identity, reason string) (*brokerclient.Identity, error) {
+	l.log.Info("renewing the agent certificate", "reason", reason, "serial", id.Leaf.SerialNumber.Text(16), "notAfter", id.Leaf.NotAfter.UTC().Format(time.RFC3339))
+	l.mu.Lock()
+	seq := l.certs.bundleSeq
+	l.mu.Unlock()
 	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	next, bundle, err := brokerclient.Renew(cctx, client, id, a.cfg.StateDir)
+	next, bundle, err := brokerclient.Renew(cctx, client, id, l.cfg.StateDir)
 	if err != nil {
 		return nil, err
 	}
-	err = a.keyring.Update(func(*brokerclient.Identity) (*brokerclient.Identity, error) {
-		a.mu.Lock()
-		newer := a.certs.bundle
-		if a.certs.bundleSeq == seq {
+	err = l.keyring.Update(func(*brokerclient.Identity) (*brokerclient.Identity, error) {
+		l.mu.Lock()
+		newer := l.certs.bundle
+		if l.certs.bundleSeq == seq {
 			newer = nil
 		}
-		a.certs.renewErr = ""
+		l.certs.renewErr = ""
 		if newer == nil {
-			a.certs.bundle = bundle
+			l.certs.bundle = bundle
 		}
-		a.mu.Unlock()
+		l.mu.Unlock()
 		if newer == nil || bytes.Equal(newer.GetPem(), next.CAPEM) {
 			return next, nil
 		}
 		withNewer, err := next.WithCAs(newer.GetPem())
 		if err == nil {
-			err = brokerclient.SaveCAs(a.cfg.StateDir, newer.GetPem())
+			err = brokerclient.SaveCAs(l.cfg.StateDir, newer.GetPem())
 		}
 		if err != nil {
-			a.log.Error("keeping the renewal answer's CA bundle", "err", err)
+			l.log.Error("keeping the renewal answer's CA bundle", "err", err)
 			return next, nil
 		}
 		return withNewer, nil
 	})
-	return a.keyring.Identity(), err
+	return l.keyring.Identity(), err
 }
 
 // refusedForGood says whether err, from a call made over the connection of generation gen, is
@@ -281,30 +281,30 @@ func (a *Agent) renew(ctx context.Context, client apiv1.AgentClient, id *brokerc
 // and stops the loops that call the broker (they check certs.refusedCh or this answer). A refusal
 // of a replaced certificate (gen is not the current generation) is not: the next call presents
 // the renewed one.
-func (a *Agent) refusedForGood(err error, gen uint64) bool {
+func (l *Link) refusedForGood(err error, gen uint64) bool {
 	msg, ok := brokerclient.CertificateRefused(err)
-	if !ok || gen != a.conn.generation() {
+	if !ok || gen != l.conn.generation() {
 		return false
 	}
-	a.mu.Lock()
-	first := a.certs.refused == ""
+	l.mu.Lock()
+	first := l.certs.refused == ""
 	if first {
-		a.certs.refused = msg
-		close(a.certs.refusedCh)
+		l.certs.refused = msg
+		close(l.certs.refusedCh)
 	}
-	a.mu.Unlock()
+	l.mu.Unlock()
 	if first {
-		a.log.Error("THE BROKER REFUSED THIS NODE'S CERTIFICATE FOR GOOD: the agent stops calling the broker and keeps its tunnels on its last state; join again (a new join token in joinTokenFile, remove agent.crt from stateDir, restart)",
-			"err", msg, "stateDir", a.cfg.StateDir)
+		l.log.Error("THE BROKER REFUSED THIS NODE'S CERTIFICATE FOR GOOD: the agent stops calling the broker and keeps its tunnels on its last state; join again (a new join token in joinTokenFile, remove agent.crt from stateDir, restart)",
+			"err", msg, "stateDir", l.cfg.StateDir)
 	}
 	return true
 }
 
 // certificateRefused is the broker's words when it refused the certificate for good, or "".
-func (a *Agent) certificateRefused() string {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.certs.refused
+func (l *Link) certificateRefused() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.certs.refused
 }
 
 // refusedSummary is the broker error status gives for a refused certificate.
@@ -317,29 +317,29 @@ func refusedSummary(msg string) string {
 
 // certStatus fills the certificate fields of the broker status and returns the node's problems
 // about its certificate.
-func (a *Agent) certStatus(b *statusapi.Broker) []statusapi.Problem {
-	if a.keyring == nil {
+func (l *Link) certStatus(b *statusapi.Broker) []statusapi.Problem {
+	if l.keyring == nil {
 		return nil
 	}
-	id := a.keyring.Identity()
+	id := l.keyring.Identity()
 	notAfter := id.Leaf.NotAfter.UTC()
 	b.CertificateNotAfter = &notAfter
-	at, _ := brokerclient.RenewalDue(id.Leaf, a.caBundle())
+	at, _ := brokerclient.RenewalDue(id.Leaf, l.caBundle())
 	if at.IsZero() {
 		at = time.Now()
 	}
 	at = at.UTC().Truncate(time.Second)
 	b.CertificateRenewAt = &at
-	a.mu.Lock()
-	refused, renewErr := a.certs.refused, a.certs.renewErr
-	a.mu.Unlock()
+	l.mu.Lock()
+	refused, renewErr := l.certs.refused, l.certs.renewErr
+	l.mu.Unlock()
 	var out []statusapi.Problem
 	switch {
 	case refused != "":
 		b.CertificateRefused, b.Connected, b.Error = true, false, refusedSummary(refused)
 		out = append(out, statusapi.Problem{Message: "the broker refused this node's certificate for good: " + refused +
 			"; the agent no longer calls the broker and keeps its tunnels on its last state. Join again: a new token in joinTokenFile, remove " +
-			brokerclient.CertFile + " from " + a.cfg.StateDir + ", restart the agent"})
+			brokerclient.CertFile + " from " + l.cfg.StateDir + ", restart the agent"})
 	case renewErr != "":
 		out = append(out, statusapi.Problem{Message: fmt.Sprintf("certificate renewal failing (certificate valid until %s): %s", notAfter.Format(time.RFC3339), renewErr)})
 	}
@@ -347,8 +347,8 @@ func (a *Agent) certStatus(b *statusapi.Broker) []statusapi.Problem {
 }
 
 // logCertificate logs the identity the agent starts with.
-func (a *Agent) logCertificate(id *brokerclient.Identity) {
+func (l *Link) logCertificate(id *brokerclient.Identity) {
 	at, _ := brokerclient.RenewalDue(id.Leaf, nil)
-	a.log.Info("agent certificate", "serial", id.Leaf.SerialNumber.Text(16), "notAfter", id.Leaf.NotAfter.UTC().Format(time.RFC3339),
+	l.log.Info("agent certificate", "serial", id.Leaf.SerialNumber.Text(16), "notAfter", id.Leaf.NotAfter.UTC().Format(time.RFC3339),
 		"renewAt", at.UTC().Format(time.RFC3339))
 }

@@ -1,7 +1,8 @@
-package agent
+package brokerlink
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/cablemesh/cablemesh/agent/brokerclient"
 	"github.com/cablemesh/cablemesh/agent/config"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/internal/retry"
 )
 
 // registerClient answers the first `busy` registrations with the broker's busy answer (a
@@ -51,10 +53,10 @@ func (c *registerClient) RegisterEndpoint(ctx context.Context, req *apiv1.Regist
 
 func runRegisterLoop(t *testing.T, c *registerClient) time.Time {
 	t.Helper()
-	a, err := New(Options{Config: &config.Config{Cluster: "east", Node: "gw1", Gateway: true, HeartbeatInterval: 10 * time.Second, LeaseSeconds: 30}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := New(&config.Config{Cluster: "east", Node: "gw1", Gateway: true, HeartbeatInterval: 10 * time.Second, LeaseSeconds: 30}, Deps{
+		Log: slog.New(slog.DiscardHandler), Backoff: func() *retry.Backoff { return &retry.Backoff{Min: time.Second, Max: 15 * time.Second} },
+		Endpoint: func() *apiv1.Endpoint { return &apiv1.Endpoint{Cluster: "east", Node: "gw1"} }, OnRegistered: func(*apiv1.Endpoint) {},
+	})
 	a.conn = newBrokerConn(nil)
 	a.redial = func() {}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

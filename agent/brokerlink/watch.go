@@ -1,4 +1,4 @@
-package agent
+package brokerlink
 
 import (
 	"context"
@@ -19,37 +19,37 @@ import (
 
 // identity loads the agent's certificate or joins to get one. Transient failures (broker not
 // up yet) are retried with backoff; a refusal or a wrong broker ends the agent.
-func (a *Agent) identity(ctx context.Context) (*brokerclient.Identity, error) {
-	id, err := brokerclient.LoadIdentity(a.cfg.StateDir)
+func (l *Link) identity(ctx context.Context) (*brokerclient.Identity, error) {
+	id, err := brokerclient.LoadIdentity(l.cfg.StateDir)
 	if err == nil {
-		if _, serr := os.Stat(a.cfg.JoinTokenFile); a.cfg.JoinTokenFile != "" && serr == nil {
-			a.log.Info("the node has joined: the join token file is no longer needed and can be deleted", "joinTokenFile", a.cfg.JoinTokenFile)
+		if _, serr := os.Stat(l.cfg.JoinTokenFile); l.cfg.JoinTokenFile != "" && serr == nil {
+			l.log.Info("the node has joined: the join token file is no longer needed and can be deleted", "joinTokenFile", l.cfg.JoinTokenFile)
 		}
 		return id, nil
 	}
 	if !errors.Is(err, brokerclient.ErrNoIdentity) {
-		return nil, fmt.Errorf("load agent identity from %s: %w", a.cfg.StateDir, err)
+		return nil, fmt.Errorf("load agent identity from %s: %w", l.cfg.StateDir, err)
 	}
-	a.log.Info("no agent certificate in the state dir; joining the broker", "broker", a.cfg.Broker, "stateDir", a.cfg.StateDir)
-	bo := a.newBackoff()
+	l.log.Info("no agent certificate in the state dir; joining the broker", "broker", l.cfg.Broker, "stateDir", l.cfg.StateDir)
+	bo := l.deps.Backoff()
 	for {
 		id, cl, err := brokerclient.Join(ctx, brokerclient.JoinParams{
-			Broker: a.cfg.Broker, Cluster: a.cfg.Cluster, Node: a.cfg.Node,
-			TokenFile: a.cfg.JoinTokenFile, StateDir: a.cfg.StateDir,
+			Broker: l.cfg.Broker, Cluster: l.cfg.Cluster, Node: l.cfg.Node,
+			TokenFile: l.cfg.JoinTokenFile, StateDir: l.cfg.StateDir,
 		})
 		if err == nil {
-			a.mu.Lock()
-			a.joinCluster = cl
-			a.mu.Unlock()
-			a.log.Info("joined the broker; certificate stored", "stateDir", a.cfg.StateDir, "clusterID", cl.GetId(), "certificateNotAfter", id.Leaf.NotAfter.UTC().Format(time.RFC3339))
-			a.log.Info("the join token file is no longer needed and can be deleted: the agent now uses its certificate in stateDir", "joinTokenFile", a.cfg.JoinTokenFile)
+			l.mu.Lock()
+			l.joinCluster = cl
+			l.mu.Unlock()
+			l.log.Info("joined the broker; certificate stored", "stateDir", l.cfg.StateDir, "clusterID", cl.GetId(), "certificateNotAfter", id.Leaf.NotAfter.UTC().Format(time.RFC3339))
+			l.log.Info("the join token file is no longer needed and can be deleted: the agent now uses its certificate in stateDir", "joinTokenFile", l.cfg.JoinTokenFile)
 			return id, nil
 		}
 		if brokerclient.Permanent(err) {
 			return nil, fmt.Errorf("cannot join the mesh: %w", err)
 		}
-		a.setBrokerError(err)
-		a.log.Warn("join failed; retrying", "broker", a.cfg.Broker, "err", err)
+		l.setBrokerError(err)
+		l.log.Warn("join failed; retrying", "broker", l.cfg.Broker, "err", err)
 		if !retry.Sleep(ctx, bo.Next()) {
 			return nil, ctx.Err() // stopped while waiting for the broker: not a failure
 		}
@@ -59,65 +59,65 @@ func (a *Agent) identity(ctx context.Context) (*brokerclient.Identity, error) {
 // watchLoop keeps one watch stream open, resuming from the last applied revision. A stream whose
 // connection was replaced (a renewed certificate) is reopened at once on the new one; a broker
 // that refused the certificate for good ends the loop.
-func (a *Agent) watchLoop(ctx context.Context, client apiv1.AgentClient) {
-	bo := a.newBackoff()
+func (l *Link) watchLoop(ctx context.Context, client apiv1.AgentClient) {
+	bo := l.deps.Backoff()
 	var quiet brokerclient.RepeatFilter
 	for {
-		gen := a.conn.generation()
-		got, err := a.watchOnce(ctx, client)
+		gen := l.conn.generation()
+		got, err := l.watchOnce(ctx, client)
 		if ctx.Err() != nil {
 			return
 		}
 		if errors.Is(err, errConnMoved) {
-			a.log.Info("watch moves to the broker connection of the renewed certificate", "revision", a.revision())
+			l.log.Info("watch moves to the broker connection of the renewed certificate", "revision", l.revision())
 			continue
 		}
 		if errors.Is(err, errWatchReopen) {
-			a.log.Info("watch reopened for the new imports.selector", "selector", a.importSelector())
+			l.log.Info("watch reopened for the new imports.selector", "selector", l.deps.ImportSelector())
 			continue
 		}
 		if got {
 			bo.Reset()
 			quiet.Reset()
 		}
-		a.mu.Lock()
-		a.watchUp = false
-		a.mu.Unlock()
-		if a.refusedForGood(err, gen) {
+		l.mu.Lock()
+		l.watchUp = false
+		l.mu.Unlock()
+		if l.refusedForGood(err, gen) {
 			return
 		}
-		a.setBrokerError(err)
+		l.setBrokerError(err)
 		d := bo.Next()
 		level := slog.LevelWarn
 		if quiet.Repeated(err) {
 			level = slog.LevelDebug
 		}
-		a.log.Log(ctx, level, "broker watch ended; keeping current state and retrying", "err", err, "retryIn", d.Round(time.Millisecond).String())
+		l.log.Log(ctx, level, "broker watch ended; keeping current state and retrying", "err", err, "retryIn", d.Round(time.Millisecond).String())
 		// Drop a stale wake-up: only a register that succeeds from now on should cut the wait.
-		a.wakeWatch.Drain()
+		l.wakeWatch.Drain()
 		t := time.NewTimer(d)
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return
-		case <-a.certs.refusedCh:
+		case <-l.certs.refusedCh:
 			t.Stop()
 			return
 		case <-t.C:
-		case <-a.wakeWatch.C():
+		case <-l.wakeWatch.C():
 			t.Stop()
 		}
-		a.redial()
+		l.redial()
 	}
 }
 
 // watchOnce runs one stream until it fails, or until its connection is replaced (errConnMoved).
 // got says whether any message arrived.
-func (a *Agent) watchOnce(ctx context.Context, client apiv1.AgentClient) (got bool, err error) {
+func (l *Link) watchOnce(ctx context.Context, client apiv1.AgentClient) (got bool, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	_, _, swapped := a.conn.current()
-	reopen := a.watchReopen()
+	_, _, swapped := l.conn.current()
+	reopen := l.watchReopen()
 	moved, reopened := make(chan struct{}), make(chan struct{})
 	done := make(chan struct{})
 	defer close(done)
@@ -132,17 +132,17 @@ func (a *Agent) watchOnce(ctx context.Context, client apiv1.AgentClient) (got bo
 		case <-done:
 		}
 	}()
-	since := a.watchSince()
-	stream, err := client.Watch(ctx, &apiv1.WatchRequest{SinceRevision: since, WantImports: true, ImportSelector: a.importSelector(),
+	since := l.watchSince()
+	stream, err := client.Watch(ctx, &apiv1.WatchRequest{SinceRevision: since, WantImports: true, ImportSelector: l.deps.ImportSelector(),
 		AcceptEncodings: []string{watchzstd.Name}})
 	if err != nil {
-		return false, a.watchErr(moved, reopened, fmt.Errorf("open watch: %w", err))
+		return false, l.watchErr(moved, reopened, fmt.Errorf("open watch: %w", err))
 	}
 	var parts []*apiv1.WatchResponse
 	for {
 		resp, err := stream.Recv()
 		if err != nil {
-			return got, a.watchErr(moved, reopened, fmt.Errorf("watch: %w", err))
+			return got, l.watchErr(moved, reopened, fmt.Errorf("watch: %w", err))
 		}
 		// Large messages come compressed (the broker shares them between agents).
 		if err := watchzstd.Expand(resp); err != nil {
@@ -163,10 +163,10 @@ func (a *Agent) watchOnce(ctx context.Context, client apiv1.AgentClient) (got bo
 		}
 		if !got {
 			// (Re)connected: the broker may have lost or never had this node's exports.
-			a.exports.Trigger()
+			l.deps.OnFirstMessage()
 		}
 		got = true
-		if err := a.apply(resp); err != nil {
+		if err := l.apply(resp); err != nil {
 			return got, err
 		}
 	}
@@ -174,7 +174,7 @@ func (a *Agent) watchOnce(ctx context.Context, client apiv1.AgentClient) (got bo
 
 // watchErr is errConnMoved when the stream ended because its connection was replaced,
 // errWatchReopen when a reload asked for a new stream (reload.go), else err.
-func (a *Agent) watchErr(moved, reopened <-chan struct{}, err error) error {
+func (l *Link) watchErr(moved, reopened <-chan struct{}, err error) error {
 	select {
 	case <-moved:
 		return errConnMoved
@@ -186,46 +186,45 @@ func (a *Agent) watchErr(moved, reopened <-chan struct{}, err error) error {
 }
 
 // apply applies one watch message, persists the state and triggers a reconcile.
-func (a *Agent) apply(resp *apiv1.WatchResponse) error {
-	a.mu.Lock()
-	next := a.state.Clone()
+func (l *Link) apply(resp *apiv1.WatchResponse) error {
+	l.mu.Lock()
+	next := l.state.Clone()
 	if err := next.Apply(resp); err != nil {
 		// Ask for a full snapshot on the next stream rather than resuming past a message we
 		// could not apply.
-		a.state.Revision = 0
-		a.mu.Unlock()
+		l.state.Revision = 0
+		l.mu.Unlock()
 		return fmt.Errorf("apply broker message at revision %d: %w", resp.GetRevision(), err)
 	}
-	a.state = next
-	a.cached = false
-	a.watchUp = true
-	a.lastContact = time.Now()
-	if !a.cfg.Gateway || a.beatOK {
-		a.lastErr = ""
+	l.state = next
+	l.cached = false
+	l.watchUp = true
+	l.lastContact = time.Now()
+	if !l.cfg.Gateway || l.beatOK {
+		l.lastErr = ""
 	}
-	a.mu.Unlock()
-	if err := next.Save(a.cfg.StateDir, time.Now()); err != nil {
-		a.log.Error("cannot persist broker state; running on memory", "err", err)
+	l.mu.Unlock()
+	if err := next.Save(l.cfg.StateDir, time.Now()); err != nil {
+		l.log.Error("cannot persist broker state; running on memory", "err", err)
 	}
 	if ca := resp.GetCa(); ca != nil {
-		a.onCABundle(ca)
+		l.onCABundle(ca)
 	}
-	a.log.Debug("applied broker message", "revision", next.Revision, "snapshot", resp.GetSnapshot(), "events", len(resp.GetEvents()), "imports", resp.GetImports() != nil)
+	l.log.Debug("applied broker message", "revision", next.Revision, "snapshot", resp.GetSnapshot(), "events", len(resp.GetEvents()), "imports", resp.GetImports() != nil)
 	if resp.GetImports() != nil {
-		a.log.Info("service imports received", "imports", len(next.Imports), "revision", next.Revision)
+		l.log.Info("service imports received", "imports", len(next.Imports), "revision", next.Revision)
 	}
-	a.Trigger()
-	a.TriggerServices()
+	l.deps.OnState()
 	return nil
 }
 
-func (a *Agent) revision() uint64 {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.state.Revision
+func (l *Link) revision() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.state.Revision
 }
 
-func (a *Agent) setBrokerError(err error) {
+func (l *Link) setBrokerError(err error) {
 	if err == nil {
 		return
 	}
@@ -233,17 +232,17 @@ func (a *Agent) setBrokerError(err error) {
 	if s, ok := status.FromError(errors.Unwrap(err)); ok && s.Code() != codes.OK {
 		msg = s.Message()
 	}
-	a.mu.Lock()
-	a.lastErr = msg
-	a.mu.Unlock()
+	l.mu.Lock()
+	l.lastErr = msg
+	l.mu.Unlock()
 }
 
 // brokerStatus returns the broker part of the status document.
-func (a *Agent) brokerStatus() (connected bool, rev uint64, last time.Time, errMsg string, cached bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	connected = a.watchUp && (!a.cfg.Gateway || a.beatOK)
-	return connected, a.state.Revision, a.lastContact, a.lastErr, a.cached
+func (l *Link) brokerStatus() (connected bool, rev uint64, last time.Time, errMsg string, cached bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	connected = l.watchUp && (!l.cfg.Gateway || l.beatOK)
+	return connected, l.state.Revision, l.lastContact, l.lastErr, l.cached
 }
 
 // maxWatchParts bounds how many parts of one batch the agent buffers (the broker keeps parts
