@@ -46,6 +46,7 @@ import (
 	"github.com/cablemesh/cablemesh/agent/plan"
 	"github.com/cablemesh/cablemesh/agent/preflight"
 	"github.com/cablemesh/cablemesh/agent/reconcile"
+	"github.com/cablemesh/cablemesh/agent/reload"
 	"github.com/cablemesh/cablemesh/agent/routes"
 	"github.com/cablemesh/cablemesh/agent/servicedp"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
@@ -156,8 +157,8 @@ type Agent struct {
 
 	ready readiness // the first full sync, for /readyz (metrics.go)
 
-	reload   reloadState   // the config in force and its reloads (reload.go)
-	nodeAddr nodeAddrState // the Node's addresses on Kubernetes (reload_nodeaddr.go)
+	reload   *reload.Reloader // the config in force and its reloads
+	nodeAddr nodeAddrState    // the Node's addresses on Kubernetes (reload_nodeaddr.go)
 }
 
 // New checks options; it creates nothing.
@@ -217,7 +218,8 @@ func New(opts Options) (*Agent, error) {
 		MeshLink: opts.MeshLink, CleanupOnExit: opts.CleanupOnExit, CABundle: a.link.CABundle, CAs: func() *x509.CertPool { return a.link.Keyring().Identity().CAs },
 		Backoff: a.newBackoff, OnRegistered: a.Trigger})
 	a.registry.MustRegister(&collector{a: a})
-	a.initReload()
+	a.reload = reload.New(opts.ConfigPath, cfg, reload.Options{Log: a.log, LogLevelFlag: opts.LogLevelFlag, Apply: a.applyConfig,
+		ImportsChanged: func() { a.link.ReopenWatch() }})
 	return a, nil
 }
 
@@ -322,7 +324,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		wg.Go(func() { a.link.RunRegister(ctx, client) })
 	}
 	if a.opts.ConfigPath != "" {
-		wg.Go(func() { a.runReload(ctx, client) })
+		wg.Go(func() { a.reload.Run(ctx, client) })
 	}
 	wg.Go(func() { a.nodeAddressLoop(ctx, client) })
 	wg.Wait()

@@ -159,7 +159,7 @@ func (a *Agent) nodeAddressLoop(ctx context.Context, client apiv1.AgentClient) {
 		a.log.Info("node addresses changed", "private", private, "public", public)
 		if private != registered && a.cfg.AdvertiseAddress == "" {
 			// Serialised with config reloads: both rebuild drivers.
-			a.reload.apply.Lock()
+			a.reload.Lock()
 			var names []string
 			for _, d := range a.cables.Running() {
 				names = append(names, d.Name())
@@ -169,7 +169,7 @@ func (a *Agent) nodeAddressLoop(ctx context.Context, client apiv1.AgentClient) {
 				a.cables.Rebuild(ctx, a.liveConfig(), names)
 				a.cables.ClampMSS()
 			}
-			a.reload.apply.Unlock()
+			a.reload.Unlock()
 			// The old address is no longer this node's: the guard protects the new one (and
 			// its link's network), so no cable route may cover the node's own underlay.
 			g := a.buildGuard(ctx)

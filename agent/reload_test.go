@@ -25,6 +25,7 @@ import (
 	"github.com/cablemesh/cablemesh/agent/internal/fakedriver"
 	"github.com/cablemesh/cablemesh/agent/kube"
 	"github.com/cablemesh/cablemesh/agent/reconcile"
+	"github.com/cablemesh/cablemesh/agent/reload"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 	"github.com/cablemesh/cablemesh/cable"
 )
@@ -262,37 +263,6 @@ exports:
 	}
 }
 
-func TestErrorFieldNamesTheFieldOfAParseError(t *testing.T) {
-	for _, tc := range []struct{ in, want string }{
-		{"agent config /etc/a.yaml: healthCheck.period: \"1ms\" is out of range (100ms..1h)", "healthCheck.period"},
-		{"agent config /x: cluster: \"Bad\": not a DNS label", "cluster"},
-		{"agent config /x: line 3: unknown field \"foo\"", ""},
-		{"agent config /x: line 4: vxlan.port: \"x\" is not a port", "vxlan.port"},
-		{"agent config /x: exports[1].ports[0].port: 0 is not a port", "exports[1].ports[0].port"},
-		{"agent config /x: config is empty", ""},
-	} {
-		if got := errorField(errors.New(tc.in)); got != tc.want {
-			t.Errorf("errorField(%q) = %q, want %q", tc.in, got, tc.want)
-		}
-	}
-}
-
-func TestOnlyEventsThatMayChangeTheConfigWakeTheReload(t *testing.T) {
-	a := &Agent{cfg: &config.Config{JoinTokenFile: "/etc/cablemesh/token/join-token"}, opts: Options{ConfigPath: "/etc/cablemesh/agent.yaml"}}
-	for name, want := range map[string]bool{
-		"/etc/cablemesh/agent.yaml":                  true,
-		"/etc/cablemesh/..data":                      true, // a ConfigMap's symlink swap
-		"/etc/cablemesh/..2026_11_23_22_00_00.12345": true,
-		"/etc/cablemesh/token/join-token":            true,
-		"/etc/cablemesh/agent.log":                   false,
-		"/etc/cablemesh/agent.yaml.new":              false, // its rename over the file is the event
-	} {
-		if got := a.relevantEvent(name); got != want {
-			t.Errorf("relevantEvent(%s) = %v, want %v", name, got, want)
-		}
-	}
-}
-
 // nodeBuilds records the local node every driver was built for.
 type nodeBuilds struct {
 	mu    sync.Mutex
@@ -412,17 +382,6 @@ func TestAnAdvertiseAddressInTheConfigWinsOverTheNodes(t *testing.T) {
 	}
 }
 
-func FuzzErrorField(f *testing.F) {
-	f.Add("agent config /x: line 4: vxlan.port: \"x\" is not a port")
-	f.Add("cluster: : : x[1]: ")
-	f.Fuzz(func(t *testing.T, msg string) {
-		field := errorField(errors.New(msg))
-		if field != "" && !strings.Contains(msg, field+": ") {
-			t.Fatalf("errorField(%q) = %q, which the message does not name", msg, field)
-		}
-	})
-}
-
 // The other live fields: DNS upstreams and TTL reach the running DNS server, the log level its
 // handler, and a driver left out of cableDrivers stops (its pairs and its port leave the
 // endpoint) and starts again when it is back.
@@ -532,7 +491,7 @@ func TestAConfigMapSymlinkSwapIsAppliedAtOnce(t *testing.T) {
 		s, _ := getStatus(t, cfg.StatusSocket)
 		return s.Config != nil && s.Config.Revision == 2
 	})
-	if d := time.Since(swapped); d > reloadPoll/2 {
+	if d := time.Since(swapped); d > reload.PollInterval/2 {
 		t.Errorf("the swap took %s to apply: the poll, not the watch, found it", d)
 	}
 	if p := r.agent.healthManager().Settings().Period; p != 2*time.Second {

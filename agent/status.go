@@ -33,8 +33,8 @@ func (a *Agent) Status(ctx context.Context) statusapi.Status {
 	if p := preflight.TokenFileProblem(a.liveConfig().JoinTokenFile); p != "" {
 		out.Problems = append(out.Problems, statusapi.Problem{Message: p})
 	}
-	out.Config = a.configStatus()
-	out.Problems = append(out.Problems, a.configProblems()...)
+	out.Config = a.reload.Status()
+	out.Problems = append(out.Problems, a.reload.Problems()...)
 	out.Services = a.servicesStatus()
 	a.ingress.Status(&out)
 	if !a.cfg.Gateway {
