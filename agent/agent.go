@@ -43,6 +43,7 @@ import (
 	"github.com/cablemesh/cablemesh/agent/exports"
 	"github.com/cablemesh/cablemesh/agent/health"
 	"github.com/cablemesh/cablemesh/agent/ingress"
+	"github.com/cablemesh/cablemesh/agent/metrics"
 	"github.com/cablemesh/cablemesh/agent/plan"
 	"github.com/cablemesh/cablemesh/agent/preflight"
 	"github.com/cablemesh/cablemesh/agent/reconcile"
@@ -144,7 +145,7 @@ type Agent struct {
 	planner *plan.Planner   // the one plan per input change that every consumer reads
 
 	cables  *cables.Cables // the cable connections (gateways); the reconcile loop (all nodes)
-	metrics *healthMetrics
+	metrics *metrics.Probes
 	worker  *routes.Worker // a non-gateway node's routes via its gateways
 
 	registry *prometheus.Registry // the agent's metrics (served on metricsAddress)
@@ -155,7 +156,7 @@ type Agent struct {
 
 	ingress *ingress.Gateway // ingress ports, the xDS server, the mesh address and data plane
 
-	ready readiness // the first full sync, for /readyz (metrics.go)
+	ready *metrics.Readiness // the first full sync, for /readyz
 
 	reload   *reload.Reloader // the config in force and its reloads
 	nodeAddr nodeAddrState    // the Node's addresses on Kubernetes (reload_nodeaddr.go)
@@ -196,7 +197,7 @@ func New(opts Options) (*Agent, error) {
 		opts:     opts,
 		log:      opts.Log.With("cluster", cfg.Cluster, "node", cfg.Node),
 		pairLog:  opts.Log.With("localCluster", cfg.Cluster, "localNode", cfg.Node),
-		metrics:  newHealthMetrics(),
+		metrics:  metrics.NewProbes(),
 		registry: prometheus.NewRegistry(),
 		planner:  plan.New(opts.Log.With("cluster", cfg.Cluster, "node", cfg.Node)),
 	}
@@ -217,7 +218,8 @@ func New(opts Options) (*Agent, error) {
 	a.ingress = ingress.New(cfg, ingress.Deps{Log: a.log, Exports: a.exportSet, Plan: a.plan, OpenDataplane: opts.OpenIngress,
 		MeshLink: opts.MeshLink, CleanupOnExit: opts.CleanupOnExit, CABundle: a.link.CABundle, CAs: func() *x509.CertPool { return a.link.Keyring().Identity().CAs },
 		Backoff: a.newBackoff, OnRegistered: a.Trigger})
-	a.registry.MustRegister(&collector{a: a})
+	a.ready = &metrics.Readiness{Log: a.log}
+	a.registry.MustRegister(&metrics.Collector{Status: a.Status, Probes: a.metrics})
 	a.reload = reload.New(opts.ConfigPath, cfg, reload.Options{Log: a.log, LogLevelFlag: opts.LogLevelFlag, Apply: a.applyConfig,
 		ImportsChanged: func() { a.link.ReopenWatch() }})
 	return a, nil
@@ -285,11 +287,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	defer stopIngress()
 	if a.cfg.MetricsAddress != "" {
-		m, err := a.serveMetrics(ctx)
+		stop, err := metrics.Serve(ctx, a.cfg.MetricsAddress, a.metricsHandler(), a.log)
 		if err != nil {
 			return err
 		}
-		defer m.close()
+		defer stop()
 	}
 
 	// Reconcile from the cache before the broker answers (or when it never does), then program

@@ -12,6 +12,7 @@ import (
 
 	"github.com/cablemesh/cablemesh/agent/health"
 	"github.com/cablemesh/cablemesh/agent/internal/fakedriver"
+	"github.com/cablemesh/cablemesh/agent/metrics"
 )
 
 // switchPinger is a fake network: every target answers with a fixed RTT until told not to.
@@ -113,7 +114,7 @@ func TestGatewayProbesRemoteGatewaysAndReportsRTT(t *testing.T) {
 func gather(t *testing.T, a *Agent) map[string]float64 {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(&collector{a: a})
+	reg.MustRegister(&metrics.Collector{Status: a.Status, Probes: a.metrics})
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -2,10 +2,12 @@ package agent
 
 import (
 	"context"
+	"net/http"
 	"time"
 
 	"github.com/cablemesh/cablemesh/agent/config"
 	"github.com/cablemesh/cablemesh/agent/health"
+	"github.com/cablemesh/cablemesh/agent/metrics"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/internal/retry"
 )
@@ -77,3 +79,9 @@ func healthSettingsOf(cfg *config.Config) health.Settings {
 	h := cfg.HealthCheck
 	return health.Settings{Period: h.Period, Timeout: h.Timeout, FailureThreshold: h.FailureThreshold, Window: h.Window}.WithDefaults()
 }
+
+func (a *Agent) metricsHandler() http.Handler { return metrics.Handler(a.registry, a.ready) }
+func (a *Agent) markSynced(rev uint64)        { a.ready.Mark(rev) }
+
+// Synced reports whether a reconcile pass ran over a full state, and at which revision.
+func (a *Agent) Synced() (bool, uint64) { return a.ready.Synced() }

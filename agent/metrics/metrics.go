@@ -1,10 +1,13 @@
-package agent
+// Package metrics is the agent's Prometheus metrics, its /healthz and /readyz, and the
+// readiness they report.
+package metrics
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"sync/atomic"
@@ -13,37 +16,38 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/cablemesh/cablemesh/agent/statusapi"
 	"github.com/cablemesh/cablemesh/cable"
 )
 
-// serveMetrics serves Prometheus metrics on metricsAddress at /metrics, and the probes /healthz
+// Serve serves, on addr (metricsAddress), Prometheus metrics on metricsAddress at /metrics, and the probes /healthz
 // and /readyz.
-func (a *Agent) serveMetrics(ctx context.Context) (*server, error) {
-	lis, err := net.Listen("tcp", a.cfg.MetricsAddress)
+func Serve(ctx context.Context, addr string, h http.Handler, log *slog.Logger) (stop func(), err error) {
+	lis, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("metricsAddress %s: %w", a.cfg.MetricsAddress, err)
+		return nil, fmt.Errorf("metricsAddress %s: %w", addr, err)
 	}
-	srv := &http.Server{Handler: a.metricsHandler(), ReadHeaderTimeout: 5 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			a.log.Error("metrics server stopped", "err", err)
+			log.Error("metrics server stopped", "err", err)
 		}
 	}()
-	a.log.Info("serving metrics", "address", lis.Addr().String())
-	return &server{close: func() {
+	log.Info("serving metrics", "address", lis.Addr().String())
+	return func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(sctx)
 		<-done
-	}}, nil
+	}, nil
 }
 
-// metricsHandler serves /metrics, /healthz and /readyz.
-func (a *Agent) metricsHandler() http.Handler {
+// Handler serves /metrics, /healthz and /readyz.
+func Handler(reg *prometheus.Registry, ready *Readiness) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	// Liveness: the process serves. Nothing else is asked of it: a broker outage or a failed
 	// tunnel is no reason to restart an agent that keeps the last state (DESIGN.md, Sync).
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -56,7 +60,7 @@ func (a *Agent) metricsHandler() http.Handler {
 	// went away rolled a DaemonSet for nothing).
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		ok, rev := a.Synced()
+		ok, rev := ready.Synced()
 		if !ok {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			_, _ = io.WriteString(w, "not ready: no full sync yet (no broker snapshot received and no cached state applied)\n")
@@ -67,28 +71,31 @@ func (a *Agent) metricsHandler() http.Handler {
 	return mux
 }
 
-// readiness records the first reconcile pass over a full state.
-type readiness struct {
+// Readiness records the first reconcile pass over a full state.
+type Readiness struct {
+	Log      *slog.Logger
 	synced   atomic.Bool
 	revision atomic.Uint64 // the revision of that first pass
 }
 
-// markSynced is called after every reconcile pass with the revision of the state it planned
+// Mark is called after every reconcile pass with the revision of the state it planned
 // from. A revision above 0 means a full state: the agent loads a cached state whole, and without
 // one it asks the broker from revision 0, which answers with a snapshot; deltas only ever come on
 // top of one of the two.
-func (a *Agent) markSynced(rev uint64) {
-	if rev == 0 || a.ready.synced.Load() {
+func (r *Readiness) Mark(rev uint64) {
+	if rev == 0 || r.synced.Load() {
 		return
 	}
-	a.ready.revision.Store(rev)
-	a.ready.synced.Store(true)
-	a.log.Info("first full sync applied: ready", "revision", rev)
+	r.revision.Store(rev)
+	r.synced.Store(true)
+	if r.Log != nil {
+		r.Log.Info("first full sync applied: ready", "revision", rev)
+	}
 }
 
 // Synced reports whether the agent is ready (/readyz), and the broker revision it became ready at.
-func (a *Agent) Synced() (bool, uint64) {
-	return a.ready.synced.Load(), a.ready.revision.Load()
+func (r *Readiness) Synced() (bool, uint64) {
+	return r.synced.Load(), r.revision.Load()
 }
 
 var (
@@ -112,21 +119,25 @@ var (
 		[]string{"cluster", "driver"}, nil)
 )
 
-// collector reads the same status the socket serves at scrape time, so metrics and
-// `cablectl status` never disagree.
-type collector struct{ a *Agent }
+// Collector reads the same status the socket serves at scrape time, so metrics and
+// `cablectl status` never disagree: the connections, the broker link and the certificate, and
+// the probes' own metrics.
+type Collector struct {
+	Status func(context.Context) statusapi.Status
+	Probes *Probes
+}
 
-func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descState, descRx, descTx, descBroker, descRevision, descHealthy, descCertExpiry} {
 		ch <- d
 	}
-	c.a.metrics.describe(ch)
+	c.Probes.describe(ch)
 }
 
-func (c *collector) Collect(ch chan<- prometheus.Metric) {
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	s := c.a.Status(ctx)
+	s := c.Status(ctx)
 	for _, conn := range s.Connections {
 		for _, st := range []cable.State{cable.StateConnected, cable.StateConnecting, cable.StateError} {
 			v := 0.0
@@ -145,7 +156,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descHealthy, prometheus.GaugeValue, v, conn.Cluster, conn.Driver)
 		}
 	}
-	c.a.metrics.collect(ch)
+	c.Probes.collect(ch)
 	b := 0.0
 	if s.Broker.Connected {
 		b = 1
@@ -157,16 +168,16 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// healthMetrics are the probe metrics. They are observed as probes happen (a histogram cannot be
+// Probes are the probe metrics. They are observed as probes happen (a histogram cannot be
 // rebuilt at scrape time) and served by the agent's collector next to the status-derived ones.
-type healthMetrics struct {
+type Probes struct {
 	rtt      *prometheus.HistogramVec
 	probes   *prometheus.CounterVec
 	failures *prometheus.CounterVec
 }
 
-func newHealthMetrics() *healthMetrics {
-	return &healthMetrics{
+func NewProbes() *Probes {
+	return &Probes{
 		rtt: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "cablemesh_agent_connection_rtt_seconds",
 			Help: "Round-trip time of the health probes (ICMP echo) to a remote cluster's gateway through its tunnel.",
@@ -185,7 +196,7 @@ func newHealthMetrics() *healthMetrics {
 }
 
 // Observe implements health.Observer.
-func (m *healthMetrics) Observe(cluster string, rtt time.Duration, err error) {
+func (m *Probes) Observe(cluster string, rtt time.Duration, err error) {
 	m.probes.WithLabelValues(cluster).Inc()
 	if err != nil {
 		m.failures.WithLabelValues(cluster).Inc()
@@ -195,19 +206,19 @@ func (m *healthMetrics) Observe(cluster string, rtt time.Duration, err error) {
 }
 
 // Forget implements health.Observer: a cluster no longer probed leaves no stale series.
-func (m *healthMetrics) Forget(cluster string) {
+func (m *Probes) Forget(cluster string) {
 	m.rtt.DeleteLabelValues(cluster)
 	m.probes.DeleteLabelValues(cluster)
 	m.failures.DeleteLabelValues(cluster)
 }
 
-func (m *healthMetrics) describe(ch chan<- *prometheus.Desc) {
+func (m *Probes) describe(ch chan<- *prometheus.Desc) {
 	m.rtt.Describe(ch)
 	m.probes.Describe(ch)
 	m.failures.Describe(ch)
 }
 
-func (m *healthMetrics) collect(ch chan<- prometheus.Metric) {
+func (m *Probes) collect(ch chan<- prometheus.Metric) {
 	m.rtt.Collect(ch)
 	m.probes.Collect(ch)
 	m.failures.Collect(ch)
