@@ -43,6 +43,7 @@ import (
 	"github.com/cablemesh/cablemesh/agent/exports"
 	"github.com/cablemesh/cablemesh/agent/health"
 	"github.com/cablemesh/cablemesh/agent/ingress"
+	"github.com/cablemesh/cablemesh/agent/kube"
 	"github.com/cablemesh/cablemesh/agent/metrics"
 	"github.com/cablemesh/cablemesh/agent/plan"
 	"github.com/cablemesh/cablemesh/agent/preflight"
@@ -124,8 +125,8 @@ type Options struct {
 	LogLevelFlag string
 	// NodeAddresses follows this node's Node object on Kubernetes (kube.NodeWatcher): a
 	// gateway's endpoint takes its private IP from the Node's InternalIP when the config sets no
-	// advertiseAddress, its public IP from the ExternalIP (reload_nodeaddr.go). nil: none.
-	NodeAddresses NodeAddressSource
+	// advertiseAddress, its public IP from the ExternalIP. nil: none.
+	NodeAddresses kube.AddressSource
 }
 
 // Agent is one node's agent. Build with New, run with Run.
@@ -158,8 +159,11 @@ type Agent struct {
 
 	ready *metrics.Readiness // the first full sync, for /readyz
 
-	reload   *reload.Reloader // the config in force and its reloads
-	nodeAddr nodeAddrState    // the Node's addresses on Kubernetes (reload_nodeaddr.go)
+	reload *reload.Reloader // the config in force and its reloads
+	addrs  *kube.Addresses  // this node's addresses (the config's, or its Node's on Kubernetes)
+
+	guardMu    sync.Mutex
+	guardMoved *reconcile.Guard // the guard rebuilt after the Node's InternalIP moved
 }
 
 // New checks options; it creates nothing.
@@ -201,6 +205,11 @@ func New(opts Options) (*Agent, error) {
 		registry: prometheus.NewRegistry(),
 		planner:  plan.New(opts.Log.With("cluster", cfg.Cluster, "node", cfg.Node)),
 	}
+	var src kube.AddressSource
+	if cfg.Gateway {
+		src = opts.NodeAddresses
+	}
+	a.addrs = kube.NewAddresses(src, cfg.AdvertiseAddr(), cfg.Node, a.log)
 	a.link = brokerlink.New(cfg, brokerlink.Deps{Log: a.log, Backoff: a.newBackoff, ImportSelector: a.importSelector,
 		Endpoint: a.endpoint, OnRegistered: func(ep *apiv1.Endpoint) { a.ingress.ObserveRegistered(ep) },
 		OnState: func() { a.Trigger(); a.TriggerServices() }, OnFirstMessage: func() { a.exports.Trigger() }})
@@ -252,7 +261,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 
-	stopNodeAddrs, err := a.startNodeAddresses(ctx)
+	stopNodeAddrs, err := a.addrs.Start(ctx)
 	if err != nil {
 		return err
 	}
@@ -328,7 +337,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.opts.ConfigPath != "" {
 		wg.Go(func() { a.reload.Run(ctx, client) })
 	}
-	wg.Go(func() { a.nodeAddressLoop(ctx, client) })
+	wg.Go(func() {
+		a.addrs.Run(ctx, func(ctx context.Context, moved bool) { a.nodeAddressesChanged(ctx, client, moved) })
+	})
 	wg.Wait()
 	return nil
 }

@@ -10,7 +10,7 @@ import (
 // endpoint is this gateway's record for the broker.
 func (a *Agent) endpoint() *apiv1.Endpoint {
 	subnets := a.localSubnets()
-	private, public := a.endpointAddrs() // the config's, or the Node's on Kubernetes
+	private, public := a.addrs.Endpoint() // the config's, or the Node's on Kubernetes
 	ep := &apiv1.Endpoint{
 		Cluster:   a.cfg.Cluster,
 		Node:      a.cfg.Node,

@@ -125,7 +125,7 @@ func (a *Agent) stop() {
 // localNode is this node as the cable drivers see it.
 func (a *Agent) localNode() cable.LocalNode {
 	return cable.LocalNode{Cluster: a.cfg.Cluster, Node: a.cfg.Node, StateDir: a.cfg.StateDir,
-		AdvertiseAddress: a.advertiseAddr(), LocalSubnets: a.localSubnets()}
+		AdvertiseAddress: a.addrs.Private(), LocalSubnets: a.localSubnets()}
 }
 
 // healthSettings are the probe settings in force.
@@ -137,6 +137,44 @@ func (a *Agent) healthManager() *health.Manager { return a.cables.Health() }
 // buildGuard finds what no cable route may cover (plan.BuildGuard), at start and when the Node's
 // InternalIP changes.
 func (a *Agent) buildGuard(ctx context.Context) reconcile.Guard {
-	return plan.BuildGuard(ctx, plan.GuardSources{Broker: a.cfg.Broker, Advertise: a.advertiseAddr(), Log: a.log,
+	return plan.BuildGuard(ctx, plan.GuardSources{Broker: a.cfg.Broker, Advertise: a.addrs.Private(), Log: a.log,
 		LookupHost: a.opts.LookupHost, Underlay: a.opts.Underlay})
+}
+
+// currentGuard is the guard in force: the one built at start, or the one rebuilt when the Node's
+// InternalIP moved.
+func (a *Agent) currentGuard() reconcile.Guard {
+	a.guardMu.Lock()
+	defer a.guardMu.Unlock()
+	if a.guardMoved != nil {
+		return *a.guardMoved
+	}
+	return a.guard
+}
+
+// nodeAddressesChanged follows the Node's addresses: a new private address (when the config sets
+// none) rebuilds the running drivers on it and the guard; any change registers the endpoint
+// again.
+func (a *Agent) nodeAddressesChanged(ctx context.Context, client apiv1.AgentClient, privateMoved bool) {
+	if privateMoved {
+		// Serialised with config reloads: both rebuild drivers.
+		a.reload.Lock()
+		var names []string
+		for _, d := range a.cables.Running() {
+			names = append(names, d.Name())
+		}
+		slices.Sort(names)
+		if len(names) > 0 {
+			a.cables.Rebuild(ctx, a.liveConfig(), names)
+			a.cables.ClampMSS()
+		}
+		a.reload.Unlock()
+		g := a.buildGuard(ctx)
+		a.guardMu.Lock()
+		a.guardMoved = &g
+		a.guardMu.Unlock()
+		a.log.Info("drivers rebuilt on the node's new address; the guard against cable routes protects it", "private", a.addrs.Private().String())
+		a.Trigger()
+	}
+	a.reregister(ctx, client)
 }
