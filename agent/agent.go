@@ -1,27 +1,17 @@
-// Package agent is the cable-agent: it joins the broker (once), keeps the broker's state in a
-// cache on disk, registers and heartbeats this node's endpoint on gateways, watches the broker,
-// and reconciles the host (cable connections on gateways, routes via the gateway elsewhere)
-// against that state. It serves its status over a unix socket and, optionally, Prometheus
-// metrics.
+// Package agent is the cable-agent: it wires the components that make it, each a package that
+// owns its state, goroutines and locks, and runs them (see docs/architecture.md):
 //
-// The agent never tears anything down because the broker is unreachable: it keeps running on
-// the last state it received, and starts on the cached state when the broker is down.
+//	brokerlink  join, watch, registration and heartbeat, renewal, the cached broker state
+//	plan        one plan per (broker state, drivers, guard), read by all below
+//	cables      a gateway's drivers, MSS clamp, reconcile, repair and probes
+//	routes      a non-gateway node's routes via its gateways (routes.Worker)
+//	servicedp   DNS, the socket load balancer and the traffic counters
+//	exports     the node's exports and their sync; clusterpolicy the cluster's policies
+//	ingress     ingress ports, xDS, the ingress certificate, the gateway-mode data plane
+//	reload      the config file's live changes; metrics and statusapi what it reports
 //
-// The agent knows the cable drivers only through the cable registry: it builds the drivers the
-// config names, with the config's block for each, and asks them which links to clamp.
-//
-// Every node also runs the services datapath (agent/services decides, datapath.go applies): the
-// clusterset.local DNS server, the eBPF socket load balancer of the service VIPs and, on
-// gateways, per-cluster traffic counters on the cable links; and it sends the node's exports to
-// the broker (exports.go).
-//
-// Files: agent.go (options, Run), broker.go (join, watch, broker status), endpoint.go (register,
-// heartbeat), backoff.go, drivers.go (driver life cycle, MSS clamp, teardown), reconcile.go (the
-// reconcile loop), repair.go (re-asserting unhealthy connections), healthcheck.go (probes),
-// datapath.go (DNS, load balancer, counters), bpffs.go (bpffs and cgroup2), exports.go (export
-// sources and their sync), certs.go (CA bundle, certificate renewal, a certificate refused for
-// good), guard.go (what no cable route may cover), preflight.go (the files the config names,
-// checked before anything is created), status.go (the status API) and metrics.go.
+// Data flows one way: watch -> state -> plan -> consumers -> status. The agent never tears
+// anything down because the broker is unreachable: it runs on the last state it received.
 package agent
 
 import (
@@ -289,7 +279,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer statusSrv.close()
+	defer statusSrv()
 	stopIngress, err := a.ingress.Start(ctx)
 	if err != nil {
 		return err

@@ -3,18 +3,12 @@ package agent
 import (
 	"context"
 	"net/http"
-	"time"
 
 	"github.com/cablemesh/cablemesh/agent/config"
 	"github.com/cablemesh/cablemesh/agent/health"
 	"github.com/cablemesh/cablemesh/agent/metrics"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
-	"github.com/cablemesh/cablemesh/internal/retry"
 )
-
-// reregisterAttempts bounds the endpoint registrations a driver change makes at once; the
-// heartbeat loop re-registers later if the broker forgot the endpoint meanwhile.
-const reregisterAttempts = 5
 
 // liveConfig is the config in force (reload.Reloader.Live).
 func (a *Agent) liveConfig() *config.Config { return a.reload.Live() }
@@ -51,28 +45,11 @@ func (a *Agent) applyConfig(ctx context.Context, client apiv1.AgentClient, cur, 
 	if len(plan.Drivers) > 0 && a.cfg.Gateway {
 		a.cables.Rebuild(ctx, next, plan.Drivers)
 		a.cables.ClampMSS()
-		a.reregister(ctx, client)
+		a.link.Reregister(ctx, client)
 		a.Trigger()
 	}
 }
 
-// reregister sends the endpoint again at once, so that the broker publishes the new cable ports;
-// a failure is retried a few times, then left to the heartbeat loop.
-func (a *Agent) reregister(ctx context.Context, client apiv1.AgentClient) {
-	if client == nil {
-		return
-	}
-	var err error
-	for i := range reregisterAttempts {
-		if err = a.link.Register(ctx, client); err == nil || ctx.Err() != nil {
-			return
-		}
-		if !retry.Sleep(ctx, time.Duration(i+1)*500*time.Millisecond) {
-			return
-		}
-	}
-	a.log.Warn("endpoint not re-registered after a driver change; the broker publishes the old ports until the next registration", "err", err)
-}
 
 // healthSettingsOf are cfg's probe settings (defaults already applied by config).
 func healthSettingsOf(cfg *config.Config) health.Settings {

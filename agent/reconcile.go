@@ -176,5 +176,5 @@ func (a *Agent) nodeAddressesChanged(ctx context.Context, client apiv1.AgentClie
 		a.log.Info("drivers rebuilt on the node's new address; the guard against cable routes protects it", "private", a.addrs.Private().String())
 		a.Trigger()
 	}
-	a.reregister(ctx, client)
+	a.link.Reregister(ctx, client)
 }

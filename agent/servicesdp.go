@@ -94,31 +94,10 @@ func CheckFiles(cfg *config.Config) error { return preflight.CheckFiles(cfg) }
 // ExportSource is a source of exports that change on their own (exports.Source).
 type ExportSource = exports.Source
 
-// ownExportScope is where this node's exports' endpoints may lie (mcs.EndpointScope): its
-// cluster's pod and service CIDRs as the broker's cluster record has them, and in gateway mode
-// its gateways' mesh addresses. false until the record is known (from the watch, its cache, or
-// Join): the broker then decides alone.
+// ownExportScope is where this node's exports' endpoints may lie (exports.ScopeOf).
 func (a *Agent) ownExportScope() (scope mcs.EndpointScope, known bool) {
 	a.link.Read(func(st *brokerstate.State, join *apiv1.Cluster) {
-		c := st.Clusters[a.cfg.Cluster]
-		if c == nil {
-			c = join
-		}
-		if c == nil {
-			return
-		}
-		var mesh []string
-		if c.GetGatewayMode() {
-			for _, ep := range st.Endpoints {
-				if ep.GetCluster() == a.cfg.Cluster && ep.GetMeshAddress() != "" {
-					mesh = append(mesh, ep.GetMeshAddress())
-				}
-			}
-			if reg := a.ingress.Registered(); reg.IsValid() {
-				mesh = append(mesh, reg.String())
-			}
-		}
-		scope, known = mcs.ScopeOf(c, mesh), true
+		scope, known = exports.ScopeOf(st, join, a.cfg.Cluster, a.ingress.Registered())
 	})
 	return scope, known
 }

@@ -2,13 +2,7 @@ package agent
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"net"
 	"net/http"
-	"os"
-	"path/filepath"
-	"time"
 
 	"github.com/cablemesh/cablemesh/agent/cables"
 	"github.com/cablemesh/cablemesh/agent/preflight"
@@ -47,35 +41,9 @@ func (a *Agent) Status(ctx context.Context) statusapi.Status {
 	return out
 }
 
-type server struct{ close func() }
-
-// serveStatus listens on the status socket: parent dir created, a stale socket removed (but not
-// a live one: that is another agent), mode 0660.
-func (a *Agent) serveStatus(ctx context.Context) (*server, error) {
-	path := a.cfg.StatusSocket
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("statusSocket %s: %w", path, err)
-	}
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode()&os.ModeSocket == 0 {
-			return nil, fmt.Errorf("statusSocket %s: exists and is not a socket", path)
-		}
-		if c, err := net.DialTimeout("unix", path, 300*time.Millisecond); err == nil {
-			c.Close()
-			return nil, fmt.Errorf("statusSocket %s: another process is serving on it", path)
-		}
-		if err := os.Remove(path); err != nil {
-			return nil, fmt.Errorf("statusSocket %s: remove stale socket: %w", path, err)
-		}
-	}
-	lis, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, fmt.Errorf("statusSocket %s: %w", path, err)
-	}
-	if err := os.Chmod(path, 0o660); err != nil {
-		lis.Close()
-		return nil, fmt.Errorf("statusSocket %s: %w", path, err)
-	}
+// serveStatus serves the status document, the services section and the runtime exports API on
+// the status socket (statusapi.Serve).
+func (a *Agent) serveStatus(ctx context.Context) (stop func(), err error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET "+statusapi.Path, func(w http.ResponseWriter, r *http.Request) {
 		statusapi.WriteJSON(w, http.StatusOK, a.Status(r.Context()))
@@ -84,19 +52,5 @@ func (a *Agent) serveStatus(ctx context.Context) (*server, error) {
 		statusapi.WriteJSON(w, http.StatusOK, a.servicesStatus())
 	})
 	a.exports.Routes(mux)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			a.log.Error("status server stopped", "err", err)
-		}
-	}()
-	return &server{close: func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-		<-done
-		_ = os.Remove(path)
-	}}, nil
+	return statusapi.Serve(ctx, a.cfg.StatusSocket, mux, a.log)
 }

@@ -167,6 +167,28 @@ func (l *Link) Register(ctx context.Context, client apiv1.AgentClient) error {
 	return l.register(ctx, client)
 }
 
+// reregisterAttempts bounds the endpoint registrations a driver change makes at once; the
+// heartbeat loop re-registers later if the broker forgot the endpoint meanwhile.
+const reregisterAttempts = 5
+
+// Reregister sends the endpoint again at once, so that the broker publishes the new cable ports;
+// a failure is retried a few times, then left to the heartbeat loop.
+func (l *Link) Reregister(ctx context.Context, client apiv1.AgentClient) {
+	if client == nil {
+		return
+	}
+	var err error
+	for i := range reregisterAttempts {
+		if err = l.register(ctx, client); err == nil || ctx.Err() != nil {
+			return
+		}
+		if !retry.Sleep(ctx, time.Duration(i+1)*500*time.Millisecond) {
+			return
+		}
+	}
+	l.log.Warn("endpoint not re-registered after a driver change; the broker publishes the old ports until the next registration", "err", err)
+}
+
 // RunWatch, RunRegister and RunCertificates are the link's loops; each returns when ctx ends or
 // the broker refused the certificate for good.
 func (l *Link) RunWatch(ctx context.Context, client apiv1.AgentClient) { l.watchLoop(ctx, client) }

@@ -2,7 +2,9 @@ package exports
 
 import (
 	"fmt"
+	"net/netip"
 
+	"github.com/cablemesh/cablemesh/agent/brokerstate"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/mcs"
@@ -43,4 +45,31 @@ func kubeExportsInScope(scope mcs.EndpointScope, known bool, list []*apiv1.Servi
 		out = append(out, kept)
 	}
 	return out, msgs
+}
+
+// ScopeOf is where the endpoints of cluster's exports may lie (mcs.EndpointScope): its pod and
+// service CIDRs as the broker's cluster record has them (st's, else join, the Join answer's), and
+// in gateway mode its gateways' mesh addresses (registered: this node's from its registration).
+// false until the record is known (from the watch, its cache, or Join): the broker then decides
+// alone.
+func ScopeOf(st *brokerstate.State, join *apiv1.Cluster, cluster string, registered netip.Addr) (mcs.EndpointScope, bool) {
+	c := st.Clusters[cluster]
+	if c == nil {
+		c = join
+	}
+	if c == nil {
+		return mcs.EndpointScope{}, false
+	}
+	var mesh []string
+	if c.GetGatewayMode() {
+		for _, ep := range st.Endpoints {
+			if ep.GetCluster() == cluster && ep.GetMeshAddress() != "" {
+				mesh = append(mesh, ep.GetMeshAddress())
+			}
+		}
+		if registered.IsValid() {
+			mesh = append(mesh, registered.String())
+		}
+	}
+	return mcs.ScopeOf(c, mesh), true
 }
