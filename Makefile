@@ -13,7 +13,7 @@ NETNS_TIMEOUT ?= 40m
 # kernel fails instead of skipping.
 VM_TIMEOUT ?= 45m
 
-.PHONY: all build deps deps-demo deps-test deps-bench test lint check-bpf unit-test netns-test vm-test demo demo-down k8s-demo k8s-demo-down deps-k8s bench bench-services bench-dns bench-scale bench-xds bench-ingress bench-start fuzz generate fmt vet clean
+.PHONY: all build deps deps-demo deps-test deps-bench test lint check-bpf unit-test netns-test vm-test demo demo-down k8s-demo k8s-demo-down deps-k8s bench bench-services bench-dns bench-scale bench-xds bench-ingress bench-start fuzz generate docs fmt vet clean
 
 all: build
 
@@ -140,6 +140,11 @@ generate:
 	$(GO) generate ./bpf/
 	cd api/v1 && PATH="$$PATH:$$($(GO) env GOPATH)/bin" protoc --go_out=. --go_opt=paths=source_relative \
 		--go-grpc_out=. --go-grpc_opt=paths=source_relative cablemesh.proto
+
+# Regenerates cablectl's reference, docs/cablectl/ (one page per command), from its cobra command
+# tree; a unit test (cmd/cablectl-docs) fails when the committed pages are not what this writes.
+docs:
+	$(GO) run ./cmd/cablectl-docs -dir docs/cablectl
 
 # Universal hosts (as root, or with DESTDIR for packaging): the binaries into
 # $(DESTDIR)/usr/local/bin, the systemd units of deploy/systemd into $(DESTDIR)/etc/systemd/system

@@ -230,6 +230,7 @@ func New(opts Options) (*Agent, error) {
 // Options.CleanupOnExit, what the agent made on the host is removed.
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.stop()
+	defer a.link.Close()
 	if err := preflight.CheckFiles(a.cfg); err != nil {
 		return err
 	}

@@ -130,7 +130,7 @@ func TestACARotationRenewsAtOnceAndSurvivesItsFinish(t *testing.T) {
 	eventually(t, "ca.crt holds both CAs", func() bool { return pemBlocks(t, filepath.Join(stateDir, brokerclient.CAFile)) == 2 })
 	eventually(t, "a renewal from the new CA in use", func() bool {
 		c := readCert(t, stateDir)
-		return b.Renewals() == 1 && c.Issuer.CommonName == "fake mesh CA (rotated)" && b.LastSerial("east", "east-gw1") == c.SerialNumber.Text(16)
+		return b.Renewals() == 1 && c.CheckSignatureFrom(b.IssuingCA()) == nil && b.LastSerial("east", "east-gw1") == c.SerialNumber.Text(16)
 	})
 	if c := readCert(t, stateDir); c.NotAfter.Before(first.NotAfter) {
 		t.Errorf("renewed certificate expires %v, before the first (%v)", c.NotAfter, first.NotAfter)

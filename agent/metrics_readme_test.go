@@ -17,7 +17,7 @@ func TestReadmeListsEveryAgentMetric(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	readme, err := os.ReadFile("../README.md")
+	readme, err := os.ReadFile("../docs/metrics.md")
 	if err != nil {
 		t.Fatal(err)
 	}

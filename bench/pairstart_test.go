@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cablemesh/cablemesh/internal/benchresults"
 	"github.com/cablemesh/cablemesh/tests/netns/harness"
 )
 
@@ -249,29 +248,25 @@ func loadAvgLine() string {
 
 func writePairStartResults(t *testing.T, res PairStartResult) {
 	t.Helper()
-	var b strings.Builder
-	fmt.Fprintf(&b, "# A new pair's first packets, builds side by side (%s)\n\n", res.Date)
-	fmt.Fprintf(&b, "Kernel %s, %d CPUs, revision %s. Load average (1/5/15 min) %s at the start, %s at the end.\n\n", res.Kernel, res.CPUs, res.Revision, res.LoadAvgStart, res.LoadAvgEnd)
-	fmt.Fprintf(&b, "Metric: %s.\n\nCommand: `%s`\n\n", res.Metric, res.Command)
-	fmt.Fprintf(&b, "| build | starts | median (ms) | p90 (ms) | worst (ms) | steps, median (ms): joined / agent ready / registered / pair configured | dir |\n|---|---|---|---|---|---|---|\n")
-	for _, p := range res.Builds {
-		fmt.Fprintf(&b, "| %s | %d | %.0f | %.0f | %.0f | %.0f / %.0f / %.0f / %.0f | `%s` |\n", p.Label, len(p.Samples),
-			p.MedianMs, p.P90Ms, p.WorstMs, p.JoinedMedianMs, p.ReadyMedianMs, p.RegisteredMedianMs, p.ConnectMedianMs, p.Dir)
+	r := startReport{
+		Title: fmt.Sprintf("A new pair's first packets, builds side by side (%s)", res.Date),
+		Machine: fmt.Sprintf("Kernel %s, %d CPUs, revision %s. Load average (1/5/15 min) %s at the start, %s at the end.",
+			res.Kernel, res.CPUs, res.Revision, res.LoadAvgStart, res.LoadAvgEnd),
+		Metric:  res.Metric,
+		Command: res.Command,
+		Table:   "| build | starts | median (ms) | p90 (ms) | worst (ms) | steps, median (ms): joined / agent ready / registered / pair configured | dir |\n|---|---|---|---|---|---|---|",
+		Notes:   res.Notes,
 	}
 	for _, p := range res.Builds {
-		var v, l []string
-		for _, s := range p.Samples {
-			v = append(v, fmt.Sprintf("%.0f", s.BothMs))
-			l = append(l, fmt.Sprintf("%.1f", s.Load1))
-		}
-		fmt.Fprintf(&b, "\n%s, every start in order (ms): %s\n", p.Label, strings.Join(v, ", "))
-		fmt.Fprintf(&b, "\n%s, 1-minute load average at each start: %s\n", p.Label, strings.Join(l, ", "))
+		r.Rows = append(r.Rows, fmt.Sprintf("| %s | %d | %.0f | %.0f | %.0f | %.0f / %.0f / %.0f / %.0f | `%s` |", p.Label, len(p.Samples),
+			p.MedianMs, p.P90Ms, p.WorstMs, p.JoinedMedianMs, p.ReadyMedianMs, p.RegisteredMedianMs, p.ConnectMedianMs, p.Dir))
 	}
-	fmt.Fprintf(&b, "\nNotes:\n\n")
-	for _, n := range res.Notes {
-		fmt.Fprintf(&b, "- %s\n", n)
+	for _, p := range res.Builds {
+		r.Series = append(r.Series,
+			startSeries{p.Label, "every start in order (ms)", formatEach(p.Samples, "%.0f", func(s PairSample) float64 { return s.BothMs })},
+			startSeries{p.Label, "1-minute load average at each start", formatEach(p.Samples, "%.1f", func(s PairSample) float64 { return s.Load1 })})
 	}
-	benchresults.Save(t, "results", "pairstart", res, b.String())
+	writeStartReport(t, "pairstart", res, r)
 }
 
 // processPriority says the nice value this bench (and so every process it starts) runs at: a

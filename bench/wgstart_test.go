@@ -19,7 +19,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cablemesh/cablemesh/internal/benchresults"
 	"github.com/cablemesh/cablemesh/tests/netns/harness"
 )
 
@@ -397,27 +396,22 @@ func gitRevision() string {
 
 func writeStartResults(t *testing.T, res StartResult) {
 	t.Helper()
-	var b strings.Builder
-	fmt.Fprintf(&b, "# WireGuard: a new pair's first packets (%s)\n\n", res.Date)
-	fmt.Fprintf(&b, "Kernel %s, %d CPUs, wireguard-go in the agent. Build: %s (%s).\n\n", res.Kernel, res.CPUs, res.Build, res.Revision)
-	fmt.Fprintf(&b, "Metric: %s.\n\nCommand: `%s`\n\n", res.Metric, res.Command)
-	fmt.Fprintf(&b, "| phase | load | starts | median (ms) | p99 (ms) | worst (ms) | over 1 s | tunnel part: median / p99 / worst (ms) | load avg start/end | busy CPU |\n|---|---|---|---|---|---|---|---|---|---|\n")
-	for _, p := range res.Phases {
-		fmt.Fprintf(&b, "| %s | %s | %d | %.0f | %.0f | %.0f | %d | %.0f / %.0f / %.0f | %.2f / %.2f | %.0f%% |\n", p.Name, p.Load, len(p.Samples),
-			p.MedianMs, p.P99Ms, p.WorstMs, p.Over1s, p.TunnelMedianMs, p.TunnelP99Ms, p.TunnelWorstMs, p.LoadAvgStart, p.LoadAvgEnd, 100*p.BusyCPU)
+	r := startReport{
+		Title:   fmt.Sprintf("WireGuard: a new pair's first packets (%s)", res.Date),
+		Machine: fmt.Sprintf("Kernel %s, %d CPUs, wireguard-go in the agent. Build: %s (%s).", res.Kernel, res.CPUs, res.Build, res.Revision),
+		Metric:  res.Metric,
+		Command: res.Command,
+		Table:   "| phase | load | starts | median (ms) | p99 (ms) | worst (ms) | over 1 s | tunnel part: median / p99 / worst (ms) | load avg start/end | busy CPU |\n|---|---|---|---|---|---|---|---|---|---|",
+		Notes:   res.Notes,
 	}
 	for _, p := range res.Phases {
-		var v, tun []string
-		for _, s := range p.Samples {
-			v = append(v, fmt.Sprintf("%.0f", s.BothMs))
-			tun = append(tun, fmt.Sprintf("%.0f", s.TunnelMs))
-		}
-		fmt.Fprintf(&b, "\n%s, every start in order (ms): %s\n", p.Name, strings.Join(v, ", "))
-		fmt.Fprintf(&b, "\n%s, tunnel part of each (ms): %s\n", p.Name, strings.Join(tun, ", "))
+		r.Rows = append(r.Rows, fmt.Sprintf("| %s | %s | %d | %.0f | %.0f | %.0f | %d | %.0f / %.0f / %.0f | %.2f / %.2f | %.0f%% |", p.Name, p.Load, len(p.Samples),
+			p.MedianMs, p.P99Ms, p.WorstMs, p.Over1s, p.TunnelMedianMs, p.TunnelP99Ms, p.TunnelWorstMs, p.LoadAvgStart, p.LoadAvgEnd, 100*p.BusyCPU))
 	}
-	fmt.Fprintf(&b, "\nNotes:\n\n")
-	for _, n := range res.Notes {
-		fmt.Fprintf(&b, "- %s\n", n)
+	for _, p := range res.Phases {
+		r.Series = append(r.Series,
+			startSeries{p.Name, "every start in order (ms)", formatEach(p.Samples, "%.0f", func(s StartSample) float64 { return s.BothMs })},
+			startSeries{p.Name, "tunnel part of each (ms)", formatEach(p.Samples, "%.0f", func(s StartSample) float64 { return s.TunnelMs })})
 	}
-	benchresults.Save(t, "results", "wgstart", res, b.String())
+	writeStartReport(t, "wgstart", res, r)
 }

@@ -109,7 +109,15 @@ type Config struct {
 	// Now is the clock (tests move it); default time.Now. Leases, token expiry and the reaper
 	// read it.
 	Now func() time.Time
+	// StartTimeout bounds the store work New does after opening the store (the default policy,
+	// service VIPs, mesh addresses, leases), so that a store that does not answer fails the
+	// start instead of hanging it; default DefaultStartTimeout. Opening an etcd store is bounded
+	// apart, by EtcdConfig.StartTimeout.
+	StartTimeout time.Duration
 }
+
+// DefaultStartTimeout is Config.StartTimeout's default.
+const DefaultStartTimeout = 60 * time.Second
 
 // Server is a broker.
 type Server struct {
@@ -162,8 +170,9 @@ type Server struct {
 
 // New loads or creates the broker's PKI, mesh secret and store in cfg.DataDir, creates the mesh
 // default policy on first start, and extends every stored endpoint lease by one lease period, so
-// agents have time to reconnect after broker downtime.
-func New(cfg Config) (_ *Server, err error) {
+// agents have time to reconnect after broker downtime. Its store work ends with ctx, and after
+// cfg.StartTimeout at the latest.
+func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	st := cfg.Store
 	defer func() {
 		if err != nil && st != nil {
@@ -190,6 +199,9 @@ func New(cfg Config) (_ *Server, err error) {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.StartTimeout <= 0 {
+		cfg.StartTimeout = DefaultStartTimeout
 	}
 	if cfg.DefaultCableDriver != "" {
 		if err := ValidateDefaultCableDriver(cfg.DefaultCableDriver); err != nil {
@@ -224,7 +236,7 @@ func New(cfg Config) (_ *Server, err error) {
 		}
 		// The shared secrets come from etcd into the data dir before they are loaded below.
 		var es *store.Etcd
-		if ha, es, err = openHA(*cfg.Etcd, cfg.DataDir, cfg.Logger, cfg.StoreOptions, ips, cfg.Now()); err != nil {
+		if ha, es, err = openHA(ctx, *cfg.Etcd, cfg.DataDir, cfg.Logger, cfg.StoreOptions, ips, cfg.Now()); err != nil {
 			return nil, err
 		}
 		st = es
@@ -260,16 +272,7 @@ func New(cfg Config) (_ *Server, err error) {
 	s.watchBudget = cfg.WatchMessageBytes
 	s.snapshotSends = make(chan struct{}, maxSnapshotSends)
 	s.watchEnc = newWatchEncodings(watchEncodingBytes)
-	if err := s.ensureDefaultPolicy(context.Background(), cfg.DefaultCableDriver); err != nil {
-		return nil, err
-	}
-	if err := s.reconcileServiceVIPs(context.Background()); err != nil {
-		return nil, err
-	}
-	if err := s.reconcileMeshAddresses(context.Background()); err != nil {
-		return nil, err
-	}
-	if err := s.extendLeases(context.Background()); err != nil {
+	if err := s.startStore(ctx); err != nil {
 		return nil, err
 	}
 	// The TLS configuration follows the PKI, which a CA rotation replaces (certs.go).
@@ -306,6 +309,34 @@ func (s *Server) AdminConfigPath() string { return filepath.Join(s.cfg.DataDir, 
 
 // CAHash is the mesh CA fingerprint that join tokens carry.
 func (s *Server) CAHash() string { return s.currentPKI().CAHash() }
+
+// startStore is New's store work: the default policy, the service VIPs and mesh addresses
+// checked against the config, and every lease extended. It gives up after cfg.StartTimeout.
+func (s *Server) startStore(ctx context.Context) error {
+	timedOut := fmt.Errorf("the store did not answer within the start timeout %s", s.cfg.StartTimeout)
+	ctx, cancel := context.WithTimeoutCause(ctx, s.cfg.StartTimeout, timedOut)
+	defer cancel()
+	steps := []struct {
+		what string
+		run  func(context.Context) error
+	}{
+		{"default policy", func(ctx context.Context) error { return s.ensureDefaultPolicy(ctx, s.cfg.DefaultCableDriver) }},
+		{"service VIPs", s.reconcileServiceVIPs},
+		{"mesh addresses", s.reconcileMeshAddresses},
+		{"endpoint leases", s.extendLeases},
+	}
+	for _, step := range steps {
+		err := step.run(ctx)
+		if err != nil && ctx.Err() != nil {
+			// Name why it stopped: the start timeout, or the caller giving up.
+			return fmt.Errorf("start-up store work (%s): %w: %w", step.what, context.Cause(ctx), err)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 // Serve serves on lis until ctx ends, then stops gracefully. It writes DIR/admin.yaml first if it
 // does not exist, with lis's address (an unspecified host becomes 127.0.0.1).

@@ -53,7 +53,7 @@ func TestFirstStartWritesAnAdminConfigThatWorks(t *testing.T) {
 
 func TestAnUnspecifiedListenAddressBecomesLoopbackInAdminConfig(t *testing.T) {
 	dir := t.TempDir()
-	srv, err := New(Config{DataDir: dir, Listen: "0.0.0.0:0", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	srv, err := New(t.Context(), Config{DataDir: dir, Listen: "0.0.0.0:0", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,7 @@ import (
 	"github.com/cablemesh/cablemesh/broker/store/etcdtest"
 )
 
-// Gateway mode at the broker (issue 9): overlap admission, mesh addresses, ingresses in imports.
+// Gateway mode at the broker: overlap admission, mesh addresses, ingresses in imports.
 
 func gatewayToken(t *testing.T, b *testBroker, cluster string, gateway bool, pods ...string) (*apiv1.CreateJoinTokenResponse, error) {
 	t.Helper()

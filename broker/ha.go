@@ -95,7 +95,7 @@ type haReplica struct {
 
 // openHA connects to etcd, brings the shared secrets into the data dir (creating them on the
 // first replica) and opens the store. serverIPs and now are pki.LoadOrCreate's.
-func openHA(cfg EtcdConfig, dataDir string, log *slog.Logger, storeOpts store.Options, serverIPs []net.IP, now time.Time) (_ *haReplica, _ *store.Etcd, err error) {
+func openHA(ctx context.Context, cfg EtcdConfig, dataDir string, log *slog.Logger, storeOpts store.Options, serverIPs []net.IP, now time.Time) (_ *haReplica, _ *store.Etcd, err error) {
 	if len(cfg.Endpoints) == 0 {
 		return nil, nil, errors.New("etcd: no endpoints")
 	}
@@ -134,7 +134,7 @@ func openHA(cfg EtcdConfig, dataDir string, log *slog.Logger, storeOpts store.Op
 			cli.Close()
 		}
 	}()
-	ctx, cancel := context.WithTimeout(context.Background(), cfg.StartTimeout)
+	ctx, cancel := context.WithTimeout(ctx, cfg.StartTimeout)
 	defer cancel()
 	if err := h.syncSecrets(ctx, serverIPs, now); err != nil {
 		return nil, nil, err

@@ -41,7 +41,7 @@ func startReplica(t *testing.T, etcd *etcdtest.Cluster, root, dir string) (*repl
 	if testing.Verbose() {
 		logw = &tlog{t}
 	}
-	srv, err := New(Config{
+	srv, err := New(t.Context(), Config{
 		DataDir: dir, Listen: lis.Addr().String(), ReapInterval: 50 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Etcd:   &EtcdConfig{Endpoints: etcd.Endpoints(), Root: root, Advertise: lis.Addr().String()},

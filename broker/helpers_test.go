@@ -113,7 +113,7 @@ func startBroker(t *testing.T, dir string, o brokerOpts) *testBroker {
 	if o.wrapStore != nil && cfg.Store != nil {
 		cfg.Store = o.wrapStore(cfg.Store)
 	}
-	srv, err := New(cfg)
+	srv, err := New(t.Context(), cfg)
 	if err != nil {
 		t.Fatalf("start broker: %v", err)
 	}

@@ -249,7 +249,7 @@ func (s *importState) view(rev uint64) (*importView, error) {
 // ingresses: one per exporting node of that cluster that has a live endpoint with a mesh address
 // (mesh, by cluster/node) and ports with an ingress port, in node order. Only exports of the
 // import's type count, as for the endpoints (mcs.Merge). A gateway-mode importer reaches the
-// cluster through one of them (issue 9).
+// cluster through one of them.
 func addIngresses(imp *apiv1.ServiceImport, exports []*apiv1.ServiceExport, mesh map[string]string) {
 	byCluster := map[string][]*apiv1.GatewayIngress{}
 	for _, e := range exports {

@@ -12,8 +12,8 @@ import (
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 )
 
-// Issue 11, defects 2 to 5. These tests use only what the API had before the fix, so that they
-// fail against the old broker.
+// Bad input at the broker's API. These tests use only what the API had before it was checked, so
+// that they fail against a broker that does not check it.
 
 // Defect 2: CIDRs that cut gateways off.
 func TestClusterCIDRsThatWouldCutGatewaysOffAreRefused(t *testing.T) {

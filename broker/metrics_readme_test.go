@@ -7,10 +7,10 @@ import (
 	"github.com/cablemesh/cablemesh/internal/metricsdoc"
 )
 
-// TestReadmeListsEveryBrokerMetric keeps README.md's metrics table in step with the broker.
+// TestReadmeListsEveryBrokerMetric keeps docs/metrics.md's metrics table in step with the broker.
 func TestReadmeListsEveryBrokerMetric(t *testing.T) {
 	b := startBroker(t, t.TempDir(), brokerOpts{})
-	readme, err := os.ReadFile("../README.md")
+	readme, err := os.ReadFile("../docs/metrics.md")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -100,7 +100,7 @@ func TestBrokerMetricsAndProbes(t *testing.T) {
 
 func TestBrokerNotReadyBeforeServing(t *testing.T) {
 	dir := t.TempDir()
-	srv, err := New(Config{DataDir: dir, Listen: "127.0.0.1:0"})
+	srv, err := New(t.Context(), Config{DataDir: dir, Listen: "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,7 @@ import (
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 )
 
-// Issue 11, defect 1: a join token worked again and again, and a second join could take the
+// A join token once worked again and again, and a second join could take the
 // node name of the live gateway and overwrite its endpoint. These tests use only what the API
 // had before the fix, so that they fail against the old broker.
 

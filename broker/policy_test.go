@@ -143,7 +143,7 @@ func TestTheDefaultPolicyIsCreatedAtFirstStartAndKeptAfterwards(t *testing.T) {
 	}
 	b.stop()
 
-	_, err := New(Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0", DefaultCableDriver: "gre"})
+	_, err := New(t.Context(), Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0", DefaultCableDriver: "gre"})
 	if err == nil || !strings.Contains(err.Error(), `default cable driver "gre" is not one of ipsec, vxlan, vxlan+ipsec, wireguard`) {
 		t.Fatalf("an unknown default driver: %v", err)
 	}

@@ -62,7 +62,7 @@ func drain(t *testing.T, w apiv1.Agent_WatchClient, until uint64, have map[strin
 	}
 }
 
-// Issue 11, defect 3: large policies froze every agent's watch, even after they were deleted, and
+// Large policies once froze every agent's watch, even after they were deleted, and
 // an agent resuming from an older revision got the same oversized replay forever. Here a real
 // gRPC client with the default limits (4 MiB per message) watches 80 policies of 60 KiB (4.8 MiB)
 // arrive, as a live watcher, from a snapshot and from a replay, and then leave again.

@@ -37,24 +37,24 @@ func tagPaths(t reflect.Type, tag, prefix string) []string {
 	return out
 }
 
-// TestReadmeDocumentsEveryAgentConfigField keeps README.md's agent config table in step with
+// TestReadmeDocumentsEveryAgentConfigField keeps docs/agent-config.md's field table in step with
 // agent/config: every field (by its YAML name, nested ones dotted) must appear as `name`.
 func TestReadmeDocumentsEveryAgentConfigField(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
+	readme, err := os.ReadFile("../docs/agent-config.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range tagPaths(reflect.TypeOf(config.Config{}), "yaml", "") {
 		if !strings.Contains(string(readme), "| `"+p+"` |") {
-			t.Errorf("README.md's agent config table has no row for `%s`", p)
+			t.Errorf("docs/agent-config.md's field table has no row for `%s`", p)
 		}
 	}
 }
 
-// TestReadmeDocumentsStatusJSONKeys keeps README.md's status key list in step with
+// TestReadmeDocumentsStatusJSONKeys keeps docs/status.md's status key list in step with
 // agent/statusapi: every top-level and broker key, and every connection key, is named.
 func TestReadmeDocumentsStatusJSONKeys(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
+	readme, err := os.ReadFile("../docs/status.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +72,7 @@ func TestReadmeDocumentsStatusJSONKeys(t *testing.T) {
 	}
 	for _, k := range keys {
 		if !strings.Contains(string(readme), "`"+k+"`") {
-			t.Errorf("README.md's status JSON table does not name `%s`", k)
+			t.Errorf("docs/status.md's status JSON table does not name `%s`", k)
 		}
 	}
 }

@@ -27,7 +27,7 @@ const (
 )
 
 // LabelExported is set to "true" on every export that does not set it itself, so that the default
-// import selector admits every export (seed 002's multicluster.linkerd.io/exported).
+// import selector admits every export (as Linkerd's multicluster.linkerd.io/exported does).
 const LabelExported = "cablemesh.io/exported"
 
 // DefaultImportSelector is the agent's default imports.selector.

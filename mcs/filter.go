@@ -12,7 +12,7 @@ import (
 
 // ParseImportSelector parses an import selector (Kubernetes label selector syntax, e.g.
 // "cablemesh.io/exported=true,env!=dev"). Unlike a Kubernetes selector, an empty one selects
-// nothing: a cluster that sets imports.selector to "" imports no service (seed 002: the importing
+// nothing: a cluster that sets imports.selector to "" imports no service (the importing
 // side chooses, and choosing nothing is a choice).
 func ParseImportSelector(s string) (labels.Selector, error) {
 	if s == "" {

@@ -8,7 +8,7 @@ import (
 
 // DefaultVIPRange is the range clusterset VIPs come from unless `cable-broker
 // --service-vip-range` says otherwise: 241.0.0.0/8 lies in the reserved 240.0.0.0/4, which no
-// host routes, so a VIP can never shadow a real address (seed 000 uses 240.0.0.0/4 alike).
+// host routes, so a VIP can never shadow a real address (Kuma's VIPs use 240.0.0.0/4 alike).
 const DefaultVIPRange = "241.0.0.0/8"
 
 // ParseVIPRanges parses --service-vip-range: one CIDR, or an IPv4 and an IPv6 CIDR separated by a

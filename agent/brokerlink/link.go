@@ -47,7 +47,8 @@ type Link struct {
 	deps Deps
 	log  *slog.Logger
 
-	wakeWatch syncloop.Trigger // a successful register wakes a watch loop waiting out its backoff
+	wakeWatch syncloop.Trigger   // a successful register wakes a watch loop waiting out its backoff
+	saver     *brokerstate.Saver // writes the state to the cache file, coalesced
 
 	// Set by Start, before any loop runs; read without mu after.
 	keyring *brokerclient.Keyring
@@ -69,7 +70,15 @@ type Link struct {
 
 // New returns the link of cfg (the start-up config).
 func New(cfg *config.Config, deps Deps) *Link {
-	return &Link{cfg: cfg, deps: deps, log: deps.Log, state: brokerstate.New(), certs: certState{refusedCh: make(chan struct{})}}
+	return &Link{cfg: cfg, deps: deps, log: deps.Log, state: brokerstate.New(), certs: certState{refusedCh: make(chan struct{})},
+		saver: brokerstate.NewSaver(cfg.StateDir, brokerstate.DefaultSaveInterval, deps.Log)}
+}
+
+// Close writes the broker state the saver still holds, as the agent stops.
+func (l *Link) Close() {
+	if err := l.saver.Close(); err != nil {
+		l.log.Error("cannot persist broker state on exit", "err", err)
+	}
 }
 
 // Identify loads the agent's identity from the state dir, or joins the broker with the join

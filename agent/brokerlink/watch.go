@@ -204,9 +204,7 @@ func (l *Link) apply(resp *apiv1.WatchResponse) error {
 		l.lastErr = ""
 	}
 	l.mu.Unlock()
-	if err := next.Save(l.cfg.StateDir, time.Now()); err != nil {
-		l.log.Error("cannot persist broker state; running on memory", "err", err)
-	}
+	l.saver.Update(next) // written within a second, and at once when the agent stops
 	if ca := resp.GetCa(); ca != nil {
 		l.onCABundle(ca)
 	}

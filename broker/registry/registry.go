@@ -1,5 +1,5 @@
 // Package registry holds the broker's pure rules for clusters: cluster ID allocation and the CIDR
-// overlap check of seed 001. Name, CIDR and label validation, shared with the agent config and
+// overlap check. Name, CIDR and label validation, shared with the agent config and
 // cablectl, is api/validation. Nothing here does I/O, so every rule is tested with tables and
 // fuzzed; the broker applies the results to its store.
 package registry
@@ -12,7 +12,7 @@ import (
 )
 
 const (
-	// MinClusterID and MaxClusterID bound the IDs the broker allocates (seed 001: 1..255).
+	// MinClusterID and MaxClusterID bound the IDs the broker allocates (1..255: a cluster ID is one byte in the datapath).
 	MinClusterID = 1
 	MaxClusterID = 255
 )
@@ -71,9 +71,9 @@ const (
 )
 
 // CheckOverlap refuses a new cluster whose pod or service CIDRs overlap any CIDR of an existing
-// cluster (seed 001: routes to each cluster's CIDRs go over that cluster's cable, so overlapping
+// cluster (routes to each cluster's CIDRs go over that cluster's cable, so overlapping
 // ranges would be unroutable), unless both clusters are in gateway mode (their cables carry only
-// mesh addresses: issue 9), or whose own pod and service CIDRs overlap each other. The error is
+// mesh addresses), or whose own pod and service CIDRs overlap each other. The error is
 // an *OverlapError naming both clusters and both CIDRs.
 func CheckOverlap(c ClusterCIDRs, existing []ClusterCIDRs) error {
 	for _, p := range c.PodCIDRs {

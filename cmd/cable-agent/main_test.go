@@ -60,7 +60,7 @@ func TestBadInvocationsExitTwoBeforeCreatingAnything(t *testing.T) {
 	}
 }
 
-// TestBadFilesOnFirstStartExitTwoBeforeCreatingAnything (issue 11, defect 5): a stateDir that is
+// TestBadFilesOnFirstStartExitTwoBeforeCreatingAnything: a stateDir that is
 // a file, and a join token file that is missing or unreadable when the node has not joined yet,
 // are bad config: exit 2, naming the field and the path, before anything is created.
 func TestBadFilesOnFirstStartExitTwoBeforeCreatingAnything(t *testing.T) {

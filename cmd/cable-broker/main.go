@@ -156,7 +156,10 @@ func run(args []string, stderr io.Writer) int {
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	slog.SetDefault(log)
 
-	srv, err := broker.New(broker.Config{DataDir: *dataDir, Listen: *listen, Lease: *lease, Logger: log, DefaultCableDriver: driver,
+	// A signal during start-up (a store that does not answer) stops it too.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	srv, err := broker.New(ctx, broker.Config{DataDir: *dataDir, Listen: *listen, Lease: *lease, Logger: log, DefaultCableDriver: driver,
 		ServiceVIPRanges: vipRanges, MeshAddressRange: meshAddrs, Etcd: etcdCfg, ExportQuota: quota})
 	if err != nil {
 		log.Error("start broker", "err", err)
@@ -168,8 +171,6 @@ func run(args []string, stderr io.Writer) int {
 		log.Error("listen", "addr", *listen, "err", err)
 		return 1
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
 	if *metricsListen != "" {
 		mlis, err := net.Listen("tcp", *metricsListen)
 		if err != nil {

@@ -1,4 +1,4 @@
-// Package metricsdoc checks that a README's metrics table names every metric family a
+// Package metricsdoc checks that a document's metrics table (docs/metrics.md) names every metric family a
 // Prometheus collector describes, with its labels: the agent's and the broker's tests share it.
 package metricsdoc
 
@@ -53,12 +53,12 @@ func Missing(readme string, families map[string][]string) []string {
 	for _, name := range names {
 		row := Row(readme, name)
 		if row == "" {
-			out = append(out, fmt.Sprintf("README.md's metrics table has no row | `%s` |", name))
+			out = append(out, fmt.Sprintf("docs/metrics.md's metrics table has no row | `%s` |", name))
 			continue
 		}
 		for _, l := range families[name] {
 			if !strings.Contains(row, "`"+l+"`") {
-				out = append(out, fmt.Sprintf("README.md's row for %s does not name its label `%s`: %s", name, l, row))
+				out = append(out, fmt.Sprintf("docs/metrics.md's row for %s does not name its label `%s`: %s", name, l, row))
 			}
 		}
 	}

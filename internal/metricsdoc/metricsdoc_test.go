@@ -21,8 +21,8 @@ func TestMissingNamesAbsentRowsAndLabels(t *testing.T) {
 	readme := "| `a_total` | `cluster` |\n"
 	got := Missing(readme, fams)
 	want := []string{
-		"README.md's row for a_total does not name its label `driver`: | `a_total` | `cluster` |",
-		"README.md's metrics table has no row | `b` |",
+		"docs/metrics.md's row for a_total does not name its label `driver`: | `a_total` | `cluster` |",
+		"docs/metrics.md's metrics table has no row | `b` |",
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("Missing = %q, want %q", got, want)

@@ -2,6 +2,7 @@ package netns
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -41,32 +42,83 @@ type switchResult struct {
 	stream             harness.StreamResult
 }
 
-// TestDriversOnOnePair runs two clusters whose gateways run all three drivers and moves their
-// pair wireguard -> vxlan -> ipsec -> wireguard with a policy (`apply -f`, the last move with
-// `connection-policy add` flags), while a TCP stream crosses it:
-// per switch it reports the longest stall of the stream, checks the stream survived, and that
-// nothing of the old cable is left on either host (no WireGuard peer, no VXLAN FDB entry or
-// route, no SA, no route in table 220). Over each driver it runs the same traffic test: ping, a
-// 1400-byte ping with DF set, and a TCP transfer of a few MB pod to pod both ways.
-func TestDriversOnOnePair(t *testing.T) {
-	harness.RequireRoot(t)
-	harness.RequireIPsec(t)
-	m := harness.New(t)
+// startSwitchPair starts two clusters, left and right, labelled pair=switch, whose gateways run
+// all three drivers, and waits until the default policy connected them over wireguard; then
+// each pod serves the TCP tests. over says what carries the pair, for the log.
+func startSwitchPair(t *testing.T, over string) (m *harness.Mesh, left, right *harness.Cluster) {
+	t.Helper()
+	m = harness.New(t)
 	extra := harness.MultiDriverConfig()
-	left := m.AddLabelledCluster("left", "10.1.0.0/16", "pair=switch", extra)
-	right := m.AddLabelledCluster("right", "10.2.0.0/16", "pair=switch", extra)
+	left = m.AddLabelledCluster("left", "10.1.0.0/16", "pair=switch", extra)
+	right = m.AddLabelledCluster("right", "10.2.0.0/16", "pair=switch", extra)
 	both := []*harness.Cluster{left, right}
 	started := time.Now()
 	for _, c := range both {
 		c.StartAgent()
 	}
 	conv := m.WaitWants(2*time.Minute, started, both, nil, harness.Connected(harness.DriverWireGuard))
-	m.Logf("connected over wireguard (the default) %s after the agents started", conv.ConnectedAfter("left", "right").Round(time.Millisecond))
+	m.Logf("connected over %s %s after the agents started", over, conv.ConnectedAfter("left", "right").Round(time.Millisecond))
 	for _, c := range both {
 		c.StartTCPServer()
 	}
+	return m, left, right
+}
 
-	trafficOver(t, m, left, right, harness.DriverWireGuard)
+// onePairDatapath is a datapath TestDriversOnOnePair moves its pair across the drivers on.
+type onePairDatapath struct {
+	name string
+	// require skips the test where this host cannot run the datapath, saying why.
+	require func(t *testing.T)
+	// over names what first carries the pair, for the log.
+	over string
+	// checkOver checks the pair over driver: at the start (first, over wireguard) and after
+	// each switch.
+	checkOver func(t *testing.T, m *harness.Mesh, left, right *harness.Cluster, driver string, first bool)
+	// done logs what the datapath adds to the switches' table; nil for nothing.
+	done func(m *harness.Mesh)
+}
+
+// TestDriversOnOnePair runs two clusters whose gateways run all three drivers and moves their
+// pair wireguard -> vxlan -> ipsec -> wireguard with a policy (`apply -f`, the last move with
+// `connection-policy add` flags), while a TCP stream crosses it:
+// per switch it reports the longest stall of the stream, checks the stream survived, and that
+// nothing of the old cable is left on either host (no WireGuard peer, no VXLAN FDB entry or
+// route, no SA, no route in table 220). It does so on two datapaths:
+//
+//   - any-datapath, whichever the host gives the agent: over each driver it runs the same
+//     traffic test: ping, a 1400-byte ping with DF set, and a TCP transfer of a few MB pod to pod
+//     both ways.
+//   - kernel-datapaths (skipped on a kernel without WireGuard or ESP; it runs in the VM of
+//     tests/vm): a kernel WireGuard device, and for ipsec kernel xfrm SAs installed by charon (no
+//     kernel-libipsec). Over each driver it checks the route MTU derived for that datapath, DF
+//     pings of exactly that size and one byte more, and the MSS a pod's SYN arrives with.
+func TestDriversOnOnePair(t *testing.T) {
+	for _, dp := range []onePairDatapath{
+		{name: "any-datapath", require: requireAnyDatapath, over: "wireguard (the default)", checkOver: checkTrafficOver},
+		{name: "kernel-datapaths", require: requireKernelDatapaths, over: "kernel wireguard", checkOver: checkKernelDatapath, done: logKernelESPCeiling},
+	} {
+		t.Run(dp.name, func(t *testing.T) {
+			dp.require(t)
+			harness.RequireIPsec(t)
+			driversOnOnePair(t, dp)
+		})
+	}
+}
+
+// requireAnyDatapath skips unless the test runs as root, and in the VM of tests/vm, which runs
+// the kernel-datapaths case only.
+func requireAnyDatapath(t *testing.T) {
+	t.Helper()
+	harness.RequireRoot(t)
+	if os.Getenv("CABLEMESH_VM") == "1" {
+		t.Skip("skipping in the VM: it runs the kernel-datapaths case")
+	}
+}
+
+// driversOnOnePair is the scenario of TestDriversOnOnePair on one datapath.
+func driversOnOnePair(t *testing.T, dp onePairDatapath) {
+	m, left, right := startSwitchPair(t, dp.over)
+	dp.checkOver(t, m, left, right, harness.DriverWireGuard, true)
 	var switches []switchResult
 	from := harness.DriverWireGuard
 	for _, to := range []string{harness.DriverVXLAN, harness.DriverIPsec, harness.DriverWireGuard} {
@@ -74,12 +126,29 @@ func TestDriversOnOnePair(t *testing.T) {
 		if t.Failed() {
 			t.Fatalf("stopping after the switch %s -> %s failed", from, to)
 		}
-		if to != harness.DriverWireGuard {
-			trafficOver(t, m, left, right, to)
+		dp.checkOver(t, m, left, right, to, false)
+		if t.Failed() {
+			t.Fatalf("stopping after the checks over %s failed", to)
 		}
 		from = to
 	}
+	logSwitches(m, switches)
+	if dp.done != nil {
+		dp.done(m)
+	}
+}
 
+// checkTrafficOver runs trafficOver at the start and after each switch but the last: the pair
+// is back on wireguard then, which the start tested.
+func checkTrafficOver(t *testing.T, m *harness.Mesh, left, right *harness.Cluster, driver string, first bool) {
+	t.Helper()
+	if first || driver != harness.DriverWireGuard {
+		trafficOver(t, m, left, right, driver)
+	}
+}
+
+// logSwitches logs the table of what each driver switch measured.
+func logSwitches(m *harness.Mesh, switches []switchResult) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "driver switches under a TCP stream (left pod -> right pod, 16 KiB echoes every 10ms):\n")
 	fmt.Fprintf(&b, "| switch | status applied | connected | old cable gone | longest stall | gaps > 100ms |\n|---|---|---|---|---|---|\n")

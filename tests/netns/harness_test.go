@@ -1,13 +1,13 @@
 package netns
 
 import (
-	"context"
 	"net/netip"
 	"os"
 	"strings"
 	"testing"
 
 	"github.com/cablemesh/cablemesh/tests/netns/harness"
+	"github.com/cablemesh/cablemesh/tests/netns/nstest"
 )
 
 // TestHarnessLeavesNothing checks the harness itself: the namespaces it wires reach each other
@@ -45,7 +45,7 @@ func TestHarnessLeavesNothing(t *testing.T) {
 	if m == nil {
 		t.Fatal("no mesh was built")
 	}
-	names, err := harness.ListNamespaces(context.Background())
+	names, err := nstest.List()
 	if err != nil {
 		t.Fatal(err)
 	}

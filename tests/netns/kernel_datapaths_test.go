@@ -473,60 +473,34 @@ func TestKernelThreeClusters(t *testing.T) {
 	checkPathMTU(t, m, clusters[0], clusters[1], harness.DriverWireGuard)
 }
 
-// TestKernelDriversOnOnePair moves one pair wireguard -> vxlan -> ipsec -> wireguard with a
-// policy while a TCP stream crosses it (as TestDriversOnOnePair does), on the kernel datapaths:
-// a kernel WireGuard device, and for ipsec kernel xfrm SAs installed by charon (no
-// kernel-libipsec). Over each driver it checks the route MTU derived for that datapath, DF pings
-// of exactly that size and one byte more, and the MSS a pod's SYN arrives with.
-func TestKernelDriversOnOnePair(t *testing.T) {
-	requireKernelDatapaths(t)
-	harness.RequireIPsec(t)
-	m := harness.New(t)
-	extra := harness.MultiDriverConfig()
-	left := m.AddLabelledCluster("left", "10.1.0.0/16", "pair=switch", extra)
-	right := m.AddLabelledCluster("right", "10.2.0.0/16", "pair=switch", extra)
+// checkKernelDatapath checks the pair over driver on the kernel datapaths: the kernel WireGuard
+// device, the VXLAN link, the kernel ESP SAs; and for every driver the route MTU, DF pings of
+// that size and one byte more, and the MSS a pod's SYN arrives with.
+func checkKernelDatapath(t *testing.T, m *harness.Mesh, left, right *harness.Cluster, driver string, _ bool) {
+	t.Helper()
 	both := []*harness.Cluster{left, right}
-	started := time.Now()
-	for _, c := range both {
-		c.StartAgent()
+	switch driver {
+	case harness.DriverWireGuard:
+		for _, c := range both {
+			checkKernelWireGuard(t, c)
+		}
+	case harness.DriverVXLAN:
+		for _, c := range both {
+			if kind, _ := linkKind(c, fmt.Sprintf("%s%d", harness.VXLANLinkPrefix, harness.VXLANVNI)); kind != "vxlan" {
+				t.Errorf("%s: the VXLAN link has kind %q, want vxlan", c.Name, kind)
+			}
+		}
+	case harness.DriverIPsec:
+		for _, c := range both {
+			sas := checkKernelIPsec(t, m, c, map[*harness.Cluster]*harness.Cluster{left: right, right: left}[c])
+			m.Logf("%s: kernel SAs: %v", c.Name, sas)
+		}
 	}
-	conv := m.WaitWants(2*time.Minute, started, both, nil, harness.Connected(harness.DriverWireGuard))
-	m.Logf("connected over kernel wireguard %s after the agents started", conv.ConnectedAfter("left", "right").Round(time.Millisecond))
-	for _, c := range both {
-		c.StartTCPServer()
-		checkKernelWireGuard(t, c)
-	}
-	checkPathMTU(t, m, left, right, harness.DriverWireGuard)
+	checkPathMTU(t, m, left, right, driver)
+}
 
-	from := harness.DriverWireGuard
-	for _, to := range []string{harness.DriverVXLAN, harness.DriverIPsec, harness.DriverWireGuard} {
-		switchUnderLoad(t, m, left, right, from, to)
-		if t.Failed() {
-			t.Fatalf("stopping after the switch %s -> %s failed", from, to)
-		}
-		switch to {
-		case harness.DriverWireGuard:
-			for _, c := range both {
-				checkKernelWireGuard(t, c)
-			}
-		case harness.DriverVXLAN:
-			for _, c := range both {
-				if kind, _ := linkKind(c, fmt.Sprintf("%s%d", harness.VXLANLinkPrefix, harness.VXLANVNI)); kind != "vxlan" {
-					t.Errorf("%s: the VXLAN link has kind %q, want vxlan", c.Name, kind)
-				}
-			}
-		case harness.DriverIPsec:
-			for _, c := range both {
-				sas := checkKernelIPsec(t, m, c, map[*harness.Cluster]*harness.Cluster{left: right, right: left}[c])
-				m.Logf("%s: kernel SAs: %v", c.Name, sas)
-			}
-		}
-		checkPathMTU(t, m, left, right, to)
-		if t.Failed() {
-			t.Fatalf("stopping after the checks over %s failed", to)
-		}
-		from = to
-	}
+// logKernelESPCeiling logs the route MTU of kernel ESP against the kernel's own ceiling.
+func logKernelESPCeiling(m *harness.Mesh) {
 	m.Logf("kernel ESP: route MTU %d; the kernel's own ceiling for AES-GCM in tunnel mode on a %d-byte underlay is %d with UDP encapsulation, %d without",
 		ipsecKernelRouteMTU, underlayMTU, kernelESPCeiling(underlayMTU, true), kernelESPCeiling(underlayMTU, false))
 }
@@ -547,18 +521,9 @@ const restartNoFlapGap = 3 * time.Second
 func TestKernelAgentRestart(t *testing.T) {
 	requireKernelDatapaths(t)
 	harness.RequireIPsec(t)
-	m := harness.New(t)
-	extra := harness.MultiDriverConfig()
-	left := m.AddLabelledCluster("left", "10.1.0.0/16", "pair=switch", extra)
-	right := m.AddLabelledCluster("right", "10.2.0.0/16", "pair=switch", extra)
+	m, left, right := startSwitchPair(t, "kernel wireguard")
 	both := []*harness.Cluster{left, right}
-	started := time.Now()
 	for _, c := range both {
-		c.StartAgent()
-	}
-	m.WaitWants(2*time.Minute, started, both, nil, harness.Connected(harness.DriverWireGuard))
-	for _, c := range both {
-		c.StartTCPServer()
 		checkKernelWireGuard(t, c)
 	}
 

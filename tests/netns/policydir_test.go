@@ -32,6 +32,53 @@ metadata:
 `, name, labels, to, driver)
 }
 
+// policyDirMesh is the mesh of the cluster-scoped policy tests: labelled clusters east, west and
+// north, each offering wireguard and vxlan, east reading the policy files of dir, and all three
+// connected over wireguard by the mesh default policy.
+type policyDirMesh struct {
+	m                 *harness.Mesh
+	east, west, north *harness.Cluster
+	all               []*harness.Cluster
+	dir               string
+}
+
+// startPolicyDirMesh builds the mesh of policyDirMesh and waits until the default policy has
+// connected the three clusters over wireguard.
+func startPolicyDirMesh(t *testing.T) *policyDirMesh {
+	t.Helper()
+	m := harness.New(t)
+	drivers := fmt.Sprintf("cableDrivers: [wireguard, vxlan]\nvxlan: {port: %d, vni: %d}\n", harness.VXLANPort, harness.VXLANVNI)
+	p := &policyDirMesh{m: m, dir: filepath.Join(m.Dir, "east-policies")}
+	if err := os.MkdirAll(p.dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p.east = m.AddLabelledCluster("east", "10.1.0.0/16", "name=east", drivers+"policyDir: "+p.dir+"\n")
+	p.west = m.AddLabelledCluster("west", "10.2.0.0/16", "name=west", drivers)
+	p.north = m.AddLabelledCluster("north", "10.3.0.0/16", "name=north", drivers)
+	p.all = []*harness.Cluster{p.east, p.west, p.north}
+	started := time.Now()
+	for _, c := range p.all {
+		c.StartAgent()
+	}
+	m.WaitWants(2*time.Minute, started, p.all, nil, harness.Connected(harness.DriverWireGuard))
+	m.Logf("the default policy connected the three clusters over wireguard")
+	return p
+}
+
+// write puts text in east's policy file name and returns when it did. It writes a temporary file
+// and renames it, as an editor or a ConfigMap update does: the agent never reads half a file.
+func (p *policyDirMesh) write(t *testing.T, name, text string) time.Time {
+	t.Helper()
+	tmp := filepath.Join(p.dir, ".tmp-"+name)
+	if err := os.WriteFile(tmp, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(p.dir, name)); err != nil {
+		t.Fatal(err)
+	}
+	return time.Now()
+}
+
 // TestPolicyDirClusterScopedPolicies checks seed 003 on Universal hosts: a policy file in cluster
 // east's policyDir, labelled cablemesh.io/origin: cluster, moves the east-west pair to vxlan on
 // both ends (west resolves with the broker's copy); an unlabelled file is refused (east's status
@@ -40,41 +87,14 @@ metadata:
 // default back.
 func TestPolicyDirClusterScopedPolicies(t *testing.T) {
 	harness.RequireRoot(t)
-	m := harness.New(t)
-	drivers := fmt.Sprintf("cableDrivers: [wireguard, vxlan]\nvxlan: {port: %d, vni: %d}\n", harness.VXLANPort, harness.VXLANVNI)
-	policyDir := filepath.Join(m.Dir, "east-policies")
-	if err := os.MkdirAll(policyDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	east := m.AddLabelledCluster("east", "10.1.0.0/16", "name=east", drivers+"policyDir: "+policyDir+"\n")
-	west := m.AddLabelledCluster("west", "10.2.0.0/16", "name=west", drivers)
-	north := m.AddLabelledCluster("north", "10.3.0.0/16", "name=north", drivers)
-	all := []*harness.Cluster{east, west, north}
-	started := time.Now()
-	for _, c := range all {
-		c.StartAgent()
-	}
+	p := startPolicyDirMesh(t)
+	m, east, north, all, policyDir := p.m, p.east, p.north, p.all, p.dir
 	wg, vx := harness.Connected(harness.DriverWireGuard), harness.Connected(harness.DriverVXLAN)
 	pair := harness.PairKey
-	m.WaitWants(2*time.Minute, started, all, nil, wg)
-	m.Logf("the default policy connected the three clusters over wireguard")
-
 	file := filepath.Join(policyDir, "to-west.yaml")
-	write := func(path, text string) time.Time {
-		t.Helper()
-		// Write and rename, as an editor or a ConfigMap update does: never a half-written file.
-		tmp := filepath.Join(policyDir, ".tmp-"+filepath.Base(path))
-		if err := os.WriteFile(tmp, []byte(text), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(tmp, path); err != nil {
-			t.Fatal(err)
-		}
-		return time.Now()
-	}
 
 	// 1. A labelled file: east-west over vxlan, on both ends.
-	t0 := write(file, clusterPolicyYAML("to-west", "west", "vxlan", true))
+	t0 := p.write(t, "to-west.yaml", clusterPolicyYAML("to-west", "west", "vxlan", true))
 	conv := m.WaitWants(PolicyTimeout, t0, all, harness.Wants{pair("east", "west"): vx}, wg)
 	m.Logf("east's policyDir file moved east-west to vxlan on both ends %s after it was written", conv.ConnectedAfter("east", "west").Round(time.Millisecond))
 	synced := policy.ClusterPolicyName("to-west", "east")
@@ -93,7 +113,7 @@ func TestPolicyDirClusterScopedPolicies(t *testing.T) {
 	}
 
 	// 2. An unlabelled file: refused, said in status and log, nothing changes.
-	write(filepath.Join(policyDir, "to-north.yaml"), clusterPolicyYAML("to-north", "north", "vxlan", false))
+	p.write(t, "to-north.yaml", clusterPolicyYAML("to-north", "north", "vxlan", false))
 	err := harness.WaitFor(30*time.Second, 200*time.Millisecond, func() (bool, string) {
 		st, err := east.Status()
 		if err != nil {
@@ -122,7 +142,7 @@ func TestPolicyDirClusterScopedPolicies(t *testing.T) {
 	}
 
 	// 3. Editing the file: the policy now decides east-north, and east-west goes back to the default.
-	t0 = write(file, clusterPolicyYAML("to-west", "north", "vxlan", true))
+	t0 = p.write(t, "to-west.yaml", clusterPolicyYAML("to-west", "north", "vxlan", true))
 	conv = m.WaitWants(PolicyTimeout, t0, all, harness.Wants{pair("east", "north"): vx}, wg)
 	m.Logf("the edit moved east-north to vxlan and east-west back to wireguard %s after it was written", conv.ConnectedAfter("east", "west", "north").Round(time.Millisecond))
 

@@ -1,9 +1,6 @@
 package netns
 
 import (
-	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -39,23 +36,10 @@ func stayDisconnected(t *testing.T, d time.Duration, x, y *harness.Cluster) {
 // the highest priority changes nothing.
 func TestClusterPolicyCannotLiftTheMeshsNo(t *testing.T) {
 	harness.RequireRoot(t)
-	m := harness.New(t)
-	drivers := fmt.Sprintf("cableDrivers: [wireguard, vxlan]\nvxlan: {port: %d, vni: %d}\n", harness.VXLANPort, harness.VXLANVNI)
-	policyDir := filepath.Join(m.Dir, "east-policies")
-	if err := os.MkdirAll(policyDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	east := m.AddLabelledCluster("east", "10.1.0.0/16", "name=east", drivers+"policyDir: "+policyDir+"\n")
-	west := m.AddLabelledCluster("west", "10.2.0.0/16", "name=west", drivers)
-	north := m.AddLabelledCluster("north", "10.3.0.0/16", "name=north", drivers)
-	all := []*harness.Cluster{east, west, north}
-	started := time.Now()
-	for _, c := range all {
-		c.StartAgent()
-	}
+	p := startPolicyDirMesh(t)
+	m, east, west, north, all := p.m, p.east, p.west, p.north, p.all
 	wg := harness.Connected(harness.DriverWireGuard)
 	pair := harness.PairKey
-	m.WaitWants(2*time.Minute, started, all, nil, wg)
 
 	t0 := m.Apply(m.PolicyFile("isolate-west.yaml", `apiVersion: cablemesh.io/v1alpha1
 kind: ClusterConnectionPolicy
@@ -69,16 +53,6 @@ spec:
 	m.WaitWants(PolicyTimeout, t0, all, harness.Wants{pair("east", "west"): harness.NoConnect}, wg)
 	m.Logf("the mesh isolated east from west")
 
-	writePolicy := func(name, text string) {
-		t.Helper()
-		tmp := filepath.Join(policyDir, ".tmp-"+name)
-		if err := os.WriteFile(tmp, []byte(text), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(tmp, filepath.Join(policyDir, name)); err != nil {
-			t.Fatal(err)
-		}
-	}
 	waitListed := func(synced string) {
 		t.Helper()
 		err := harness.WaitFor(30*time.Second, 300*time.Millisecond, func() (bool, string) {
@@ -91,7 +65,7 @@ spec:
 	}
 
 	t.Run("east's policy at the highest priority cannot reconnect west", func(t *testing.T) {
-		writePolicy("reconnect.yaml", `apiVersion: cablemesh.io/v1alpha1
+		p.write(t, "reconnect.yaml", `apiVersion: cablemesh.io/v1alpha1
 kind: ClusterConnectionPolicy
 metadata:
   name: reconnect
@@ -125,7 +99,7 @@ spec:
   cableDriver: {name: wireguard}
 `))
 		m.WaitWants(PolicyTimeout, t0, all, harness.Wants{pair("east", "west"): harness.NoConnect}, wg)
-		writePolicy("north-vxlan.yaml", `apiVersion: cablemesh.io/v1alpha1
+		p.write(t, "north-vxlan.yaml", `apiVersion: cablemesh.io/v1alpha1
 kind: ClusterConnectionPolicy
 metadata:
   name: north-vxlan

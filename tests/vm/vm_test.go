@@ -29,10 +29,11 @@ const (
 )
 
 // GuestRun is the set of netns tests run in the guest: the kernel-datapath tests
-// (tests/netns/kernel_datapaths_test.go, and kernel_vxlanipsec_test.go's TestKernelVxlanIPsec,
-// the combined cable vxlan+ipsec over kernel ESP), which skip on a kernel without WireGuard or
-// ESP and so only run here.
-const GuestRun = "^TestKernel"
+// (tests/netns/kernel_datapaths_test.go, kernel_vxlanipsec_test.go's TestKernelVxlanIPsec, the
+// combined cable vxlan+ipsec over kernel ESP, and drivers_test.go's TestDriversOnOnePair, whose
+// kernel-datapaths case runs here and its other case on the host), which skip on a kernel without
+// WireGuard or ESP and so only run here.
+const GuestRun = "^TestKernel|^TestDriversOnOnePair$"
 
 // GuestModules are loaded in the guest before the tests run: the datapaths the host kernel lacks
 // (wireguard, esp4, the xfrm netlink interface) and those the tests build their meshes from.

@@ -1,31 +1,36 @@
 // Package fakebroker is an in-test broker: a real gRPC server over TLS on loopback that speaks
 // the Agent service of api/v1 with the agreed wire facts (serving chain [leaf, CA], leaf SAN
-// apiv1.BrokerServerName, client certs verified if given), a mesh CA, join tokens, and a store of
-// clusters and endpoints whose changes tests drive directly. Like the real broker it keeps, per
-// node, the certificates that are good (the newest and the one it was renewed with), renews them
-// (RenewCertificate), revokes them (Revoke), rotates its CA with an overlap (RotateCA,
-// FinishRotation) and sends the CA bundle on the watch.
+// apiv1.BrokerServerName, client certificates verified if given), join tokens, and the broker's
+// store (store.Memory) of clusters, endpoints and policies, whose changes tests drive directly
+// and which the watches follow as the broker's do. Its key material is the broker's
+// own (broker/pki): the mesh CA, the serving certificate, the token key, agent and ingress
+// certificates in the broker's format, and a CA rotation with an overlap (RotateCA,
+// FinishRotation) that serves from the previous CA until it finishes. Like the real broker it
+// keeps, per node, the certificates that are good (the newest and the one it was renewed with),
+// renews them (RenewCertificate), revokes them (Revoke) and sends the CA bundle on the watch.
+// What the real broker cannot do for a test, it adds: certificates of a short lifetime
+// (SetCertLifetime), refused calls (RefuseJoins, SetRenewError, ActAsOldBroker), imports set
+// directly (SetImports).
+//
+// It is not the real broker run in-process: the broker package registers the real cable drivers
+// (broker/policies.go), whose names the agent tests give their fake drivers, and it admits only
+// what a real agent sends (single-use join tokens, no second join of a node with a live
+// certificate, imports derived from exports), where these tests drive the mesh directly.
 package fakebroker
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
-	"math/big"
 	"net"
-	"net/url"
+	"os"
 	"slices"
-	"sort"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -39,107 +44,62 @@ import (
 	"github.com/cablemesh/cablemesh/api/jointoken"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/api/watchzstd"
+	"github.com/cablemesh/cablemesh/broker/admission"
+	"github.com/cablemesh/cablemesh/broker/pki"
+	"github.com/cablemesh/cablemesh/broker/store"
 )
 
-// PKI is a mesh CA with a broker serving certificate.
-type PKI struct {
-	CA      *x509.Certificate
-	CAKey   *ecdsa.PrivateKey
-	CAPEM   []byte
-	Serving tls.Certificate
+// serverIPs are the addresses the serving certificate names besides apiv1.BrokerServerName.
+var serverIPs = []net.IP{net.IPv4(127, 0, 0, 1).To4(), net.IPv6loopback}
+
+// rotationOverlap is how long the previous CA stays trusted after RotateCA, as the bundle says.
+const rotationOverlap = time.Hour
+
+// withPKIDir runs f on a directory of its own, removed after: broker/pki writes the files of
+// the material it creates, which the fake keeps in memory only.
+func withPKIDir(f func(dir string) error) error {
+	dir, err := os.MkdirTemp("", "fakebroker-pki-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	return f(dir)
 }
 
-// NewPKI makes a CA and a serving leaf for apiv1.BrokerServerName.
-func NewPKI() (*PKI, error) { return newPKI("fake mesh CA") }
-
-func newPKI(name string) (*PKI, error) {
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, err
-	}
-	caTmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: name},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		return nil, err
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	p := &PKI{CA: ca, CAKey: caKey, CAPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})}
-	leafKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, err
-	}
-	leafDER, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
-		SerialNumber: big.NewInt(2),
-		Subject:      pkix.Name{CommonName: apiv1.BrokerServerName},
-		DNSNames:     []string{apiv1.BrokerServerName},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}, ca, &leafKey.PublicKey, caKey)
-	if err != nil {
-		return nil, err
-	}
-	p.Serving = tls.Certificate{Certificate: [][]byte{leafDER, caDER}, PrivateKey: leafKey}
-	return p, nil
-}
-
-// CAHash is the pinned fingerprint of the CA.
-func (p *PKI) CAHash() string { return jointoken.CAHash(p.CA.Raw) }
-
-var tokenKey = []byte("0123456789abcdef0123456789abcdef-fake-broker")
+// clusterUID is the UID the fake gives cluster in tokens and certificates.
+func clusterUID(cluster string) string { return "uid-" + cluster }
 
 // Broker is the fake broker's state and its (restartable) gRPC server.
 type Broker struct {
 	apiv1.UnimplementedAgentServer
-	PKI *PKI
 
-	encodedSent atomic.Int64 // watch messages sent compressed (EncodedSent)
+	// store holds the clusters, endpoints and policies; a watch follows its commits.
+	store *store.Memory
 
-	mu        sync.Mutex
-	rev       uint64
-	clusters  map[string]*apiv1.Cluster
-	endpoints map[string]*apiv1.Endpoint
-	policies  map[string]*apiv1.Policy
-	history   []*apiv1.Event // every event, in order
-	changed   chan struct{}  // closed and replaced on every change
-	joins     int
-	registers int
-	beats     int
+	mu sync.Mutex
+	// changed is closed and replaced on every change a watch sends that is not the store's
+	// (imports, the CA bundle, a revocation).
+	changed chan struct{}
 	// Services: what each node exported (by cluster/node), the imports each cluster's agents
 	// get (set by the test), and the requests seen.
 	exports        map[string][]*apiv1.ServiceExport
 	imports        map[string]*apiv1.ServiceImports
 	importsVersion uint64
 	importsHeld    bool // HoldImports: watches send no imports until ReleaseImports
-	setExports     int
 	exportsErr     error
 	conflicts      []*apiv1.ServiceConflict
-	watchRequests  []*apiv1.WatchRequest
 
-	// Certificates: the CA new certificates come from during a rotation (nil otherwise; PKI
-	// serves until the rotation finishes), the lifetime of agent certificates, the good serials
-	// of each node (newest first, at most two), revoked nodes, and the serial of each node's
-	// last authenticated call.
-	next           *PKI
-	certLifetime   time.Duration
-	goodSerials    map[string][]string
-	revoked        map[string]bool
-	lastSerial     map[string]string
-	ingressIssued  int
-	noIngressCerts bool
-	renewals       int
-	renewErr       error
-	joinErr        error
-	caVersion      uint64
+	// Certificates: the key material (a rotation replaces it), the lifetime of agent
+	// certificates (0: the broker's, pki.Validity), and the serial of each node's last
+	// authenticated call. Which certificates of a node are good is its record in the store
+	// (apiv1.NodeCertificate), which the broker's rules (broker/admission) keep and check.
+	pki          *pki.PKI
+	certLifetime time.Duration
+	lastSerial   map[string]string
+	caVersion    uint64
+
+	// knobs refuse calls and count those that succeeded (knobs.go).
+	knobs *knobs
 
 	srv  *grpc.Server
 	lis  net.Listener
@@ -148,13 +108,17 @@ type Broker struct {
 
 // New makes a broker with no clusters. Start it with Start.
 func New() (*Broker, error) {
-	p, err := NewPKI()
+	var p *pki.PKI
+	err := withPKIDir(func(dir string) (err error) {
+		p, _, err = pki.LoadOrCreate(dir, serverIPs, time.Now())
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
-	return &Broker{PKI: p, clusters: map[string]*apiv1.Cluster{}, endpoints: map[string]*apiv1.Endpoint{}, policies: map[string]*apiv1.Policy{},
+	return &Broker{pki: p, store: store.NewMemory(store.Options{}), knobs: newKnobs(),
 		exports: map[string][]*apiv1.ServiceExport{}, imports: map[string]*apiv1.ServiceImports{}, changed: make(chan struct{}),
-		certLifetime: 24 * time.Hour, goodSerials: map[string][]string{}, revoked: map[string]bool{}, lastSerial: map[string]string{}}, nil
+		lastSerial: map[string]string{}}, nil
 }
 
 // Start serves on addr ("127.0.0.1:0" for any port; the previous address to restart).
@@ -167,7 +131,7 @@ func (b *Broker) Start(addr string) error {
 	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{
 		MinVersion:         tls.VersionTLS12,
 		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) { return b.serverTLS(), nil },
-	})))
+	})), grpc.UnaryInterceptor(b.knobs.unary), grpc.StreamInterceptor(b.knobs.stream))
 	apiv1.RegisterAgentServer(srv, b)
 	b.mu.Lock()
 	b.srv, b.lis, b.addr = srv, lis, lis.Addr().String()
@@ -194,38 +158,25 @@ func (b *Broker) Stop() {
 	}
 }
 
-// serverTLS is the TLS configuration of the next handshake: the serving certificate of PKI, and
+// serverTLS is the TLS configuration of the next handshake: the serving certificate, and
 // client certificates of every trusted CA.
 func (b *Broker) serverTLS() *tls.Config {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	pool := x509.NewCertPool()
-	pool.AddCert(b.PKI.CA)
-	if b.next != nil {
-		pool.AddCert(b.next.CA)
-	}
 	return &tls.Config{
-		Certificates: []tls.Certificate{b.PKI.Serving},
+		Certificates: []tls.Certificate{b.pki.ServerTLS},
 		ClientAuth:   tls.VerifyClientCertIfGiven,
-		ClientCAs:    pool,
+		ClientCAs:    b.pki.CAPool(),
 		MinVersion:   tls.VersionTLS12,
 	}
 }
 
-// issuingLocked is the CA new certificates come from.
-func (b *Broker) issuingLocked() *PKI {
-	if b.next != nil {
-		return b.next
-	}
-	return b.PKI
-}
-
-// bundleLocked is the CA bundle clients are told of: every trusted CA, the serving one first.
+// bundleLocked is the CA bundle clients are told of, as the broker makes it: every trusted CA,
+// the serving one first, the issuing one named.
 func (b *Broker) bundleLocked() *apiv1.CABundle {
-	out := &apiv1.CABundle{Pem: append([]byte(nil), b.PKI.CAPEM...), IssuingCa: b.issuingLocked().CAHash()}
-	if b.next != nil {
-		out.Pem = append(out.Pem, b.next.CAPEM...)
-		out.PreviousTrustedUntil = timestamppb.New(time.Now().Add(time.Hour))
+	out := &apiv1.CABundle{Pem: slices.Clone(b.pki.CAPEM), IssuingCa: b.pki.IssuerHash()}
+	if b.pki.Previous != nil {
+		out.PreviousTrustedUntil = timestamppb.New(b.pki.PreviousUntil)
 	}
 	return out
 }
@@ -237,35 +188,65 @@ func (b *Broker) Bundle() *apiv1.CABundle {
 	return b.bundleLocked()
 }
 
-// SetCertLifetime sets how long the agent certificates issued from now on last (default 24h).
+// IssuingCA is the CA new certificates come from.
+func (b *Broker) IssuingCA() *x509.Certificate {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.pki.CACert
+}
+
+// CAHash is the fingerprint join tokens pin: the serving CA's.
+func (b *Broker) CAHash() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.pki.CAHash()
+}
+
+// SetCertLifetime sets how long the agent certificates issued from now on last (default the
+// broker's, pki.Validity), for tests of their renewal.
 func (b *Broker) SetCertLifetime(d time.Duration) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.certLifetime = d
 }
 
-// RotateCA starts a rotation: a new CA issues every certificate from now on, both are trusted,
-// the old one still serves; watches get the new bundle.
+// RotateCA starts a rotation as the broker does (pki.Rotate): a new CA issues every certificate
+// from now on, both are trusted, the old one still serves; watches get the new bundle.
 func (b *Broker) RotateCA() error {
-	p, err := newPKI("fake mesh CA (rotated)")
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	err := withPKIDir(func(dir string) error {
+		p, err := b.pki.Rotate(dir, time.Now(), rotationOverlap)
+		if err == nil {
+			b.pki = p
+		}
+		return err
+	})
 	if err != nil {
 		return err
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.next = p
 	b.caChangedLocked()
 	return nil
 }
 
-// FinishRotation ends the overlap: the new CA serves and is the only one trusted.
+// FinishRotation ends the overlap (pki.FinishRotation): the new CA serves and is the only one
+// trusted.
 func (b *Broker) FinishRotation() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.next == nil {
+	if b.pki.Previous == nil {
 		return
 	}
-	b.PKI, b.next = b.next, nil
+	err := withPKIDir(func(dir string) error {
+		p, err := b.pki.FinishRotation(dir, serverIPs, time.Now())
+		if err == nil {
+			b.pki = p
+		}
+		return err
+	})
+	if err != nil {
+		panic(fmt.Sprintf("fakebroker: finish the CA rotation: %v", err)) // only a full disk gets here
+	}
 	b.caChangedLocked()
 }
 
@@ -275,34 +256,38 @@ func (b *Broker) caChangedLocked() {
 	b.changed = make(chan struct{})
 }
 
-// Revoke revokes every certificate of cluster/node: its calls are refused, its watch ends.
+// Revoke revokes every certificate of cluster/node as the broker does (admission.RevokeNode):
+// its record says revoked, its endpoint is withdrawn; its calls are refused, its watch ends.
 func (b *Broker) Revoke(cluster, node string) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.revoked[cluster+"/"+node] = true
-	close(b.changed)
-	b.changed = make(chan struct{})
-}
-
-// Renewals is how many RenewCertificate calls succeeded.
-func (b *Broker) Renewals() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.renewals
-}
-
-// SetRenewError makes RenewCertificate fail with err (nil: succeed).
-func (b *Broker) SetRenewError(err error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.renewErr = err
-}
-
-// RefuseJoins makes Join fail with err (nil: accept again).
-func (b *Broker) RefuseJoins(err error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.joinErr = err
+	b.update(func(tx store.Tx) error {
+		c, err := tx.Cluster(cluster)
+		if err != nil {
+			return err
+		}
+		if c == nil {
+			c = &apiv1.Cluster{Name: cluster}
+		}
+		c = proto.Clone(c).(*apiv1.Cluster)
+		c.Uid = clusterUID(cluster) // the incarnation the fake's certificates name
+		rec, err := tx.NodeCertificate(cluster, node)
+		if err != nil {
+			return err
+		}
+		ep, err := tx.Endpoint(cluster, node)
+		if err != nil {
+			return err
+		}
+		r, err := admission.RevokeNode(cluster, node, c, rec, ep, nil, time.Now())
+		if err != nil || r.Already {
+			return err
+		}
+		if r.Endpoint != nil {
+			if err := tx.DeleteEndpoint(cluster, node); err != nil {
+				return err
+			}
+		}
+		return tx.PutNodeCertificate(r.Node)
+	})
 }
 
 // LastSerial is the serial (hex) of the certificate of cluster/node's last authenticated call.
@@ -314,117 +299,113 @@ func (b *Broker) LastSerial(cluster, node string) string {
 
 // GoodSerials are the serials of cluster/node's certificates the broker accepts, newest first.
 func (b *Broker) GoodSerials(cluster, node string) []string {
+	var out []string
+	b.view(func(tx store.ReadTx) error {
+		rec, err := tx.NodeCertificate(cluster, node)
+		if rec != nil && !rec.Revoked {
+			for _, c := range rec.Certificates {
+				out = append(out, c.Serial)
+			}
+		}
+		return err
+	})
+	return out
+}
+
+// issueLocked issues an agent certificate for the CSR from the issuing CA, in the broker's
+// format (pki.IssueAgent), and returns it with the record of it (admission.Issued).
+func (b *Broker) issueLocked(csrPEM []byte, cluster, node string) (*x509.Certificate, []byte, *apiv1.IssuedCertificate, error) {
+	certPEM, cert, err := b.pki.IssueAgent(csrPEM, cluster, clusterUID(cluster), node, time.Now())
+	if err != nil {
+		return nil, nil, nil, status.Errorf(codes.InvalidArgument, "bad CSR: %v", err)
+	}
+	if b.certLifetime > 0 {
+		if certPEM, cert, err = b.shortenLocked(cert); err != nil {
+			return nil, nil, nil, status.Error(codes.Internal, err.Error())
+		}
+	}
+	return cert, certPEM, admission.Issued(cert, b.pki.IssuerHash(), ""), nil
+}
+
+// shortenLocked is cert issued again, the same but for its validity: from now (less a second)
+// to certLifetime from now. The broker's certificates all last pki.Validity; a renewal test
+// cannot wait that long, and the agent renews two thirds into a certificate's lifetime, so it
+// must start now.
+func (b *Broker) shortenLocked(cert *x509.Certificate) ([]byte, *x509.Certificate, error) {
+	tmpl := *cert
+	now := time.Now()
+	tmpl.NotBefore, tmpl.NotAfter = now.Add(-time.Second), now.Add(b.certLifetime)
+	der, err := x509.CreateCertificate(rand.Reader, &tmpl, b.pki.CACert, cert.PublicKey, b.pki.CAKey)
+	if err != nil {
+		return nil, nil, err
+	}
+	short, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), short, nil
+}
+
+// Token returns a join token for cluster, signed with the broker's token key, that expires
+// after validFor (a negative one: already expired).
+func (b *Broker) Token(cluster string, validFor time.Duration) string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return append([]string(nil), b.goodSerials[cluster+"/"+node]...)
-}
-
-// issueLocked signs an agent certificate for the CSR from the issuing CA and records it as the
-// node's newest good certificate (keep: how many of the node's earlier ones stay good).
-func (b *Broker) issueLocked(csrPEM []byte, cluster, node string, keep int) (*x509.Certificate, []byte, error) {
-	blk, _ := pem.Decode(csrPEM)
-	if blk == nil {
-		return nil, nil, status.Error(codes.InvalidArgument, "csr_pem holds no PEM block")
-	}
-	csr, err := x509.ParseCertificateRequest(blk.Bytes)
-	if err == nil {
-		err = csr.CheckSignature()
-	}
-	if err != nil {
-		return nil, nil, status.Errorf(codes.InvalidArgument, "bad CSR: %v", err)
-	}
-	sn, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 96))
-	if err != nil {
-		return nil, nil, status.Error(codes.Internal, err.Error())
-	}
-	ca := b.issuingLocked()
-	now := time.Now()
-	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
-		SerialNumber: sn,
-		Subject:      pkix.Name{CommonName: node, Organization: []string{cluster}},
-		NotBefore:    now.Add(-time.Second),
-		NotAfter:     now.Add(b.certLifetime),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}, ca.CA, csr.PublicKey, ca.CAKey)
-	if err != nil {
-		return nil, nil, status.Error(codes.Internal, err.Error())
-	}
-	cert, _ := x509.ParseCertificate(der)
-	key := cluster + "/" + node
-	good := append([]string{sn.Text(16)}, b.goodSerials[key][:min(keep, len(b.goodSerials[key]))]...)
-	b.goodSerials[key] = good
-	return cert, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), nil
-}
-
-// Token returns a valid join token for cluster.
-func (b *Broker) Token(cluster string, validFor time.Duration) string {
-	t, err := jointoken.Sign(jointoken.Claims{Cluster: cluster, ClusterUID: "uid-" + cluster, Expires: time.Now().Add(validFor), CAHash: b.PKI.CAHash(), Nonce: "n"}, tokenKey)
+	t, err := jointoken.Sign(jointoken.Claims{Cluster: cluster, ClusterUID: clusterUID(cluster), Expires: time.Now().Add(validFor), CAHash: b.pki.CAHash(), Nonce: "n"}, b.pki.TokenKey)
 	if err != nil {
 		panic(err)
 	}
 	return t
 }
 
-// Counts returns how many Join, RegisterEndpoint and Heartbeat calls succeeded.
-func (b *Broker) Counts() (joins, registers, beats int) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.joins, b.registers, b.beats
-}
-
 // Revision is the store revision.
 func (b *Broker) Revision() uint64 {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.rev
+	var rev uint64
+	b.view(func(tx store.ReadTx) error {
+		rev = tx.Revision()
+		return nil
+	})
+	return rev
 }
 
 // Endpoint returns a copy of a registered endpoint, or nil.
 func (b *Broker) Endpoint(cluster, node string) *apiv1.Endpoint {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if e := b.endpoints[cluster+"/"+node]; e != nil {
-		return proto.Clone(e).(*apiv1.Endpoint)
+	var e *apiv1.Endpoint
+	b.view(func(tx store.ReadTx) (err error) {
+		e, err = tx.Endpoint(cluster, node)
+		return err
+	})
+	return e
+}
+
+// view reads the store; it fails only on a closed store, which the fake never closes.
+func (b *Broker) view(fn func(store.ReadTx) error) {
+	if err := b.store.View(context.Background(), fn); err != nil {
+		panic(fmt.Sprintf("fakebroker: read the store: %v", err))
 	}
-	return nil
+}
+
+// update writes the store; it fails only on a record without its key (a test's mistake).
+func (b *Broker) update(fn func(store.Tx) error) {
+	if _, err := b.store.Update(context.Background(), fn); err != nil {
+		panic(fmt.Sprintf("fakebroker: write the store: %v", err))
+	}
 }
 
 // UpsertCluster stores a cluster record.
 func (b *Broker) UpsertCluster(c *apiv1.Cluster) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.rev++
-	c = proto.Clone(c).(*apiv1.Cluster)
-	c.Revision = b.rev
-	b.clusters[c.GetName()] = c
-	b.emit(&apiv1.Event{Type: apiv1.Event_UPSERT, Kind: "cluster", Key: c.GetName(), Revision: b.rev,
-		Resource: &apiv1.Resource{Kind: &apiv1.Resource_Cluster{Cluster: c}}})
+	b.update(func(tx store.Tx) error { return tx.PutCluster(c) })
 }
 
 // UpsertPolicy stores a connection policy record (Json is policy.ClusterConnectionPolicy as
 // JSON; IsDefault marks the mesh default).
 func (b *Broker) UpsertPolicy(p *apiv1.Policy) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.rev++
-	p = proto.Clone(p).(*apiv1.Policy)
-	p.Revision = b.rev
-	b.policies[p.GetName()] = p
-	b.emit(&apiv1.Event{Type: apiv1.Event_UPSERT, Kind: "policy", Key: p.GetName(), Revision: b.rev,
-		Resource: &apiv1.Resource{Kind: &apiv1.Resource_Policy{Policy: p}}})
+	b.update(func(tx store.Tx) error { return tx.PutPolicy(p) })
 }
 
 // DeletePolicy removes a policy.
 func (b *Broker) DeletePolicy(name string) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if _, ok := b.policies[name]; !ok {
-		return
-	}
-	delete(b.policies, name)
-	b.rev++
-	b.emit(&apiv1.Event{Type: apiv1.Event_DELETE, Kind: "policy", Key: name, Revision: b.rev})
+	b.update(func(tx store.Tx) error { return tx.DeletePolicy(name) })
 }
 
 // pskSecret is the fake mesh secret the pair PSKs derive from.
@@ -453,6 +434,14 @@ func forCaller(ev *apiv1.Event, caller string) *apiv1.Event {
 	return ev
 }
 
+// agentEvents are the events of evs an agent receives: those of clusters, endpoints and
+// policies (node certificate records stay at the broker).
+func agentEvents(evs []*apiv1.Event) []*apiv1.Event {
+	return slices.DeleteFunc(slices.Clone(evs), func(ev *apiv1.Event) bool {
+		return ev.Kind != store.KindCluster && ev.Kind != store.KindEndpoint && ev.Kind != store.KindPolicy
+	})
+}
+
 func forCallerAll(evs []*apiv1.Event, caller string) []*apiv1.Event {
 	out := make([]*apiv1.Event, len(evs))
 	for i, ev := range evs {
@@ -463,42 +452,19 @@ func forCallerAll(evs []*apiv1.Event, caller string) []*apiv1.Event {
 
 // UpsertEndpoint stores an endpoint record.
 func (b *Broker) UpsertEndpoint(e *apiv1.Endpoint) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.upsertEndpointLocked(e)
-}
-
-func (b *Broker) upsertEndpointLocked(e *apiv1.Endpoint) {
-	b.rev++
-	e = proto.Clone(e).(*apiv1.Endpoint)
-	e.Revision = b.rev
-	key := e.GetCluster() + "/" + e.GetNode()
-	b.endpoints[key] = e
-	b.emit(&apiv1.Event{Type: apiv1.Event_UPSERT, Kind: "endpoint", Key: key, Revision: b.rev,
-		Resource: &apiv1.Resource{Kind: &apiv1.Resource_Endpoint{Endpoint: e}}})
+	b.update(func(tx store.Tx) error { return tx.PutEndpoint(e) })
 }
 
 // DeleteEndpoint withdraws an endpoint, as a lease expiry would.
 func (b *Broker) DeleteEndpoint(cluster, node string) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	key := cluster + "/" + node
-	if _, ok := b.endpoints[key]; !ok {
-		return
-	}
-	delete(b.endpoints, key)
-	b.rev++
-	b.emit(&apiv1.Event{Type: apiv1.Event_DELETE, Kind: "endpoint", Key: key, Revision: b.rev})
-}
-
-func (b *Broker) emit(ev *apiv1.Event) {
-	b.history = append(b.history, ev)
-	close(b.changed)
-	b.changed = make(chan struct{})
+	b.update(func(tx store.Tx) error { return tx.DeleteEndpoint(cluster, node) })
 }
 
 // Join implements the agent's first call.
 func (b *Broker) Join(_ context.Context, req *apiv1.JoinRequest) (*apiv1.JoinResponse, error) {
+	b.mu.Lock()
+	tokenKey := b.pki.TokenKey
+	b.mu.Unlock()
 	claims, err := jointoken.Verify(req.GetToken(), tokenKey, time.Now())
 	if err != nil {
 		return nil, status.Error(codes.Unauthenticated, err.Error())
@@ -508,16 +474,21 @@ func (b *Broker) Join(_ context.Context, req *apiv1.JoinRequest) (*apiv1.JoinRes
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.joinErr != nil {
-		return nil, b.joinErr
-	}
-	delete(b.revoked, req.GetCluster()+"/"+req.GetNode())
-	cert, certPEM, err := b.issueLocked(req.GetCsrPem(), req.GetCluster(), req.GetNode(), 0)
+	cert, certPEM, issued, err := b.issueLocked(req.GetCsrPem(), req.GetCluster(), req.GetNode())
 	if err != nil {
 		return nil, err
 	}
-	b.joins++
-	c := b.clusters[req.GetCluster()]
+	// The node's record holds the new certificate only: every earlier one (and a revocation)
+	// is gone, as after the broker's join.
+	b.update(func(tx store.Tx) error {
+		return tx.PutNodeCertificate(&apiv1.NodeCertificate{Cluster: req.GetCluster(), Node: req.GetNode(), ClusterUid: clusterUID(req.GetCluster()),
+			Certificates: []*apiv1.IssuedCertificate{issued}})
+	})
+	var c *apiv1.Cluster
+	b.view(func(tx store.ReadTx) (err error) {
+		c, err = tx.Cluster(req.GetCluster())
+		return err
+	})
 	if c == nil {
 		c = &apiv1.Cluster{Name: req.GetCluster()}
 	}
@@ -525,128 +496,126 @@ func (b *Broker) Join(_ context.Context, req *apiv1.JoinRequest) (*apiv1.JoinRes
 	return &apiv1.JoinResponse{
 		CertificatePem: certPEM,
 		CaPem:          bundle.Pem,
-		Cluster:        proto.Clone(c).(*apiv1.Cluster),
+		Cluster:        c,
 		NotAfter:       timestamppb.New(cert.NotAfter),
 		Ca:             bundle,
 	}, nil
 }
 
 // RenewCertificate issues a new certificate of the caller's cluster and node from the issuing
-// CA; the certificate renewed with stays good, any older one does not.
+// CA; the certificate renewed with stays good, any older one does not (admission.Renew).
 func (b *Broker) RenewCertificate(ctx context.Context, req *apiv1.RenewCertificateRequest) (*apiv1.RenewCertificateResponse, error) {
-	cluster, node, err := b.identity(ctx)
+	id, err := b.caller(ctx)
 	if err != nil {
 		return nil, err
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.renewErr != nil {
-		return nil, b.renewErr
-	}
-	cert, certPEM, err := b.issueLocked(req.GetCsrPem(), cluster, node, 1)
+	cert, certPEM, issued, err := b.issueLocked(req.GetCsrPem(), id.Cluster, id.Node)
 	if err != nil {
 		return nil, err
 	}
-	b.renewals++
+	_, err = b.store.Update(ctx, func(tx store.Tx) error {
+		rec, err := tx.NodeCertificate(id.Cluster, id.Node)
+		if err != nil {
+			return err
+		}
+		ep, err := tx.Endpoint(id.Cluster, id.Node)
+		if err != nil {
+			return err
+		}
+		r, err := admission.Renew(id, rec, ep, issued)
+		if err != nil {
+			return err
+		}
+		if r.Endpoint != nil {
+			if err := tx.PutEndpoint(r.Endpoint); err != nil {
+				return err
+			}
+		}
+		return tx.PutNodeCertificate(r.Node)
+	})
+	if err != nil {
+		return nil, status.Error(codes.Unauthenticated, err.Error())
+	}
 	bundle := b.bundleLocked()
 	return &apiv1.RenewCertificateResponse{CertificatePem: certPEM, CaPem: bundle.Pem, NotAfter: timestamppb.New(cert.NotAfter), Ca: bundle}, nil
 }
 
-// IssueIngressCertificate issues an ingress serving certificate (as broker/pki.IssueIngress
-// shapes it) for the caller's node from the issuing CA.
+// IssueIngressCertificate issues an ingress serving certificate for the caller's node from the
+// issuing CA, as the broker does (pki.IssueIngress).
 func (b *Broker) IssueIngressCertificate(ctx context.Context, req *apiv1.IssueIngressCertificateRequest) (*apiv1.IssueIngressCertificateResponse, error) {
 	cluster, node, err := b.identity(ctx)
 	if err != nil {
 		return nil, err
 	}
 	b.mu.Lock()
-	old := b.noIngressCerts
-	b.mu.Unlock()
-	if old {
-		return nil, status.Error(codes.Unimplemented, "method IssueIngressCertificate not implemented")
-	}
-	blk, _ := pem.Decode(req.GetCsrPem())
-	if blk == nil {
-		return nil, status.Error(codes.InvalidArgument, "csr_pem holds no PEM block")
-	}
-	csr, err := x509.ParseCertificateRequest(blk.Bytes)
-	if err == nil {
-		err = csr.CheckSignature()
-	}
+	defer b.mu.Unlock()
+	certPEM, cert, err := b.pki.IssueIngress(req.GetCsrPem(), cluster, node, time.Now())
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "bad CSR: %v", err)
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.ingressIssued++
-	ca := b.issuingLocked()
-	now := time.Now()
-	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
-		SerialNumber: big.NewInt(now.UnixNano()),
-		Subject:      pkix.Name{CommonName: node, Organization: []string{"cablemesh:ingress:" + cluster}},
-		URIs:         []*url.URL{{Scheme: "cablemesh", Host: "ingress", Path: "/" + cluster + "/node/" + node}},
-		NotBefore:    now.Add(-time.Second),
-		NotAfter:     now.Add(b.certLifetime),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}, ca.CA, csr.PublicKey, ca.CAKey)
-	if err != nil {
-		return nil, status.Error(codes.Internal, err.Error())
-	}
-	cert, _ := x509.ParseCertificate(der)
-	return &apiv1.IssueIngressCertificateResponse{CertificatePem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), NotAfter: timestamppb.New(cert.NotAfter)}, nil
+	return &apiv1.IssueIngressCertificateResponse{CertificatePem: certPEM, NotAfter: timestamppb.New(cert.NotAfter)}, nil
 }
 
-// ActAsOldBroker makes IssueIngressCertificate answer Unimplemented, as a broker older than it.
-func (b *Broker) ActAsOldBroker() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.noIngressCerts = true
-}
-
-// IngressIssued counts the ingress certificates issued.
-func (b *Broker) IngressIssued() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.ingressIssued
-}
-
-// identity returns the cluster and node of the caller's client certificate, refusing it as the
-// real broker does when the node was revoked or the certificate is no longer one of its good ones.
+// identity returns the cluster and node of the caller (see caller).
 func (b *Broker) identity(ctx context.Context) (cluster, node string, err error) {
+	id, err := b.caller(ctx)
+	return id.Cluster, id.Node, err
+}
+
+// caller is the identity of the caller's client certificate (pki.IdentityOf), refused as the
+// broker refuses it (admission.AgentCertificate) when the node was revoked or the certificate is
+// no longer one of its good ones.
+func (b *Broker) caller(ctx context.Context) (pki.Identity, error) {
+	leaf, err := clientCert(ctx)
+	if err != nil {
+		return pki.Identity{}, err
+	}
+	id, err := pki.IdentityOf(leaf)
+	if err != nil || id.Admin {
+		return pki.Identity{}, status.Errorf(codes.Unauthenticated, "not an agent certificate: %v", err)
+	}
+	if err := b.checkCertificate(ctx, id); err != nil {
+		return pki.Identity{}, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.lastSerial[id.Cluster+"/"+id.Node] = id.Serial
+	return id, nil
+}
+
+// checkCertificate checks id's certificate against its node's record, and writes the record
+// when the check changes it (a certificate's first use), as the broker does on every call.
+func (b *Broker) checkCertificate(ctx context.Context, id pki.Identity) error {
+	_, err := b.store.Update(ctx, func(tx store.Tx) error {
+		rec, err := tx.NodeCertificate(id.Cluster, id.Node)
+		if err != nil {
+			return err
+		}
+		changed, err := admission.AgentCertificate(id, rec, "", time.Now())
+		if err != nil || changed == nil {
+			return err
+		}
+		return tx.PutNodeCertificate(changed)
+	})
+	if err != nil {
+		return status.Error(codes.Unauthenticated, err.Error())
+	}
+	return nil
+}
+
+// clientCert is the verified client certificate of the call.
+func clientCert(ctx context.Context) (*x509.Certificate, error) {
 	p, ok := peer.FromContext(ctx)
 	if !ok {
-		return "", "", status.Error(codes.Unauthenticated, "no peer")
+		return nil, status.Error(codes.Unauthenticated, "no peer")
 	}
 	ti, ok := p.AuthInfo.(credentials.TLSInfo)
 	if !ok || len(ti.State.VerifiedChains) == 0 {
-		return "", "", status.Error(codes.Unauthenticated, "a client certificate is required")
+		return nil, status.Error(codes.Unauthenticated, "a client certificate is required")
 	}
-	leaf := ti.State.VerifiedChains[0][0]
-	if len(leaf.Subject.Organization) == 0 {
-		return "", "", status.Error(codes.Unauthenticated, "certificate names no cluster")
-	}
-	cluster, node = leaf.Subject.Organization[0], leaf.Subject.CommonName
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if err := b.checkLocked(cluster, node, leaf.SerialNumber.Text(16)); err != nil {
-		return "", "", err
-	}
-	b.lastSerial[cluster+"/"+node] = leaf.SerialNumber.Text(16)
-	return cluster, node, nil
-}
-
-// checkLocked refuses a revoked node's certificates and those it no longer lists.
-func (b *Broker) checkLocked(cluster, node, serial string) error {
-	key := cluster + "/" + node
-	switch good := b.goodSerials[key]; {
-	case b.revoked[key]:
-		return status.Errorf(codes.Unauthenticated, "the certificate of %s was revoked at %s (cablectl cluster revoke-node); join again with a new token",
-			key, time.Now().UTC().Format(time.RFC3339))
-	case len(good) > 0 && !slices.Contains(good, serial):
-		return status.Errorf(codes.Unauthenticated, "the certificate of %s (serial %s) is no longer good: the node joined again or renewed its certificate since; use its current certificate or join again with a new token", key, serial)
-	}
-	return nil
+	return ti.State.VerifiedChains[0][0], nil
 }
 
 // RegisterEndpoint stores the caller's endpoint.
@@ -659,10 +628,7 @@ func (b *Broker) RegisterEndpoint(ctx context.Context, req *apiv1.RegisterEndpoi
 	if e.GetCluster() != cluster || e.GetNode() != node {
 		return nil, status.Errorf(codes.PermissionDenied, "agent %s/%s may not register %s/%s", cluster, node, e.GetCluster(), e.GetNode())
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.registers++
-	b.upsertEndpointLocked(e)
+	b.UpsertEndpoint(e)
 	return &apiv1.RegisterEndpointResponse{Endpoint: e, LeaseSeconds: req.GetLeaseSeconds()}, nil
 }
 
@@ -672,33 +638,34 @@ func (b *Broker) Heartbeat(ctx context.Context, req *apiv1.HeartbeatRequest) (*a
 	if err != nil {
 		return nil, err
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.endpoints[cluster+"/"+node] == nil {
+	if b.Endpoint(cluster, node) == nil {
 		return nil, status.Errorf(codes.NotFound, "endpoint %s/%s is not registered", cluster, node)
 	}
-	b.beats++
-	return &apiv1.HeartbeatResponse{Revision: b.rev}, nil
+	return &apiv1.HeartbeatResponse{Revision: b.Revision()}, nil
 }
 
-// Watch sends a snapshot (or the deltas after since_revision), then every change.
+// Watch sends a snapshot (or the deltas after since_revision) as the store's watch gives it,
+// then every commit, and the imports and the CA bundle when they change.
 func (b *Broker) Watch(req *apiv1.WatchRequest, stream grpc.ServerStreamingServer[apiv1.WatchResponse]) error {
-	caller, node, err := b.identity(stream.Context())
+	ctx := stream.Context()
+	id, err := b.caller(ctx)
 	if err != nil {
 		return err
 	}
-	p, _ := peer.FromContext(stream.Context())
-	serial := p.AuthInfo.(credentials.TLSInfo).State.VerifiedChains[0][0].SerialNumber.Text(16)
-	b.mu.Lock()
-	b.watchRequests = append(b.watchRequests, proto.Clone(req).(*apiv1.WatchRequest))
-	since := req.GetSinceRevision()
-	var first *apiv1.WatchResponse
-	if since == 0 || since > b.rev {
-		first = b.snapshotLocked()
-	} else {
-		first = &apiv1.WatchResponse{Revision: b.rev, Events: b.eventsAfterLocked(since)}
+	caller := id.Cluster
+	w, err := b.store.Watch(ctx, req.GetSinceRevision())
+	if err != nil {
+		return status.Error(codes.Unavailable, err.Error())
 	}
-	sent := b.rev
+	var batch store.Batch
+	select {
+	case <-ctx.Done():
+		return nil
+	case batch = <-w.C():
+	}
+	b.mu.Lock()
+	first := &apiv1.WatchResponse{Snapshot: batch.Snapshot, Revision: batch.Revision, Events: forCallerAll(agentEvents(batch.Events), caller)}
+	sent := batch.Revision
 	changed := b.changed
 	sentImports := b.importsVersion
 	if req.GetWantImports() && !b.importsHeld {
@@ -709,7 +676,6 @@ func (b *Broker) Watch(req *apiv1.WatchRequest, stream grpc.ServerStreamingServe
 	first.Ca = b.bundleLocked()
 	sentCA := b.caVersion
 	b.mu.Unlock()
-	first.Events = forCallerAll(first.Events, caller)
 	// As the broker does, a large message goes compressed to an agent that accepts it.
 	if slices.Contains(req.GetAcceptEncodings(), watchzstd.Name) {
 		if first, err = b.compressed(first); err != nil {
@@ -720,18 +686,22 @@ func (b *Broker) Watch(req *apiv1.WatchRequest, stream grpc.ServerStreamingServe
 		return err
 	}
 	for {
+		var evs []*apiv1.Event
 		select {
-		case <-stream.Context().Done():
+		case <-ctx.Done():
 			return nil
+		case batch, ok := <-w.C():
+			if !ok {
+				return status.Error(codes.Unavailable, fmt.Sprintf("watch ended: %v", w.Err()))
+			}
+			evs, sent = agentEvents(batch.Events), batch.Revision
 		case <-changed:
 		}
-		b.mu.Lock()
-		if err := b.checkLocked(caller, node, serial); err != nil {
-			b.mu.Unlock()
+		// A watch ends once its certificate is no longer good (a revocation, a join since).
+		if err := b.checkCertificate(ctx, id); err != nil {
 			return err
 		}
-		evs := b.eventsAfterLocked(sent)
-		sent = b.rev
+		b.mu.Lock()
 		changed = b.changed
 		var imps *apiv1.ServiceImports
 		if req.GetWantImports() && !b.importsHeld && b.importsVersion != sentImports {
@@ -753,7 +723,7 @@ func (b *Broker) Watch(req *apiv1.WatchRequest, stream grpc.ServerStreamingServe
 }
 
 // compressed is resp as the broker sends it to an agent that accepts zstd: only its encoded
-// field, when compressing makes it smaller (counted: EncodedSent).
+// field, when compressing makes it smaller.
 func (b *Broker) compressed(resp *apiv1.WatchResponse) (*apiv1.WatchResponse, error) {
 	raw, err := proto.Marshal(resp)
 	if err != nil {
@@ -767,53 +737,7 @@ func (b *Broker) compressed(resp *apiv1.WatchResponse) (*apiv1.WatchResponse, er
 	if err := proto.Unmarshal(msg, out); err != nil {
 		return nil, err
 	}
-	b.encodedSent.Add(1)
 	return out, nil
-}
-
-// EncodedSent is how many watch messages went compressed.
-func (b *Broker) EncodedSent() int64 { return b.encodedSent.Load() }
-
-func (b *Broker) eventsAfterLocked(rev uint64) []*apiv1.Event {
-	var out []*apiv1.Event
-	for _, ev := range b.history {
-		if ev.GetRevision() > rev {
-			out = append(out, ev)
-		}
-	}
-	return out
-}
-
-func (b *Broker) snapshotLocked() *apiv1.WatchResponse {
-	resp := &apiv1.WatchResponse{Snapshot: true, Revision: b.rev}
-	names := make([]string, 0, len(b.clusters))
-	for n := range b.clusters {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		resp.Events = append(resp.Events, &apiv1.Event{Type: apiv1.Event_UPSERT, Kind: "cluster", Key: n, Revision: b.clusters[n].GetRevision(),
-			Resource: &apiv1.Resource{Kind: &apiv1.Resource_Cluster{Cluster: b.clusters[n]}}})
-	}
-	pnames := make([]string, 0, len(b.policies))
-	for n := range b.policies {
-		pnames = append(pnames, n)
-	}
-	sort.Strings(pnames)
-	for _, n := range pnames {
-		resp.Events = append(resp.Events, &apiv1.Event{Type: apiv1.Event_UPSERT, Kind: "policy", Key: n, Revision: b.policies[n].GetRevision(),
-			Resource: &apiv1.Resource{Kind: &apiv1.Resource_Policy{Policy: b.policies[n]}}})
-	}
-	keys := make([]string, 0, len(b.endpoints))
-	for k := range b.endpoints {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		resp.Events = append(resp.Events, &apiv1.Event{Type: apiv1.Event_UPSERT, Kind: "endpoint", Key: k, Revision: b.endpoints[k].GetRevision(),
-			Resource: &apiv1.Resource{Kind: &apiv1.Resource_Endpoint{Endpoint: b.endpoints[k]}}})
-	}
-	return resp
 }
 
 // String describes the broker for test logs.
@@ -884,9 +808,8 @@ func (b *Broker) SetExports(ctx context.Context, req *apiv1.SetExportsRequest) (
 		}
 		stored = append(stored, proto.Clone(e).(*apiv1.ServiceExport))
 	}
-	b.setExports++
 	b.exports[cluster+"/"+node] = stored
-	return &apiv1.SetExportsResponse{Exports: stored, Conflicts: b.conflicts, Revision: b.rev}, nil
+	return &apiv1.SetExportsResponse{Exports: stored, Conflicts: b.conflicts, Revision: b.Revision()}, nil
 }
 
 // Exports returns what cluster/node last set, and how many SetExports calls succeeded.
@@ -897,12 +820,5 @@ func (b *Broker) Exports(cluster, node string) ([]*apiv1.ServiceExport, int) {
 	for _, e := range b.exports[cluster+"/"+node] {
 		out = append(out, proto.Clone(e).(*apiv1.ServiceExport))
 	}
-	return out, b.setExports
-}
-
-// WatchRequests returns the watch requests received, in order.
-func (b *Broker) WatchRequests() []*apiv1.WatchRequest {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return append([]*apiv1.WatchRequest(nil), b.watchRequests...)
+	return out, b.knobs.count(apiv1.Agent_SetExports_FullMethodName)
 }

@@ -2,7 +2,6 @@ package bpflb
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -13,9 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -149,39 +146,11 @@ func newCgroup(t *testing.T, name string) string {
 		t.Fatalf("create cgroup: %v", err)
 	}
 	t.Cleanup(func() {
-		if err := removeCgroup(path); err != nil {
+		if err := nstest.RemoveCgroup(path); err != nil {
 			t.Errorf("cleanup: %v", err)
 		}
 	})
 	return path
-}
-
-// removeCgroup kills the processes of the cgroup (cgroup.kill, 5.14+; else one by one) and
-// removes it once it is empty.
-func removeCgroup(path string) error {
-	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if err := os.WriteFile(filepath.Join(path, "cgroup.kill"), []byte("1"), 0); err != nil {
-			if data, err := os.ReadFile(filepath.Join(path, "cgroup.procs")); err == nil {
-				for _, f := range strings.Fields(string(data)) {
-					if pid, err := strconv.Atoi(f); err == nil && pid != os.Getpid() {
-						_ = syscall.Kill(pid, syscall.SIGKILL)
-					}
-				}
-			}
-		}
-		err := os.Remove(path)
-		if err == nil || errors.Is(err, os.ErrNotExist) {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("remove cgroup %s: %w", path, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // sweepStale removes the cgroups and pin directories of earlier runs whose process is gone
@@ -196,7 +165,7 @@ func sweepStale() {
 			if m == nil {
 				continue
 			}
-			if pid, err := strconv.Atoi(m[1]); err == nil && syscall.Kill(pid, 0) == nil && pid != os.Getpid() {
+			if pid, err := strconv.Atoi(m[1]); err == nil && nstest.Alive(pid) && pid != os.Getpid() {
 				continue // its run is still going
 			}
 			out = append(out, filepath.Join(dir, e.Name()))
@@ -212,7 +181,7 @@ func sweepStale() {
 		return
 	}
 	for _, p := range stale(cgroupRoot) {
-		if err := removeCgroup(p); err != nil {
+		if err := nstest.RemoveCgroup(p); err != nil {
 			fmt.Fprintln(os.Stderr, "bpflb: sweep:", err)
 		}
 	}

@@ -515,7 +515,7 @@ func (m *Mesh) teardown() {
 	for _, err := range errs {
 		t.Errorf("teardown: %v", err)
 	}
-	if removed, err := SweepNamespaces(ctx, m.Prefix); err != nil {
+	if removed, err := SweepNamespaces(m.Prefix); err != nil {
 		t.Errorf("teardown: delete namespaces of %s: %v", m.Prefix, err)
 	} else if len(removed) > 0 {
 		t.Logf("teardown: deleted namespaces %v", removed)

@@ -4,14 +4,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
-	"syscall"
-	"time"
+
+	"github.com/cablemesh/cablemesh/tests/netns/nstest"
 )
 
 // OwnerDir holds one file per live test run, named by its prefix and holding the pid of the test
@@ -35,56 +34,13 @@ func NewPrefix() string {
 	return SweepPrefix + hex.EncodeToString(b) + "-"
 }
 
-// ListNamespaces returns the names of the host's named network namespaces.
-func ListNamespaces(ctx context.Context) ([]string, error) {
-	out, err := MustRun(ctx, "ip", "netns", "list")
-	if err != nil {
-		return nil, err
-	}
-	var names []string
-	for _, line := range strings.Split(out, "\n") {
-		if f := strings.Fields(line); len(f) > 0 {
-			names = append(names, f[0])
-		}
-	}
-	return names, nil
-}
-
 // AddNamespace creates a network namespace with its loopback up.
 func AddNamespace(ctx context.Context, name string) error {
-	if _, err := MustRun(ctx, "ip", "netns", "add", name); err != nil {
+	if err := nstest.Create(name); err != nil {
 		return err
 	}
 	_, err := MustRun(ctx, "ip", "-n", name, "link", "set", "lo", "up")
 	return err
-}
-
-// DeleteNamespace kills every process inside namespace name and deletes it. A namespace that is
-// already gone is no error.
-func DeleteNamespace(ctx context.Context, name string) error {
-	KillNamespacePids(ctx, name)
-	r := Run(ctx, "ip", "netns", "del", name)
-	if r.Err != nil && !strings.Contains(r.Stderr, "No such file") {
-		return fmt.Errorf("%s", r)
-	}
-	return nil
-}
-
-// KillNamespacePids SIGKILLs every process whose network namespace is name.
-func KillNamespacePids(ctx context.Context, name string) {
-	for i := 0; i < 3; i++ {
-		out := Run(ctx, "ip", "netns", "pids", name).Stdout
-		pids := strings.Fields(out)
-		if len(pids) == 0 {
-			return
-		}
-		for _, s := range pids {
-			if pid, err := strconv.Atoi(s); err == nil && pid != os.Getpid() {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			}
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
 }
 
 // ClaimPrefix records that this process owns prefix (see OwnerDir).
@@ -98,54 +54,41 @@ func ClaimPrefix(prefix string) error {
 // ReleasePrefix forgets the claim of ClaimPrefix.
 func ReleasePrefix(prefix string) { _ = os.Remove(filepath.Join(OwnerDir, prefix)) }
 
-func prefixOwnerAlive(prefix string) bool {
+// prefixOwner is the pid of the test process that claimed prefix, 0 when none did.
+func prefixOwner(prefix string) int {
 	b, err := os.ReadFile(filepath.Join(OwnerDir, prefix))
 	if err != nil {
-		return false
+		return 0
 	}
 	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil || pid <= 0 {
-		return false
+	if err != nil {
+		return 0
 	}
-	return syscall.Kill(pid, 0) == nil
+	return pid
 }
 
+func prefixOwnerAlive(prefix string) bool { return nstest.Alive(prefixOwner(prefix)) }
+
 // SweepNamespaces deletes the namespaces whose names start with prefix and kills what runs in them.
-func SweepNamespaces(ctx context.Context, prefix string) ([]string, error) {
-	names, err := ListNamespaces(ctx)
-	if err != nil {
-		return nil, err
-	}
-	var removed []string
-	for _, n := range names {
-		if !strings.HasPrefix(n, prefix) {
-			continue
-		}
-		if err := DeleteNamespace(ctx, n); err != nil {
-			return removed, err
-		}
-		removed = append(removed, n)
-	}
-	return removed, nil
+func SweepNamespaces(prefix string) ([]string, error) {
+	return nstest.DeleteMatching(func(ns string) bool { return strings.HasPrefix(ns, prefix) })
 }
 
 // SweepStale removes what crashed earlier test runs left behind: namespaces named "cbtXXXX-..."
 // whose owning test process is gone, their temp dirs and their owner files.
 func SweepStale(ctx context.Context) ([]string, error) {
-	names, err := ListNamespaces(ctx)
-	if err != nil {
-		return nil, err
+	removed, err := nstest.SweepDead(func(ns string) (int, bool) {
+		m := runPrefixRE.FindStringSubmatch(ns)
+		if m == nil {
+			return 0, false
+		}
+		return prefixOwner(m[1]), true
+	})
+	if err == nil {
+		err = ctx.Err() // the dirs' sweep below unmounts and removes: not once the caller gave up
 	}
-	var removed []string
-	for _, n := range names {
-		m := runPrefixRE.FindStringSubmatch(n)
-		if m == nil || prefixOwnerAlive(m[1]) {
-			continue
-		}
-		if err := DeleteNamespace(ctx, n); err != nil {
-			return removed, err
-		}
-		removed = append(removed, n)
+	if err != nil {
+		return removed, err
 	}
 	// Temp dirs of crashed runs (os.MkdirTemp("", prefix)), unless kept on purpose (KeptMarker).
 	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), SweepPrefix+"*"))

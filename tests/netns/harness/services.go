@@ -11,10 +11,11 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cablemesh/cablemesh/tests/netns/nstest"
 )
 
 // The services datapath of a mesh. Every mesh has:
@@ -100,7 +101,7 @@ func (m *Mesh) unmountDatapath() (safe bool, errs []error) {
 		entries, _ := os.ReadDir(CgroupRoot)
 		for _, e := range entries {
 			if e.IsDir() && strings.HasPrefix(e.Name(), m.Prefix) {
-				if err := RemoveCgroup(filepath.Join(CgroupRoot, e.Name())); err != nil {
+				if err := nstest.RemoveCgroup(filepath.Join(CgroupRoot, e.Name())); err != nil {
 					errs = append(errs, err)
 				}
 			}
@@ -112,33 +113,6 @@ func (m *Mesh) unmountDatapath() (safe bool, errs []error) {
 		}
 	}
 	return safe, errs
-}
-
-// RemoveCgroup kills the processes of a cgroup and removes it once empty.
-func RemoveCgroup(path string) error {
-	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if err := os.WriteFile(filepath.Join(path, "cgroup.kill"), []byte("1"), 0); err != nil {
-			if data, err := os.ReadFile(filepath.Join(path, "cgroup.procs")); err == nil {
-				for _, f := range strings.Fields(string(data)) {
-					if pid, err := strconv.Atoi(f); err == nil && pid != os.Getpid() {
-						_ = syscall.Kill(pid, syscall.SIGKILL)
-					}
-				}
-			}
-		}
-		err := os.Remove(path)
-		if err == nil || errors.Is(err, os.ErrNotExist) {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("remove cgroup %s: %w", path, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // sweepStaleDatapath unmounts what a crashed run left mounted below its temp dir and removes
@@ -155,7 +129,7 @@ func sweepStaleDatapath(dir string) bool {
 		entries, _ := os.ReadDir(CgroupRoot)
 		for _, e := range entries {
 			if e.IsDir() && strings.HasPrefix(e.Name(), m[1]) {
-				_ = RemoveCgroup(filepath.Join(CgroupRoot, e.Name()))
+				_ = nstest.RemoveCgroup(filepath.Join(CgroupRoot, e.Name()))
 			}
 		}
 	}

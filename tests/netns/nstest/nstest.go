@@ -1,10 +1,19 @@
-// Package nstest holds what the netns tests of single packages (the cable drivers, the health
-// prober) share: running commands, per-process network namespaces that are removed even when a
-// test fails (and swept when a killed run could not remove them), veth pairs and pings.
+// Package nstest owns the life cycle of the test network namespaces: every netns test creates,
+// lists, deletes and sweeps its namespaces here (tests/netns/harness builds its meshes on it), so
+// there is one way to kill what runs in a namespace, one way to delete one, and one test of
+// whether the run that owned a leftover is still going. It also holds what the netns tests of
+// single packages (the cable drivers, the health prober) share: running commands, per-process
+// namespaces that are removed even when a test fails (and swept when a killed run could not
+// remove them), veth pairs, pings and cgroups.
 //
-// A namespace is named <prefix><pid>-<name>, for instance cbtv4242-a: unique per test process, so
-// two runs at once (a developer's and `go test ./tests/netns/...`) never delete each other's
-// namespaces, while a later run can tell the leftovers of a killed run by their dead pid.
+// Two naming schemes share the host, told apart by their shape so that a sweep never takes the
+// other's namespaces:
+//   - a package's Prefix: <prefix><pid>-<name>, for instance cbtv4242-a, unique per test
+//     process, so two runs at once (a developer's and `go test ./tests/netns/...`) never delete
+//     each other's namespaces, while a later run can tell the leftovers of a killed run by their
+//     dead pid;
+//   - a harness mesh's run prefix: cbt<4 hex digits>-<name>, whose owner pid is in a file
+//     (tests/netns/harness.OwnerDir). Prefix.Add refuses a prefix that could take that shape.
 package nstest
 
 import (
@@ -64,9 +73,12 @@ func RequireRoot(t testing.TB, why string, tools ...string) {
 }
 
 // Prefix starts the namespace names of one test package, e.g. "cbtv". It must not be another
-// package's prefix followed by digits, nor "cbt" and a hex digit: tests/netns/harness sweeps
-// namespaces named cbt<4 hex digits>- of its own.
+// package's prefix followed by digits, nor "cbt" and a hex digit (a harness run prefix, see the
+// package comment): Add checks the latter.
 type Prefix string
+
+// harnessRunPrefix is the shape of the harness's run prefixes, which a Prefix must not take.
+var harnessRunPrefix = regexp.MustCompile(`^cbt[0-9a-f]`)
 
 // Name is the name of this process's namespace called name.
 func (p Prefix) Name(name string) string {
@@ -82,6 +94,9 @@ var swept sync.Map
 // test fails. Its loopback stays down.
 func (p Prefix) Add(t testing.TB, name string) string {
 	t.Helper()
+	if harnessRunPrefix.MatchString(string(p)) {
+		t.Fatalf("namespace prefix %q has the shape of a harness run prefix (cbt and a hex digit): the harness's sweep would delete its namespaces", p)
+	}
 	if _, done := swept.LoadOrStore(p, true); !done {
 		p.Sweep(t)
 	}
@@ -91,7 +106,9 @@ func (p Prefix) Add(t testing.TB, name string) string {
 			t.Errorf("cleanup: %v", err)
 		}
 	})
-	MustRun(t, "ip", "netns", "add", ns)
+	if err := Create(ns); err != nil {
+		t.Fatal(err)
+	}
 	return ns
 }
 
@@ -100,33 +117,76 @@ func (p Prefix) Add(t testing.TB, name string) string {
 // stay.
 func (p Prefix) Sweep(t testing.TB) {
 	t.Helper()
-	out, err := Run("ip", "netns", "list")
-	if err != nil {
-		return
-	}
 	re := regexp.MustCompile(`^` + regexp.QuoteMeta(string(p)) + `([0-9]+)-.`)
-	for _, line := range strings.Split(out, "\n") {
-		f := strings.Fields(line)
-		if len(f) == 0 {
-			continue
-		}
-		m := re.FindStringSubmatch(f[0])
+	removed, err := SweepDead(func(ns string) (int, bool) {
+		m := re.FindStringSubmatch(ns)
 		if m == nil {
-			continue
+			return 0, false
 		}
-		if pid, err := strconv.Atoi(m[1]); err == nil && alive(pid) {
-			continue // its run is still going
-		}
-		t.Logf("removing stale namespace %s", f[0])
-		if err := Delete(f[0]); err != nil {
-			t.Logf("remove stale namespace: %v", err)
-		}
+		pid, err := strconv.Atoi(m[1])
+		return pid, err == nil
+	})
+	for _, ns := range removed {
+		t.Logf("removed stale namespace %s", ns)
+	}
+	if err != nil {
+		t.Logf("remove stale namespaces: %v", err)
 	}
 }
 
-// alive says whether process pid runs. A killed process is a zombie until its parent (often
+// Create creates network namespace ns; its loopback stays down.
+func Create(ns string) error {
+	_, err := Run("ip", "netns", "add", ns)
+	return err
+}
+
+// List returns the names of the host's named network namespaces.
+func List() ([]string, error) {
+	out, err := Run("ip", "netns", "list")
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) > 0 {
+			names = append(names, f[0]) // "name (id: 3)"
+		}
+	}
+	return names, nil
+}
+
+// DeleteMatching deletes every namespace whose name match accepts (see Delete), and returns
+// those it deleted; it stops at the first it cannot delete.
+func DeleteMatching(match func(ns string) bool) ([]string, error) {
+	names, err := List()
+	if err != nil {
+		return nil, err
+	}
+	var removed []string
+	for _, ns := range names {
+		if !match(ns) {
+			continue
+		}
+		if err := Delete(ns); err != nil {
+			return removed, err
+		}
+		removed = append(removed, ns)
+	}
+	return removed, nil
+}
+
+// SweepDead deletes the namespaces of test runs that are gone: owner returns the pid of the
+// process that owns a namespace (ok false: not a test namespace of this scheme, left alone).
+func SweepDead(owner func(ns string) (pid int, ok bool)) ([]string, error) {
+	return DeleteMatching(func(ns string) bool {
+		pid, ok := owner(ns)
+		return ok && !Alive(pid)
+	})
+}
+
+// Alive says whether process pid runs. A killed process is a zombie until its parent (often
 // init, for a killed `go test` binary) reaps it, and signal 0 still reaches a zombie.
-func alive(pid int) bool {
+func Alive(pid int) bool {
 	if pid <= 0 || syscall.Kill(pid, 0) != nil {
 		return false
 	}
