@@ -20,7 +20,6 @@ import (
 	"errors"
 	"log/slog"
 	"net/netip"
-	"os"
 	"sync"
 	"time"
 
@@ -231,16 +230,8 @@ func New(opts Options) (*Agent, error) {
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.stop()
 	defer a.link.Close()
-	if err := preflight.CheckFiles(a.cfg); err != nil {
+	if err := preflight.Run(a.cfg, a.log); err != nil {
 		return err
-	}
-	if p := preflight.TokenFileProblem(a.cfg.JoinTokenFile); p != "" {
-		a.log.Warn("JOIN TOKEN FILE IS READABLE BY OTHERS: "+p, "joinTokenFile", a.cfg.JoinTokenFile)
-	}
-	if w, err := preflight.TightenStateDir(a.cfg.StateDir, os.Geteuid()); err != nil {
-		return err
-	} else if w != "" {
-		a.log.Warn("STATE DIRECTORY WAS WRITABLE BY OTHERS: "+w, "stateDir", a.cfg.StateDir)
 	}
 	if err := a.exports.Load(); err != nil {
 		return err
@@ -266,7 +257,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			return err
 		}
 		a.cables.ClampMSS()
-		// The probers; a reload may start or stop them (reload_health.go).
+		// The probers; a reload may start or stop them (cables.SetHealth).
 		a.cables.SetHealth(a.cfg.HealthCheck.IsEnabled(), a.healthSettings())
 		defer a.cables.SetHealth(false, health.Settings{})
 	} else {

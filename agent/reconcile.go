@@ -46,36 +46,13 @@ func (a *Agent) plan() *plan.Plan {
 	if a.cfg.Gateway {
 		in.Node, in.Drivers = a.cfg.Node, a.cables.DriverSet()
 	}
-	return a.planner.Get(a.planKey(), in, a.stateCopy)
+	reg := a.ingress.Registered
+	return a.planner.Get(a.link.PlanKey(reg), in, func() (plan.Key, *brokerstate.State) { return a.link.StateCopy(reg) })
 }
 
 // planKey names the broker-side inputs of the plan without copying them.
-// Lock order: the link's, then the ingress's mesh lock (Registered).
-func (a *Agent) planKey() (k plan.Key) {
-	a.link.Read(func(st *brokerstate.State, join *apiv1.Cluster) {
-		k = plan.Key{State: st, Revision: st.Revision, Join: join, Registered: a.ingress.Registered()}
-	})
-	return k
-}
-
-// stateCopy is a copy of the broker state for the planner, with the key it was taken at.
-func (a *Agent) stateCopy() (k plan.Key, cp *brokerstate.State) {
-	a.link.Read(func(st *brokerstate.State, join *apiv1.Cluster) {
-		k = plan.Key{State: st, Revision: st.Revision, Join: join, Registered: a.ingress.Registered()}
-		cp = st.Clone()
-	})
-	return k, cp
-}
-
 // localCluster is our own cluster record: from the broker state, else from the Join answer.
-func (a *Agent) localCluster() (c *apiv1.Cluster) {
-	a.link.Read(func(st *brokerstate.State, join *apiv1.Cluster) {
-		if c = st.Clusters[a.cfg.Cluster]; c == nil {
-			c = join
-		}
-	})
-	return c
-}
+func (a *Agent) localCluster() *apiv1.Cluster { return a.link.LocalCluster() }
 
 // localSubnets are the CIDRs behind this node: the config's, else the cluster's at the broker.
 func (a *Agent) localSubnets() []netip.Prefix {
