@@ -36,7 +36,6 @@ import (
 	"github.com/cablemesh/cablemesh/agent/metrics"
 	"github.com/cablemesh/cablemesh/agent/plan"
 	"github.com/cablemesh/cablemesh/agent/preflight"
-	"github.com/cablemesh/cablemesh/agent/reconcile"
 	"github.com/cablemesh/cablemesh/agent/reload"
 	"github.com/cablemesh/cablemesh/agent/routes"
 	"github.com/cablemesh/cablemesh/agent/servicedp"
@@ -131,8 +130,8 @@ type Agent struct {
 
 	mu sync.Mutex // guards dp
 
-	guard   reconcile.Guard // what no cable route may cover; set by Run before anything reads it
-	planner *plan.Planner   // the one plan per input change that every consumer reads
+	guards  *plan.Guards  // what no cable route may cover: built at start and when the address moves
+	planner *plan.Planner // the one plan per input change that every consumer reads
 
 	cables  *cables.Cables // the cable connections (gateways); the reconcile loop (all nodes)
 	metrics *metrics.Probes
@@ -151,8 +150,6 @@ type Agent struct {
 	reload *reload.Reloader // the config in force and its reloads
 	addrs  *kube.Addresses  // this node's addresses (the config's, or its Node's on Kubernetes)
 
-	guardMu    sync.Mutex
-	guardMoved *reconcile.Guard // the guard rebuilt after the Node's InternalIP moved
 }
 
 // New checks options; it creates nothing.
@@ -199,6 +196,9 @@ func New(opts Options) (*Agent, error) {
 		src = opts.NodeAddresses
 	}
 	a.addrs = kube.NewAddresses(src, cfg.AdvertiseAddr(), cfg.Node, a.log)
+	a.guards = plan.NewGuards(func() plan.GuardSources {
+		return plan.GuardSources{Broker: cfg.Broker, Advertise: a.addrs.Private(), Log: a.log, LookupHost: opts.LookupHost, Underlay: opts.Underlay}
+	})
 	a.link = brokerlink.New(cfg, brokerlink.Deps{Log: a.log, Backoff: a.newBackoff, ImportSelector: a.importSelector,
 		Endpoint: a.endpoint, OnRegistered: func(ep *apiv1.Endpoint) { a.ingress.ObserveRegistered(ep) },
 		OnState: func() { a.Trigger(); a.TriggerServices() }, OnFirstMessage: func() { a.exports.Trigger() }})
@@ -248,7 +248,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	defer stopNodeAddrs()
-	a.guard = a.buildGuard(ctx)
+	a.guards.Build(ctx)
 
 	a.link.LoadCache()
 

@@ -14,6 +14,7 @@ import (
 	"context"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -156,6 +157,28 @@ func (l *Link) LocalCluster() *apiv1.Cluster {
 		return c
 	}
 	return l.joinCluster
+}
+
+// LocalSubnets are the CIDRs behind this node: the config's, else the cluster's at the broker.
+func (l *Link) LocalSubnets() []netip.Prefix {
+	cidrs := append(slices.Clone(l.cfg.PodCIDRs), l.cfg.ServiceCIDRs...)
+	if len(cidrs) == 0 {
+		if c := l.LocalCluster(); c != nil {
+			cidrs = append(slices.Clone(c.GetPodCidrs()), c.GetServiceCidrs()...)
+		}
+	}
+	return config.Prefixes(cidrs)
+}
+
+// LocalPodCIDRs are the pod CIDRs behind this node: the config's, else the cluster's.
+func (l *Link) LocalPodCIDRs() []netip.Prefix {
+	if len(l.cfg.PodCIDRs) > 0 {
+		return config.Prefixes(l.cfg.PodCIDRs)
+	}
+	if c := l.LocalCluster(); c != nil {
+		return config.Prefixes(c.GetPodCidrs())
+	}
+	return nil
 }
 
 // Keyring is the agent's identity (set by Identify).
