@@ -119,8 +119,11 @@ type Options struct {
 
 // Agent is one node's agent. Build with New, run with Run.
 type Agent struct {
-	cfg  *config.Config
-	opts Options
+	// cfg is what a reload never changes; start the config the agent started with, handed to
+	// the components; what a reload changes is read from liveConfig.
+	cfg   config.Static
+	start *config.Config
+	opts  Options
 	// log carries this node's identity (cluster, node); pairLog carries it as localCluster and
 	// localNode, for the lines about a remote pair, which name the remote side as cluster and
 	// node (the reconciler, the drivers, the probes).
@@ -183,7 +186,8 @@ func New(opts Options) (*Agent, error) {
 		return nil, errors.New("agent: kubernetes.enabled is set but no Kubernetes export source was given")
 	}
 	a := &Agent{
-		cfg:      cfg,
+		cfg:      cfg.Static(),
+		start:    cfg,
 		opts:     opts,
 		log:      opts.Log.With("cluster", cfg.Cluster, "node", cfg.Node),
 		pairLog:  opts.Log.With("localCluster", cfg.Cluster, "localNode", cfg.Node),
@@ -230,7 +234,7 @@ func New(opts Options) (*Agent, error) {
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.stop()
 	defer a.link.Close()
-	if err := preflight.Run(a.cfg, a.log); err != nil {
+	if err := preflight.Run(a.start, a.log); err != nil {
 		return err
 	}
 	if err := a.exports.Load(); err != nil {
@@ -258,7 +262,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		a.cables.ClampMSS()
 		// The probers; a reload may start or stop them (cables.SetHealth).
-		a.cables.SetHealth(a.cfg.HealthCheck.IsEnabled(), a.healthSettings())
+		a.cables.SetHealth(a.liveConfig().HealthCheck.IsEnabled(), a.healthSettings())
 		defer a.cables.SetHealth(false, health.Settings{})
 	} else {
 		defer a.worker.Start()()
@@ -306,11 +310,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	wg.Go(func() { a.link.RunWatch(ctx, client) })
 	wg.Go(func() { a.exports.Run(ctx, client) })
 	wg.Go(func() { a.link.RunCertificates(ctx, client) })
-	if a.cfg.Ingress.XDS.Listen != "" {
+	if a.cfg.IngressXDSListen != "" {
 		wg.Go(func() { a.ingress.RunCertificate(ctx, client) })
 	}
 	wg.Go(func() { a.clusterPolicies.Run(ctx, client) })
-	if a.cfg.Kubernetes.Enabled {
+	if a.cfg.KubernetesExportsEnabled {
 		wg.Go(func() { a.exports.RunSource(ctx, a.opts.Kubernetes) })
 	}
 	if a.cfg.Gateway {
