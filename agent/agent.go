@@ -1,57 +1,56 @@
-// Package agent is the cable-agent: it joins the broker (once), keeps the broker's state in a
-// cache on disk, registers and heartbeats this node's endpoint on gateways, watches the broker,
-// and reconciles the host (cable connections on gateways, routes via the gateway elsewhere)
-// against that state. It serves its status over a unix socket and, optionally, Prometheus
-// metrics.
+// Package agent is the cable-agent: it wires the components that make it, each a package that
+// owns its state, goroutines and locks, and runs them (see docs/architecture.md):
 //
-// The agent never tears anything down because the broker is unreachable: it keeps running on
-// the last state it received, and starts on the cached state when the broker is down.
+//	brokerlink  join, watch, registration and heartbeat, renewal, the cached broker state
+//	plan        one plan per (broker state, drivers, guard), read by all below
+//	cables      a gateway's drivers, MSS clamp, reconcile, repair and probes
+//	routes      a non-gateway node's routes via its gateways (routes.Worker)
+//	servicedp   DNS, the socket load balancer and the traffic counters
+//	exports     the node's exports and their sync; clusterpolicy the cluster's policies
+//	ingress     ingress ports, xDS, the ingress certificate, the gateway-mode data plane
+//	reload      the config file's live changes; metrics and statusapi what it reports
 //
-// The agent knows the cable drivers only through the cable registry: it builds the drivers the
-// config names, with the config's block for each, and asks them which links to clamp.
-//
-// Every node also runs the services datapath (agent/services decides, datapath.go applies): the
-// clusterset.local DNS server, the eBPF socket load balancer of the service VIPs and, on
-// gateways, per-cluster traffic counters on the cable links; and it sends the node's exports to
-// the broker (exports.go).
-//
-// Files: agent.go (options, Run), broker.go (join, watch, broker status), endpoint.go (register,
-// heartbeat), backoff.go, drivers.go (driver life cycle, MSS clamp, teardown), reconcile.go (the
-// reconcile loop), repair.go (re-asserting unhealthy connections), healthcheck.go (probes),
-// datapath.go (DNS, load balancer, counters), bpffs.go (bpffs and cgroup2), exports.go (export
-// sources and their sync), certs.go (CA bundle, certificate renewal, a certificate refused for
-// good), guard.go (what no cable route may cover), preflight.go (the files the config names,
-// checked before anything is created), status.go (the status API) and metrics.go.
+// Data flows one way: watch -> state -> plan -> consumers -> status. The agent never tears
+// anything down because the broker is unreachable: it runs on the last state it received.
 package agent
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"log/slog"
 	"net/netip"
-	"os"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/cablemesh/cablemesh/agent/brokerclient"
-	"github.com/cablemesh/cablemesh/agent/brokerstate"
+	"github.com/cablemesh/cablemesh/agent/brokerlink"
+	"github.com/cablemesh/cablemesh/agent/cables"
+	"github.com/cablemesh/cablemesh/agent/clusterpolicy"
 	"github.com/cablemesh/cablemesh/agent/config"
+	"github.com/cablemesh/cablemesh/agent/exports"
 	"github.com/cablemesh/cablemesh/agent/health"
 	"github.com/cablemesh/cablemesh/agent/ingress"
-	"github.com/cablemesh/cablemesh/agent/reconcile"
+	"github.com/cablemesh/cablemesh/agent/kube"
+	"github.com/cablemesh/cablemesh/agent/metrics"
+	"github.com/cablemesh/cablemesh/agent/plan"
+	"github.com/cablemesh/cablemesh/agent/preflight"
+	"github.com/cablemesh/cablemesh/agent/reload"
 	"github.com/cablemesh/cablemesh/agent/routes"
+	"github.com/cablemesh/cablemesh/agent/servicedp"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/bpf"
-	"github.com/cablemesh/cablemesh/cable"
-	"github.com/cablemesh/cablemesh/policy"
 )
 
-// DriverFactory builds the cable driver name for this node with its settings (the config's block
-// for it); cable.New, the registry, is the default. It only validates and builds; Init is the
-// agent's call.
-type DriverFactory func(name string, node cable.LocalNode, settings cable.Settings) (cable.Driver, error)
+// DriverFactory builds a cable driver (cables.DriverFactory).
+type DriverFactory = cables.DriverFactory
+
+// MSSClamp and KernelMSS are the TCP MSS clamp of the tunnels' links (cables).
+type (
+	MSSClamp  = cables.MSSClamp
+	KernelMSS = cables.KernelMSS
+)
 
 // DefaultRepairInterval is how often at most the agent re-asserts (re-runs the driver's
 // idempotent Connect for) a connection whose health probes keep failing.
@@ -104,7 +103,7 @@ type Options struct {
 	// (agent/ingress/nftables, in this network namespace). MeshLink puts the mesh address on
 	// cbl-mesh0; default agent/ingress's. Tests fake both.
 	OpenIngress func(*slog.Logger) (ingress.Dataplane, error)
-	MeshLink    MeshLink
+	MeshLink    ingress.MeshLink
 	// ConfigPath is the file Config was loaded from: Run watches it and applies its changes
 	// (reload.go). Empty: no reload.
 	ConfigPath string
@@ -114,70 +113,46 @@ type Options struct {
 	LogLevelFlag string
 	// NodeAddresses follows this node's Node object on Kubernetes (kube.NodeWatcher): a
 	// gateway's endpoint takes its private IP from the Node's InternalIP when the config sets no
-	// advertiseAddress, its public IP from the ExternalIP (reload_nodeaddr.go). nil: none.
-	NodeAddresses NodeAddressSource
+	// advertiseAddress, its public IP from the ExternalIP. nil: none.
+	NodeAddresses kube.AddressSource
 }
 
 // Agent is one node's agent. Build with New, run with Run.
 type Agent struct {
-	cfg  *config.Config
-	opts Options
+	// cfg is what a reload never changes; start the config the agent started with, handed to
+	// the components; what a reload changes is read from liveConfig.
+	cfg   config.Static
+	start *config.Config
+	opts  Options
 	// log carries this node's identity (cluster, node); pairLog carries it as localCluster and
 	// localNode, for the lines about a remote pair, which name the remote side as cluster and
 	// node (the reconciler, the drivers, the probes).
 	log, pairLog *slog.Logger
 
-	trigger   chan struct{}
-	wakeWatch chan struct{} // a successful register wakes a watch loop waiting out its backoff
-	redial    func()        // makes the broker connection retry now; set before the loops start
+	link *brokerlink.Link // join, watch, heartbeat, renewal and the cached broker state
 
-	keyring *brokerclient.Keyring // the agent's identity; set by Run before anything reads it
-	conn    *brokerConn           // the broker connection; set by Run before the loops start
-	certs   certState             // guarded by mu (its channels are set by New)
+	mu sync.Mutex // guards dp
 
-	mu           sync.Mutex
-	built        []cable.Driver    // every driver built, in config order; closed when Run ends
-	running      []cable.Driver    // the built drivers whose Init succeeded, in config order
-	driverErrs   reconcile.Drivers // every configured driver: nil, or why it does not run
-	reconciler   *reconcile.Reconciler
-	state        *brokerstate.State
-	stateSaver   *brokerstate.Saver // writes state to the cache file, coalesced
-	joinCluster  *apiv1.Cluster     // cluster record from Join, until the watch brings one
-	watchUp      bool
-	beatOK       bool
-	lastContact  time.Time
-	lastErr      string
-	cached       bool // running on state loaded from disk, not yet resynced
-	lastProblems string
+	guards  *plan.Guards  // what no cable route may cover: built at start and when the address moves
+	planner *plan.Planner // the one plan per input change that every consumer reads
 
-	guard      reconcile.Guard  // what no cable route may cover; set by Run before anything reads it
-	resKey     string           // policy.Resolver cache: PolicyKey of the policies it was built from
-	res        *policy.Resolver // nil until first built
-	lastRepair map[string]time.Time
+	cables  *cables.Cables // the cable connections (gateways); the reconcile loop (all nodes)
+	metrics *metrics.Probes
+	worker  *routes.Worker // a non-gateway node's routes via its gateways
 
-	health        *health.Manager   // nil unless a gateway with healthCheck enabled, once Run started
-	healthReasons map[string]string // wanted connections not probed, and why
-	metrics       *healthMetrics
-	// gwProbes and gwChoices are a non-gateway node's probes of its cluster's gateways and how it
-	// last routed each remote cluster (nongateway.go); nil on gateways.
-	gwProbes  *health.Manager
-	gwChoices []routes.Choice
+	registry *prometheus.Registry // the agent's metrics (served on metricsAddress)
+	dp       *servicedp.Datapath  // the services datapath, once Run started it
+	exports  *exports.Exports
 
-	registry   *prometheus.Registry // the agent's metrics (served on metricsAddress)
-	dp         *datapath            // the services datapath, once Run started it
-	svcTrigger chan struct{}
-	exports    exportState
-	clock      brokerClock // brokerclock.go: the broker's clock and build from its last reply
+	clusterPolicies *clusterpolicy.Sync // cluster-scoped policies and their sync
 
-	clusterPolicies clusterPolicyState // cluster-scoped policies and their sync (clusterpolicies.go)
+	ingress *ingress.Gateway // ingress ports, the xDS server, the mesh address and data plane
 
-	ingress ingressState // ingress ports and the xDS server (ingress.go)
-	mesh    meshState    // mesh address and ingress data plane (meshingress.go)
+	ready *metrics.Readiness // the first full sync, for /readyz
 
-	ready readiness // the first full sync, for /readyz (metrics.go)
+	reload *reload.Reloader // the config in force and its reloads
+	addrs  *kube.Addresses  // this node's addresses (the config's, or its Node's on Kubernetes)
 
-	reload   reloadState   // the config in force and its reloads (reload.go)
-	nodeAddr nodeAddrState // the Node's addresses on Kubernetes (reload_nodeaddr.go)
 }
 
 // New checks options; it creates nothing.
@@ -185,15 +160,8 @@ func New(opts Options) (*Agent, error) {
 	if opts.Config == nil {
 		return nil, errors.New("agent: no config")
 	}
-	if opts.NewDriver == nil {
-		opts.NewDriver = cable.New
-	}
 	if opts.Log == nil {
 		opts.Log = slog.Default()
-	}
-	if opts.ApplyRoutes == nil {
-		log := opts.Log
-		opts.ApplyRoutes = func(r []routes.Route) error { return routes.Apply(r, log) }
 	}
 	if opts.MinBackoff == 0 {
 		opts.MinBackoff = time.Second
@@ -210,54 +178,52 @@ func New(opts Options) (*Agent, error) {
 	if opts.RepairInterval == 0 {
 		opts.RepairInterval = DefaultRepairInterval
 	}
-	if opts.MSS == nil {
-		opts.MSS = KernelMSS{}
-	}
-	if opts.OpenLB == nil {
-		opts.OpenLB = openLB
-	}
-	if opts.OpenCounters == nil {
-		opts.OpenCounters = openCounters
-	}
-	if opts.ListLinks == nil {
-		opts.ListLinks = linkIndexes
-	}
-	if opts.Underlay == nil {
-		opts.Underlay = interfaceNetwork
-	}
-	if opts.LookupHost == nil {
-		opts.LookupHost = lookupHost
-	}
 	if opts.OpenIngress == nil {
 		opts.OpenIngress = openNftIngress
-	}
-	if opts.MeshLink == nil {
-		opts.MeshLink = kernelMeshLink{}
 	}
 	cfg := opts.Config
 	if cfg.Kubernetes.Enabled && opts.Kubernetes == nil {
 		return nil, errors.New("agent: kubernetes.enabled is set but no Kubernetes export source was given")
 	}
 	a := &Agent{
-		cfg:        cfg,
-		opts:       opts,
-		log:        opts.Log.With("cluster", cfg.Cluster, "node", cfg.Node),
-		pairLog:    opts.Log.With("localCluster", cfg.Cluster, "localNode", cfg.Node),
-		trigger:    make(chan struct{}, 1),
-		wakeWatch:  make(chan struct{}, 1),
-		state:      brokerstate.New(),
-		metrics:    newHealthMetrics(),
-		lastRepair: map[string]time.Time{},
-		registry:   prometheus.NewRegistry(),
-		svcTrigger: make(chan struct{}, 1),
-		certs:      certState{refusedCh: make(chan struct{}), renewNow: make(chan struct{}, 1)},
-		exports:    exportState{config: cfg.ExportsProto(), runtime: map[string]*apiv1.ServiceExport{}},
-		ingress:    ingressState{trigger: make(chan struct{}, 1)},
-		mesh:       meshState{trigger: make(chan struct{}, 1)},
+		cfg:      cfg.Static(),
+		start:    cfg,
+		opts:     opts,
+		log:      opts.Log.With("cluster", cfg.Cluster, "node", cfg.Node),
+		pairLog:  opts.Log.With("localCluster", cfg.Cluster, "localNode", cfg.Node),
+		metrics:  metrics.NewProbes(),
+		registry: prometheus.NewRegistry(),
+		planner:  plan.New(opts.Log.With("cluster", cfg.Cluster, "node", cfg.Node)),
 	}
-	a.stateSaver = brokerstate.NewSaver(cfg.StateDir, brokerstate.DefaultSaveInterval, a.log)
-	a.registry.MustRegister(&collector{a: a})
-	a.initReload()
+	var src kube.AddressSource
+	if cfg.Gateway {
+		src = opts.NodeAddresses
+	}
+	a.addrs = kube.NewAddresses(src, cfg.AdvertiseAddr(), cfg.Node, a.log)
+	a.guards = plan.NewGuards(func() plan.GuardSources {
+		return plan.GuardSources{Broker: cfg.Broker, Advertise: a.addrs.Private(), Log: a.log, LookupHost: opts.LookupHost, Underlay: opts.Underlay}
+	})
+	a.link = brokerlink.New(cfg, brokerlink.Deps{Log: a.log, Backoff: a.newBackoff, ImportSelector: a.importSelector,
+		Endpoint: a.endpoint, OnRegistered: func(ep *apiv1.Endpoint) { a.ingress.ObserveRegistered(ep) },
+		OnState: func() { a.Trigger(); a.TriggerServices() }, OnFirstMessage: func() { a.exports.Trigger() }})
+	a.cables = cables.New(cfg, cables.Deps{
+		Log: a.log, PairLog: a.pairLog, NewDriver: opts.NewDriver, LocalNode: a.localNode, MSS: opts.MSS,
+		NewPinger: opts.NewPinger, Metrics: a.metrics, RepairInterval: opts.RepairInterval,
+		LocalPodCIDRs: a.localPodCIDRs, InterfaceAddrs: opts.InterfaceAddrs, OnHealthChange: a.TriggerServices,
+	})
+	a.worker = routes.NewWorker(cfg.Cluster, routes.WorkerDeps{Log: a.log, PairLog: a.pairLog, NewPinger: opts.NewPinger,
+		Apply: opts.ApplyRoutes, OnChange: a.Trigger})
+	a.exports = exports.New(cfg, exports.Deps{Log: a.log, Live: a.liveConfig, Scope: a.ownExportScope, Stamp: a.ingressStampPorts,
+		OnChange: a.ingressChanged, Backoff: a.newBackoff, Link: a.link})
+	a.clusterPolicies = clusterpolicy.NewSync(clusterpolicy.SyncDeps{Log: a.log, Cluster: cfg.Cluster, PolicyDir: cfg.PolicyDir,
+		Resync: cfg.ResyncInterval, Backoff: a.newBackoff, CertificateRefused: a.link.CertificateRefused})
+	a.ingress = ingress.New(cfg, ingress.Deps{Log: a.log, Exports: a.exportSet, Plan: a.plan, OpenDataplane: opts.OpenIngress,
+		MeshLink: opts.MeshLink, CleanupOnExit: opts.CleanupOnExit, CABundle: a.link.CABundle, CAs: func() *x509.CertPool { return a.link.Keyring().Identity().CAs },
+		Backoff: a.newBackoff, OnRegistered: a.Trigger})
+	a.ready = &metrics.Readiness{Log: a.log}
+	a.registry.MustRegister(&metrics.Collector{Status: a.Status, Probes: a.metrics})
+	a.reload = reload.New(opts.ConfigPath, cfg, reload.Options{Log: a.log, LogLevelFlag: opts.LogLevelFlag, Apply: a.applyConfig,
+		ImportsChanged: func() { a.link.ReopenWatch() }})
 	return a, nil
 }
 
@@ -267,61 +233,39 @@ func New(opts Options) (*Agent, error) {
 // Options.CleanupOnExit, what the agent made on the host is removed.
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.stop()
-	defer a.flushState()
-	if err := CheckFiles(a.cfg); err != nil {
+	defer a.link.Close()
+	if err := preflight.Run(a.start, a.log); err != nil {
 		return err
 	}
-	if p := tokenFileProblem(a.cfg.JoinTokenFile); p != "" {
-		a.log.Warn("JOIN TOKEN FILE IS READABLE BY OTHERS: "+p, "joinTokenFile", a.cfg.JoinTokenFile)
-	}
-	if w, err := tightenStateDir(a.cfg.StateDir, os.Geteuid()); err != nil {
-		return err
-	} else if w != "" {
-		a.log.Warn("STATE DIRECTORY WAS WRITABLE BY OTHERS: "+w, "stateDir", a.cfg.StateDir)
-	}
-	runtime, err := loadRuntimeExports(a.cfg.StateDir)
-	if err != nil {
+	if err := a.exports.Load(); err != nil {
 		return err
 	}
-	a.exports.mu.Lock()
-	a.exports.runtime = runtime
-	a.exports.mu.Unlock()
-	if err := a.loadIngressPorts(); err != nil {
+	if err := a.ingress.Load(); err != nil {
 		return err
 	}
-	id, err := a.identity(ctx)
-	if err != nil {
+	if err := a.link.Identify(ctx); err != nil {
 		return err
 	}
-	a.keyring = brokerclient.NewKeyring(id)
-	a.logCertificate(id)
 
-	stopNodeAddrs, err := a.startNodeAddresses(ctx)
+	stopNodeAddrs, err := a.addrs.Start(ctx)
 	if err != nil {
 		return err
 	}
 	defer stopNodeAddrs()
-	a.guard = a.buildGuard(ctx)
+	a.guards.Build(ctx)
 
-	if st, err := brokerstate.Load(a.cfg.StateDir); err != nil {
-		a.log.Warn("ignoring unreadable broker state cache; waiting for the broker", "err", err)
-	} else if st != nil {
-		a.mu.Lock()
-		a.state, a.cached = st, true
-		a.mu.Unlock()
-		a.log.Info("loaded cached broker state", "revision", st.Revision, "clusters", len(st.Clusters), "endpoints", len(st.Endpoints))
-	}
+	a.link.LoadCache()
 
 	if a.cfg.Gateway {
-		if err := a.startDrivers(ctx); err != nil {
+		if err := a.cables.Start(ctx); err != nil {
 			return err
 		}
-		a.clampMSS()
-		// The probers; a reload may start or stop them (reload_health.go).
-		a.setHealth(a.cfg.HealthCheck.IsEnabled(), a.healthSettings())
-		defer a.setHealth(false, health.Settings{})
+		a.cables.ClampMSS()
+		// The probers; a reload may start or stop them (cables.SetHealth).
+		a.cables.SetHealth(a.liveConfig().HealthCheck.IsEnabled(), a.healthSettings())
+		defer a.cables.SetHealth(false, health.Settings{})
 	} else {
-		defer a.startGatewayProbes()()
+		defer a.worker.Start()()
 	}
 
 	if err := a.startDatapath(ctx); err != nil {
@@ -331,63 +275,57 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer statusSrv.close()
-	stopIngress, err := a.startIngress(ctx)
+	defer statusSrv()
+	stopIngress, err := a.ingress.Start(ctx)
 	if err != nil {
 		return err
 	}
 	defer stopIngress()
-	defer a.startMeshIngress(ctx)()
 	if a.cfg.MetricsAddress != "" {
-		m, err := a.serveMetrics(ctx)
+		stop, err := metrics.Serve(ctx, a.cfg.MetricsAddress, a.metricsHandler(), a.log)
 		if err != nil {
 			return err
 		}
-		defer m.close()
+		defer stop()
 	}
 
 	// Reconcile from the cache before the broker answers (or when it never does), then program
 	// the services from it: DNS answers and the maps are as they were before a restart.
 	a.reconcileOnce(ctx)
-	a.servicesOnce(ctx)
-	a.log.Info("agent ready", "gateway", a.cfg.Gateway, "statusSocket", a.cfg.StatusSocket, "broker", a.cfg.Broker, "cachedRevision", a.revision())
+	a.datapath().Once(ctx)
+	a.log.Info("agent ready", "gateway", a.cfg.Gateway, "statusSocket", a.cfg.StatusSocket, "broker", a.cfg.Broker, "cachedRevision", a.link.Revision())
 	if a.opts.Ready != nil {
 		a.opts.Ready()
 	}
 
-	// Every handshake presents the keyring's certificate and verifies the broker with its CAs:
-	// a renewal or a new CA bundle needs no restart (certs.go).
-	cc, err := brokerclient.DialKeyring(a.cfg.Broker, a.keyring)
+	client, closeConn, err := a.link.Dial()
 	if err != nil {
 		return err
 	}
-	a.conn = newBrokerConn(cc)
-	defer a.conn.Close()
-	client := apiv1.NewAgentClient(a.conn)
-	// Our loops pace the retries (watch backoff 1s..15s, heartbeat interval); gRPC's own
-	// reconnect backoff would otherwise add its wait on top and delay the resync after an outage.
-	a.redial = a.conn.ResetConnectBackoff
+	defer closeConn()
 
 	var wg sync.WaitGroup
-	wg.Go(func() { a.reconcileLoop(ctx) })
-	wg.Go(func() { a.servicesLoop(ctx) })
-	wg.Go(func() { a.watchLoop(ctx, client) })
-	wg.Go(func() { a.exportsLoop(ctx, client) })
-	wg.Go(func() { a.certLoop(ctx, client) })
-	if a.cfg.Ingress.XDS.Listen != "" {
-		wg.Go(func() { a.ingressCertLoop(ctx, client) })
+	wg.Go(func() { a.cables.Run(ctx, a.reconcileOnce) })
+	wg.Go(func() { a.datapath().Run(ctx) })
+	wg.Go(func() { a.link.RunWatch(ctx, client) })
+	wg.Go(func() { a.exports.Run(ctx, client) })
+	wg.Go(func() { a.link.RunCertificates(ctx, client) })
+	if a.cfg.IngressXDSListen != "" {
+		wg.Go(func() { a.ingress.RunCertificate(ctx, client) })
 	}
-	wg.Go(func() { a.runClusterPolicies(ctx, client) })
-	if a.cfg.Kubernetes.Enabled {
-		wg.Go(func() { a.runExportSource(ctx, a.opts.Kubernetes) })
+	wg.Go(func() { a.clusterPolicies.Run(ctx, client) })
+	if a.cfg.KubernetesExportsEnabled {
+		wg.Go(func() { a.exports.RunSource(ctx, a.opts.Kubernetes) })
 	}
 	if a.cfg.Gateway {
-		wg.Go(func() { a.registerLoop(ctx, client) })
+		wg.Go(func() { a.link.RunRegister(ctx, client) })
 	}
 	if a.opts.ConfigPath != "" {
-		wg.Go(func() { a.runReload(ctx, client) })
+		wg.Go(func() { a.reload.Run(ctx, client) })
 	}
-	wg.Go(func() { a.nodeAddressLoop(ctx, client) })
+	wg.Go(func() {
+		a.addrs.Run(ctx, func(ctx context.Context, moved bool) { a.nodeAddressesChanged(ctx, client, moved) })
+	})
 	wg.Wait()
 	return nil
 }

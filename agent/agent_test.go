@@ -24,6 +24,7 @@ import (
 	"github.com/cablemesh/cablemesh/agent/config"
 	"github.com/cablemesh/cablemesh/agent/internal/fakebroker"
 	"github.com/cablemesh/cablemesh/agent/internal/fakedriver"
+	"github.com/cablemesh/cablemesh/agent/metrics"
 	"github.com/cablemesh/cablemesh/agent/routes"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
@@ -265,7 +266,7 @@ func TestGatewayAgentAgainstABroker(t *testing.T) {
 
 	// Metrics read the same status.
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(&collector{a: r.agent})
+	reg.MustRegister(&metrics.Collector{Status: r.agent.Status, Probes: r.agent.metrics})
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/cablemesh/cablemesh/agent/config"
+	"github.com/cablemesh/cablemesh/agent/exports"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 )
@@ -35,7 +36,7 @@ func TestAnEndpointOutsideTheClusterIsRefusedByTheAgent(t *testing.T) {
 			t.Errorf("PUT lo at %s: %d %s; want 400 and %q", ip, code, body, want)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(cfg.StateDir, ExportsFile)); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(cfg.StateDir, exports.ExportsFile)); !os.IsNotExist(err) {
 		t.Errorf("a refused export reached exports.json: %v", err)
 	}
 

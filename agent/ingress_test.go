@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/cablemesh/cablemesh/agent/config"
+	"github.com/cablemesh/cablemesh/agent/ingress"
 	"github.com/cablemesh/cablemesh/agent/ingressport"
 	"github.com/cablemesh/cablemesh/agent/internal/fakedriver"
 	"github.com/cablemesh/cablemesh/agent/xds"
@@ -269,7 +270,7 @@ func TestAnOldBrokerGetsNoAgentKeyServed(t *testing.T) {
 	if s.Ingress.XDS.Versions["secrets"] != emptySecretsVersion(t) {
 		t.Errorf("secrets version %q, want that of no secrets", s.Ingress.XDS.Versions["secrets"])
 	}
-	if _, err := os.Stat(filepath.Join(cfg.StateDir, IngressKeyFile)); err == nil {
+	if _, err := os.Stat(filepath.Join(cfg.StateDir, ingress.IngressKeyFile)); err == nil {
 		t.Error("an ingress key was written without a certificate")
 	}
 }

@@ -3,205 +3,103 @@ package agent
 import (
 	"context"
 	"net/netip"
-	"slices"
-	"sort"
-	"strings"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
-	"github.com/cablemesh/cablemesh/agent/config"
-	"github.com/cablemesh/cablemesh/agent/reconcile"
+	"github.com/cablemesh/cablemesh/agent/health"
+	"github.com/cablemesh/cablemesh/agent/plan"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
-	"github.com/cablemesh/cablemesh/policy"
+	"github.com/cablemesh/cablemesh/cable"
 )
 
 // Trigger asks for a reconcile pass soon; triggers coalesce.
-func (a *Agent) Trigger() {
-	select {
-	case a.trigger <- struct{}{}:
-	default:
-	}
-}
+func (a *Agent) Trigger() { a.cables.Trigger() }
 
-// reconcileLoop runs a pass on every trigger (a broker message), every resyncInterval (drift),
-// and at a health tick when some unhealthy connection is due to be re-asserted.
-func (a *Agent) reconcileLoop(ctx context.Context) {
-	t := time.NewTicker(a.cfg.ResyncInterval)
-	defer t.Stop()
-	// Health checks: a connection whose probes fail is re-asserted soon, not at the next resync.
-	// The check follows the probe period in force: a reload may change it (repairticker.go).
-	repair := repairTicker{armed: &a.reload.repairEvery}
-	defer repair.stop()
-	for {
-		healthTick := repair.follow(a.repairPeriod())
-		select {
-		case <-ctx.Done():
-			return
-		case <-a.trigger:
-		case <-t.C:
-		case <-healthTick:
-			if !a.repairDue(a.currentWants()) {
-				continue
-			}
-		}
-		a.reconcileOnce(ctx)
-	}
-}
-
-// reconcileOnce is one observe → desire → diff → apply pass.
+// reconcileOnce is one pass: the routes via the gateway on other nodes, the cable connections on
+// gateways, each from the plan in force.
 func (a *Agent) reconcileOnce(ctx context.Context) {
-	st := a.snapshot()
+	p := a.plan()
 	// A pass over a full state (cached, or the broker's snapshot) makes the agent ready (/readyz).
-	defer a.markSynced(st.Revision)
+	defer a.markSynced(p.Revision())
 	if !a.cfg.Gateway {
-		if err := a.opts.ApplyRoutes(a.nonGatewayRoutes(st)); err != nil {
-			a.log.Warn("routes via the gateway not applied", "err", err)
-		}
+		a.worker.Once(p)
 		return
 	}
-	desired, problems, _ := a.desired(st)
-	a.logProblems(problems)
-	// meshOnce, which triggerMesh below wakes, takes what it needs from this pass's result.
-	a.setMeshWants(st, desired)
-	a.mu.Lock()
-	r := a.reconciler
-	a.mu.Unlock()
-	if r == nil {
+	ran, changed := a.cables.Once(ctx, p)
+	if !ran {
 		return
 	}
-	actions, err := r.Reconcile(ctx, desired, st.Revision, a.repairs(desired))
-	if err != nil && ctx.Err() == nil {
-		a.log.Warn("reconcile incomplete; retrying at the next pass", "err", err)
-	}
-	a.syncHealth(st, desired)
 	// The SNAT set follows the gateway-mode pairs (debounced, idempotent).
 	a.triggerMesh()
-	if len(actions) > 0 {
+	if changed {
 		// A connection came or went: its cluster's backends follow.
 		a.TriggerServices()
 	}
 }
 
-// currentWants is what the reconciler last applied, by cluster, for the health repair check.
-func (a *Agent) currentWants() map[string]reconcile.Want {
-	a.mu.Lock()
-	r := a.reconciler
-	a.mu.Unlock()
-	if r == nil {
-		return nil
+// plan is the plan for the inputs in force (plan.Planner computes it once per change).
+func (a *Agent) plan() *plan.Plan {
+	in := plan.Inputs{Cluster: a.cfg.Cluster, StandInNode: a.cfg.Node, Guard: a.guards.Current()}
+	if a.cfg.Gateway {
+		in.Node, in.Drivers = a.cfg.Node, a.cables.DriverSet()
 	}
-	out := map[string]reconcile.Want{}
-	for k, v := range r.Applied() {
-		out[k] = v.Want
-	}
-	return out
-}
-
-// logProblems logs skipped clusters and subnets left out when the set changes, not at every
-// resync.
-func (a *Agent) logProblems(problems []reconcile.Problem) {
-	var lines []string
-	for _, p := range problems {
-		lines = append(lines, p.Cluster+" "+p.Driver+": "+p.Message)
-	}
-	sort.Strings(lines)
-	joined := strings.Join(lines, "\n")
-	a.mu.Lock()
-	changed := joined != a.lastProblems
-	a.lastProblems = joined
-	a.mu.Unlock()
-	if !changed {
-		return
-	}
-	for _, p := range problems {
-		if p.Partial {
-			a.pairLog.Warn("remote cluster connected without one of its subnets", "cluster", p.Cluster, "driver", p.Driver, "policy", p.Policy, "reason", p.Message)
-			continue
-		}
-		a.pairLog.Warn("remote cluster not connected", "cluster", p.Cluster, "driver", p.Driver, "policy", p.Policy, "reason", p.Message)
-	}
-}
-
-// snapshot returns a copy of the broker state for planning without holding the lock. Until the
-// watch brings our own cluster record, the one from Join stands in (its labels matter to the
-// policies).
-func (a *Agent) snapshot() *brokerstate.State {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	st := a.state.Clone()
-	if st.Clusters[a.cfg.Cluster] == nil && a.joinCluster != nil {
-		st.Clusters[a.cfg.Cluster] = proto.Clone(a.joinCluster).(*apiv1.Cluster)
-	}
-	// Until the watch brings our own endpoint with its mesh address, the registration answer's
-	// stands in (gateway-mode pairs need it).
-	key := brokerstate.EndpointKey(a.cfg.Cluster, a.cfg.Node)
-	a.mesh.mu.Lock()
-	reg := a.mesh.registered
-	a.mesh.mu.Unlock()
-	if own := st.Endpoints[key]; reg.IsValid() && own != nil && !reconcile.MeshAddress(own).IsValid() {
-		e := proto.Clone(own).(*apiv1.Endpoint)
-		e.MeshAddress = reg.String()
-		st.Endpoints[key] = e
-	}
-	return st
-}
-
-// resolver returns the policy resolver for st's policies, rebuilt only when they changed.
-func (a *Agent) resolver(st *brokerstate.State) *policy.Resolver {
-	key := reconcile.PolicyKey(st)
-	a.mu.Lock()
-	if a.res != nil && a.resKey == key {
-		r := a.res
-		a.mu.Unlock()
-		return r
-	}
-	a.mu.Unlock()
-	r, problems := reconcile.Resolver(st)
-	for _, p := range problems {
-		a.log.Warn("ignoring connection policy", "policy", p.Policy, "reason", p.Message)
-	}
-	a.log.Info("connection policies loaded", "policies", len(st.Policies), "revision", st.Revision)
-	a.mu.Lock()
-	a.res, a.resKey = r, key
-	a.mu.Unlock()
-	return r
-}
-
-// desired is the planner's view for this gateway: wanted connections, problems, decisions.
-func (a *Agent) desired(st *brokerstate.State) ([]reconcile.Want, []reconcile.Problem, []reconcile.PairDecision) {
-	return reconcile.DesiredAt(st, a.cfg.Cluster, a.cfg.Node, a.resolver(st), a.driverSet(), a.currentGuard())
+	reg := a.ingress.Registered
+	return a.planner.Get(a.link.PlanKey(reg), in, func() (plan.Key, *brokerstate.State) { return a.link.StateCopy(reg) })
 }
 
 // localCluster is our own cluster record: from the broker state, else from the Join answer.
-func (a *Agent) localCluster() *apiv1.Cluster {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if c := a.state.Clusters[a.cfg.Cluster]; c != nil {
-		return c
-	}
-	return a.joinCluster
-}
+func (a *Agent) localCluster() *apiv1.Cluster { return a.link.LocalCluster() }
 
-// localSubnets are the CIDRs behind this node: the config's, else the cluster's at the broker.
-func (a *Agent) localSubnets() []netip.Prefix {
-	cidrs := append(slices.Clone(a.cfg.PodCIDRs), a.cfg.ServiceCIDRs...)
-	if len(cidrs) == 0 {
-		if c := a.localCluster(); c != nil {
-			cidrs = append(slices.Clone(c.GetPodCidrs()), c.GetServiceCidrs()...)
+func (a *Agent) localSubnets() []netip.Prefix  { return a.link.LocalSubnets() }
+func (a *Agent) localPodCIDRs() []netip.Prefix { return a.link.LocalPodCIDRs() }
+
+// cleanupTimeout bounds the teardown of Options.CleanupOnExit.
+const cleanupTimeout = 30 * time.Second
+
+// stop ends what Run started on the host as Run returns: with Options.CleanupOnExit it first
+// removes what the agent made (the services datapath's programs and pins, the drivers' links and
+// the MSS clamp on gateways, the routes via the gateway elsewhere), then it closes every driver.
+func (a *Agent) stop() {
+	if dp := a.datapath(); dp != nil {
+		dp.Stop(a.opts.CleanupOnExit)
+	}
+	if a.opts.CleanupOnExit {
+		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+		if a.cfg.Gateway {
+			a.cables.Cleanup(ctx)
+		} else if err := a.worker.Cleanup(); err != nil {
+			a.log.Error("route cleanup failed", "err", err)
 		}
+		cancel()
+		a.log.Info("cleaned up")
 	}
-	return config.Prefixes(cidrs)
+	a.cables.Close()
 }
 
-// localPodCIDRs are the pod CIDRs behind this node: the config's, else the cluster's.
-func (a *Agent) localPodCIDRs() []netip.Prefix {
-	if len(a.cfg.PodCIDRs) > 0 {
-		return config.Prefixes(a.cfg.PodCIDRs)
+// localNode is this node as the cable drivers see it.
+func (a *Agent) localNode() cable.LocalNode {
+	return cable.LocalNode{Cluster: a.cfg.Cluster, Node: a.cfg.Node, StateDir: a.cfg.StateDir,
+		AdvertiseAddress: a.addrs.Private(), LocalSubnets: a.localSubnets()}
+}
+
+// healthSettings are the probe settings in force.
+func (a *Agent) healthSettings() health.Settings { return healthSettingsOf(a.liveConfig()) }
+
+// healthManager is the gateway's probes; nil without.
+func (a *Agent) healthManager() *health.Manager { return a.cables.Health() }
+
+// nodeAddressesChanged follows the Node's addresses: a new private address (when the config sets
+// none) rebuilds the running drivers on it and the guard; any change registers the endpoint
+// again.
+func (a *Agent) nodeAddressesChanged(ctx context.Context, client apiv1.AgentClient, privateMoved bool) {
+	if privateMoved {
+		// Serialised with config reloads: both rebuild drivers.
+		a.reload.Lock()
+		a.cables.RebuildRunning(ctx, a.liveConfig())
+		a.reload.Unlock()
+		a.guards.Build(ctx)
+		a.log.Info("drivers rebuilt on the node's new address; the guard against cable routes protects it", "private", a.addrs.Private().String())
+		a.Trigger()
 	}
-	if c := a.localCluster(); c != nil {
-		return config.Prefixes(c.GetPodCidrs())
-	}
-	return nil
+	a.link.Reregister(ctx, client)
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/cablemesh/cablemesh/agent/internal/fakedriver"
 	"github.com/cablemesh/cablemesh/agent/kube"
 	"github.com/cablemesh/cablemesh/agent/reconcile"
+	"github.com/cablemesh/cablemesh/agent/reload"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 	"github.com/cablemesh/cablemesh/cable"
 )
@@ -172,7 +173,7 @@ func TestAReloadAppliesOnlyWhatChangedAndRefusesTheClusterName(t *testing.T) {
 	if s.Config == nil || s.Config.Revision != 1 || !strings.HasPrefix(s.Config.Hash, "sha256:") || s.Config.Path != path {
 		t.Fatalf("status config at start = %+v", s.Config)
 	}
-	if p := time.Duration(r.agent.reload.repairEvery.Load()); p != time.Second {
+	if p := r.agent.cables.RepairEvery(); p != time.Second {
 		t.Errorf("repair check every %v at start, want the configured 1s", p)
 	}
 	wg := bl.of("wireguard")[0]
@@ -208,7 +209,7 @@ exports:
 	}
 	// The reconcile loop's repair check follows the new period too, not only the probers.
 	eventually(t, "the repair check at the new 2s period", func() bool {
-		return time.Duration(r.agent.reload.repairEvery.Load()) == 2*time.Second
+		return r.agent.cables.RepairEvery() == 2*time.Second
 	})
 	// The wireguard pair was not touched: the same driver, no call since the reload.
 	if len(bl.of("wireguard")) != 1 {
@@ -259,37 +260,6 @@ exports:
 	})
 	if s, _ := getStatus(t, cfg.StatusSocket); s.Config.Revision != 3 || len(bl.of(reloadVX)) != 2 {
 		t.Errorf("restoring the file: revision %d, %d vxlan builds", s.Config.Revision, len(bl.of(reloadVX)))
-	}
-}
-
-func TestErrorFieldNamesTheFieldOfAParseError(t *testing.T) {
-	for _, tc := range []struct{ in, want string }{
-		{"agent config /etc/a.yaml: healthCheck.period: \"1ms\" is out of range (100ms..1h)", "healthCheck.period"},
-		{"agent config /x: cluster: \"Bad\": not a DNS label", "cluster"},
-		{"agent config /x: line 3: unknown field \"foo\"", ""},
-		{"agent config /x: line 4: vxlan.port: \"x\" is not a port", "vxlan.port"},
-		{"agent config /x: exports[1].ports[0].port: 0 is not a port", "exports[1].ports[0].port"},
-		{"agent config /x: config is empty", ""},
-	} {
-		if got := errorField(errors.New(tc.in)); got != tc.want {
-			t.Errorf("errorField(%q) = %q, want %q", tc.in, got, tc.want)
-		}
-	}
-}
-
-func TestOnlyEventsThatMayChangeTheConfigWakeTheReload(t *testing.T) {
-	a := &Agent{cfg: &config.Config{JoinTokenFile: "/etc/cablemesh/token/join-token"}, opts: Options{ConfigPath: "/etc/cablemesh/agent.yaml"}}
-	for name, want := range map[string]bool{
-		"/etc/cablemesh/agent.yaml":                  true,
-		"/etc/cablemesh/..data":                      true, // a ConfigMap's symlink swap
-		"/etc/cablemesh/..2026_11_23_22_00_00.12345": true,
-		"/etc/cablemesh/token/join-token":            true,
-		"/etc/cablemesh/agent.log":                   false,
-		"/etc/cablemesh/agent.yaml.new":              false, // its rename over the file is the event
-	} {
-		if got := a.relevantEvent(name); got != want {
-			t.Errorf("relevantEvent(%s) = %v, want %v", name, got, want)
-		}
 	}
 }
 
@@ -367,7 +337,7 @@ func TestAKubernetesGatewayTakesItsAddressesFromItsNode(t *testing.T) {
 	// The guard against cable routes protects the node's new address, no longer the old one.
 	protects := func(addr string) bool {
 		p := netip.PrefixFrom(netip.MustParseAddr(addr), 32)
-		return slices.ContainsFunc(r.agent.currentGuard().Protected, func(x reconcile.Protected) bool { return x.Prefix == p })
+		return slices.ContainsFunc(r.agent.guards.Current().Protected, func(x reconcile.Protected) bool { return x.Prefix == p })
 	}
 	if !protects("127.0.0.21") && !protects("127.0.0.22") {
 		t.Error("the guard protects neither the old nor the new address")
@@ -412,17 +382,6 @@ func TestAnAdvertiseAddressInTheConfigWinsOverTheNodes(t *testing.T) {
 	}
 }
 
-func FuzzErrorField(f *testing.F) {
-	f.Add("agent config /x: line 4: vxlan.port: \"x\" is not a port")
-	f.Add("cluster: : : x[1]: ")
-	f.Fuzz(func(t *testing.T, msg string) {
-		field := errorField(errors.New(msg))
-		if field != "" && !strings.Contains(msg, field+": ") {
-			t.Fatalf("errorField(%q) = %q, which the message does not name", msg, field)
-		}
-	})
-}
-
 // The other live fields: DNS upstreams and TTL reach the running DNS server, the log level its
 // handler, and a driver left out of cableDrivers stops (its pairs and its port leave the
 // endpoint) and starts again when it is back.
@@ -441,10 +400,10 @@ func TestAReloadChangesDNSTheLogLevelAndTheDriverSet(t *testing.T) {
 	})
 	dnsServer := func() []string {
 		dp := r.agent.datapath()
-		if dp == nil || dp.dns == nil {
+		if dp.DNS() == nil {
 			return nil
 		}
-		return dp.dns.Upstreams()
+		return dp.DNS().Upstreams()
 	}
 	if got := strings.Join(dnsServer(), ","); got != "10.0.0.53:53" {
 		t.Fatalf("dns upstreams at start: %q", got)
@@ -532,7 +491,7 @@ func TestAConfigMapSymlinkSwapIsAppliedAtOnce(t *testing.T) {
 		s, _ := getStatus(t, cfg.StatusSocket)
 		return s.Config != nil && s.Config.Revision == 2
 	})
-	if d := time.Since(swapped); d > reloadPoll/2 {
+	if d := time.Since(swapped); d > reload.PollInterval/2 {
 		t.Errorf("the swap took %s to apply: the poll, not the watch, found it", d)
 	}
 	if p := r.agent.healthManager().Settings().Period; p != 2*time.Second {
@@ -589,7 +548,7 @@ func TestAReloadTurnsProbesOffAndOnAndChangesTheImportSelector(t *testing.T) {
 			return s.Config != nil && s.Config.Revision == want && len(s.Config.Refused) == 0
 		}
 	}
-	repairEvery := func() time.Duration { return time.Duration(r.agent.reload.repairEvery.Load()) }
+	repairEvery := func() time.Duration { return r.agent.cables.RepairEvery() }
 	eventually(t, "probes and the repair check at 1s", func() bool { return r.agent.healthManager() != nil && repairEvery() == time.Second })
 	watches := len(b.WatchRequests())
 

@@ -19,6 +19,7 @@ import (
 	mdns "github.com/miekg/dns"
 
 	"github.com/cablemesh/cablemesh/agent/config"
+	"github.com/cablemesh/cablemesh/agent/exports"
 	"github.com/cablemesh/cablemesh/agent/internal/fakebroker"
 	"github.com/cablemesh/cablemesh/agent/internal/fakedriver"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
@@ -79,10 +80,10 @@ func servicesAgent(t *testing.T, b *fakebroker.Broker, net *switchPinger, mod fu
 func dnsAddr(t *testing.T, r *running) string {
 	t.Helper()
 	dp := r.agent.datapath()
-	if dp == nil || dp.dns == nil {
+	if dp.DNS() == nil {
 		t.Fatal("no dns server")
 	}
-	return dp.dns.Addr().String()
+	return dp.DNS().Addr().String()
 }
 
 func query(t *testing.T, addr, name string, qtype uint16) *mdns.Msg {
@@ -301,7 +302,7 @@ func TestExportsReachTheBrokerFromConfigAndRuntime(t *testing.T) {
 		got, _ := b.Exports("east", "east-gw1")
 		return len(got) == 2 && got[1].GetName() == "web" && got[1].GetCluster() == "east" && got[1].GetLabels()["cablemesh.io/exported"] == "true"
 	})
-	if data, err := os.ReadFile(filepath.Join(cfg.StateDir, ExportsFile)); err != nil || !strings.Contains(string(data), `"web"`) {
+	if data, err := os.ReadFile(filepath.Join(cfg.StateDir, exports.ExportsFile)); err != nil || !strings.Contains(string(data), `"web"`) {
 		t.Errorf("exports.json: %s %v", data, err)
 	}
 

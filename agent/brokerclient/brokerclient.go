@@ -8,9 +8,6 @@ package brokerclient
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -85,15 +82,10 @@ func LoadIdentity(stateDir string) (*Identity, error) {
 }
 
 func identityFromPEM(certPEM, keyPEM, caPEM []byte) (*Identity, error) {
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	cert, leaf, err := ParsePair(certPEM, keyPEM)
 	if err != nil {
 		return nil, fmt.Errorf("agent certificate and key: %w", err)
 	}
-	leaf, err := x509.ParseCertificate(cert.Certificate[0])
-	if err != nil {
-		return nil, fmt.Errorf("parse agent certificate: %w", err)
-	}
-	cert.Leaf = leaf
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(caPEM) {
 		return nil, errors.New("mesh CA file holds no PEM certificate")
@@ -166,15 +158,9 @@ func Join(ctx context.Context, p JoinParams) (*Identity, *apiv1.Cluster, error) 
 		return nil, nil, &TokenError{Msg: fmt.Sprintf("joinTokenFile %s: token is for cluster %q, config says cluster %q", p.TokenFile, claims.Cluster, p.Cluster)}
 	}
 
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	kr, err := NewKeyRequest(pkix.Name{CommonName: p.Node, Organization: []string{p.Cluster}}, "agent")
 	if err != nil {
-		return nil, nil, fmt.Errorf("generate agent key: %w", err)
-	}
-	csrDER, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
-		Subject: pkix.Name{CommonName: p.Node, Organization: []string{p.Cluster}},
-	}, key)
-	if err != nil {
-		return nil, nil, fmt.Errorf("create certificate request: %w", err)
+		return nil, nil, err
 	}
 
 	pin := &pinVerifier{caHash: claims.CAHash}
@@ -204,7 +190,7 @@ func Join(ctx context.Context, p JoinParams) (*Identity, *apiv1.Cluster, error) 
 		Token:   token,
 		Cluster: p.Cluster,
 		Node:    p.Node,
-		CsrPem:  pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: csrDER}),
+		CsrPem:  kr.CSRPEM,
 	}, grpc.WaitForReady(false))
 	if err != nil {
 		if perr := pin.failure(); perr != nil {
@@ -226,11 +212,7 @@ func Join(ctx context.Context, p JoinParams) (*Identity, *apiv1.Cluster, error) 
 	if got := jointoken.CAHash(caBlock.Bytes); got != claims.CAHash {
 		return nil, nil, &PinError{Err: fmt.Errorf("join answer carries CA %s, token pins %s", got, claims.CAHash)}
 	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		return nil, nil, fmt.Errorf("encode agent key: %w", err)
-	}
-	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
+	keyPEM := kr.KeyPEM
 	id, err := identityFromPEM(resp.GetCertificatePem(), keyPEM, caPEM)
 	if err != nil {
 		return nil, nil, fmt.Errorf("join answer: %w", err)

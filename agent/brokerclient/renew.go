@@ -3,9 +3,6 @@ package brokerclient
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
@@ -195,15 +192,11 @@ func RenewalDue(leaf *x509.Certificate, bundle *apiv1.CABundle) (at time.Time, r
 // are replaced so that a crash at any point leaves a complete identity (writeIdentity). It
 // returns the new identity, trusting the answer's bundle, and the bundle.
 func Renew(ctx context.Context, client apiv1.AgentClient, cur *Identity, stateDir string) (*Identity, *apiv1.CABundle, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	kr, err := NewKeyRequest(cur.Leaf.Subject, "agent")
 	if err != nil {
-		return nil, nil, fmt.Errorf("generate agent key: %w", err)
+		return nil, nil, err
 	}
-	csrDER, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: cur.Leaf.Subject}, key)
-	if err != nil {
-		return nil, nil, fmt.Errorf("create certificate request: %w", err)
-	}
-	resp, err := client.RenewCertificate(ctx, &apiv1.RenewCertificateRequest{CsrPem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: csrDER})})
+	resp, err := client.RenewCertificate(ctx, &apiv1.RenewCertificateRequest{CsrPem: kr.CSRPEM})
 	if err != nil {
 		return nil, nil, fmt.Errorf("renew certificate: %w", err)
 	}
@@ -211,11 +204,7 @@ func Renew(ctx context.Context, client apiv1.AgentClient, cur *Identity, stateDi
 	if bundle == nil {
 		bundle = &apiv1.CABundle{Pem: resp.GetCaPem()}
 	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		return nil, nil, fmt.Errorf("encode agent key: %w", err)
-	}
-	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
+	keyPEM := kr.KeyPEM
 	id, err := identityFromPEM(resp.GetCertificatePem(), keyPEM, bundle.GetPem())
 	if err != nil {
 		return nil, nil, fmt.Errorf("renewal answer: %w", err)

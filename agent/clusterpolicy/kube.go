@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/cablemesh/cablemesh/internal/syncloop"
 	"github.com/cablemesh/cablemesh/policy"
 )
 
@@ -45,12 +46,9 @@ func (k *KubeSource) Run(ctx context.Context, onChange func(Set)) error {
 		debounce = DefaultDebounce
 	}
 	inf := dynamicinformer.NewFilteredDynamicInformer(k.Client, GVR, "", k.Resync, cache.Indexers{}, nil)
-	changed := make(chan struct{}, 1)
+	var changed syncloop.Trigger
 	poke := func(any) {
-		select {
-		case changed <- struct{}{}:
-		default:
-		}
+		changed.Fire()
 	}
 	if _, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    poke,
@@ -82,7 +80,7 @@ func (k *KubeSource) Run(ctx context.Context, onChange func(Set)) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-changed:
+		case <-changed.C():
 			if timer == nil {
 				timer = time.After(debounce)
 			}

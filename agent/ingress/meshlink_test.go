@@ -6,8 +6,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cablemesh/cablemesh/internal/scratchns"
 	"github.com/vishvananda/netlink"
+
+	"github.com/cablemesh/cablemesh/internal/scratchns"
 )
 
 // meshAddrs lists the IPv4 addresses on cbl-mesh0 and whether it is up.

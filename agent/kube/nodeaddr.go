@@ -14,6 +14,8 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/cablemesh/cablemesh/internal/syncloop"
 )
 
 // NodeAddresses are the addresses a gateway's endpoint publishes, from its Node object: the
@@ -77,12 +79,9 @@ func (w *NodeWatcher) Run(ctx context.Context, onChange func(NodeAddresses)) err
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", w.Node).String()
 		}))
 	inf := factory.Core().V1().Nodes().Informer()
-	changed := make(chan struct{}, 1)
+	var changed syncloop.Trigger
 	poke := func(any) {
-		select {
-		case changed <- struct{}{}:
-		default:
-		}
+		changed.Fire()
 	}
 	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: poke, UpdateFunc: func(_, n any) { poke(n) }}); err != nil {
 		return fmt.Errorf("node informer: %w", err)
@@ -121,7 +120,7 @@ func (w *NodeWatcher) Run(ctx context.Context, onChange func(NodeAddresses)) err
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-changed:
+		case <-changed.C():
 			emit()
 		}
 	}

@@ -29,6 +29,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/internal/syncloop"
 	"github.com/cablemesh/cablemesh/mcs"
 )
 
@@ -82,7 +83,7 @@ type Watcher struct {
 	seLister mcslisters.ServiceExportLister
 	svLister corelisters.ServiceLister
 
-	trigger chan struct{}
+	trigger syncloop.Trigger
 	running atomic.Bool
 	synced  atomic.Bool
 
@@ -112,7 +113,6 @@ func New(client kubernetes.Interface, mcsClient mcsclient.Interface, cluster str
 		mcsClient:   mcsClient,
 		debounce:    DefaultDebounce,
 		writeStatus: true,
-		trigger:     make(chan struct{}, 1),
 		verdicts:    map[string]Validity{},
 		written:     map[string]pendingWrite{},
 	}
@@ -181,7 +181,7 @@ func (w *Watcher) Run(ctx context.Context, onChange func([]*apiv1.ServiceExport)
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-w.trigger:
+		case <-w.trigger.C():
 			now := time.Now()
 			if burstStart.IsZero() {
 				burstStart = now
@@ -249,10 +249,7 @@ func (w *Watcher) addHandlers() error {
 
 // poke asks Run's loop for a pass; pokes that come while one is pending are one.
 func (w *Watcher) poke() {
-	select {
-	case w.trigger <- struct{}{}:
-	default:
-	}
+	w.trigger.Fire()
 }
 
 // pokeIfExported pokes for a Service or EndpointSlice event only when a ServiceExport of that

@@ -9,7 +9,6 @@ package syncloop
 import (
 	"context"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/cablemesh/cablemesh/internal/retry"
@@ -18,8 +17,7 @@ import (
 // Loop is one such sync. Its zero value is ready: Trigger may be called before Run (a change
 // made before the broker connection is sent once it is up) and while it runs.
 type Loop struct {
-	once    sync.Once
-	trigger chan struct{}
+	trigger Trigger
 	// last is the previous failure's text, to log a run of identical failures once; only Run's
 	// goroutine touches it.
 	last string
@@ -42,19 +40,8 @@ type Options struct {
 	Stop func(error) bool
 }
 
-func (l *Loop) ch() chan struct{} {
-	// One slot: triggers that come while a send is under way fold into one more send.
-	l.once.Do(func() { l.trigger = make(chan struct{}, 1) })
-	return l.trigger
-}
-
 // Trigger asks for a send. It never blocks.
-func (l *Loop) Trigger() {
-	select {
-	case l.ch() <- struct{}{}:
-	default:
-	}
-}
+func (l *Loop) Trigger() { l.trigger.Fire() }
 
 // Run calls send on every trigger (and resync) until ctx ends or opts.Stop says so; what names
 // what is sent in the logs (a noun phrase: "this node's exports"). One Run at a time.
@@ -75,7 +62,7 @@ func (l *Loop) Run(ctx context.Context, what string, send func(context.Context) 
 		select {
 		case <-ctx.Done():
 			return
-		case <-l.ch():
+		case <-l.trigger.C():
 		case <-resync:
 		}
 		if !l.untilSent(ctx, what, send, opts) {
@@ -120,7 +107,7 @@ func (l *Loop) untilSent(ctx context.Context, what string, send func(context.Con
 			t.Stop()
 			return false
 		case <-t.C:
-		case <-l.ch(): // a newer set, or a reconnect: send at once
+		case <-l.trigger.C(): // a newer set, or a reconnect: send at once
 			t.Stop()
 		}
 	}
