@@ -68,7 +68,7 @@ func joinedAndConnected(t *testing.T, b *fakebroker.Broker, logs *syncBuffer) (*
 	return r, d, cfg.StateDir
 }
 
-// TestTheAgentRenewsItsCertificateTwoThirdsIntoItsLifetime (issue 11, item 6): with short-lived
+// TestTheAgentRenewsItsCertificateTwoThirdsIntoItsLifetime: with short-lived
 // certificates the agent renews before expiry, writes the new key and certificate, and its calls
 // go on with the new certificate, without a restart and without touching its tunnels.
 func TestTheAgentRenewsItsCertificateTwoThirdsIntoItsLifetime(t *testing.T) {

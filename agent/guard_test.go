@@ -14,7 +14,7 @@ import (
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 )
 
-// TestARemoteSubnetCoveringWhatTheNodeNeedsIsNotRouted (issue 11, defect 2): remote clusters'
+// TestARemoteSubnetCoveringWhatTheNodeNeedsIsNotRouted: remote clusters'
 // records carry, besides their pod CIDRs, a subnet that covers the broker's address (west), a
 // remote gateway's address (north covers west's gateway) and this node's advertise address
 // (south). The agent connects each pair with its other subnets only, and says in status why.
@@ -98,7 +98,7 @@ func TestARemoteSubnetCoveringTheUnderlayIsNotRouted(t *testing.T) {
 	}
 }
 
-// TestADriverConnectErrorIsThePairsStatus (issue 11, defect 4): a pair whose driver refuses to
+// TestADriverConnectErrorIsThePairsStatus: a pair whose driver refuses to
 // connect it is in state error with the driver's own words.
 func TestADriverConnectErrorIsThePairsStatus(t *testing.T) {
 	b := newBroker(t)

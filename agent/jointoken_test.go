@@ -14,7 +14,7 @@ import (
 	"github.com/cablemesh/cablemesh/agent/internal/fakedriver"
 )
 
-// TestAJoinTokenFileOthersCanReadIsWarnedAbout (issue 11, defect 1): a token file readable by
+// TestAJoinTokenFileOthersCanReadIsWarnedAbout: a token file readable by
 // group or others is a warning in the log and a problem in the status, and once the node joined
 // the log says the file can be deleted.
 func TestAJoinTokenFileOthersCanReadIsWarnedAbout(t *testing.T) {

@@ -17,7 +17,7 @@ import (
 	"github.com/cablemesh/cablemesh/tests/netns/harness"
 )
 
-// A new pair passes traffic at once (issue 17, item 3): fresh two-cluster meshes, the second
+// A new pair passes traffic at once: fresh two-cluster meshes, the second
 // gateway's agent started, time until a pod-to-pod ping is answered both ways; builds side by
 // side in one run, start by start. See bench/pairstart.md.
 //

@@ -22,7 +22,7 @@ import (
 	"github.com/cablemesh/cablemesh/tests/netns/harness"
 )
 
-// Start-up of a new WireGuard pair (issue 10, item 4): how long after the second cluster's agent
+// Start-up of a new WireGuard pair: how long after the second cluster's agent
 // starts the first pod-to-pod ping is answered, over many fresh two-cluster meshes, without and
 // with both CPUs kept busy.
 //

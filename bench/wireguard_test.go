@@ -19,7 +19,7 @@ import (
 	"github.com/cablemesh/cablemesh/tests/netns/harness"
 )
 
-// WireGuard in userspace at full speed (issue 10, item 5): pod to pod, interleaved run by run in
+// WireGuard in userspace at full speed: pod to pod, interleaved run by run in
 // one mesh, over the same two gateways and the same underlay veth and bridge:
 //
 //	plain      no tunnel: plain routing between the gateways (the limit of this path)

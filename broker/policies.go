@@ -238,7 +238,7 @@ func (a *adminService) ExplainConnection(ctx context.Context, req *apiv1.Explain
 	return &apiv1.ExplainConnectionResponse{Json: b}, nil
 }
 
-// SetClusterPolicies replaces the cluster-scoped policies (seed 003) of the caller's cluster, the
+// SetClusterPolicies replaces the cluster-scoped policies of the caller's cluster, the
 // one its certificate names, with the request's complete set: a node writes only its own
 // cluster's policies, under that cluster's naming and labels, never a mesh policy or another
 // cluster's (admission.ParseClusterPolicies, PlanClusterPolicies). The stored copies reach every

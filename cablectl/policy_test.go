@@ -344,7 +344,7 @@ func TestPolicyTableGolden(t *testing.T) {
 		mk("tuned", false, 11, "kind: ClusterConnectionPolicy\nmetadata: {name: tuned}\nspec: {clusterSelector: {matchExpressions: [{key: gpu, operator: DoesNotExist}]}, priority: 7, cableDriver: {name: vxlan, options: {vni: '200', mtu: '1400'}}}\n", policy.Status{}),
 		mk("lazy", false, 13, "kind: ClusterConnectionPolicy\nmetadata: {name: lazy}\nspec: {leftClusterSelector: {env: '!production'}, priority: 1}\n", policy.Status{PairsDecided: 4, PairsConnected: 4}),
 	}}
-	// A policy applied in cluster op1 (seed 003), as its agent syncs it.
+	// A policy applied in cluster op1, as its agent syncs it.
 	local, err := policy.ClusterScoped(policy.ClusterConnectionPolicy{Kind: policy.Kind,
 		Metadata: policy.ObjectMeta{Name: "op1-to-cl1", Labels: map[string]string{policy.LabelOrigin: policy.OriginClusterLabel}},
 		Spec:     policy.Spec{LeftClusterSelector: &policy.Selector{MatchLabels: map[string]string{"name": "cl1"}}, CableDriver: &policy.CableDriver{Name: "vxlan"}}}, "op1")

@@ -12,7 +12,7 @@ import (
 	_ "github.com/cablemesh/cablemesh/cable/drivers" // the real drivers validate their blocks
 )
 
-// issueExample is the file from issue 2's contract, verbatim.
+// issueExample is the documented example config, verbatim.
 const issueExample = `cluster: east
 node: east-gw1
 broker: 10.0.0.1:7443

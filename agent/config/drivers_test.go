@@ -9,7 +9,7 @@ import (
 	"github.com/cablemesh/cablemesh/cable"
 )
 
-// issue3Example is the driver part of issue 3's agent config, on top of issue 2's example.
+// issue3Example is the driver part of the documented config, on top of issueExample.
 const issue3Example = issueExample + `cableDrivers: [wireguard, vxlan, ipsec]
 vxlan: {port: 4789, vni: 100, mtu: 0}
 ipsec: {port: 500, nattPort: 4500, mtu: 0, charon: /usr/lib/ipsec/charon, useSystemCharon: ""}

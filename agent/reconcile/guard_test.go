@@ -9,7 +9,7 @@ import (
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 )
 
-// TestDesiredNeverRoutesWhatTheNodeMustReach (issue 11, defect 2): a remote subnet that covers the
+// TestDesiredNeverRoutesWhatTheNodeMustReach: a remote subnet that covers the
 // broker, this node's underlay network or advertise address, or any gateway's address, is left
 // out of its pair (the pair's other subnets are still routed) with a partial problem saying why;
 // a pair left with no subnet is not connected.

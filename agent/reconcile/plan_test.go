@@ -227,7 +227,7 @@ func wgKey(key string) map[string]*apiv1.CableAttributes {
 	return map[string]*apiv1.CableAttributes{"wireguard": {Values: map[string]string{"publicKey": key}}}
 }
 
-// TestReconcilerRemembersAFailedConnect (issue 11, defect 4): the driver's error of a pair whose
+// TestReconcilerRemembersAFailedConnect: the driver's error of a pair whose
 // Connect failed is kept for status until a Connect succeeds or the pair is wanted otherwise.
 func TestReconcilerRemembersAFailedConnect(t *testing.T) {
 	d := fakedriver.New()

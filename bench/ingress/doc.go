@@ -1,4 +1,4 @@
-// Package ingressbench measures the kernel ingress of gateway mode (issue 9, agent/ingress/nftables)
+// Package ingressbench measures the kernel ingress of gateway mode (agent/ingress/nftables)
 // against its anchor, direct pod-to-pod routing over the same cable, in the same run.
 //
 // Two "clusters", each a gateway namespace and a pod namespace, the gateways joined by a kernel

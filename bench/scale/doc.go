@@ -1,5 +1,5 @@
-// Package scale measures the broker under a fleet of agents that start at once (issue 11, item
-// 8): thousands of simulated agents in this process speak the agent protocol with real mTLS to
+// Package scale measures the broker under a fleet of agents that start at once:
+// thousands of simulated agents in this process speak the agent protocol with real mTLS to
 // the real cable-broker binary, started as a process with its own data dir (bbolt), or over a
 // local etcd (etcd-server from Debian).
 //

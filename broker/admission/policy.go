@@ -348,8 +348,8 @@ func policyLabel(i int, name string) string {
 	return fmt.Sprintf("policy %q", name)
 }
 
-// CheckAdminOverwrite refuses an admin apply that would replace a policy a cluster applied
-// (seed 003): that policy is its cluster's, and changes where it was applied.
+// CheckAdminOverwrite refuses an admin apply that would replace a policy a cluster applied:
+// that policy is its cluster's, and changes where it was applied.
 func CheckAdminOverwrite(ps []Canonical, stored []*apiv1.Policy) error {
 	for _, c := range ps {
 		name := c.Policy.Metadata.Name

@@ -1,4 +1,4 @@
-// Package vxlanipsec is the "vxlan+ipsec" cable driver: seed 004's combined cable, VXLAN
+// Package vxlanipsec is the "vxlan+ipsec" cable driver: the combined cable of Submariner's connectivity proposal, VXLAN
 // protected by IPsec in transport mode between the two gateways. It composes the two drivers:
 //
 //   - a VXLAN datapath of cable/vxlan (vxlan.NewEmbedded) with links of its own (cbl-vi<vni>),

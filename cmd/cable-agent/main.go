@@ -110,7 +110,7 @@ func run(args []string, stderr io.Writer) int {
 		return 2
 	}
 	if cfg.Kubernetes.Enabled && cfg.PolicyDir == "" {
-		// The cluster's ClusterConnectionPolicy objects are its cluster-scoped policies (seed 003).
+		// The cluster's ClusterConnectionPolicy objects are its cluster-scoped policies.
 		rc, err := rest.InClusterConfig()
 		var dc dynamic.Interface
 		if err == nil {
