@@ -568,7 +568,7 @@ func (*Resource_ServiceVip) isResource_Kind() {}
 func (*Resource_NodeCertificate) isResource_Kind() {}
 
 // Policy is one ClusterConnectionPolicy. Its content is the JSON form of
-// policy.ClusterConnectionPolicy (the seed-004 field names), so that the policy package alone owns
+// policy.ClusterConnectionPolicy (the field names of Submariner's connectivity proposal), so that the policy package alone owns
 // the schema and its validation; the broker validates every policy before storing it.
 type Policy struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -4096,7 +4096,7 @@ func (x *SetExportsResponse) GetRevision() uint64 {
 }
 
 // SetClusterPoliciesRequest: the complete set of the calling node's cluster's cluster-scoped
-// policies (seed 003), each as the agent synced it: named <name>-<hash>, labelled
+// policies, each as the agent synced it: named <name>-<hash>, labelled
 // cablemesh.io/origin: cluster and cablemesh.io/cluster: <the caller's cluster>. The broker
 // replaces that cluster's cluster-scoped policies with them (those not given are deleted).
 type SetClusterPoliciesRequest struct {
