@@ -32,6 +32,7 @@ import (
 	"github.com/cablemesh/cablemesh/agent/exports"
 	"github.com/cablemesh/cablemesh/agent/health"
 	"github.com/cablemesh/cablemesh/agent/ingress"
+	"github.com/cablemesh/cablemesh/agent/ingress/nftables"
 	"github.com/cablemesh/cablemesh/agent/kube"
 	"github.com/cablemesh/cablemesh/agent/metrics"
 	"github.com/cablemesh/cablemesh/agent/plan"
@@ -43,15 +44,6 @@ import (
 	"github.com/cablemesh/cablemesh/bpf"
 )
 
-// DriverFactory builds a cable driver (cables.DriverFactory).
-type DriverFactory = cables.DriverFactory
-
-// MSSClamp and KernelMSS are the TCP MSS clamp of the tunnels' links (cables).
-type (
-	MSSClamp  = cables.MSSClamp
-	KernelMSS = cables.KernelMSS
-)
-
 // DefaultRepairInterval is how often at most the agent re-asserts (re-runs the driver's
 // idempotent Connect for) a connection whose health probes keep failing.
 const DefaultRepairInterval = 30 * time.Second
@@ -60,7 +52,7 @@ const DefaultRepairInterval = 30 * time.Second
 type Options struct {
 	Config *config.Config
 	// NewDriver builds each of the config's cableDrivers on gateway nodes; default cable.New.
-	NewDriver DriverFactory
+	NewDriver cables.DriverFactory
 	Log       *slog.Logger
 	// ApplyRoutes applies the routes of a non-gateway node; default routes.Apply.
 	ApplyRoutes func([]routes.Route) error
@@ -77,23 +69,23 @@ type Options struct {
 	// is re-asserted; default DefaultRepairInterval.
 	RepairInterval time.Duration
 	// MSS installs the TCP MSS clamp on gateways, for the links the running drivers name;
-	// default KernelMSS (nftables in this network namespace).
-	MSS MSSClamp
+	// default cables.KernelMSS (nftables in this network namespace).
+	MSS cables.MSSClamp
 	// CleanupOnExit makes Run, as it ends, remove what the agent made on the host: every
 	// driver's links, routes and sockets (Cleanup) and the MSS clamp on gateways, the routes via
 	// the gateway elsewhere, and the services datapath's programs and pins. By default they
 	// stay, so that a restart neither flaps the tunnels nor breaks a connection through a VIP.
 	CleanupOnExit bool
 	// OpenLB opens the eBPF socket load balancer; default bpf.Open (tests fake it).
-	OpenLB func(context.Context, bpf.Options) (LoadBalancer, error)
+	OpenLB func(context.Context, bpf.Options) (servicedp.LoadBalancer, error)
 	// OpenCounters opens the per-cluster traffic counters of gateways; default bpf.OpenCounters.
-	OpenCounters func(context.Context, bpf.Options) (TrafficCounters, error)
+	OpenCounters func(context.Context, bpf.Options) (servicedp.TrafficCounters, error)
 	// ListLinks lists the links of the agent's network namespace by name, with their index (for
 	// the counters); default netlink.
 	ListLinks func() (map[string]int, error)
 	// Kubernetes is the export source used when the config sets kubernetes.enabled; it must be
 	// set then (cmd/cable-agent builds it from the in-cluster config).
-	Kubernetes ExportSource
+	Kubernetes exports.Source
 	// Underlay returns the network of the link that holds an address of this node (its connected
 	// prefix), which no cable route may cover; default: from the interface addresses.
 	Underlay func(netip.Addr) (netip.Prefix, error)
@@ -173,13 +165,13 @@ func New(opts Options) (*Agent, error) {
 		opts.NewPinger = health.ICMPPinger
 	}
 	if opts.InterfaceAddrs == nil {
-		opts.InterfaceAddrs = interfaceAddrs
+		opts.InterfaceAddrs = cables.InterfaceAddrs
 	}
 	if opts.RepairInterval == 0 {
 		opts.RepairInterval = DefaultRepairInterval
 	}
 	if opts.OpenIngress == nil {
-		opts.OpenIngress = openNftIngress
+		opts.OpenIngress = nftables.Open
 	}
 	cfg := opts.Config
 	if cfg.Kubernetes.Enabled && opts.Kubernetes == nil {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/cablemesh/cablemesh/agent/brokerclient"
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
+	"github.com/cablemesh/cablemesh/agent/cables"
 	"github.com/cablemesh/cablemesh/agent/config"
 	"github.com/cablemesh/cablemesh/agent/internal/fakebroker"
 	"github.com/cablemesh/cablemesh/agent/internal/fakedriver"
@@ -437,10 +438,10 @@ func TestNonGatewayRoutesViaItsGateway(t *testing.T) {
 func TestHealthCheckIPIsAnAddressInsidePodCIDRs(t *testing.T) {
 	pods := []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")}
 	addrs := []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("10.1.2.3")}
-	if got := healthCheckIP(pods, addrs); got != netip.MustParseAddr("10.1.2.3") {
+	if got := cables.HealthCheckIP(pods, addrs); got != netip.MustParseAddr("10.1.2.3") {
 		t.Errorf("healthCheckIP = %v", got)
 	}
-	if got := healthCheckIP(pods, addrs[:1]); got.IsValid() {
+	if got := cables.HealthCheckIP(pods, addrs[:1]); got.IsValid() {
 		t.Errorf("healthCheckIP without a pod address = %v", got)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/cablemesh/cablemesh/agent/servicedp"
 	"github.com/cablemesh/cablemesh/bpf"
 )
 
@@ -180,8 +181,8 @@ func fakeDatapath(o *Options, lb *fakeLB, ctr *fakeCounters, links map[string]in
 	if ctr == nil {
 		ctr = newFakeCounters()
 	}
-	o.OpenLB = func(context.Context, bpf.Options) (LoadBalancer, error) { return lb, nil }
-	o.OpenCounters = func(context.Context, bpf.Options) (TrafficCounters, error) { return ctr, nil }
+	o.OpenLB = func(context.Context, bpf.Options) (servicedp.LoadBalancer, error) { return lb, nil }
+	o.OpenCounters = func(context.Context, bpf.Options) (servicedp.TrafficCounters, error) { return ctr, nil }
 	fakeMeshIngress(o, &fakeIngress{}) // never the host's nftables and links
 	o.ListLinks = func() (map[string]int, error) {
 		if links == nil {

@@ -4,8 +4,8 @@ import (
 	"context"
 	"net/http"
 
+	"github.com/cablemesh/cablemesh/agent/cables"
 	"github.com/cablemesh/cablemesh/agent/config"
-	"github.com/cablemesh/cablemesh/agent/health"
 	"github.com/cablemesh/cablemesh/agent/metrics"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 )
@@ -26,9 +26,9 @@ func (a *Agent) applyConfig(ctx context.Context, client apiv1.AgentClient, cur, 
 	if plan.Health {
 		// healthCheck.enabled starts or stops the probers; the other settings go to the ones
 		// that run.
-		a.cables.SetHealth(next.HealthCheck.IsEnabled(), healthSettingsOf(next))
+		a.cables.SetHealth(next.HealthCheck.IsEnabled(), cables.HealthSettings(next))
 		if m := a.cables.Health(); m != nil {
-			m.SetSettings(healthSettingsOf(next))
+			m.SetSettings(cables.HealthSettings(next))
 		}
 		// Without probes a pair they held out of the service maps comes back.
 		a.TriggerServices()
@@ -48,12 +48,6 @@ func (a *Agent) applyConfig(ctx context.Context, client apiv1.AgentClient, cur, 
 		a.link.Reregister(ctx, client)
 		a.Trigger()
 	}
-}
-
-// healthSettingsOf are cfg's probe settings (defaults already applied by config).
-func healthSettingsOf(cfg *config.Config) health.Settings {
-	h := cfg.HealthCheck
-	return health.Settings{Period: h.Period, Timeout: h.Timeout, FailureThreshold: h.FailureThreshold, Window: h.Window}.WithDefaults()
 }
 
 func (a *Agent) metricsHandler() http.Handler { return metrics.Handler(a.registry, a.ready) }

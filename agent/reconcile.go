@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
+	"github.com/cablemesh/cablemesh/agent/cables"
 	"github.com/cablemesh/cablemesh/agent/health"
 	"github.com/cablemesh/cablemesh/agent/plan"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
@@ -83,7 +84,7 @@ func (a *Agent) localNode() cable.LocalNode {
 }
 
 // healthSettings are the probe settings in force.
-func (a *Agent) healthSettings() health.Settings { return healthSettingsOf(a.liveConfig()) }
+func (a *Agent) healthSettings() health.Settings { return cables.HealthSettings(a.liveConfig()) }
 
 // healthManager is the gateway's probes; nil without.
 func (a *Agent) healthManager() *health.Manager { return a.cables.Health() }

@@ -2,35 +2,19 @@ package agent
 
 import (
 	"context"
-	"log/slog"
 	"net/netip"
 
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
 	"github.com/cablemesh/cablemesh/agent/cables"
 	"github.com/cablemesh/cablemesh/agent/clusterpolicy"
-	"github.com/cablemesh/cablemesh/agent/config"
 	"github.com/cablemesh/cablemesh/agent/exports"
-	"github.com/cablemesh/cablemesh/agent/ingress"
-	"github.com/cablemesh/cablemesh/agent/ingress/nftables"
 	"github.com/cablemesh/cablemesh/agent/plan"
-	"github.com/cablemesh/cablemesh/agent/preflight"
 	"github.com/cablemesh/cablemesh/agent/servicedp"
 	"github.com/cablemesh/cablemesh/agent/services"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/mcs"
 )
-
-// LoadBalancer and TrafficCounters are the services datapath's eBPF parts (servicedp).
-type (
-	LoadBalancer    = servicedp.LoadBalancer
-	TrafficCounters = servicedp.TrafficCounters
-)
-
-// EnsureBPFFS makes sure pinDir lies on a bpf filesystem (servicedp.EnsureBPFFS).
-func EnsureBPFFS(pinDir string) (mounted bool, warning string, err error) {
-	return servicedp.EnsureBPFFS(pinDir)
-}
 
 // startDatapath starts the services datapath; a.dp is nil until it runs.
 func (a *Agent) startDatapath(ctx context.Context) error {
@@ -85,15 +69,6 @@ func (a *Agent) pairs(ctx context.Context, p *plan.Plan) map[string]services.Pai
 	return out
 }
 
-// FileError is a file the config names that the agent cannot use (preflight.FileError).
-type FileError = preflight.FileError
-
-// CheckFiles checks the files cfg names before anything is created (preflight.CheckFiles).
-func CheckFiles(cfg *config.Config) error { return preflight.CheckFiles(cfg) }
-
-// ExportSource is a source of exports that change on their own (exports.Source).
-type ExportSource = exports.Source
-
 // ownExportScope is where this node's exports' endpoints may lie (exports.ScopeOf).
 func (a *Agent) ownExportScope() (scope mcs.EndpointScope, known bool) {
 	a.link.Read(func(st *brokerstate.State, join *apiv1.Cluster) {
@@ -105,16 +80,6 @@ func (a *Agent) ownExportScope() (scope mcs.EndpointScope, known bool) {
 // SetClusterPolicySource sets where the cluster's policies come from when the config has no
 // policyDir (on Kubernetes: a clusterpolicy.KubeSource). Call it before Run.
 func (a *Agent) SetClusterPolicySource(src clusterpolicy.Source) { a.clusterPolicies.SetSource(src) }
-
-// openNftIngress opens the kernel data plane; on failure it returns an untyped nil, never a nil
-// *nftables.Dataplane inside the interface.
-func openNftIngress(log *slog.Logger) (ingress.Dataplane, error) {
-	dp, err := nftables.New(log)
-	if err != nil {
-		return nil, err
-	}
-	return dp, nil
-}
 
 // The ingress's glue: the exports it serves and stamps, the passes it follows.
 func (a *Agent) exportSet() []*apiv1.ServiceExport {

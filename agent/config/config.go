@@ -66,14 +66,14 @@ type Config struct {
 	Broker string `yaml:"broker" json:"broker"`
 	// JoinTokenFile is the file holding the join token printed by `cablectl cluster join-token`.
 	// It is read only when StateDir has no agent certificate yet (first start). Default: none;
-	// required on first start (unset, missing or unreadable then: exit 2, agent.CheckFiles). It
+	// required on first start (unset, missing or unreadable then: exit 2, preflight.CheckFiles). It
 	// should be readable by the agent alone (the agent warns otherwise) and can be deleted once
 	// the node has joined.
 	JoinTokenFile string `yaml:"joinTokenFile" json:"joinTokenFile"`
 	// StateDir holds the agent's key and certificate (agent.key, agent.crt, ca.crt: replaced by
 	// renewals and CA rotations), the last broker state (broker-state.json) and the drivers'
 	// persistent files (wireguard/ keys). It must be a directory or not exist yet (exit 2 if it is
-	// a file, agent.CheckFiles). Default: /var/lib/cablemesh.
+	// a file, preflight.CheckFiles). Default: /var/lib/cablemesh.
 	StateDir string `yaml:"stateDir" json:"stateDir"`
 	// Gateway is true on the node that terminates the cluster's tunnels: it registers an
 	// endpoint with the broker and runs the cable. Other nodes only route remote clusters'

@@ -25,7 +25,10 @@ import (
 	"github.com/cablemesh/cablemesh/agent"
 	"github.com/cablemesh/cablemesh/agent/clusterpolicy"
 	"github.com/cablemesh/cablemesh/agent/config"
+	"github.com/cablemesh/cablemesh/agent/exports"
 	"github.com/cablemesh/cablemesh/agent/kube"
+	"github.com/cablemesh/cablemesh/agent/preflight"
+	"github.com/cablemesh/cablemesh/agent/servicedp"
 	"github.com/cablemesh/cablemesh/cable"
 	_ "github.com/cablemesh/cablemesh/cable/drivers" // registers every cable driver
 )
@@ -76,7 +79,7 @@ func run(args []string, stderr io.Writer) int {
 			return 2
 		}
 	}
-	if err := agent.CheckFiles(cfg); err != nil {
+	if err := preflight.CheckFiles(cfg); err != nil {
 		fmt.Fprintln(stderr, "cable-agent: agent config "+*configPath+":", err)
 		return 2
 	}
@@ -127,7 +130,7 @@ func run(args []string, stderr io.Writer) int {
 	if err := a.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
 		log.Error("agent stopped", "err", err)
 		fmt.Fprintln(stderr, "cable-agent:", err)
-		var fe *agent.FileError
+		var fe *preflight.FileError
 		if errors.As(err, &fe) {
 			return 2
 		}
@@ -139,7 +142,7 @@ func run(args []string, stderr io.Writer) int {
 
 // kubernetesSource watches the cluster's MCS ServiceExports with the in-cluster credentials (the
 // agent's service account).
-func kubernetesSource(cfg *config.Config, log *slog.Logger) (agent.ExportSource, error) {
+func kubernetesSource(cfg *config.Config, log *slog.Logger) (exports.Source, error) {
 	rc, err := rest.InClusterConfig()
 	if err != nil {
 		return nil, fmt.Errorf("in-cluster Kubernetes config: %w", err)
@@ -187,11 +190,11 @@ func prepareBPFFS(args []string, stderr io.Writer) {
 		return
 	}
 	cfg, err := config.Load(*configPath)
-	if err != nil || agent.CheckFiles(cfg) != nil {
+	if err != nil || preflight.CheckFiles(cfg) != nil {
 		return
 	}
 	_ = os.Setenv(bpffsPreparedEnv, "1")
-	mounted, warning, err := agent.EnsureBPFFS(cfg.BPFPinDir)
+	mounted, warning, err := servicedp.EnsureBPFFS(cfg.BPFPinDir)
 	switch {
 	case err != nil:
 		fmt.Fprintln(stderr, "cable-agent: services datapath:", err)

@@ -333,3 +333,13 @@ func (d *Dataplane) Applied() (Plan, bool) {
 	}
 	return *d.applied, true
 }
+
+// Open is New as an ingress.Dataplane: on failure it returns an untyped nil, never a nil
+// *Dataplane inside the interface (which would not compare equal to nil).
+func Open(log *slog.Logger) (ingress.Dataplane, error) {
+	dp, err := New(log)
+	if err != nil {
+		return nil, err
+	}
+	return dp, nil
+}
