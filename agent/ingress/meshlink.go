@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 
+	"github.com/cablemesh/cablemesh/internal/nldump"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -31,7 +32,7 @@ func EnsureMeshLink(addr netip.Addr) error {
 		return err
 	}
 	want := netlink.Addr{IPNet: &net.IPNet{IP: addr.AsSlice(), Mask: net.CIDRMask(32, 32)}}
-	have, err := netlink.AddrList(link, netlink.FAMILY_ALL)
+	have, err := nldump.Retry(func() ([]netlink.Addr, error) { return netlink.AddrList(link, netlink.FAMILY_ALL) })
 	if err != nil {
 		return fmt.Errorf("list addresses of %s: %w", MeshLinkName, err)
 	}
@@ -105,7 +106,7 @@ func ensureMeshLinkExists() (netlink.Link, error) {
 
 // bridgePorts counts the links enslaved to br.
 func bridgePorts(br *netlink.Bridge) (int, error) {
-	links, err := netlink.LinkList()
+	links, err := nldump.Retry(func() ([]netlink.Link, error) { return netlink.LinkList() })
 	if err != nil {
 		return 0, fmt.Errorf("list links: %w", err)
 	}

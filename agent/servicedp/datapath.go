@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cablemesh/cablemesh/internal/nldump"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
 
@@ -146,7 +147,7 @@ func openCounters(ctx context.Context, o bpf.Options) (TrafficCounters, error) {
 
 // linkIndexes lists this network namespace's links by name.
 func linkIndexes() (map[string]int, error) {
-	links, err := netlink.LinkList()
+	links, err := nldump.Retry(func() ([]netlink.Link, error) { return netlink.LinkList() })
 	if err != nil {
 		return nil, err
 	}

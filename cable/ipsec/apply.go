@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/cablemesh/cablemesh/internal/nldump"
 	"github.com/vishvananda/netlink"
 
 	"github.com/cablemesh/cablemesh/cable"
@@ -430,9 +431,11 @@ func removeHostLeftovers() error {
 			errs = append(errs, fmt.Errorf("delete %s: %w", libipsecDevice, err))
 		}
 	}
-	routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: charonTable}, netlink.RT_FILTER_TABLE)
+	routes, err := nldump.Retry(func() ([]netlink.Route, error) {
+		return netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: charonTable}, netlink.RT_FILTER_TABLE)
+	})
 	if err == nil && len(routes) == 0 {
-		rules, err := netlink.RuleList(netlink.FAMILY_ALL)
+		rules, err := nldump.Retry(func() ([]netlink.Rule, error) { return netlink.RuleList(netlink.FAMILY_ALL) })
 		if err == nil {
 			for _, r := range rules {
 				if r.Table == charonTable && r.Priority == charonTable {

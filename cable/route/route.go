@@ -20,6 +20,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/cablemesh/cablemesh/internal/nldump"
 	"github.com/vishvananda/netlink"
 
 	"github.com/cablemesh/cablemesh/cable"
@@ -177,7 +178,7 @@ func List(link Link) ([]Spec, error) {
 	if link.Index != 0 {
 		filter.LinkIndex, mask = link.Index, mask|netlink.RT_FILTER_OIF
 	}
-	rs, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, filter, mask)
+	rs, err := nldump.Retry(func() ([]netlink.Route, error) { return netlink.RouteListFiltered(netlink.FAMILY_ALL, filter, mask) })
 	if err != nil {
 		return nil, fmt.Errorf("list routes with protocol %d on %s: %w", Protocol, link, err)
 	}
@@ -262,7 +263,7 @@ func Sources(local []netip.Prefix) (v4, v6 netip.Addr, err error) {
 	if len(local) == 0 {
 		return netip.Addr{}, netip.Addr{}, nil
 	}
-	list, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	list, err := nldump.Retry(func() ([]netlink.Addr, error) { return netlink.AddrList(nil, netlink.FAMILY_ALL) })
 	if err != nil {
 		return netip.Addr{}, netip.Addr{}, fmt.Errorf("list addresses for the route source: %w", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/netip"
 
+	"github.com/cablemesh/cablemesh/internal/nldump"
 	"github.com/vishvananda/netlink"
 )
 
@@ -45,7 +46,7 @@ func FindUnderlay(log *slog.Logger, addr netip.Addr) (Underlay, error) {
 }
 
 func underlayLink(addr netip.Addr) (Underlay, bool, error) {
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	addrs, err := nldump.Retry(func() ([]netlink.Addr, error) { return netlink.AddrList(nil, netlink.FAMILY_ALL) })
 	if err != nil {
 		return Underlay{}, false, fmt.Errorf("list addresses to find the link of %s: %w", addr, err)
 	}

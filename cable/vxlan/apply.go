@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/cablemesh/cablemesh/internal/nldump"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -83,7 +84,7 @@ func (d *Driver) cleanup() error {
 
 // ourLinks lists the VXLAN links whose name has our prefix.
 func (d *Driver) ourLinks() ([]netlink.Link, error) {
-	all, err := netlink.LinkList()
+	all, err := nldump.Retry(func() ([]netlink.Link, error) { return netlink.LinkList() })
 	if err != nil {
 		return nil, fmt.Errorf("list links: %w", err)
 	}
@@ -163,7 +164,7 @@ func readDevice(name string) (netlink.Link, *deviceSpec, error) {
 	if src, ok := netip.AddrFromSlice(v.SrcAddr); ok {
 		spec.Src = src.Unmap()
 	}
-	addrs, err := netlink.AddrList(l, netlink.FAMILY_V4)
+	addrs, err := nldump.Retry(func() ([]netlink.Addr, error) { return netlink.AddrList(l, netlink.FAMILY_V4) })
 	if err != nil {
 		return nil, nil, fmt.Errorf("list addresses of %s: %w", name, err)
 	}
@@ -358,7 +359,7 @@ func (d *Driver) syncEntries(link netlink.Link, devicePort int, want []conn,
 // listNeigh lists the permanent IPv4 neighbors inside VTEPPrefix on the link: the only kind we
 // make. Entries the kernel made itself (ARP) are not ours to judge.
 func listNeigh(linkIndex int) ([]neighEntry, error) {
-	ns, err := netlink.NeighList(linkIndex, unix.AF_INET)
+	ns, err := nldump.Retry(func() ([]netlink.Neigh, error) { return netlink.NeighList(linkIndex, unix.AF_INET) })
 	if err != nil {
 		return nil, fmt.Errorf("list neighbors: %w", err)
 	}

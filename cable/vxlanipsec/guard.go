@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 
+	"github.com/cablemesh/cablemesh/internal/nldump"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -53,7 +54,7 @@ func ensureGuard(local, remote netip.Addr, localPort, remotePort uint16) error {
 // removeGuards deletes the guard policies that involve remote (every remote when remote is
 // invalid): the pair's, whichever ports they were installed with.
 func removeGuards(remote netip.Addr) error {
-	ps, err := netlink.XfrmPolicyList(netlink.FAMILY_ALL)
+	ps, err := nldump.Retry(func() ([]netlink.XfrmPolicy, error) { return netlink.XfrmPolicyList(netlink.FAMILY_ALL) })
 	if err != nil {
 		return fmt.Errorf("list xfrm policies: %w", err)
 	}
@@ -74,7 +75,7 @@ func removeGuards(remote netip.Addr) error {
 
 // guardsOf lists the guard policies in place for remote, as "out"/"in" -> present.
 func guardsOf(remote netip.Addr) (map[string]bool, error) {
-	ps, err := netlink.XfrmPolicyList(netlink.FAMILY_ALL)
+	ps, err := nldump.Retry(func() ([]netlink.XfrmPolicy, error) { return netlink.XfrmPolicyList(netlink.FAMILY_ALL) })
 	if err != nil {
 		return nil, fmt.Errorf("list xfrm policies: %w", err)
 	}
