@@ -70,7 +70,7 @@ type restClient struct {
 // NewClient is the Client of the API server rc reaches.
 func NewClient(rc *rest.Config) (Client, error) {
 	scheme := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, discoveryv1.AddToScheme, mcsv1a1.AddToScheme} {
+	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, discoveryv1.AddToScheme, mcsv1a1.Install} {
 		if err := add(scheme); err != nil {
 			return nil, fmt.Errorf("kubernetes client scheme: %w", err)
 		}
