@@ -20,7 +20,6 @@ import (
 	"errors"
 	"log/slog"
 	"net/netip"
-	"os"
 	"sync"
 	"time"
 
@@ -37,7 +36,6 @@ import (
 	"github.com/cablemesh/cablemesh/agent/metrics"
 	"github.com/cablemesh/cablemesh/agent/plan"
 	"github.com/cablemesh/cablemesh/agent/preflight"
-	"github.com/cablemesh/cablemesh/agent/reconcile"
 	"github.com/cablemesh/cablemesh/agent/reload"
 	"github.com/cablemesh/cablemesh/agent/routes"
 	"github.com/cablemesh/cablemesh/agent/servicedp"
@@ -121,8 +119,11 @@ type Options struct {
 
 // Agent is one node's agent. Build with New, run with Run.
 type Agent struct {
-	cfg  *config.Config
-	opts Options
+	// cfg is what a reload never changes; start the config the agent started with, handed to
+	// the components; what a reload changes is read from liveConfig.
+	cfg   config.Static
+	start *config.Config
+	opts  Options
 	// log carries this node's identity (cluster, node); pairLog carries it as localCluster and
 	// localNode, for the lines about a remote pair, which name the remote side as cluster and
 	// node (the reconciler, the drivers, the probes).
@@ -132,8 +133,8 @@ type Agent struct {
 
 	mu sync.Mutex // guards dp
 
-	guard   reconcile.Guard // what no cable route may cover; set by Run before anything reads it
-	planner *plan.Planner   // the one plan per input change that every consumer reads
+	guards  *plan.Guards  // what no cable route may cover: built at start and when the address moves
+	planner *plan.Planner // the one plan per input change that every consumer reads
 
 	cables  *cables.Cables // the cable connections (gateways); the reconcile loop (all nodes)
 	metrics *metrics.Probes
@@ -152,8 +153,6 @@ type Agent struct {
 	reload *reload.Reloader // the config in force and its reloads
 	addrs  *kube.Addresses  // this node's addresses (the config's, or its Node's on Kubernetes)
 
-	guardMu    sync.Mutex
-	guardMoved *reconcile.Guard // the guard rebuilt after the Node's InternalIP moved
 }
 
 // New checks options; it creates nothing.
@@ -187,7 +186,8 @@ func New(opts Options) (*Agent, error) {
 		return nil, errors.New("agent: kubernetes.enabled is set but no Kubernetes export source was given")
 	}
 	a := &Agent{
-		cfg:      cfg,
+		cfg:      cfg.Static(),
+		start:    cfg,
 		opts:     opts,
 		log:      opts.Log.With("cluster", cfg.Cluster, "node", cfg.Node),
 		pairLog:  opts.Log.With("localCluster", cfg.Cluster, "localNode", cfg.Node),
@@ -200,6 +200,9 @@ func New(opts Options) (*Agent, error) {
 		src = opts.NodeAddresses
 	}
 	a.addrs = kube.NewAddresses(src, cfg.AdvertiseAddr(), cfg.Node, a.log)
+	a.guards = plan.NewGuards(func() plan.GuardSources {
+		return plan.GuardSources{Broker: cfg.Broker, Advertise: a.addrs.Private(), Log: a.log, LookupHost: opts.LookupHost, Underlay: opts.Underlay}
+	})
 	a.link = brokerlink.New(cfg, brokerlink.Deps{Log: a.log, Backoff: a.newBackoff, ImportSelector: a.importSelector,
 		Endpoint: a.endpoint, OnRegistered: func(ep *apiv1.Endpoint) { a.ingress.ObserveRegistered(ep) },
 		OnState: func() { a.Trigger(); a.TriggerServices() }, OnFirstMessage: func() { a.exports.Trigger() }})
@@ -231,16 +234,8 @@ func New(opts Options) (*Agent, error) {
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.stop()
 	defer a.link.Close()
-	if err := preflight.CheckFiles(a.cfg); err != nil {
+	if err := preflight.Run(a.start, a.log); err != nil {
 		return err
-	}
-	if p := preflight.TokenFileProblem(a.cfg.JoinTokenFile); p != "" {
-		a.log.Warn("JOIN TOKEN FILE IS READABLE BY OTHERS: "+p, "joinTokenFile", a.cfg.JoinTokenFile)
-	}
-	if w, err := preflight.TightenStateDir(a.cfg.StateDir, os.Geteuid()); err != nil {
-		return err
-	} else if w != "" {
-		a.log.Warn("STATE DIRECTORY WAS WRITABLE BY OTHERS: "+w, "stateDir", a.cfg.StateDir)
 	}
 	if err := a.exports.Load(); err != nil {
 		return err
@@ -257,7 +252,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	defer stopNodeAddrs()
-	a.guard = a.buildGuard(ctx)
+	a.guards.Build(ctx)
 
 	a.link.LoadCache()
 
@@ -266,8 +261,8 @@ func (a *Agent) Run(ctx context.Context) error {
 			return err
 		}
 		a.cables.ClampMSS()
-		// The probers; a reload may start or stop them (reload_health.go).
-		a.cables.SetHealth(a.cfg.HealthCheck.IsEnabled(), a.healthSettings())
+		// The probers; a reload may start or stop them (cables.SetHealth).
+		a.cables.SetHealth(a.liveConfig().HealthCheck.IsEnabled(), a.healthSettings())
 		defer a.cables.SetHealth(false, health.Settings{})
 	} else {
 		defer a.worker.Start()()
@@ -315,11 +310,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	wg.Go(func() { a.link.RunWatch(ctx, client) })
 	wg.Go(func() { a.exports.Run(ctx, client) })
 	wg.Go(func() { a.link.RunCertificates(ctx, client) })
-	if a.cfg.Ingress.XDS.Listen != "" {
+	if a.cfg.IngressXDSListen != "" {
 		wg.Go(func() { a.ingress.RunCertificate(ctx, client) })
 	}
 	wg.Go(func() { a.clusterPolicies.Run(ctx, client) })
-	if a.cfg.Kubernetes.Enabled {
+	if a.cfg.KubernetesExportsEnabled {
 		wg.Go(func() { a.exports.RunSource(ctx, a.opts.Kubernetes) })
 	}
 	if a.cfg.Gateway {

@@ -50,7 +50,6 @@ func (a *Agent) applyConfig(ctx context.Context, client apiv1.AgentClient, cur, 
 	}
 }
 
-
 // healthSettingsOf are cfg's probe settings (defaults already applied by config).
 func healthSettingsOf(cfg *config.Config) health.Settings {
 	h := cfg.HealthCheck

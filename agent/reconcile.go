@@ -3,14 +3,11 @@ package agent
 import (
 	"context"
 	"net/netip"
-	"slices"
 	"time"
 
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
-	"github.com/cablemesh/cablemesh/agent/config"
 	"github.com/cablemesh/cablemesh/agent/health"
 	"github.com/cablemesh/cablemesh/agent/plan"
-	"github.com/cablemesh/cablemesh/agent/reconcile"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/cable"
 )
@@ -42,62 +39,19 @@ func (a *Agent) reconcileOnce(ctx context.Context) {
 
 // plan is the plan for the inputs in force (plan.Planner computes it once per change).
 func (a *Agent) plan() *plan.Plan {
-	in := plan.Inputs{Cluster: a.cfg.Cluster, StandInNode: a.cfg.Node, Guard: a.currentGuard()}
+	in := plan.Inputs{Cluster: a.cfg.Cluster, StandInNode: a.cfg.Node, Guard: a.guards.Current()}
 	if a.cfg.Gateway {
 		in.Node, in.Drivers = a.cfg.Node, a.cables.DriverSet()
 	}
-	return a.planner.Get(a.planKey(), in, a.stateCopy)
-}
-
-// planKey names the broker-side inputs of the plan without copying them.
-// Lock order: the link's, then the ingress's mesh lock (Registered).
-func (a *Agent) planKey() (k plan.Key) {
-	a.link.Read(func(st *brokerstate.State, join *apiv1.Cluster) {
-		k = plan.Key{State: st, Revision: st.Revision, Join: join, Registered: a.ingress.Registered()}
-	})
-	return k
-}
-
-// stateCopy is a copy of the broker state for the planner, with the key it was taken at.
-func (a *Agent) stateCopy() (k plan.Key, cp *brokerstate.State) {
-	a.link.Read(func(st *brokerstate.State, join *apiv1.Cluster) {
-		k = plan.Key{State: st, Revision: st.Revision, Join: join, Registered: a.ingress.Registered()}
-		cp = st.Clone()
-	})
-	return k, cp
+	reg := a.ingress.Registered
+	return a.planner.Get(a.link.PlanKey(reg), in, func() (plan.Key, *brokerstate.State) { return a.link.StateCopy(reg) })
 }
 
 // localCluster is our own cluster record: from the broker state, else from the Join answer.
-func (a *Agent) localCluster() (c *apiv1.Cluster) {
-	a.link.Read(func(st *brokerstate.State, join *apiv1.Cluster) {
-		if c = st.Clusters[a.cfg.Cluster]; c == nil {
-			c = join
-		}
-	})
-	return c
-}
+func (a *Agent) localCluster() *apiv1.Cluster { return a.link.LocalCluster() }
 
-// localSubnets are the CIDRs behind this node: the config's, else the cluster's at the broker.
-func (a *Agent) localSubnets() []netip.Prefix {
-	cidrs := append(slices.Clone(a.cfg.PodCIDRs), a.cfg.ServiceCIDRs...)
-	if len(cidrs) == 0 {
-		if c := a.localCluster(); c != nil {
-			cidrs = append(slices.Clone(c.GetPodCidrs()), c.GetServiceCidrs()...)
-		}
-	}
-	return config.Prefixes(cidrs)
-}
-
-// localPodCIDRs are the pod CIDRs behind this node: the config's, else the cluster's.
-func (a *Agent) localPodCIDRs() []netip.Prefix {
-	if len(a.cfg.PodCIDRs) > 0 {
-		return config.Prefixes(a.cfg.PodCIDRs)
-	}
-	if c := a.localCluster(); c != nil {
-		return config.Prefixes(c.GetPodCidrs())
-	}
-	return nil
-}
+func (a *Agent) localSubnets() []netip.Prefix  { return a.link.LocalSubnets() }
+func (a *Agent) localPodCIDRs() []netip.Prefix { return a.link.LocalPodCIDRs() }
 
 // cleanupTimeout bounds the teardown of Options.CleanupOnExit.
 const cleanupTimeout = 30 * time.Second
@@ -134,24 +88,6 @@ func (a *Agent) healthSettings() health.Settings { return healthSettingsOf(a.liv
 // healthManager is the gateway's probes; nil without.
 func (a *Agent) healthManager() *health.Manager { return a.cables.Health() }
 
-// buildGuard finds what no cable route may cover (plan.BuildGuard), at start and when the Node's
-// InternalIP changes.
-func (a *Agent) buildGuard(ctx context.Context) reconcile.Guard {
-	return plan.BuildGuard(ctx, plan.GuardSources{Broker: a.cfg.Broker, Advertise: a.addrs.Private(), Log: a.log,
-		LookupHost: a.opts.LookupHost, Underlay: a.opts.Underlay})
-}
-
-// currentGuard is the guard in force: the one built at start, or the one rebuilt when the Node's
-// InternalIP moved.
-func (a *Agent) currentGuard() reconcile.Guard {
-	a.guardMu.Lock()
-	defer a.guardMu.Unlock()
-	if a.guardMoved != nil {
-		return *a.guardMoved
-	}
-	return a.guard
-}
-
 // nodeAddressesChanged follows the Node's addresses: a new private address (when the config sets
 // none) rebuilds the running drivers on it and the guard; any change registers the endpoint
 // again.
@@ -159,20 +95,9 @@ func (a *Agent) nodeAddressesChanged(ctx context.Context, client apiv1.AgentClie
 	if privateMoved {
 		// Serialised with config reloads: both rebuild drivers.
 		a.reload.Lock()
-		var names []string
-		for _, d := range a.cables.Running() {
-			names = append(names, d.Name())
-		}
-		slices.Sort(names)
-		if len(names) > 0 {
-			a.cables.Rebuild(ctx, a.liveConfig(), names)
-			a.cables.ClampMSS()
-		}
+		a.cables.RebuildRunning(ctx, a.liveConfig())
 		a.reload.Unlock()
-		g := a.buildGuard(ctx)
-		a.guardMu.Lock()
-		a.guardMoved = &g
-		a.guardMu.Unlock()
+		a.guards.Build(ctx)
 		a.log.Info("drivers rebuilt on the node's new address; the guard against cable routes protects it", "private", a.addrs.Private().String())
 		a.Trigger()
 	}

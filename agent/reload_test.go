@@ -338,7 +338,7 @@ func TestAKubernetesGatewayTakesItsAddressesFromItsNode(t *testing.T) {
 	// The guard against cable routes protects the node's new address, no longer the old one.
 	protects := func(addr string) bool {
 		p := netip.PrefixFrom(netip.MustParseAddr(addr), 32)
-		return slices.ContainsFunc(r.agent.currentGuard().Protected, func(x reconcile.Protected) bool { return x.Prefix == p })
+		return slices.ContainsFunc(r.agent.guards.Current().Protected, func(x reconcile.Protected) bool { return x.Prefix == p })
 	}
 	if !protects("127.0.0.21") && !protects("127.0.0.22") {
 		t.Error("the guard protects neither the old nor the new address")

@@ -34,7 +34,7 @@ func EnsureBPFFS(pinDir string) (mounted bool, warning string, err error) {
 
 // startDatapath starts the services datapath; a.dp is nil until it runs.
 func (a *Agent) startDatapath(ctx context.Context) error {
-	dp := servicedp.New(a.cfg, servicedp.Deps{
+	dp := servicedp.New(a.start, servicedp.Deps{
 		Log: a.log, Registry: a.registry, Live: a.liveConfig, LocalCluster: a.localCluster,
 		InterfaceAddrs: a.opts.InterfaceAddrs, OpenLB: a.opts.OpenLB, OpenCounters: a.opts.OpenCounters,
 		ListLinks: a.opts.ListLinks, Plan: a.plan, Pairs: a.pairs,

@@ -21,7 +21,7 @@ import (
 	"testing"
 	"time"
 
-	_ "github.com/cablemesh/cablemesh/cable/drivers" // the broker validates what endpoints publish per driver
+	_ "github.com/cablemesh/cablemesh/cable/specs" // the broker validates what endpoints publish per driver
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"

@@ -12,13 +12,13 @@ import (
 	"github.com/cablemesh/cablemesh/broker/admission"
 	"github.com/cablemesh/cablemesh/broker/store"
 	"github.com/cablemesh/cablemesh/cable"
-	_ "github.com/cablemesh/cablemesh/cable/drivers" // every driver: policies' drivers and options are checked with their own validation
+	_ "github.com/cablemesh/cablemesh/cable/specs" // every driver's spec: policies' drivers and options are checked with their own validation
 	"github.com/cablemesh/cablemesh/policy"
 )
 
 // ValidateDefaultCableDriver checks a --default-cable-driver value against the registered cable
-// drivers: the ones every agent ships, since the binaries link them all (cable/drivers), as the
-// broker does. Applied policies are held to the same drivers, and to each driver's own option
+// drivers: the ones every agent ships (cable/drivers), whose specs the broker links
+// (cable/specs) without their datapaths. Applied policies are held to the same drivers, and to each driver's own option
 // validation (admission.CheckCableDriver).
 func ValidateDefaultCableDriver(name string) error {
 	if names := cable.Names(); !slices.Contains(names, name) {

@@ -1,16 +1,20 @@
 // Package cable defines the interface every cable driver implements and the registry the agent
 // picks drivers from by name (in the manner of Submariner's pkg/cable). The agent knows only this
 // package; drivers live in sub-packages (cable/wireguard, ...) and register themselves in init.
+//
+// A driver comes in two halves. Its spec (cable/<driver>/spec) is pure: the settings and options
+// it takes, what it publishes, its traits; it registers a Spec (RegisterSpec), and the broker,
+// the policy resolver and cablectl link only the specs (cable/specs). Its datapath
+// (cable/<driver>) changes the host; it registers the constructor (Register), and only the agent
+// links it (cable/drivers).
 package cable
 
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/netip"
 	"sort"
-	"sync"
 	"time"
 )
 
@@ -154,170 +158,4 @@ type Driver interface {
 	// it. Close after Cleanup is
 	// allowed; nothing may be called after Close.
 	Close() error
-}
-
-// Factory builds a driver for the local node with its settings. It must validate settings and
-// return an error naming the bad key and value; it must not touch the host (Init does).
-type Factory func(node LocalNode, settings Settings) (Driver, error)
-
-// Registration is everything the rest of Cablemesh knows about a driver, given by the driver
-// itself. Only Name and New are required.
-type Registration struct {
-	// Name is the registry key, the driver's name in policies, the agent config and endpoints.
-	Name string
-	// New builds the driver.
-	New Factory
-	// ParseSettings validates the driver's block of the agent config without I/O; errors name
-	// the field as "<driver>.<key>" and the value. nil accepts only an empty block.
-	ParseSettings func(Settings) error
-	// ValidateOptions validates the per-connection options a policy gives the driver
-	// (cableDriver.options); errors name the option and the value. nil accepts only none.
-	ValidateOptions func(Options) error
-	// CheckPublished validates what a remote node published for this driver
-	// (cable_attributes[driver]); an endpoint that fails it cannot carry the driver. nil accepts
-	// anything.
-	CheckPublished func(attrs map[string]string) error
-	// PrepareProcess, when set, runs first thing in the agent's main, before anything else, for
-	// drivers that need the process set up in a way only a re-execution can give (wireguard's
-	// private mount namespace for its UAPI sockets). It reports parentDone with the exit code
-	// when the process only waited for its re-executed child, which then did the work.
-	PrepareProcess func() (parentDone bool, exitCode int, err error)
-	// OptIn drivers run only where the agent config names them in cableDrivers: they need
-	// kernel support many nodes lack (vxlan+ipsec needs ESP in the kernel), and a default that
-	// fails on those nodes would only be noise in every gateway's status.
-	OptIn bool
-}
-
-var (
-	mu            sync.RWMutex
-	registrations = map[string]Registration{}
-)
-
-// Register adds a driver. It panics on a duplicate or empty name or a missing factory: those
-// are programming errors caught at init.
-func Register(r Registration) {
-	mu.Lock()
-	defer mu.Unlock()
-	if r.Name == "" || r.New == nil {
-		panic(fmt.Sprintf("cable: driver registration %q without a name or a factory", r.Name))
-	}
-	if _, dup := registrations[r.Name]; dup {
-		panic(fmt.Sprintf("cable: driver %q registered twice", r.Name))
-	}
-	registrations[r.Name] = r
-}
-
-// Lookup returns the registration of name.
-func Lookup(name string) (Registration, bool) {
-	mu.RLock()
-	defer mu.RUnlock()
-	r, ok := registrations[name]
-	return r, ok
-}
-
-func lookup(name string) (Registration, error) {
-	r, ok := Lookup(name)
-	if !ok {
-		return Registration{}, fmt.Errorf("cable driver %q is not registered (have %v)", name, Names())
-	}
-	return r, nil
-}
-
-// New builds the driver registered under name.
-func New(name string, node LocalNode, settings Settings) (Driver, error) {
-	r, err := lookup(name)
-	if err != nil {
-		return nil, err
-	}
-	return r.New(node, settings)
-}
-
-// ParseSettings validates settings for driver name (see Registration.ParseSettings).
-func ParseSettings(name string, s Settings) error {
-	r, err := lookup(name)
-	if err != nil {
-		return err
-	}
-	if r.ParseSettings == nil {
-		for k, v := range s {
-			return fmt.Errorf("%s.%s: %q: the %s driver takes no settings", name, k, v, name)
-		}
-		return nil
-	}
-	return r.ParseSettings(s)
-}
-
-// ValidateOptions validates per-connection options for driver name (see
-// Registration.ValidateOptions).
-func ValidateOptions(name string, o Options) error {
-	r, err := lookup(name)
-	if err != nil {
-		return err
-	}
-	if r.ValidateOptions == nil {
-		for k, v := range o {
-			return fmt.Errorf("%s option %s=%q: unknown key (the %s driver takes no per-connection options)", name, k, v, name)
-		}
-		return nil
-	}
-	return r.ValidateOptions(o)
-}
-
-// CheckPublished validates a remote node's attributes for driver name (see
-// Registration.CheckPublished). An unregistered driver is an error.
-func CheckPublished(name string, attrs map[string]string) error {
-	r, err := lookup(name)
-	if err != nil {
-		return err
-	}
-	if r.CheckPublished == nil {
-		return nil
-	}
-	return r.CheckPublished(attrs)
-}
-
-// Names lists the registered drivers, sorted.
-func Names() []string {
-	mu.RLock()
-	defer mu.RUnlock()
-	names := make([]string, 0, len(registrations))
-	for n := range registrations {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
-}
-
-// DefaultNames are the registered drivers an agent runs when its config does not list
-// cableDrivers: every driver but the opt-in ones, sorted.
-func DefaultNames() []string {
-	mu.RLock()
-	defer mu.RUnlock()
-	var names []string
-	for n, r := range registrations {
-		if !r.OptIn {
-			names = append(names, n)
-		}
-	}
-	sort.Strings(names)
-	return names
-}
-
-// PrepareProcess runs every registered driver's PrepareProcess hook, in name order, and stops at
-// the first that reports parentDone (main must then exit with exitCode) or fails.
-func PrepareProcess() (parentDone bool, exitCode int, err error) {
-	for _, name := range Names() {
-		r, _ := Lookup(name)
-		if r.PrepareProcess == nil {
-			continue
-		}
-		done, code, err := r.PrepareProcess()
-		if err != nil {
-			return false, 0, fmt.Errorf("prepare the process for cable driver %s: %w", name, err)
-		}
-		if done {
-			return true, code, nil
-		}
-	}
-	return false, 0, nil
 }

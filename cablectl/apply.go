@@ -2,7 +2,6 @@ package cablectl
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -190,7 +189,7 @@ func readLimited(cmd *cobra.Command, path string) ([]byte, error) {
 func applyPolicies(cmd *cobra.Command, f *adminFlags, policies []policy.ClusterConnectionPolicy, dryRun bool) error {
 	req := &apiv1.ApplyPoliciesRequest{DryRun: dryRun}
 	for i := range policies {
-		b, err := json.Marshal(&policies[i])
+		b, err := policy.EncodeJSON(&policies[i])
 		if err != nil {
 			return fmt.Errorf("encode policy %q: %w", policies[i].Metadata.Name, err)
 		}

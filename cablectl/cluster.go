@@ -21,6 +21,8 @@ import (
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/api/validation"
 	"github.com/cablemesh/cablemesh/broker/adminconfig"
+	"github.com/cablemesh/cablemesh/cable"
+	_ "github.com/cablemesh/cablemesh/cable/specs" // the drivers' traits (which one publishes a public key)
 	"github.com/cablemesh/cablemesh/policy"
 )
 
@@ -207,8 +209,9 @@ type gatewayView struct {
 	// cable carries.
 	MeshAddress string            `json:"meshAddress,omitempty"`
 	CablePorts  map[string]uint32 `json:"cablePorts,omitempty"`
-	// WireguardPublicKey repeats cableAttributes.wireguard.publicKey, the key this output has
-	// always had.
+	// WireguardPublicKey repeats the public key the gateway publishes for its cable (the
+	// attribute a driver's spec names as its PublicKeyAttribute: wireguard's publicKey), under
+	// the name this output has always had.
 	WireguardPublicKey string                       `json:"wireguardPublicKey,omitempty"`
 	CableAttributes    map[string]map[string]string `json:"cableAttributes,omitempty"`
 	Drivers            []string                     `json:"drivers,omitempty"`
@@ -257,7 +260,7 @@ func printClusters(w io.Writer, format string, resp *apiv1.ListClustersResponse,
 			}
 			cv.Gateways = append(cv.Gateways, gatewayView{
 				Node: e.Node, PrivateIP: e.PrivateIp, PublicIP: e.PublicIp, MeshAddress: e.MeshAddress, CablePorts: e.CablePorts,
-				WireguardPublicKey: e.Attributes("wireguard")["publicKey"], CableAttributes: attributes(e), Drivers: e.Drivers, Subnets: e.Subnets,
+				WireguardPublicKey: cablePublicKey(e), CableAttributes: attributes(e), Drivers: e.Drivers, Subnets: e.Subnets,
 				LastHeartbeat: tsPtr(e.LastHeartbeat.AsTime(), e.LastHeartbeat != nil),
 				LeaseExpires:  tsPtr(e.LeaseExpires.AsTime(), e.LeaseExpires != nil),
 			})
@@ -441,4 +444,17 @@ func attributes(e *apiv1.Endpoint) map[string]map[string]string {
 		out[d] = a.GetValues()
 	}
 	return out
+}
+
+// cablePublicKey is the first public key (in driver name order) that e publishes for a driver
+// whose spec says it has one; "" when it publishes none.
+func cablePublicKey(e *apiv1.Endpoint) string {
+	for _, spec := range cable.Specs() {
+		if attr := spec.Traits.PublicKeyAttribute; attr != "" {
+			if k := e.Attributes(spec.Name)[attr]; k != "" {
+				return k
+			}
+		}
+	}
+	return ""
 }

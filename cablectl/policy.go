@@ -120,10 +120,11 @@ type policyListView struct {
 func decodePolicyRows(resp *apiv1.ListPoliciesResponse) ([]policyRow, error) {
 	rows := make([]policyRow, 0, len(resp.Policies))
 	for _, raw := range resp.Policies {
-		r := policyRow{raw: raw}
-		if err := json.Unmarshal(raw.Json, &r.p); err != nil {
+		p, err := policy.DecodeJSON(raw.Json)
+		if err != nil {
 			return nil, fmt.Errorf("policy %q from the broker: %w", raw.Name, err)
 		}
+		r := policyRow{raw: raw, p: p}
 		if len(raw.StatusJson) > 0 {
 			if err := json.Unmarshal(raw.StatusJson, &r.status); err != nil {
 				return nil, fmt.Errorf("status of policy %q from the broker: %w", raw.Name, err)

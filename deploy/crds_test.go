@@ -138,9 +138,9 @@ func (v policyValidator) validate(obj map[string]any) field.ErrorList {
 	return append(errs, celErrs...)
 }
 
-// seedAsCRD reads one of seed 004's examples as the seed writes them (policy/testdata/seed004)
+// seedAsCRD reads one of the examples of Submariner's connectivity proposal as the proposal writes them (policy/testdata/seed004)
 // and makes it an object of our CRD: the apiVersion and kind kubectl needs, nothing else changed.
-// Two of the seed's examples indent `priority` one column too deep, which no YAML parser reads;
+// Two of the proposal's examples indent `priority` one column too deep, which no YAML parser reads;
 // it is moved back, as the policy decoder does (policy/reindent.go).
 func seedAsCRD(t *testing.T, file string) map[string]any {
 	t.Helper()

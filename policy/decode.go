@@ -29,7 +29,7 @@ func DecodeYAML(data []byte) ([]ClusterConnectionPolicy, error) {
 
 // DecodeYAMLWithWarnings is DecodeYAML that also says what it repaired.
 //
-// Seed 004's client-server examples indent `priority: 3` one column deeper
+// The client-server examples of Submariner's connectivity proposal indent `priority: 3` one column deeper
 // than the other entries of spec, after a nested block, which is not valid
 // YAML. When the YAML does not parse and that is the only indentation problem
 // of its spec blocks, those priority lines are moved to the column of spec's
@@ -377,7 +377,7 @@ func (d *decoder) selector(n *yaml.Node, path string) *Selector {
 		}
 	}
 	if !structured {
-		// The seed's shorthand: labels directly under the selector.
+		// The proposal's shorthand: labels directly under the selector.
 		d.mapping(n, path, func(key string, _, v *yaml.Node) {
 			if value, ok := d.labelValue(v, join(path, key)); ok {
 				sel.addLabel(key, value)
@@ -402,7 +402,7 @@ func (d *decoder) selector(n *yaml.Node, path string) *Selector {
 	return sel
 }
 
-// labelValue reads a label value; the seed's `env: !production` arrives as
+// labelValue reads a label value; the proposal's `env: !production` arrives as
 // the local tag "!production" on an empty scalar and comes back as
 // "!production", which addLabel turns into NotIn.
 func (d *decoder) labelValue(n *yaml.Node, path string) (string, bool) {

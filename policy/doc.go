@@ -1,4 +1,4 @@
-// Package policy holds ClusterConnectionPolicies (seed 004): the type, its
+// Package policy holds ClusterConnectionPolicies (after Submariner's connectivity proposal): the type, its
 // label selectors, validation, the YAML decoder and the resolver that decides,
 // for every pair of clusters, whether they connect and over which cable.
 //
@@ -8,15 +8,15 @@
 // resolver is a deterministic, symmetric function of (policies, default
 // policy, cluster labels), both ends of a pair always reach the same decision.
 //
-// # Reading the seed
+// # Reading the proposal
 //
-// Seed 004 leaves several points open; these are the choices made here.
+// Submariner's connectivity proposal leaves several points open; these are the choices made here.
 //
-//   - Kind: ClusterConnectionPolicy and the seed's ClusterConnectionPolicies
+//   - Kind: ClusterConnectionPolicy and the proposal's ClusterConnectionPolicies
 //     are both accepted and stored as ClusterConnectionPolicy. apiVersion may
-//     be empty, "v1" (two of the seed's examples) or APIVersion, and is stored
+//     be empty, "v1" (two of the proposal's examples) or APIVersion, and is stored
 //     as APIVersion.
-//   - Selectors: the seed writes labels directly under a selector
+//   - Selectors: the proposal writes labels directly under a selector
 //     (`location: on-premise`); that shorthand and the Kubernetes
 //     {matchLabels, matchExpressions} form are both accepted (a selector with a
 //     matchLabels or matchExpressions key is the structured form). A value
@@ -28,14 +28,14 @@
 //     set connect"), with L and R the clusters matched by the left and right
 //     selectors, or L = R = the clusters matched by clusterSelector:
 //     point-to-point covers and connects the pairs with one end in L and the
-//     other in R, in either order (the seed's on-prem policy, L = R =
+//     other in R, in either order (the proposal's on-prem policy, L = R =
 //     on-premise, connects the on-premise clusters with each other); it does
 //     not cover pairs inside L or inside R only, which fall to lower
 //     priorities or the default. full-mesh covers and connects every pair
 //     inside L ∪ R. client-server covers every pair inside L ∪ R, connects
 //     those with a server (L) at one end and a client (R) at the other, and
 //     decides no-connect for the rest (client with client; server with server
-//     unless one of them is also a client) — this is what makes the seed's
+//     unless one of them is also a client) — this is what makes the proposal's
 //     "no other clusters connect to one another" true even when the mesh
 //     default is to connect. In client-server the client initiates; in every
 //     other case, and between two servers that are both clients, the
@@ -45,7 +45,7 @@
 //   - A no-connect policy decides no-connect for every pair its topology
 //     covers, and may not name a cable driver.
 //   - A connect policy without cableDriver uses the mesh default policy's
-//     driver and options (DefaultDriver, wireguard, when the default is
+//     driver and options (DefaultDriver, the registry's, when the default is
 //     no-connect). A cableDriver given without a name is an error.
 //   - Priority: absent is 0; higher wins. Among covering policies of the top
 //     priority, agreeing ones (same verdict, same driver and options) do not
@@ -57,17 +57,17 @@
 //     default's name is the default itself and is skipped there. If the
 //     default does not cover a pair either (it has a selector), the pair does
 //     not connect. An invalid default connects nothing.
-//   - Origin: a policy applied by a cluster (Origin = its name; see seed 003)
+//   - Origin: a policy applied by a cluster (Origin = its name)
 //     covers only pairs that include that cluster, and at equal priority a
 //     mesh policy outranks it: it votes on a pair only when no mesh policy of
 //     its priority covers that pair. Its local name, labels and the synced
 //     name <name>-<hash> are in origin.go.
-//   - The seed's two client-server examples indent `priority: 3` at column 4,
+//   - The proposal's two client-server examples indent `priority: 3` at column 4,
 //     between spec's children (column 3) and cableDriver's (column 7): not
 //     valid YAML. DecodeYAML parses the file as written first; only if that
 //     fails, and the only mis-indented lines of its spec blocks are such
 //     `priority: N` lines deeper than spec's children, does it move them to
-//     spec's column (priority is a spec field, as the seed's Go type says),
+//     spec's column (priority is a spec field, as the proposal's Go type says),
 //     parse again, and report each moved line through DecodeYAMLWithWarnings.
 //     Any other YAML that does not parse (another mis-indented key, a tab, a
 //     priority outside spec) is refused with the parser's error. The

@@ -6,7 +6,7 @@ import (
 )
 
 // TestCombinedDriverNamesAreValid: a combined cable's name joins its parts with '+'
-// ("vxlan+ipsec", issue 10); each part is still a DNS label.
+// ("vxlan+ipsec"); each part is still a DNS label.
 func TestCombinedDriverNamesAreValid(t *testing.T) {
 	for _, ok := range []string{"wireguard", "vxlan+ipsec"} {
 		if err := validateDriverName("spec.cableDriver.name", ok); err != nil {

@@ -10,7 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 )
 
-// Cluster-scoped policies (seed 003). A policy applied in a cluster (a
+// Cluster-scoped policies. A policy applied in a cluster (a
 // ClusterConnectionPolicy object in its Kubernetes API, or a file in its
 // agent's policyDir) must say so with LabelOrigin: OriginClusterLabel; an
 // unlabelled one is refused, as Kuma's zone refuses a policy without
@@ -36,7 +36,7 @@ const (
 )
 
 // MissingOriginLabelMessage is the refusal of a policy applied in a cluster
-// without LabelOrigin (seed 003's wording, with our label).
+// without LabelOrigin (Kuma's wording, with our label).
 const MissingOriginLabelMessage = "if you want to apply a policy on the cluster please add `" + LabelOrigin + ": " + OriginClusterLabel + "` label"
 
 // ClusterPolicyName is the name under which cluster's policy name is synced

@@ -13,14 +13,14 @@ var priorityLine = regexp.MustCompile(`^priority:[ ]+-?[0-9]+[ ]*(?:#.*)?$`)
 // specLine opens the block of a document's spec.
 var specLine = regexp.MustCompile(`^spec:[ ]*(?:#.*)?$`)
 
-// reindentPriority repairs the one known defect of seed 004's examples and
+// reindentPriority repairs the one known defect of the examples of Submariner's connectivity proposal and
 // nothing else: a `priority: N` line of a document's top-level spec block that
 // sits deeper than spec's other entries and at no indentation open there, as
 // in
 //
 //	spec:
 //	  cableDriver:
-//	      name:  "vxlan"
+//	      name:  "some-driver"
 //	   priority: 3
 //
 // It returns the text with each such line moved to the column of spec's
@@ -95,7 +95,7 @@ func reindentSpec(lines []string, from, to int) (moved []string, ok bool) {
 				open = open[:len(open)-1]
 			}
 			if top := open[len(open)-1]; top != ind {
-				// Mis-indented. Repaired only when it is the seed's case.
+				// Mis-indented. Repaired only when it is the proposal's case.
 				if len(open) != 1 || ind < top || !priorityLine.MatchString(trimmed) {
 					return nil, false
 				}

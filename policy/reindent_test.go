@@ -47,7 +47,7 @@ func TestSeed004ExamplesDecodeWithTheirWarnings(t *testing.T) {
 	}
 }
 
-// seedSpec is the head of seed 004's client-server example, up to its
+// seedSpec is the head of the client-server example of Submariner's connectivity proposal, up to its
 // cableDriver block.
 const seedSpec = head + "spec:\n" +
 	"  leftClusterSelector:\n    database-role: server\n" +

@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-// The four clusters of the seed's picture: two on-premise, two in the cloud,
+// The four clusters of the proposal's picture: two on-premise, two in the cloud,
 // one of each in production and in staging.
 var (
 	onpremProd  = Cluster{Name: "onprem-prod", Labels: map[string]string{"location": "on-premise", "env": "production"}}
@@ -17,7 +17,7 @@ var (
 	seedMesh    = []Cluster{onpremProd, onpremStage, cloudProd, cloudStage}
 )
 
-// Clusters for the seed's database examples.
+// Clusters for the proposal's database examples.
 var (
 	dbServer  = Cluster{Name: "db-server", Labels: map[string]string{"database-role": "server", "database-server": "true"}}
 	dbServer2 = Cluster{Name: "db-server2", Labels: map[string]string{"database-role": "server", "database-server": "true"}}
@@ -28,7 +28,7 @@ var (
 	dbMesh    = []Cluster{dbServer, dbServer2, clientA, clientB, bystander}
 )
 
-// seedPolicy decodes one of seed 004's examples, exactly as the seed writes
+// seedPolicy decodes one of the examples of Submariner's connectivity proposal, exactly as the proposal writes
 // it (testdata/seed004 holds verbatim copies of its yaml blocks).
 func seedPolicy(t *testing.T, file string) ClusterConnectionPolicy {
 	t.Helper()

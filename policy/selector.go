@@ -14,7 +14,7 @@ import (
 )
 
 // Selector is a Kubernetes label selector (it converts freely to and from
-// metav1.LabelSelector) with the seed's shorthands on input:
+// metav1.LabelSelector) with the proposal's shorthands on input:
 //
 //   - a plain map of labels, `location: on-premise`, means matchLabels;
 //   - a value written `!production` (a YAML local tag, or a string starting
@@ -166,7 +166,7 @@ func (m *matcher) matches(labels map[string]string) bool {
 }
 
 // addLabel adds key=value from the shorthand or matchLabels forms: a value
-// starting with "!" is the seed's negation and becomes NotIn.
+// starting with "!" is the proposal's negation and becomes NotIn.
 func (s *Selector) addLabel(key, value string) {
 	if rest, ok := strings.CutPrefix(value, "!"); ok {
 		s.MatchExpressions = append(s.MatchExpressions, metav1.LabelSelectorRequirement{

@@ -2,9 +2,11 @@ package policy
 
 import (
 	"maps"
+
+	"github.com/cablemesh/cablemesh/cable"
 )
 
-// Names of the resource, as written in YAML. The seed (004) calls the kind
+// Names of the resource, as written in YAML. Submariner's proposal calls the kind
 // ClusterConnectionPolicies; both spellings are accepted on input and the
 // singular is what we store and print.
 const (
@@ -12,7 +14,7 @@ const (
 	KindSeed = "ClusterConnectionPolicies"
 
 	// APIVersion is the apiVersion written on output. On input an empty
-	// apiVersion, "v1" (as in two of the seed's examples) and this are accepted.
+	// apiVersion, "v1" (as in two of the proposal's examples) and this are accepted.
 	APIVersion = "cablemesh.io/v1alpha1"
 )
 
@@ -31,13 +33,13 @@ const (
 
 const (
 	// OriginMesh marks a policy that applies to the whole mesh. A policy whose
-	// origin is a cluster name was applied by that cluster and, as in seed 003,
+	// origin is a cluster name was applied by that cluster and, as a Kuma zone's policies are,
 	// can decide only pairs that include that cluster. An empty origin means mesh.
 	OriginMesh = "mesh"
 
 	// DefaultDriver is the cable driver used when neither a connect policy nor
-	// the mesh default policy names one.
-	DefaultDriver = "wireguard"
+	// the mesh default policy names one: the driver registry's default.
+	DefaultDriver = cable.DefaultDriver
 
 	// DefaultPolicyName is the name of the default policy built by DefaultPolicy.
 	DefaultPolicyName = "default"
@@ -48,7 +50,7 @@ const (
 )
 
 // ClusterConnectionPolicy decides whether, and over which cable, pairs of
-// clusters connect. Field names are exactly those of seed 004.
+// clusters connect. Field names are exactly those of Submariner's connectivity proposal.
 type ClusterConnectionPolicy struct {
 	APIVersion string     `json:"apiVersion,omitempty" yaml:"apiVersion,omitempty"`
 	Kind       string     `json:"kind" yaml:"kind"`
@@ -69,10 +71,10 @@ type ObjectMeta struct {
 	Labels map[string]string `json:"labels,omitempty" yaml:"labels,omitempty"`
 }
 
-// Spec is the seed's ClusterConnectionPolicySpec.
+// Spec is the proposal's ClusterConnectionPolicySpec.
 //
 // A nil selector is absent; a non-nil empty selector is present and matches
-// every cluster (the seed's `rightClusterSelector:` with no value). Presence
+// every cluster (the proposal's `rightClusterSelector:` with no value). Presence
 // matters only to tell the two forms apart: clusterSelector (a set of
 // clusters) or leftClusterSelector/rightClusterSelector (two ends), which
 // cannot be mixed. An absent left or right selector, when the other is given,
@@ -99,8 +101,8 @@ type Spec struct {
 	Final bool `json:"final,omitempty" yaml:"final,omitempty"`
 }
 
-// CableDriver names a cable driver and its options (the seed's
-// CableDriverSpec; options are the key/values the seed keeps in a ConfigMap).
+// CableDriver names a cable driver and its options (the proposal's
+// CableDriverSpec; options are the key/values the proposal keeps in a ConfigMap).
 type CableDriver struct {
 	Name    string            `json:"name" yaml:"name"`
 	Options map[string]string `json:"options,omitempty" yaml:"options,omitempty"`

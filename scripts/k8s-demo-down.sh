@@ -27,5 +27,21 @@ if [[ -e /run/netns/ck8-broker ]]; then
 	ip netns del ck8-broker
 fi
 ip link del ck8ul 2>/dev/null || true
+# A deleted network namespace is freed by the kernel in the background, and its veth peers in this
+# namespace with it: under load that takes seconds, and a demo started at once would find their
+# names taken. Delete them here, and wait for the names to go.
+links="ck0brk ck1ul ck2ul ck1br ck2br ck1cp ck2cp ck1n1 ck1n2 ck2n1 ck2n2"
+for _ in $(seq 1 60); do
+	left=""
+	for l in $links; do
+		if [[ -e /sys/class/net/$l ]]; then
+			ip link del "$l" 2>/dev/null || true
+			left+=" $l"
+		fi
+	done
+	[[ -z $left ]] && break
+	sleep 0.5
+done
+[[ -z $left ]] || echo "k8s-demo-down: links still present after 30s:$left" >&2
 rm -rf "$STATE"
 echo "k8s-demo-down: removed the clusters east and west, the broker and $STATE"

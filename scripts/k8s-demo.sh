@@ -92,10 +92,16 @@ gateway_underlay() {
 	ip link set "ck${idx}ul" master "$UL" up
 	ip -n "$ns" addr add "172.29.0.1$idx/24" dev ul0
 	ip -n "$ns" link set ul0 up
+	# From the node's InternalIP, the address the agents advertise: a WireGuard peer that saw the
+	# underlay address instead would roam there and the agent would set it back every 30 s.
 	for ((j = 1; j <= ${#CLUSTERS[@]}; j++)); do
 		((j == idx)) && continue
-		ip -n "$ns" route add "172.29.$j.0/24" via "172.29.0.1$j"
+		ip -n "$ns" route add "172.29.$j.0/24" via "172.29.0.1$j" src "172.29.$idx.11"
 	done
+	# The worker reaches the broker through its gateway (as a real node through its default
+	# route), and the broker answers the cluster's node network the same way back.
+	ip -n "ck8-$c-worker" route add 172.29.0.0/24 via "172.29.$idx.11"
+	ip -n "$BRK_NS" route add "172.29.$idx.0/24" via "172.29.0.1$idx"
 }
 i=1
 for c in "${CLUSTERS[@]}"; do
@@ -105,21 +111,34 @@ done
 
 agent_ready() {
 	local kc=$STATE/$1/kubeconfig
-	[[ $("$KUBECTL" --kubeconfig "$kc" -n cablemesh get pods -l app.kubernetes.io/name=cable-agent \
-		-o jsonpath='{range .items[*]}{.spec.nodeName}={.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' 2>/dev/null) == "$1-gw=True" ]]
+	[[ $("$KUBECTL" --kubeconfig "$kc" -n cablemesh get pods -l 'app.kubernetes.io/name in (cable-agent,cable-agent-worker)' \
+		-o jsonpath='{range .items[*]}{.spec.nodeName}={.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' 2>/dev/null | sort) == "$1-gw=True"$'\n'"$1-worker=True" ]]
 }
+
+# What the nodes of these clusters need beyond the install's manifests (tests/k8s/cmd/nodeagents):
+# the agents of the worker nodes (the install renders the gateways' only), the clusterset.local
+# DNS server the test pods ask (port 5353: the agent has no NET_BIND_SERVICE for 53), and on a
+# hybrid cgroup host the node's cgroup2 as the DaemonSet mounts it (/sys/fs/cgroup/unified).
+NODEAGENTS_ARGS=(-workers -dns-listen 0.0.0.0:5353)
+if [[ $(stat -f -c %T /sys/fs/cgroup) == tmpfs && $(stat -f -c %T /sys/fs/cgroup/unified 2>/dev/null) == cgroup2fs ]]; then
+	NODEAGENTS_ARGS+=(-cgroup-path /host/sys/fs/cgroup/unified)
+fi
+(cd "$ROOT/tests/k8s" && go build -mod=readonly -o "$STATE/nodeagents" ./cmd/nodeagents)
+echo "${NODEAGENTS_ARGS[*]}" >"$STATE/nodeagents.args"
 
 i=1
 for c in "${CLUSTERS[@]}"; do
 	kc=$STATE/$c/kubeconfig
-	say "cluster $c: cablectl install kubernetes ... | kubectl apply -f -"
-	"$BIN/cablectl" --config "$ADMIN" install kubernetes --cluster "$c" --pod-cidr "10.$i.0.0/16" \
-		--service-cidr "10.96.$i.0/24" --agent-broker "$BROKER" | "$KUBECTL" --kubeconfig "$kc" apply -f -
+	say "cluster $c: cablectl install kubernetes ... | nodeagents ${NODEAGENTS_ARGS[*]} | kubectl apply -f -"
 	"$KUBECTL" --kubeconfig "$kc" label node "$c-gw" cablemesh.io/gateway=true
+	"$KUBECTL" --kubeconfig "$kc" label node "$c-worker" cablemesh.io/gateway=false
+	"$BIN/cablectl" --config "$ADMIN" install kubernetes --cluster "$c" --pod-cidr "10.$i.0.0/16" \
+		--service-cidr "10.96.$i.0/24" --agent-broker "$BROKER" | "$STATE/nodeagents" "${NODEAGENTS_ARGS[@]}" |
+		"$KUBECTL" --kubeconfig "$kc" apply -f -
 	i=$((i + 1))
 done
 for c in "${CLUSTERS[@]}"; do
-	say "cluster $c: waiting for the agent pod to be Ready on $c-gw"
+	say "cluster $c: waiting for the agent pods to be Ready on $c-gw and $c-worker"
 	deadline=$((SECONDS + 180))
 	until agent_ready "$c"; do
 		if ((SECONDS >= deadline)); then

@@ -82,15 +82,10 @@ func LoadIdentity(stateDir string) (*Identity, error) {
 }
 
 func identityFromPEM(certPEM, keyPEM, caPEM []byte) (*Identity, error) {
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	cert, leaf, err := ParsePair(certPEM, keyPEM)
 	if err != nil {
 		return nil, fmt.Errorf("agent certificate and key: %w", err)
 	}
-	leaf, err := x509.ParseCertificate(cert.Certificate[0])
-	if err != nil {
-		return nil, fmt.Errorf("parse agent certificate: %w", err)
-	}
-	cert.Leaf = leaf
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(caPEM) {
 		return nil, errors.New("mesh CA file holds no PEM certificate")

@@ -4,6 +4,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -37,4 +38,18 @@ func NewKeyRequest(subject pkix.Name, what string) (KeyRequest, error) {
 		KeyPEM: pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}),
 		CSRPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: csr}),
 	}, nil
+}
+
+// ParsePair parses a PEM certificate and its key, and the certificate itself (set as Leaf).
+func ParsePair(certPEM, keyPEM []byte) (tls.Certificate, *x509.Certificate, error) {
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return tls.Certificate{}, nil, err
+	}
+	leaf, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		return tls.Certificate{}, nil, err
+	}
+	pair.Leaf = leaf
+	return pair, leaf, nil
 }

@@ -13,12 +13,15 @@ package brokerlink
 import (
 	"context"
 	"log/slog"
+	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/cablemesh/cablemesh/agent/brokerclient"
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
 	"github.com/cablemesh/cablemesh/agent/config"
+	"github.com/cablemesh/cablemesh/agent/plan"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/internal/retry"
@@ -129,6 +132,53 @@ func (l *Link) Read(f func(st *brokerstate.State, join *apiv1.Cluster)) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	f(l.state, l.joinCluster)
+}
+
+// PlanKey names the broker-side inputs of a plan without copying them; registered is the mesh
+// address of the last registration (the ingress's), asked with the link's lock held.
+func (l *Link) PlanKey(registered func() netip.Addr) plan.Key {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return plan.Key{State: l.state, Revision: l.state.Revision, Join: l.joinCluster, Registered: registered()}
+}
+
+// StateCopy is a copy of the cached state for the planner, with the key it was taken at.
+func (l *Link) StateCopy(registered func() netip.Addr) (plan.Key, *brokerstate.State) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return plan.Key{State: l.state, Revision: l.state.Revision, Join: l.joinCluster, Registered: registered()}, l.state.Clone()
+}
+
+// LocalCluster is this node's cluster record: from the broker state, else from the Join answer.
+func (l *Link) LocalCluster() *apiv1.Cluster {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if c := l.state.Clusters[l.cfg.Cluster]; c != nil {
+		return c
+	}
+	return l.joinCluster
+}
+
+// LocalSubnets are the CIDRs behind this node: the config's, else the cluster's at the broker.
+func (l *Link) LocalSubnets() []netip.Prefix {
+	cidrs := append(slices.Clone(l.cfg.PodCIDRs), l.cfg.ServiceCIDRs...)
+	if len(cidrs) == 0 {
+		if c := l.LocalCluster(); c != nil {
+			cidrs = append(slices.Clone(c.GetPodCidrs()), c.GetServiceCidrs()...)
+		}
+	}
+	return config.Prefixes(cidrs)
+}
+
+// LocalPodCIDRs are the pod CIDRs behind this node: the config's, else the cluster's.
+func (l *Link) LocalPodCIDRs() []netip.Prefix {
+	if len(l.cfg.PodCIDRs) > 0 {
+		return config.Prefixes(l.cfg.PodCIDRs)
+	}
+	if c := l.LocalCluster(); c != nil {
+		return config.Prefixes(c.GetPodCidrs())
+	}
+	return nil
 }
 
 // Keyring is the agent's identity (set by Identify).

@@ -126,3 +126,17 @@ func inConfigOrder(drivers []cable.Driver, names []string) []cable.Driver {
 	slices.SortStableFunc(out, func(x, y cable.Driver) int { return rank(x) - rank(y) })
 	return out
 }
+
+// RebuildRunning builds every running driver again with cfg (this node's address moved: the
+// drivers take it at build), and clamps the MSS on their links.
+func (c *Cables) RebuildRunning(ctx context.Context, cfg *config.Config) {
+	var names []string
+	for _, d := range c.Running() {
+		names = append(names, d.Name())
+	}
+	slices.Sort(names)
+	if len(names) > 0 {
+		c.Rebuild(ctx, cfg, names)
+		c.ClampMSS()
+	}
+}

@@ -34,7 +34,7 @@ const (
 	DefaultLogLevel          = "info"
 
 	// Health probes: a probe every 300ms, a gateway down after 3 failures in a row, so a dead
-	// gateway leaves the service maps 0.9-1.2s after it died (issue 8: failover in under 2s).
+	// gateway leaves the service maps 0.9-1.2s after it died (failover in under 2s).
 	// Linkerd's gateway probes (3s x 3, timeout 2s) remain reachable by config. They are the
 	// values of agent/health's defaults, repeated here so the config package stays free of I/O
 	// imports.
@@ -140,7 +140,7 @@ type Config struct {
 	Exports []Export `yaml:"exports" json:"exports,omitempty"`
 	// Kubernetes turns on exports from MCS ServiceExport objects.
 	Kubernetes Kubernetes `yaml:"kubernetes" json:"kubernetes"`
-	// PolicyDir holds this cluster's cluster-scoped ClusterConnectionPolicies (seed 003), one or
+	// PolicyDir holds this cluster's cluster-scoped ClusterConnectionPolicies, one or
 	// more YAML documents per *.yaml, *.yml or *.json file, watched for changes: each must carry
 	// the label cablemesh.io/origin: cluster, decides only pairs that include this cluster, and
 	// is synced to the broker as <name>-<hash>. Run it on one node of the cluster (a gateway).

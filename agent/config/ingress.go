@@ -19,7 +19,7 @@ const (
 const (
 	DefaultIngressMode = IngressKernel
 	// DefaultIngressPortRange is where the agent picks the ingress port of every exported service
-	// port (seed 000: "one inbound per service, port picked automatically").
+	// port ("one inbound per service, port picked automatically").
 	DefaultIngressPortRange = "15000-15999"
 	// DefaultIngressSNIPort and DefaultIngressHTTPPort are the Envoy ingress's shared listeners,
 	// outside the default range so that no service port can be allocated onto them.

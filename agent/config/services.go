@@ -76,7 +76,7 @@ func (l *StringList) UnmarshalYAML(n *yaml.Node) error {
 type Imports struct {
 	// Selector is a label selector (Kubernetes syntax) over the exports' labels. Unset: the
 	// default cablemesh.io/exported=true (every export that does not opt out). Set to "" it
-	// imports nothing (seed 002: the importing side chooses).
+	// imports nothing (the importing side chooses).
 	Selector *string `yaml:"selector" json:"selector,omitempty"`
 }
 

@@ -106,7 +106,7 @@
 // # Kubernetes: CoreDNS stanza
 //
 // Pods resolve clusterset.local through the cluster's CoreDNS, which forwards the zone to the
-// agent, as seed 000 does for .kuma. Add to the coredns ConfigMap's Corefile:
+// agent, as Kuma does for .kuma. Add to the coredns ConfigMap's Corefile:
 //
 //	clusterset.local:53 {
 //	    errors

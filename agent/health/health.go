@@ -1,5 +1,5 @@
 // Package health probes remote gateways through their tunnels and keeps RTT statistics, in the
-// manner of Linkerd multicluster's gateway probes (seed 002): one prober per remote connection
+// manner of Linkerd multicluster's gateway probes: one prober per remote connection
 // sends an ICMP echo every period from this node's health-check address (its address inside its
 // own pod CIDRs, the one the cable's routes use as source) to the remote endpoint's
 // health_check_ip, so the probe takes the same path as pod traffic. A connection whose probes

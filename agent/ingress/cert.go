@@ -160,11 +160,7 @@ func (g *Gateway) issueIngressCert(ctx context.Context, client apiv1.AgentClient
 // certificate of the mesh CAs for the key just made, an ingress certificate, never one that a
 // broker would take as a client's.
 func (g *Gateway) checkIngressAnswer(certPEM, keyPEM []byte) (*x509.Certificate, error) {
-	pair, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		return nil, fmt.Errorf("ingress certificate answer: %w", err)
-	}
-	leaf, err := x509.ParseCertificate(pair.Certificate[0])
+	_, leaf, err := brokerclient.ParsePair(certPEM, keyPEM)
 	if err != nil {
 		return nil, fmt.Errorf("ingress certificate answer: %w", err)
 	}

@@ -1,4 +1,4 @@
-// Package ingress holds the gateway ingress data plane's plain types (issue 9, gateway mode): what a
+// Package ingress holds the gateway ingress data plane's plain types: what a
 // gateway serves on its mesh address and which remote mesh addresses its outgoing traffic is
 // translated for, the Dataplane interface the agent drives, and the helper that puts the mesh
 // address on the node (the cbl-mesh0 link).

@@ -19,7 +19,7 @@ import (
 	"github.com/cablemesh/cablemesh/mcs"
 )
 
-// Gateway mode on a gateway node (issue 9): the broker allocates the node a mesh address (its
+// Gateway mode on a gateway node: the broker allocates the node a mesh address (its
 // Endpoint.mesh_address, in the RegisterEndpoint answer and the watch); the agent puts it on
 // the cbl-mesh0 link and programs the ingress data plane (agent/ingress/nftables): SNAT of
 // traffic to the remote gateways of its gateway-mode pairs to its own mesh address, and in

@@ -18,7 +18,7 @@ import (
 	"github.com/cablemesh/cablemesh/internal/syncloop"
 )
 
-// The ingress on gateways (issue 9): every exported service port gets an ingress port from
+// The ingress on gateways: every exported service port gets an ingress port from
 // ingress.portRange (agent/ingressport: stable across restarts in stateDir/ingress-ports.json),
 // stamped on the exports sent to the broker (ServicePort.ingress_port). With ingress.xds.listen
 // set, the agent serves the ingress Envoy's and proxyless gRPC clients' configuration over xDS

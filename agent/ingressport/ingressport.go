@@ -1,5 +1,5 @@
 // Package ingressport allocates the gateway ingress's ports: every exported service port gets one
-// port of the ingress range (seed 000: "one inbound per service, port picked automatically"),
+// port of the ingress range ("one inbound per service, port picked automatically"),
 // stable across agent restarts (kept in stateDir/ingress-ports.json) and published with the
 // export (ServicePort.ingress_port). Both ingress data planes (kernel nftables and Envoy over xDS)
 // serve the ports this package hands out; Assign is pure, Load and Save touch the file.

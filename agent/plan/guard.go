@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cablemesh/cablemesh/agent/brokerclient"
@@ -105,4 +106,30 @@ func networkOf(addr netip.Addr, ifas []net.Addr) netip.Prefix {
 // lookupHost resolves a host name to its IP addresses.
 func lookupHost(ctx context.Context, host string) ([]netip.Addr, error) {
 	return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+}
+
+// Guards is the guard in force: built at start (Build), built again when this node's address
+// moved (Build again). mu guards cur; no other lock is taken under it.
+type Guards struct {
+	sources func() GuardSources
+	mu      sync.Mutex
+	cur     reconcile.Guard
+}
+
+// NewGuards returns the guards built from what sources says at each Build.
+func NewGuards(sources func() GuardSources) *Guards { return &Guards{sources: sources} }
+
+// Build finds the guard now (BuildGuard) and puts it in force.
+func (g *Guards) Build(ctx context.Context) {
+	next := BuildGuard(ctx, g.sources())
+	g.mu.Lock()
+	g.cur = next
+	g.mu.Unlock()
+}
+
+// Current is the guard in force (none before the first Build).
+func (g *Guards) Current() reconcile.Guard {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.cur
 }

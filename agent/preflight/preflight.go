@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -105,4 +106,23 @@ func TokenFileProblem(path string) string {
 	}
 	return fmt.Sprintf("join token file %s is readable by others (mode %04o): whoever reads it can join a node to this cluster while the token is valid; chmod 600 it, and delete it once the node has joined",
 		path, fi.Mode().Perm())
+}
+
+// Run checks, as the agent starts, the files cfg names (CheckFiles), warns about a join token
+// file others can read, and tightens a state directory others can write to (TightenStateDir).
+func Run(cfg *config.Config, log *slog.Logger) error {
+	if err := CheckFiles(cfg); err != nil {
+		return err
+	}
+	if p := TokenFileProblem(cfg.JoinTokenFile); p != "" {
+		log.Warn("JOIN TOKEN FILE IS READABLE BY OTHERS: "+p, "joinTokenFile", cfg.JoinTokenFile)
+	}
+	w, err := TightenStateDir(cfg.StateDir, os.Geteuid())
+	if err != nil {
+		return err
+	}
+	if w != "" {
+		log.Warn("STATE DIRECTORY WAS WRITABLE BY OTHERS: "+w, "stateDir", cfg.StateDir)
+	}
+	return nil
 }

@@ -9,7 +9,6 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"net/netip"
@@ -163,8 +162,8 @@ func Resolver(st *brokerstate.State) (*policy.Resolver, []Problem) {
 	names := slices.Sorted(maps.Keys(st.Policies))
 	for _, n := range names {
 		rec := st.Policies[n]
-		var p policy.ClusterConnectionPolicy
-		if err := json.Unmarshal(rec.GetJson(), &p); err != nil {
+		p, err := policy.DecodeJSON(rec.GetJson())
+		if err != nil {
 			problems = append(problems, Problem{Policy: n, Message: fmt.Sprintf("policy %q: cannot decode its JSON: %v", n, err)})
 			continue
 		}

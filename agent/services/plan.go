@@ -25,7 +25,7 @@
 // DNS: a ClusterSetIP import answers its VIPs and ports whatever its backends; a Headless import
 // answers the endpoints that are ready and whose cluster is usable.
 //
-// Gateway mode (issue 9): a remote cluster whose pair with this one is in gateway mode is reached
+// Gateway mode: a remote cluster whose pair with this one is in gateway mode is reached
 // only through its gateway's ingress. Its backends are "mesh address : ingress port" of the remote
 // gateway this node's cable connects to (Reach.RemoteNode; any gateway serving it when unknown),
 // from the import's ingresses (ImportedCluster.ingresses), one per such gateway, never the

@@ -1,4 +1,4 @@
-// Package xds is the agent's xDS server for the gateway's ingress Envoy (issue 9) and for
+// Package xds is the agent's xDS server for the gateway's ingress Envoy and for
 // proxyless gRPC clients: Build turns the agent's state (local exports, their ready endpoints,
 // the ingress port of every exported service port, the node's mesh certificate) into a
 // go-control-plane snapshot, a pure function; Server serves it (LDS, RDS, CDS, EDS, SDS;
@@ -77,7 +77,7 @@ type State struct {
 	MeshDomain string
 	// ListenAddress is the address the ingress listeners bind; default 0.0.0.0.
 	ListenAddress string
-	// MeshAddress is the gateway's mesh address (gateway mode, issue 9) once the node holds it
+	// MeshAddress is the gateway's mesh address (gateway mode) once the node holds it
 	// on cbl-mesh0; "" when it has none. The per-port listeners ("ingress-tcp-<ingressPort>")
 	// bind it: ingress ports serve only gateway-mode pairs, whose callers arrive SNATed from
 	// their gateway's mesh address to this one, so binding it keeps them off the node's other

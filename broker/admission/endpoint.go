@@ -119,7 +119,7 @@ func validateEndpoint(e *apiv1.Endpoint) error {
 		}
 	}
 	for _, d := range slices.Sorted(maps.Keys(e.CableAttributes)) {
-		if _, known := cable.Lookup(d); !known {
+		if _, known := cable.LookupSpec(d); !known {
 			return invalidf("cable_attributes", d, "endpoint %s: cable_attributes key %q is not a registered cable driver (have %s)", key, d, strings.Join(cable.Names(), ", "))
 		}
 		if err := cable.CheckPublished(d, e.Attributes(d)); err != nil {

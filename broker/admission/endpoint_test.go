@@ -9,7 +9,7 @@ import (
 
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/broker/pki"
-	_ "github.com/cablemesh/cablemesh/cable/drivers" // endpoints are checked against what each driver publishes
+	_ "github.com/cablemesh/cablemesh/cable/specs" // endpoints are checked against what each driver publishes
 )
 
 var (

@@ -10,7 +10,7 @@ import (
 	"github.com/cablemesh/cablemesh/policy"
 )
 
-// FuzzDecodePolicyJSON feeds ApplyPolicies' parser arbitrary bytes. It must not panic, and a
+// FuzzDecodePolicyJSON feeds ApplyPolicies' parser (policy.DecodeJSON) arbitrary bytes. It must not panic, and a
 // policy it accepts and validates must reach a fixed point in one canonicalisation: re-applying
 // what the broker stored (what export prints) is then recognised as unchanged.
 func FuzzDecodePolicyJSON(f *testing.F) {
@@ -33,7 +33,7 @@ func FuzzDecodePolicyJSON(f *testing.F) {
 	f.Add([]byte(`{"metadata":{"name":"x"},"spec":{"leftClusterSelector":{"env":"!production"},"rightClusterSelector":null}} {}`))
 	f.Add([]byte(`null`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		p, err := DecodePolicyJSON(data)
+		p, err := policy.DecodeJSON(data)
 		if err != nil || p.Validate() != nil {
 			return
 		}
@@ -41,7 +41,7 @@ func FuzzDecodePolicyJSON(f *testing.F) {
 		if err != nil {
 			t.Fatalf("canonicalise a valid policy: %v", err)
 		}
-		p2, err := DecodePolicyJSON(b1)
+		p2, err := policy.DecodeJSON(b1)
 		if err != nil {
 			t.Fatalf("the broker cannot read back what it would store: %v\n%s", err, b1)
 		}

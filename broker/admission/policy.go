@@ -2,10 +2,8 @@ package admission
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"slices"
 	"strings"
 
@@ -22,24 +20,6 @@ const (
 	OutcomeUnchanged  = "unchanged"
 )
 
-// DecodePolicyJSON reads one policy as policy.ClusterConnectionPolicy JSON, strictly: unknown
-// fields and trailing data are errors.
-func DecodePolicyJSON(b []byte) (policy.ClusterConnectionPolicy, error) {
-	var p policy.ClusterConnectionPolicy
-	if len(bytes.TrimSpace(b)) == 0 {
-		return p, errors.New("json is empty")
-	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&p); err != nil {
-		return p, fmt.Errorf("json: %v", strings.TrimPrefix(err.Error(), "json: "))
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return p, errors.New("json: data after the policy object")
-	}
-	return p, nil
-}
-
 // CanonicalPolicy puts a policy in the one form the broker stores: kind and apiVersion in their
 // output spelling, no status (the broker computes it), and the origin the broker decides.
 func CanonicalPolicy(p policy.ClusterConnectionPolicy, origin string) (policy.ClusterConnectionPolicy, []byte, error) {
@@ -47,13 +27,13 @@ func CanonicalPolicy(p policy.ClusterConnectionPolicy, origin string) (policy.Cl
 	p.Kind, p.APIVersion = policy.Kind, policy.APIVersion
 	p.Status = nil
 	p.Origin = origin
-	b, err := json.Marshal(&p)
+	b, err := policy.EncodeJSON(&p)
 	return p, b, err
 }
 
 // StoredPolicy decodes a policy the broker stored itself.
 func StoredPolicy(sp *apiv1.Policy) (policy.ClusterConnectionPolicy, error) {
-	p, err := DecodePolicyJSON(sp.Json)
+	p, err := policy.DecodeJSON(sp.Json)
 	if err != nil {
 		return p, fmt.Errorf("stored policy %q: %w", sp.Name, err)
 	}
@@ -150,7 +130,7 @@ func parsePolicies(in []*apiv1.Policy, cluster string) ([]Canonical, error) {
 			errs = append(errs, fmt.Sprintf("policy %d: name is %d bytes, at most 253", i+1, n))
 			continue
 		}
-		p, err := DecodePolicyJSON(sp.GetJson())
+		p, err := policy.DecodeJSON(sp.GetJson())
 		if err != nil {
 			errs = append(errs, label+": "+err.Error())
 			continue
@@ -214,7 +194,7 @@ func CheckCableDriver(p policy.ClusterConnectionPolicy) error {
 	if d == nil || !p.Spec.Connects() {
 		return nil
 	}
-	if _, ok := cable.Lookup(d.Name); !ok {
+	if _, ok := cable.LookupSpec(d.Name); !ok {
 		return fmt.Errorf("spec.cableDriver.name: %q is not a cable driver of this mesh (have %s)", d.Name, strings.Join(cable.Names(), ", "))
 	}
 	// mode is the policy package's pair option (validated by p.Validate), never the driver's.

@@ -60,9 +60,6 @@ import (
 	"github.com/cablemesh/cablemesh/cable"
 )
 
-// Name is the registry key of this driver.
-const Name = "ipsec"
-
 // Files under StateDir/ipsec.
 const (
 	confFile   = "strongswan.conf"
@@ -76,12 +73,7 @@ const libipsecDevice = "ipsec0"
 const charonTable = 220
 
 func init() {
-	cable.Register(cable.Registration{
-		Name:            Name,
-		New:             cable.Constructor(NewDriver),
-		ParseSettings:   cable.Check(parseSettings),
-		ValidateOptions: cable.Check(parseOptions),
-	})
+	cable.Register(cable.Registration{Name: Name, New: cable.Constructor(NewDriver)})
 }
 
 // Driver is the ipsec cable driver. Its methods are safe for concurrent use.

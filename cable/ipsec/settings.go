@@ -1,220 +1,38 @@
 package ipsec
 
 import (
-	"fmt"
-	"path/filepath"
-	"strconv"
-	"strings"
-	"unicode"
-
 	"github.com/cablemesh/cablemesh/cable"
+	"github.com/cablemesh/cablemesh/cable/ipsec/spec"
 )
 
-// Defaults of the node-level settings (cable.Settings keys in the agent config).
+// The driver's name, settings and options are its spec's (cable/ipsec/spec), which the broker and
+// cablectl link without this datapath.
 const (
-	// DefaultPort is charon's IKE UDP port.
-	DefaultPort = 500
-	// DefaultNATTPort is charon's NAT-T port: IKE after the switch and UDP-encapsulated ESP.
-	DefaultNATTPort = 4500
-	// DefaultCharon is where Debian's strongswan-charon installs the daemon.
-	DefaultCharon = "/usr/lib/ipsec/charon"
-	// MinMTU is the smallest tunnel MTU we accept or compute: the IPv6 minimum.
-	MinMTU = 1280
-	// MaxMTU is the largest we accept.
-	MaxMTU = 65535
-	// LibipsecMTU is the MTU of the TUN device kernel-libipsec creates (ipsec0). libipsec reads
-	// at most this many bytes per packet from it and strongSwan 5.9 has no setting to change it:
-	// a larger packet routed into ipsec0 is dropped without an error, so the route MTU must not
-	// exceed it (measured here: a 1401-byte DF packet is lost even with ipsec0 set to 1436).
-	LibipsecMTU = 1400
+	Name                = spec.Name
+	DefaultPort         = spec.DefaultPort
+	DefaultNATTPort     = spec.DefaultNATTPort
+	DefaultCharon       = spec.DefaultCharon
+	MinMTU              = spec.MinMTU
+	MaxMTU              = spec.MaxMTU
+	LibipsecMTU         = spec.LibipsecMTU
+	DefaultIKEProposals = spec.DefaultIKEProposals
+	DefaultESPProposals = spec.DefaultESPProposals
+	DatapathAuto        = spec.DatapathAuto
+	DatapathKernel      = spec.DatapathKernel
+	DatapathLibipsec    = spec.DatapathLibipsec
+	keyUseSystemCharon  = spec.KeyUseSystemCharon
+	keyMTU              = spec.KeyMTU
+	keyCharon           = spec.KeyCharon
+	optEncap            = spec.OptEncap
 )
 
-// Default proposals. AES-GCM keeps the ESP overhead small (8-byte IV, 4-byte alignment), so a
-// 1500-byte underlay carries a 1428-byte inner packet with kernel ESP; X25519 for the key exchange
-// (and PFS on CHILD_SA rekeys).
-const (
-	DefaultIKEProposals = "aes256gcm16-prfsha256-x25519"
-	DefaultESPProposals = "aes256gcm16-x25519"
+type (
+	// Datapath says where ESP runs.
+	Datapath = spec.Datapath
+	config   = spec.Config
+	options  = spec.Options
 )
 
-// Datapath says where ESP runs.
-type Datapath string
+func parseSettings(s cable.Settings) (config, error) { return spec.ParseSettings(s) }
 
-const (
-	// DatapathAuto probes the kernel: kernel xfrm where it has ESP, libipsec where not.
-	DatapathAuto Datapath = "auto"
-	// DatapathKernel makes charon install kernel xfrm SAs (plugin kernel-netlink).
-	DatapathKernel Datapath = "kernel"
-	// DatapathLibipsec runs ESP in charon on the TUN device ipsec0 (plugin kernel-libipsec).
-	DatapathLibipsec Datapath = "libipsec"
-)
-
-// Setting keys:
-//
-//	port             charon's IKE port, published to remote ends (500)
-//	nattPort         charon's NAT-T port, for IKE after the switch and ESP in UDP (4500)
-//	useSystemCharon  the VICI socket of a charon the driver uses instead of starting its own;
-//	                 empty or unset: its own. Excludes port, nattPort, charon and datapath.
-//	mtu              MTU of the tunnel routes; 0 or unset: derived from the underlay and datapath
-//	charon           the charon binary to start (/usr/lib/ipsec/charon)
-//	datapath         where ESP runs: auto, kernel or libipsec (auto)
-const (
-	keyPort            = "port"
-	keyNATTPort        = "nattPort"
-	keyUseSystemCharon = "useSystemCharon"
-	keyMTU             = "mtu"
-	keyCharon          = "charon"
-	keyDatapath        = "datapath"
-)
-
-// Option keys (per connection, from the policy's cableDriver.options).
-const (
-	optIKEProposals = "ikeProposals"
-	optESPProposals = "espProposals"
-	optEncap        = "encap"
-)
-
-// config is the validated form of cable.Settings.
-type config struct {
-	// Port, NATTPort, Charon and Datapath are those of our own charon: zero with a system one.
-	Port     int
-	NATTPort int
-	// SystemVICI is the vici socket path of a charon the driver does not own; "" means the
-	// driver starts and supervises its own.
-	SystemVICI string
-	// MTU is 0 when not set: Init derives it from the underlay and the datapath.
-	MTU      int
-	Charon   string
-	Datapath Datapath
-}
-
-// options is the validated form of cable.Options.
-type options struct {
-	IKEProposals []string
-	ESPProposals []string
-	Encap        bool
-}
-
-// parseSettings validates settings and fills defaults. It does no I/O; every error is a
-// *cable.SettingError naming the key and the value. With useSystemCharon the keys that shape
-// only a charon of our own (port, nattPort, charon, datapath) are refused, and they get no
-// defaults: the system charon has its own configuration.
-func parseSettings(s cable.Settings) (config, error) {
-	var c config
-	var err error
-	for _, k := range cable.SortedKeys(s) { // sorted: with several bad keys the error is deterministic
-		v := s[k]
-		switch k {
-		case keyPort:
-			c.Port, err = cable.PortSetting(Name, k, v)
-		case keyNATTPort:
-			c.NATTPort, err = cable.PortSetting(Name, k, v)
-		case keyUseSystemCharon:
-			// Empty is unset: the driver runs its own charon.
-			if v != "" {
-				if !filepath.IsAbs(v) {
-					err = cable.BadSetting(Name, k, v, "is not an absolute path (the system charon's VICI socket, e.g. /var/run/charon.vici)")
-				}
-				c.SystemVICI = filepath.Clean(v)
-			}
-		case keyMTU:
-			c.MTU, err = cable.MTUSetting(Name, k, v, MinMTU, MaxMTU)
-		case keyCharon:
-			if !filepath.IsAbs(v) {
-				err = cable.BadSetting(Name, k, v, "is not an absolute path")
-			}
-			c.Charon = filepath.Clean(v)
-		case keyDatapath:
-			switch d := Datapath(v); d {
-			case DatapathAuto, DatapathKernel, DatapathLibipsec:
-				c.Datapath = d
-			default:
-				err = cable.BadSetting(Name, k, v, "is not %s, %s or %s", DatapathAuto, DatapathKernel, DatapathLibipsec)
-			}
-		default:
-			err = cable.UnknownSetting(Name, k, v, keyPort, keyNATTPort, keyUseSystemCharon, keyMTU, keyCharon, keyDatapath)
-		}
-		if err != nil {
-			return config{}, err
-		}
-	}
-	if c.SystemVICI != "" {
-		for _, k := range []string{keyPort, keyNATTPort, keyCharon, keyDatapath} {
-			if _, ok := s[k]; ok {
-				return config{}, &cable.SettingError{Driver: Name, Key: k, NoValue: true,
-					Reason: fmt.Sprintf("must be unset with %s.%s (the system charon has its own configuration)", Name, keyUseSystemCharon)}
-			}
-		}
-		return c, nil
-	}
-	if c.Port == 0 {
-		c.Port = DefaultPort
-	}
-	if c.NATTPort == 0 {
-		c.NATTPort = DefaultNATTPort
-	}
-	if c.Charon == "" {
-		c.Charon = DefaultCharon
-	}
-	if c.Datapath == "" {
-		c.Datapath = DatapathAuto
-	}
-	if c.Port == c.NATTPort {
-		return config{}, cable.BadSetting(Name, keyNATTPort, strconv.Itoa(c.NATTPort), "equals %s.%s; charon needs two different ports", Name, keyPort)
-	}
-	return c, nil
-}
-
-// parseOptions validates the per-connection options of a policy.
-func parseOptions(o cable.Options) (options, error) {
-	opts := options{
-		IKEProposals: []string{DefaultIKEProposals},
-		ESPProposals: []string{DefaultESPProposals},
-		Encap:        true,
-	}
-	for _, k := range cable.SortedKeys(o) {
-		v := o[k]
-		switch k {
-		case optIKEProposals, optESPProposals:
-			list, err := parseProposals(v)
-			if err != nil {
-				return options{}, fmt.Errorf("ipsec option %s=%q: %w", k, v, err)
-			}
-			if k == optIKEProposals {
-				opts.IKEProposals = list
-			} else {
-				opts.ESPProposals = list
-			}
-		case optEncap:
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				return options{}, fmt.Errorf("ipsec option %s=%q: want true or false", k, v)
-			}
-			opts.Encap = b
-		default:
-			return options{}, fmt.Errorf("ipsec option %s=%q: unknown key (known: %s, %s, %s)", k, v, optIKEProposals, optESPProposals, optEncap)
-		}
-	}
-	return opts, nil
-}
-
-// parseProposals splits a comma-separated list of strongSwan proposals such as
-// "aes256gcm16-prfsha256-x25519,aes128-sha256-modp2048". charon itself judges the algorithms; we
-// only refuse what cannot be one (empty entries, characters outside the proposal syntax), so a
-// typo fails here, naming the value, rather than as a vague load-conn error.
-func parseProposals(v string) ([]string, error) {
-	var out []string
-	for _, p := range strings.Split(v, ",") {
-		p = strings.TrimSpace(p)
-		if p == "" {
-			return nil, fmt.Errorf("empty proposal in the list")
-		}
-		for _, r := range p {
-			if r > unicode.MaxASCII || !(unicode.IsLetter(r) || unicode.IsDigit(r) || r == '-' || r == '_') {
-				return nil, fmt.Errorf("proposal %q has the invalid character %q", p, r)
-			}
-		}
-		out = append(out, strings.ToLower(p))
-	}
-	return out, nil
-}
+func parseOptions(o cable.Options) (options, error) { return spec.ParseOptions(o) }

@@ -54,9 +54,6 @@ import (
 	"github.com/cablemesh/cablemesh/cable/route"
 )
 
-// Name is the registry key of this driver.
-const Name = "vxlan"
-
 // Embedding is how another driver (cable/vxlanipsec) runs this driver's datapath under its own
 // name, with its own links (settings' interfacePrefix) and state.
 type Embedding struct {
@@ -91,22 +88,8 @@ func NewEmbedded(node cable.LocalNode, settings cable.Settings, e Embedding) (*D
 	return d, nil
 }
 
-// MaxPinnedPort is the largest port Embedding.PinSourcePort takes.
-const MaxPinnedPort = 65534
-
 func init() {
-	cable.Register(cable.Registration{
-		Name: Name,
-		New:  New,
-		ParseSettings: func(s cable.Settings) error {
-			_, err := parseSettings(s)
-			return err
-		},
-		ValidateOptions: func(o cable.Options) error {
-			_, err := parseOptions(o)
-			return err
-		},
-	})
+	cable.Register(cable.Registration{Name: Name, New: cable.Constructor(NewDriver)})
 }
 
 // Driver is the vxlan cable driver. Its methods are safe for concurrent use. It runs no
@@ -156,12 +139,8 @@ func (s Stats) Total() uint64 {
 	return s.LinkChanges + s.AddrChanges + s.FDBChanges + s.NeighChanges + s.RouteChanges
 }
 
-// New validates settings and builds the driver; it touches nothing until Init.
-func New(node cable.LocalNode, settings cable.Settings) (cable.Driver, error) {
-	return NewDriver(node, settings)
-}
-
-// NewDriver is New with the concrete type, for callers (tests, tools) that want Stats.
+// NewDriver validates settings and builds the driver; it touches nothing until Init. It returns
+// the concrete type, for callers (tests, tools) that want Stats.
 func NewDriver(node cable.LocalNode, settings cable.Settings) (*Driver, error) {
 	cfg, err := parseSettings(settings)
 	if err != nil {

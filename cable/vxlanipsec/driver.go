@@ -40,18 +40,8 @@ import (
 	"github.com/cablemesh/cablemesh/cable/vxlan"
 )
 
-// Name is the registry key of this driver.
-const Name = "vxlan+ipsec"
-
 func init() {
-	cable.Register(cable.Registration{
-		Name:            Name,
-		New:             cable.Constructor(NewDriver),
-		OptIn:           true, // kernel ESP only: most of today's test hosts would refuse it
-		ParseSettings:   cable.Check(parseSettings),
-		ValidateOptions: cable.Check(parseOptions),
-		CheckPublished:  checkPublished,
-	})
+	cable.Register(cable.Registration{Name: Name, New: cable.Constructor(NewDriver)})
 }
 
 // Driver is the vxlan+ipsec cable driver. Its methods are safe for concurrent use.

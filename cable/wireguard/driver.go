@@ -31,41 +31,8 @@ import (
 	"github.com/cablemesh/cablemesh/cable/route"
 )
 
-// Name is the registry key of this driver.
-const Name = "wireguard"
-
-// AttrPublicKey is the attribute a wireguard node publishes its public key under (base64, as
-// wg(8) prints it).
-const AttrPublicKey = "publicKey"
-
-// AttrDevice is the attribute a wireguard node publishes its device kind under (KindKernel or
-// KindUserspace): the two ends of a pair choose how to make their first handshake from both
-// kinds (see handshake.go). Optional: a node that does not publish it counts as a kernel one.
-const AttrDevice = "device"
-
 func init() {
-	cable.Register(cable.Registration{
-		Name: Name,
-		New:  New,
-		ParseSettings: func(s cable.Settings) error {
-			_, err := parseSettings(s)
-			return err
-		},
-		ValidateOptions: parseOptions,
-		CheckPublished:  checkPublished,
-		PrepareProcess:  RunIsolated,
-	})
-}
-
-// checkPublished validates what a remote wireguard node publishes: its public key.
-func checkPublished(attrs map[string]string) error {
-	if attrs[AttrPublicKey] == "" {
-		return fmt.Errorf("publishes no wireguard key")
-	}
-	if _, err := wgtypes.ParseKey(attrs[AttrPublicKey]); err != nil {
-		return fmt.Errorf("wireguard %s %q is not a base64 32-byte key", AttrPublicKey, attrs[AttrPublicKey])
-	}
-	return nil
+	cable.Register(cable.Registration{Name: Name, New: cable.Constructor(NewDriver), PrepareProcess: RunIsolated})
 }
 
 // Driver is the wireguard cable driver. Its methods are safe for concurrent use.
@@ -126,12 +93,8 @@ type HandshakeStats struct {
 	Initiations uint64
 }
 
-// New validates settings and builds the driver; it touches nothing until Init.
-func New(node cable.LocalNode, settings cable.Settings) (cable.Driver, error) {
-	return NewDriver(node, settings)
-}
-
-// NewDriver is New with the concrete type, for callers (tests, tools) that want Stats or DeviceKind.
+// NewDriver validates settings and builds the driver; it touches nothing until Init. It returns
+// the concrete type, for callers (tests, tools) that want Stats or DeviceKind.
 func NewDriver(node cable.LocalNode, settings cable.Settings) (*Driver, error) {
 	cfg, err := parseSettings(settings)
 	if err != nil {

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/cablemesh/cablemesh/agent/statusapi"
+	"github.com/cablemesh/cablemesh/cable"
+	_ "github.com/cablemesh/cablemesh/cable/specs" // the drivers' traits, without their datapaths
 )
 
 // Result is one check's verdict, as `cablectl diagnose -o json` prints it.
@@ -47,9 +49,6 @@ const (
 	// CertificateWarnDays: a certificate closer to its expiry than this, whose renewal is overdue,
 	// fails (the agent renews at two thirds of its lifetime; one not renewed by now will lapse).
 	CertificateWarnDays = 7
-	// WireGuardHandshakeMaxAge is WireGuard's REJECT_AFTER_TIME: a session older than this
-	// carries nothing, so with traffic flowing (the probes) a newer handshake must have happened.
-	WireGuardHandshakeMaxAge = 180 * time.Second
 )
 
 // Probes are what cablectl measured on the node for the checks that need more than the status.
@@ -314,30 +313,20 @@ func checkConnected(s *statusapi.Status, c statusapi.Connection, d statusapi.Dec
 	return fail(name, msg, "see the cable-port and mtu checks of "+c.Cluster+" and `cablectl status -o wide`")
 }
 
-// checkCablePort says whether the remote gateway's cable port answers, by the evidence each
-// driver has: WireGuard a recent handshake, IPsec an established IKE_SA, VXLAN (no handshake)
-// the probes through it.
+// checkCablePort says whether the remote gateway's cable port answers, by the evidence the
+// driver's handshake gives (its spec's traits): a recent session handshake (WireGuard), an
+// established security association (IPsec's IKE_SA), or, without a handshake (VXLAN), the probes
+// through it.
 func checkCablePort(c statusapi.Connection, now time.Time) Result {
 	name := CheckCablePort + " " + c.Cluster
 	port := endpointPort(c.Endpoint)
 	where := fmt.Sprintf("%s (UDP %s)", c.Endpoint, port)
 	hint := fmt.Sprintf("check that UDP port %s is open on %s's gateway and on the path (firewalls, security groups, nft/iptables) and that its agent runs", port, c.Cluster)
-	switch c.Driver {
-	case "wireguard":
-		if c.LastHandshake == nil {
-			return fail(name, "no WireGuard handshake ever completed with "+where, hint+"; WireGuard also stays silent on a key mismatch")
-		}
-		age := now.Sub(*c.LastHandshake)
-		probed := c.Health != nil && c.Health.Probing
-		if age > WireGuardHandshakeMaxAge && probed {
-			return fail(name, fmt.Sprintf("the last WireGuard handshake with %s was %s ago, although probes keep traffic flowing (a session lasts %s)", where, age.Round(time.Second), WireGuardHandshakeMaxAge), hint)
-		}
-		msg := fmt.Sprintf("WireGuard handshake with %s %s ago", where, age.Round(time.Second))
-		if !probed {
-			msg += " (no probes: an idle tunnel handshakes only when traffic flows)"
-		}
-		return pass(name, msg)
-	case "ipsec":
+	spec, _ := cable.LookupSpec(c.Driver) // an unknown driver has no handshake: the probes tell
+	switch spec.Traits.Handshake {
+	case cable.SessionHandshake:
+		return checkSessionHandshake(name, spec, c, now, where, hint)
+	case cable.EstablishedHandshake:
 		if c.State == "connected" && c.LastHandshake != nil {
 			return pass(name, fmt.Sprintf("IKE_SA with %s established %s ago", where, now.Sub(*c.LastHandshake).Round(time.Second)))
 		}
@@ -345,27 +334,50 @@ func checkCablePort(c statusapi.Connection, now time.Time) Result {
 		if c.Message != "" {
 			msg += ": " + c.Message
 		}
-		return fail(name, msg, hint+" (IKE uses UDP 500 and 4500)")
-	default: // vxlan, and drivers without a handshake: only the probes through the tunnel tell
-		h := c.Health
-		switch {
-		case h == nil || !h.Probing:
-			reason := "probing is off"
-			if h != nil && h.Reason != "" {
-				reason = h.Reason
-			}
-			return pass(name, fmt.Sprintf("%s has no handshake and is not probed (%s): the port of %s is not checked", c.Driver, reason, where))
-		case !h.Healthy:
-			msg := fmt.Sprintf("probes through the %s tunnel to %s fail (%d in a row, %d of %d failed)", c.Driver, where, h.ConsecutiveFailures, h.ProbesFailed, h.ProbesSent)
-			if h.LastError != "" {
-				msg += ": " + h.LastError
-			}
-			return fail(name, msg, hint)
-		case h.ProbesSent == 0:
-			return pass(name, fmt.Sprintf("no probe through the %s tunnel to %s has run yet", c.Driver, where))
-		}
-		return pass(name, fmt.Sprintf("probes through the %s tunnel to %s answer (%d sent, %d failed)", c.Driver, where, h.ProbesSent, h.ProbesFailed))
+		return fail(name, msg, hint+" ("+spec.Traits.HandshakeNote+")")
 	}
+	return checkProbedTunnel(name, c, where, hint)
+}
+
+// checkSessionHandshake judges a driver whose ends handshake again and again: one must have
+// completed, and with traffic flowing (the probes) within the session lifetime.
+func checkSessionHandshake(name string, spec cable.Spec, c statusapi.Connection, now time.Time, where, hint string) Result {
+	label, lifetime := spec.DisplayLabel(), spec.Traits.HandshakeLifetime
+	if c.LastHandshake == nil {
+		return fail(name, "no "+label+" handshake ever completed with "+where, hint+"; "+spec.Traits.HandshakeNote)
+	}
+	age := now.Sub(*c.LastHandshake)
+	probed := c.Health != nil && c.Health.Probing
+	if age > lifetime && probed {
+		return fail(name, fmt.Sprintf("the last %s handshake with %s was %s ago, although probes keep traffic flowing (a session lasts %s)", label, where, age.Round(time.Second), lifetime), hint)
+	}
+	msg := fmt.Sprintf("%s handshake with %s %s ago", label, where, age.Round(time.Second))
+	if !probed {
+		msg += " (no probes: an idle tunnel handshakes only when traffic flows)"
+	}
+	return pass(name, msg)
+}
+
+// checkProbedTunnel judges a driver without a handshake: only the probes through the tunnel tell.
+func checkProbedTunnel(name string, c statusapi.Connection, where, hint string) Result {
+	h := c.Health
+	switch {
+	case h == nil || !h.Probing:
+		reason := "probing is off"
+		if h != nil && h.Reason != "" {
+			reason = h.Reason
+		}
+		return pass(name, fmt.Sprintf("%s has no handshake and is not probed (%s): the port of %s is not checked", c.Driver, reason, where))
+	case !h.Healthy:
+		msg := fmt.Sprintf("probes through the %s tunnel to %s fail (%d in a row, %d of %d failed)", c.Driver, where, h.ConsecutiveFailures, h.ProbesFailed, h.ProbesSent)
+		if h.LastError != "" {
+			msg += ": " + h.LastError
+		}
+		return fail(name, msg, hint)
+	case h.ProbesSent == 0:
+		return pass(name, fmt.Sprintf("no probe through the %s tunnel to %s has run yet", c.Driver, where))
+	}
+	return pass(name, fmt.Sprintf("probes through the %s tunnel to %s answer (%d sent, %d failed)", c.Driver, where, h.ProbesSent, h.ProbesFailed))
 }
 
 func endpointPort(ep string) string {
@@ -403,17 +415,25 @@ func checkMTU(c statusapi.Connection, probes map[string]MTUProbe) Result {
 	return fail(name, fmt.Sprintf("MTU black hole: %d-byte packets with DF set are lost (%d/%d answered) while small ones cross (%d/%d), %s", p.MTU, p.Received, p.Sent, p.SmallReceived, p.SmallSent, path), hint)
 }
 
-// charonDrivers are the cable drivers that run a charon of their own (cable/ipsec's Name and
-// cable/vxlanipsec's; not imported, to keep this package free of the drivers' I/O), in the order
-// their checks are reported.
-var charonDrivers = []string{"ipsec", "vxlan+ipsec"}
+// charonDrivers are the cable drivers that run a charon of their own (their specs' Daemon trait),
+// in the order their checks are reported: by name.
+func charonDrivers() []cable.Spec {
+	var out []cable.Spec
+	for _, s := range cable.Specs() {
+		if s.Traits.Daemon == CheckCharon {
+			out = append(out, s)
+		}
+	}
+	return out
+}
 
 // checkCharon checks the charon of each driver in charonDrivers that is configured or used: one
-// result per driver, "charon" for ipsec, "charon <driver>" for the others.
+// result per driver, "charon" for the driver that owns the daemon's name (ipsec), "charon
+// <driver>" for the others.
 func checkCharon(s *statusapi.Status) []Result {
 	var out []Result
-	for _, driver := range charonDrivers {
-		if r, ok := checkDriverCharon(s, driver); ok {
+	for _, spec := range charonDrivers() {
+		if r, ok := checkDriverCharon(s, spec); ok {
 			out = append(out, r)
 		}
 	}
@@ -421,7 +441,8 @@ func checkCharon(s *statusapi.Status) []Result {
 }
 
 // checkDriverCharon applies where driver (one of charonDrivers) is configured or used.
-func checkDriverCharon(s *statusapi.Status, driver string) (Result, bool) {
+func checkDriverCharon(s *statusapi.Status, spec cable.Spec) (Result, bool) {
+	driver := spec.Name
 	var ds *statusapi.DriverStatus
 	for i := range s.Drivers {
 		if s.Drivers[i].Name == driver {
@@ -435,10 +456,11 @@ func checkDriverCharon(s *statusapi.Status, driver string) (Result, bool) {
 	if ds == nil && !used {
 		return Result{}, false
 	}
-	// ipsec's check keeps its plain name (and its messages say just "charon"); another driver's
-	// charon is a different process, so its check and messages name the driver.
+	// The daemon's owner (ipsec) keeps the check's plain name (and its messages say just
+	// "charon"); another driver's charon is a different process, so its check and messages name
+	// the driver.
 	name, who := CheckCharon, "charon"
-	if driver != "ipsec" {
+	if !spec.Traits.OwnsDaemonName {
 		name, who = CheckCharon+" "+driver, "charon of "+driver
 	}
 	hint := "charon runs detached from the agent (its log: STATEDIR/" + driver + "/charon.log); the agent restarts one that exited, not one that is stopped (kill -CONT) or hangs"

@@ -11,7 +11,7 @@
 // pre-shared key is derived) in DIR, writes DIR/admin.yaml, the credential cablectl uses
 // (cablectl --config DIR/admin.yaml ...), and creates the mesh default connection policy "default":
 // every pair connects, full mesh, over --default-cable-driver (any registered cable driver: the
-// binary links them all through cable/drivers). Later starts keep the stored default policy
+// binary links every driver's spec through cable/specs). Later starts keep the stored default policy
 // (change it with `cablectl apply`); a --default-cable-driver that differs from it is logged and
 // otherwise ignored.
 //
@@ -53,7 +53,7 @@ import (
 	"github.com/cablemesh/cablemesh/broker/admission"
 	"github.com/cablemesh/cablemesh/broker/meshaddr"
 	"github.com/cablemesh/cablemesh/cable"
-	_ "github.com/cablemesh/cablemesh/cable/drivers" // registers every driver: the default policy's and what endpoints publish are checked against them
+	_ "github.com/cablemesh/cablemesh/cable/specs" // registers every driver's spec: the default policy's and what endpoints publish are checked against them
 	"github.com/cablemesh/cablemesh/mcs"
 	"github.com/cablemesh/cablemesh/policy"
 )

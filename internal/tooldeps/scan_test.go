@@ -16,6 +16,7 @@ import (
 var indirectAllowed = map[string]string{
 	"bench/dns/dns_test.go startAgentDNS":                     "the test binary itself (os.Args[0])",
 	"bench/scale/scale_test.go startBroker":                   "the cable-broker the bench builds",
+	"cmd/cablectl/main_test.go TestExitCodes":                 "the test binary itself (os.Args[0]) running main",
 	"broker/store/etcdtest/etcdtest.go Start":                 `etcd, from exec.LookPath("etcd")`,
 	"cable/wireguard/isolate.go RunIsolated":                  "the agent re-running itself (os.Executable)",
 	"deploy/kubectl_test.go kubectlApplyDryRun":               `kubectl, from exec.LookPath("kubectl")`,
@@ -28,6 +29,9 @@ var indirectAllowed = map[string]string{
 	"tests/netns/vxlandriver/vxlandriver_test.go tcpTransfer": "the driver's test peer, built by the test",
 	"tests/k8s/cluster_test.go run":                           "tests/k8s/cluster.sh, the project's own script",
 	"tests/k8s/cluster_test.go kc":                            "kubectl, built by tests/k8s/build.sh",
+	"tests/k8s/crosscluster_test.go script":                   "scripts/k8s-demo.sh and k8s-demo-down.sh, the project's own scripts",
+	"tests/k8s/crosscluster_test.go upMesh":                   "tests/k8s/cluster.sh (rss), the project's own script",
+	"tests/k8s/crosscluster_test.go kc":                       "kubectl, built by tests/k8s/build.sh",
 	"tests/netns/xdsguard_test.go fetchSecretAs":              "xdsgrpc, built from tests/netns/cmd",
 }
 

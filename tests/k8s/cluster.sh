@@ -36,8 +36,10 @@ set -euo pipefail
 K8S_DIR_SELF=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 STATE_ROOT=${CABLEMESH_K8S_DIR:-/tmp/cablemesh-k8s}
 PAUSE_IMAGE=docker.io/cablemesh/pause:3.10
+PROBE_IMAGE=docker.io/cablemesh/k8s-probe:test
 CGROUP_PARENT=cablemesh-k8s
 CNI_BIN=${CNI_BIN:-/usr/lib/cni}
+CGROUP2=/sys/fs/cgroup/unified
 
 log() { printf '%s k8s: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -189,24 +191,29 @@ make_pki() {
 
 # ---- images ------------------------------------------------------------------------------------
 
-# The pod sandbox image: tests/k8s/cmd/pause on an empty base, as a docker-archive (whose repo tag
-# ctr keeps exactly, so the CRI finds it under the name containerd's config gives).
-pause_archive() {
-	local out=$STATE_ROOT/images/pause.tar tmp ctr
+# go_image_archive NAME IMAGE: tests/k8s/cmd/NAME as /NAME (the entrypoint) on an empty base, as
+# a docker-archive $STATE_ROOT/images/NAME.tar (whose repo tag ctr keeps exactly, so the CRI finds
+# it under IMAGE). Made once; the nodes import every archive there at start.
+go_image_archive() {
+	local name=$1 image=$2 out=$STATE_ROOT/images/$1.tar tmp ctr
 	[[ -s $out ]] && return 0
 	mkdir -p "$STATE_ROOT/images"
 	tmp=$(mktemp -d)
-	log "building the pause image"
-	(cd "$K8S_DIR_SELF" && CGO_ENABLED=0 go build -mod=readonly -trimpath -ldflags "-s -w" -o "$tmp/pause" ./cmd/pause)
+	log "building the image $image"
+	(cd "$K8S_DIR_SELF" && CGO_ENABLED=0 go build -mod=readonly -trimpath -ldflags "-s -w" -o "$tmp/$name" "./cmd/$name")
 	export STORAGE_DRIVER=${STORAGE_DRIVER:-vfs} BUILDAH_ISOLATION=${BUILDAH_ISOLATION:-chroot}
 	ctr=$(buildah from scratch)
-	buildah copy --chmod 0755 "$ctr" "$tmp/pause" /pause >/dev/null
-	buildah config --entrypoint '["/pause"]' --cmd '' "$ctr"
-	buildah commit --quiet "$ctr" "docker-archive:$out.tmp:$PAUSE_IMAGE" >/dev/null
+	buildah copy --chmod 0755 "$ctr" "$tmp/$name" "/$name" >/dev/null
+	buildah config --entrypoint "[\"/$name\"]" --cmd '' "$ctr"
+	buildah commit --quiet "$ctr" "docker-archive:$out.tmp:$image" >/dev/null
 	buildah rm "$ctr" >/dev/null
 	mv "$out.tmp" "$out"
 	rm -rf "$tmp"
 }
+
+# The pod sandbox image, and the test pods' image (tests/k8s/cmd/probe).
+pause_archive() { go_image_archive pause "$PAUSE_IMAGE"; }
+probe_archive() { go_image_archive probe "$PROBE_IMAGE"; }
 
 # ---- network -----------------------------------------------------------------------------------
 
@@ -435,6 +442,7 @@ node_run() {
 	mount --bind "$nd/run" /run
 	mkdir -p /var/lib/kubelet /var/log/pods /var/log/containers /run/containerd /run/netns "$nd/cni-conf"
 	mount -t bpf bpf /sys/fs/bpf
+	node_cgroup2 "$n"
 	# Shared within the node (kubelet volumes, HostToContainer propagation), still a slave of the
 	# host's mounts so nothing made here shows on the host.
 	mount --make-rshared /
@@ -461,6 +469,21 @@ node_run() {
 		echo $! >"$nd/kube-proxy.pid"
 	fi
 	exec sleep infinity
+}
+
+# node_cgroup2 NODE: the node's own cgroup2 directory, shown to the node as its cgroup2 mount.
+# This host is hybrid (cgroup2 at /sys/fs/cgroup/unified, no controllers in it): the holder
+# joins /cablemesh-k8s/NAME-NODE there, so containerd, the kubelet and every pod they start sit
+# below it, and that directory is bind-mounted over /sys/fs/cgroup/unified in the node's mount
+# namespace. A cgroup program the agent attaches at the node's cgroup2 "root" (the DaemonSet
+# mounts the host's /sys/fs/cgroup, cgroupPath /host/sys/fs/cgroup/unified on such a host) then
+# reaches this node's processes only, as it reaches a real node's.
+node_cgroup2() {
+	local n=$1 d=$CGROUP2/$CGROUP_PARENT/$C-$1
+	[[ $(stat -f -c %T "$CGROUP2" 2>/dev/null) == cgroup2fs ]] || return 0
+	mkdir -p "$d"
+	echo $$ >"$d/cgroup.procs"
+	mount --bind "$d" "$CGROUP2"
 }
 
 node_holder() { cat "$S/nodes/$1/holder.pid" 2>/dev/null; }
@@ -530,6 +553,7 @@ up() {
 	make_pki "${NODES[@]}"
 	make_network
 	pause_archive
+	probe_archive
 	log "cluster $C: control plane"
 	start_control_plane
 	log "cluster $C: API server ready after $((SECONDS - t0))s; starting nodes ${NODES[*]}"

@@ -54,6 +54,27 @@ func k8sBin(t *testing.T) string {
 	return dir
 }
 
+// stateDir is where a test's clusters keep their state: below $CABLEMESH_K8S_TEST_DIR when set
+// (make k8s-test, whose scripts/k8s-test-cleanup.sh removes what a killed run left there), in
+// DIR/<test>/<random>, else a temporary directory of the test's.
+func stateDir(t *testing.T) string {
+	t.Helper()
+	root := os.Getenv("CABLEMESH_K8S_TEST_DIR")
+	if root == "" {
+		return t.TempDir()
+	}
+	parent := filepath.Join(root, strings.NewReplacer("/", "_", " ", "_").Replace(t.Name()))
+	if err := os.MkdirAll(parent, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp(parent, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(dir) })
+	return dir
+}
+
 // freeIndex picks a cluster index whose bridge does not exist, so a test does not collide with
 // `make k8s-demo` (1 and 2) or another run.
 func freeIndex(t *testing.T) int {
@@ -84,7 +105,7 @@ func upCluster(t *testing.T, nodes ...string) *cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &cluster{t: t, name: randomName(t), index: freeIndex(t), dir: t.TempDir(),
+	c := &cluster{t: t, name: randomName(t), index: freeIndex(t), dir: stateDir(t),
 		script: filepath.Join(here, "cluster.sh"), kubectl: filepath.Join(bin, "kubectl")}
 	t.Cleanup(func() { c.down() })
 	start := time.Now()

@@ -9,7 +9,7 @@ import (
 	"github.com/cablemesh/cablemesh/tests/netns/harness"
 )
 
-// TestAgentsRenewThroughACARotation (issue 11, item 6, agent side): while traffic flows between
+// TestAgentsRenewThroughACARotation: while traffic flows between
 // two clusters, `cablectl ca rotate --overlap` makes every agent store the new CA bundle and renew
 // its certificate from the new CA at once, over its current identity, without a restart and
 // without touching its tunnels; after `cablectl ca rotate --finish` (the old CA is no longer

@@ -10,7 +10,7 @@ import (
 	"github.com/cablemesh/cablemesh/tests/netns/harness"
 )
 
-// TestAgentJoinTokenFileAndStateDir (issue 11, defects 1 and 5, agent side), with the real
+// TestAgentJoinTokenFileAndStateDir, with the real
 // binaries: a join token file others can read is a warning in the log and a problem in the
 // status, and the agent says after its join that the file can be deleted; a second node with the
 // same token exits 1 with the broker's "join token already used" verbatim on stderr; a stateDir

@@ -9,7 +9,7 @@ import (
 	"github.com/cablemesh/cablemesh/tests/netns/harness"
 )
 
-// TestBrokerOutage checks seed 000's "Disasters": without the broker, tunnels keep carrying
+// TestBrokerOutage checks the promise of Kuma's multicluster design: without the broker, tunnels keep carrying
 // traffic, an agent restarted meanwhile comes back from its cached state, and when the broker
 // returns (same data dir) every agent resyncs.
 func TestBrokerOutage(t *testing.T) {

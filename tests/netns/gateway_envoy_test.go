@@ -36,7 +36,7 @@ import (
 	"github.com/cablemesh/cablemesh/tests/netns/nstest"
 )
 
-// Gateway mode with the Envoy ingress (issue 9): clusters a and b share pod CIDR 10.40.0.0/16 and
+// Gateway mode with the Envoy ingress: clusters a and b share pod CIDR 10.40.0.0/16 and
 // join in gateway mode; b's gateway runs `ingress.mode: envoy`, a's the kernel ingress. What needs
 // no Envoy runs everywhere: b's nftables table holds the SNAT and the DNAT of its UDP ingress
 // port only (Envoy serves TCP), its status says mode envoy, its xDS ingress-port listeners bind

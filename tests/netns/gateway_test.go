@@ -13,7 +13,7 @@ import (
 	"github.com/cablemesh/cablemesh/tests/netns/harness"
 )
 
-// Gateway mode (issue 9), kernel ingress, end to end with the real binaries: clusters a and b share
+// Gateway mode, kernel ingress, end to end with the real binaries: clusters a and b share
 // pod CIDR 10.40.0.0/16 and join in gateway mode; c (10.43.0.0/16) joins normally, and its pairs
 // with a and b are in gateway mode too (either cluster's mode decides). Every cluster exports a
 // service (TCP greeting + UDP echo, both naming the caller as the backend sees it). A pod calls

@@ -11,7 +11,7 @@ import (
 	"github.com/cablemesh/cablemesh/tests/netns/harness"
 )
 
-// A worker (non-gateway node) of a gateway-mode cluster (issue 9): its pod calls a remote
+// A worker (non-gateway node) of a gateway-mode cluster: its pod calls a remote
 // cluster's service by clusterset name; the worker's eBPF load balancer sends the call to the
 // remote gateway's mesh address and ingress port, the worker routes that /32 via its own
 // gateway (never the remote pod CIDR, which is its own cluster's too here), and its gateway

@@ -13,7 +13,7 @@ import (
 )
 
 // HACatchUp is how long agents may take, after a broker replica and an etcd member die, to be
-// connected again and current with a change made after the failures (issue 11).
+// connected again and current with a change made after the failures.
 const HACatchUp = 5 * time.Second
 
 // TestHAOnEtcd: three etcd members and two cable-broker replicas; three gateways configured with

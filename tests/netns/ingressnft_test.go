@@ -16,7 +16,7 @@ import (
 	"github.com/cablemesh/cablemesh/tests/netns/nstest"
 )
 
-// The kernel ingress data plane (agent/ingress/nftables, issue 9) on a real kernel, without an
+// The kernel ingress data plane (agent/ingress/nftables) on a real kernel, without an
 // agent: four namespaces
 //
 //	client 10.0.1.2 ── 10.0.1.1 gwa 192.168.77.1 ══ 192.168.77.2 gwb 10.0.2.1 ── 10.0.2.10, .11 backend

@@ -10,7 +10,7 @@ import (
 	"github.com/cablemesh/cablemesh/tests/netns/harness"
 )
 
-// TestAJoinTokenIsOneTime (issue 11, defect 1) runs a second agent with the join token of a
+// TestAJoinTokenIsOneTime runs a second agent with the join token of a
 // running gateway: as another node it is refused because the token was already used, as the
 // running gateway's own node name because that node holds a live certificate. Once the gateway's
 // node is revoked (the cluster stays), a new token joins a node of that name again.

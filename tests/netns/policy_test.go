@@ -37,9 +37,9 @@ type propagation struct {
 	hostClean          time.Duration
 }
 
-// TestSeedPolicies builds a mesh of four clusters labelled like seed 004's example (two
+// TestSeedPolicies builds a mesh of four clusters labelled like the example of Submariner's connectivity proposal (two
 // on-premise, two in the cloud; env production or staging), every gateway running all three
-// drivers, and applies the seed's policies one after another. After every step it checks every
+// drivers, and applies the proposal's policies one after another. After every step it checks every
 // pair from both ends: connected or not and over which driver, as the agents report it and as the
 // host shows it (routes, WireGuard peers, VXLAN FDB, charon's SAs), and that pod-to-pod traffic
 // flows exactly between connected pairs. It logs how long each change took to reach every

@@ -79,7 +79,7 @@ func (p *policyDirMesh) write(t *testing.T, name, text string) time.Time {
 	return time.Now()
 }
 
-// TestPolicyDirClusterScopedPolicies checks seed 003 on Universal hosts: a policy file in cluster
+// TestPolicyDirClusterScopedPolicies checks cluster-scoped policies on Universal hosts: a policy file in cluster
 // east's policyDir, labelled cablemesh.io/origin: cluster, moves the east-west pair to vxlan on
 // both ends (west resolves with the broker's copy); an unlabelled file is refused (east's status
 // problems and log say to add the label) and changes nothing; editing the file moves the pair it

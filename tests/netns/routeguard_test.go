@@ -11,7 +11,7 @@ import (
 	"github.com/cablemesh/cablemesh/tests/netns/harness"
 )
 
-// TestARemoteSubnetOverlappingTheUnderlayIsNotRouted (issue 11, defect 2, agent side): west's
+// TestARemoteSubnetOverlappingTheUnderlayIsNotRouted: west's
 // service CIDR 172.31.0.128/25 lies inside the gateways' underlay network 172.31.0.0/24 without
 // covering the broker's or any gateway's address (so the broker accepts it). East's agent refuses
 // to route it over the cable: it says why in its log and status, keeps the broker reachable over

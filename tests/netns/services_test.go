@@ -14,7 +14,7 @@ import (
 	"github.com/cablemesh/cablemesh/tests/netns/harness"
 )
 
-// Cross-cluster services (issue 8), end to end with the real binaries: three clusters, east and
+// Cross-cluster services, end to end with the real binaries: three clusters, east and
 // west export web (TCP, a greeting naming the cluster), echo (UDP, likewise) and db (headless);
 // a pod of north calls them by name through its gateway agent's DNS and the eBPF load balancer
 // of its cgroup. The pair north-east runs on the kernel VXLAN cable (by policy), so that an

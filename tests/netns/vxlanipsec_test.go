@@ -11,7 +11,7 @@ import (
 	"github.com/cablemesh/cablemesh/tests/netns/harness"
 )
 
-// DriverVXLANIPsec is the combined cable of issue 10 (cable/vxlanipsec).
+// DriverVXLANIPsec is the combined cable (cable/vxlanipsec).
 const DriverVXLANIPsec = vxlanipsec.Name
 
 // vxlanIPsecConfig is the agent config of a gateway offering wireguard (the mesh default),

@@ -15,7 +15,7 @@ import (
 	"github.com/cablemesh/cablemesh/tests/netns/nstest"
 )
 
-// The agent's xDS server (issue 9) with a real xDS consumer: grpc-go's xDS client. Two clusters;
+// The agent's xDS server with a real xDS consumer: grpc-go's xDS client. Two clusters;
 // west exports demo/grpc (gRPC, port 50051) from backends in its pod namespace, and its gateway
 // agent serves xDS on a unix socket (ingress.xds.listen). A proxyless gRPC client, run in west's
 // gateway namespace (where the socket is and from where the pod addresses are routed), dials

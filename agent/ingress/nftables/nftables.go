@@ -1,4 +1,4 @@
-// Package nftables is the kernel ingress data plane of a gateway (issue 9, gateway mode): one
+// Package nftables is the kernel ingress data plane of a gateway: one
 // nftables table, family ip, named cablemesh-ingress, replaced atomically (one netlink batch) on
 // every Apply. It holds
 //

@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// Gateway mode (issue 9): clusters joined with --gateway-mode, their mesh addresses, and a capture
+// Gateway mode: clusters joined with --gateway-mode, their mesh addresses, and a capture
 // on a cable link that shows which addresses travel over it.
 
 // AddGatewayModeCluster adds a cluster like AddLabelledCluster, joined in gateway mode

@@ -13,7 +13,7 @@ import (
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 )
 
-// The cable drivers of issue 3, by their registry names.
+// The three cable drivers, by their registry names.
 const (
 	DriverWireGuard = "wireguard"
 	DriverVXLAN     = "vxlan"
@@ -37,7 +37,7 @@ const (
 	RouteProtocol = 157
 )
 
-// MultiDriverConfig is the agent config a gateway needs to run all three drivers (issue 3's
+// MultiDriverConfig is the agent config a gateway needs to run all three drivers (
 // cableDrivers, vxlan and ipsec fields), to append to Cluster.ConfigYAML.
 func MultiDriverConfig() string {
 	return fmt.Sprintf(`cableDrivers: [wireguard, vxlan, ipsec]
@@ -75,7 +75,7 @@ func (m *Mesh) PolicyFile(name, yaml string) string {
 	return p
 }
 
-// SeedPolicy returns the path of one of seed 004's examples as the seed writes them, byte for
+// SeedPolicy returns the path of one of the examples of Submariner's connectivity proposal as the proposal writes them, byte for
 // byte (policy/testdata/seed004/<file>).
 func (m *Mesh) SeedPolicy(file string) string {
 	m.T.Helper()
