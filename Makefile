@@ -13,7 +13,7 @@ NETNS_TIMEOUT ?= 40m
 # kernel fails instead of skipping.
 VM_TIMEOUT ?= 45m
 
-.PHONY: all build deps deps-demo deps-test deps-bench test lint check-bpf unit-test netns-test vm-test k8s-test demo demo-down k8s-demo k8s-demo-down deps-k8s bench bench-services bench-dns bench-scale bench-xds bench-ingress bench-start fuzz generate docs fmt vet clean
+.PHONY: all build deps deps-demo deps-test deps-bench test lint check-bpf unit-test netns-test vm-test k8s-test demo demo-down k8s-demo k8s-demo-down deps-k8s bench bench-services bench-dns bench-scale bench-xds bench-ingress bench-start bench-cables fuzz generate docs fmt vet clean
 
 all: build
 
@@ -110,6 +110,7 @@ bench: deps-bench build
 	$(MAKE) bench-scale
 	$(MAKE) bench-xds
 	$(MAKE) bench-ingress
+	$(MAKE) bench-cables
 
 # Services (root): connect latency and request/response rate through a VIP vs the same backend
 # directly, and failover time over 10 trials; results in bench/results/services-<date>.*.
@@ -140,6 +141,15 @@ bench-ingress: deps-bench
 # (built from git, CABLEMESH_START_PREVIOUS_REV) and this one, interleaved; bench/pairstart.md.
 bench-start: deps-bench build
 	./bench/pairstart.sh
+
+# The cables against hand-made equivalents (root): iproute2 VXLAN, standalone wireguard-go + wg
+# and a hand-written swanctl config for charon (kernel-libipsec) beside the vxlan, ipsec and
+# wireguard cables and plain routing, on the same topology, every path interleaved in each round,
+# one stream and four; ratios in bench/results/cables-<date>.*. wireguard-go is built from go.mod's
+# module version into bin/. Knobs: CABLEMESH_CABLES_* (bench/cables_test.go).
+bench-cables: deps-bench build
+	$(GO) build -o $(BIN)/wireguard-go golang.zx2c4.com/wireguard
+	BENCH_RUN='^TestCables$$' ./bench/throughput.sh
 
 # Fuzz every fuzz target of the module (scripts/fuzz.sh finds them) for FUZZTIME each (not part
 # of make test).

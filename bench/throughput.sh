@@ -9,7 +9,9 @@
 #                   second agent's start to a pod-to-pod ping answered both ways (bench/results/wgstart-*)
 #   TestWireGuardSpeed  pod-to-pod iperf3: plain routing, standalone wireguard-go configured by wg,
 #                   the cable and the VXLAN cable, interleaved, with TUN/UDP offload state (wgspeed-*)
-# BENCH_RUN selects (a go test -run pattern); default all four.
+#   TestCables      the cables against hand-made VXLAN, wireguard-go and charon and plain routing,
+#                   interleaved per round (make bench-cables; bench/results/cables-*)
+# BENCH_RUN selects (a go test -run pattern); default the first four.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
