@@ -12,6 +12,7 @@ import (
 
 	"github.com/cablemesh/cablemesh/agent/config"
 	"github.com/cablemesh/cablemesh/agent/kube"
+	"github.com/cablemesh/cablemesh/agent/kube/kubetest"
 )
 
 // listOnlyMCS is the mcs-api fake clientset, telling the reflector it cannot stream a list (its
@@ -36,7 +37,7 @@ func TestAKubernetesServiceExportReachesTheBrokerThroughTheWatcher(t *testing.T)
 	mc := listOnlyMCS{mcsfake.NewSimpleClientset(&mcsv1a1.ServiceExport{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "cart"}})}
 	servicesAgent(t, b, &switchPinger{}, func(c *config.Config, o *Options) {
 		c.Kubernetes.Enabled = true
-		o.Kubernetes = kube.New(kc, mc, c.Cluster, nil, kube.WithStatusUpdates(false))
+		o.Kubernetes = kube.New(kubetest.Clientsets(kc, mc), c.Cluster, nil, kube.WithStatusUpdates(false))
 	})
 	eventually(t, "the ServiceExport at the broker", func() bool {
 		got, _ := b.Exports("east", "east-gw1")

@@ -24,6 +24,7 @@ import (
 	"github.com/cablemesh/cablemesh/agent/internal/fakebroker"
 	"github.com/cablemesh/cablemesh/agent/internal/fakedriver"
 	"github.com/cablemesh/cablemesh/agent/kube"
+	"github.com/cablemesh/cablemesh/agent/kube/kubetest"
 	"github.com/cablemesh/cablemesh/agent/reconcile"
 	"github.com/cablemesh/cablemesh/agent/reload"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
@@ -309,8 +310,8 @@ func TestAKubernetesGatewayTakesItsAddressesFromItsNode(t *testing.T) {
 	nb := &nodeBuilds{}
 	r := startAgentWith(t, cfg, nil, func(o *Options) {
 		o.NewDriver = nb.factory
-		o.Kubernetes = kube.New(kc, mc, cfg.Cluster, nil, kube.WithStatusUpdates(false))
-		o.NodeAddresses = &kube.NodeWatcher{Client: kc, Node: cfg.Node}
+		o.Kubernetes = kube.New(kubetest.Clientsets(kc, mc), cfg.Cluster, nil, kube.WithStatusUpdates(false))
+		o.NodeAddresses = &kube.NodeWatcher{Client: kubetest.Clientsets(kc, nil), Node: cfg.Node}
 	})
 	eventually(t, "the endpoint with the Node's addresses", func() bool {
 		ep := b.Endpoint("east", "east-gw1")
@@ -370,8 +371,8 @@ func TestAnAdvertiseAddressInTheConfigWinsOverTheNodes(t *testing.T) {
 	nb := &nodeBuilds{}
 	startAgentWith(t, cfg, nil, func(o *Options) {
 		o.NewDriver = nb.factory
-		o.Kubernetes = kube.New(kc, listOnlyMCS{mcsfake.NewSimpleClientset()}, cfg.Cluster, nil, kube.WithStatusUpdates(false))
-		o.NodeAddresses = &kube.NodeWatcher{Client: kc, Node: cfg.Node}
+		o.Kubernetes = kube.New(kubetest.Clientsets(kc, listOnlyMCS{mcsfake.NewSimpleClientset()}), cfg.Cluster, nil, kube.WithStatusUpdates(false))
+		o.NodeAddresses = &kube.NodeWatcher{Client: kubetest.Clientsets(kc, nil), Node: cfg.Node}
 	})
 	eventually(t, "the endpoint with the config's address and the Node's public one", func() bool {
 		ep := b.Endpoint("east", "east-gw1")

@@ -10,10 +10,12 @@ import (
 	"sync"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/cablemesh/cablemesh/internal/syncloop"
@@ -45,12 +47,12 @@ func (k *KubeSource) Run(ctx context.Context, onChange func(Set)) error {
 	if debounce <= 0 {
 		debounce = DefaultDebounce
 	}
-	inf := dynamicinformer.NewFilteredDynamicInformer(k.Client, GVR, "", k.Resync, cache.Indexers{}, nil)
+	inf := newInformer(k.Client, k.Resync)
 	var changed syncloop.Trigger
 	poke := func(any) {
 		changed.Fire()
 	}
-	if _, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    poke,
 		UpdateFunc: func(_, n any) { poke(n) },
 		DeleteFunc: poke,
@@ -60,13 +62,13 @@ func (k *KubeSource) Run(ctx context.Context, onChange func(Set)) error {
 	// The informer stops with ctx; Run returns only after it has.
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	wg.Go(func() { inf.Informer().RunWithContext(ctx) })
-	if !cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
+	wg.Go(func() { inf.RunWithContext(ctx) })
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
 		return ctx.Err()
 	}
 	var last *Set
 	emit := func() {
-		set := Build(k.Cluster, ObjectItems(inf.Informer().GetStore().List()))
+		set := Build(k.Cluster, ObjectItems(inf.GetStore().List()))
 		if last != nil && last.Equal(set) {
 			return
 		}
@@ -74,7 +76,7 @@ func (k *KubeSource) Run(ctx context.Context, onChange func(Set)) error {
 		onChange(set)
 	}
 	emit()
-	log.Info("ClusterConnectionPolicy objects synced", "objects", len(inf.Informer().GetStore().List()))
+	log.Info("ClusterConnectionPolicy objects synced", "objects", len(inf.GetStore().List()))
 	var timer <-chan time.Time
 	for {
 		select {
@@ -89,6 +91,24 @@ func (k *KubeSource) Run(ctx context.Context, onChange func(Set)) error {
 			emit()
 		}
 	}
+}
+
+// newInformer is an informer over the ClusterConnectionPolicy objects, built as
+// dynamicinformer.NewFilteredDynamicInformer builds its own (that package links the informers of
+// every API group into the agent).
+func newInformer(client dynamic.Interface, resync time.Duration) cache.SharedIndexInformer {
+	res := client.Resource(GVR)
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+			return res.List(ctx, opts)
+		},
+		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			return res.Watch(ctx, opts)
+		},
+	}
+	return cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, client),
+		&unstructured.Unstructured{},
+		cache.SharedIndexInformerOptions{ResyncPeriod: resync, Indexers: cache.Indexers{}, ObjectDescription: GVR.String()})
 }
 
 // ObjectItems turns informer objects into Items, sorted by name.

@@ -13,4 +13,9 @@
 // keeps informers over ServiceExports, Services and EndpointSlices, recomputes the whole export set
 // after every burst of changes, hands it to its caller, and writes the MCS Valid condition back on
 // each ServiceExport when it changes.
+//
+// The informers list, watch and write through a Client (client.go): NewClient's is a REST client
+// whose scheme holds only the types the agent reads (core/v1, discovery/v1, mcs v1alpha1), so the
+// agent does not link client-go's clientset and informer factories, which register every API
+// group of Kubernetes. Tests adapt the fake clientsets to it (kubetest.Clientsets).
 package kube

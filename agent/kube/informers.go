@@ -1,19 +1,14 @@
 package kube
 
 import (
-	"context"
 	"fmt"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/watch"
-	discoveryinformers "k8s.io/client-go/informers/discovery/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	mcsv1a1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
-	mcsclient "sigs.k8s.io/mcs-api/pkg/client/clientset/versioned"
 
 	"github.com/cablemesh/cablemesh/mcs"
 )
@@ -21,31 +16,27 @@ import (
 // serviceIndex indexes EndpointSlices by the namespace/name of the Service they belong to.
 const serviceIndex = "service"
 
+// namespaceIndexers are the indexers of client-go's generated informers (a new map each time: an
+// informer's indexer keeps the map it is given).
+func namespaceIndexers() cache.Indexers {
+	return cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc}
+}
+
 // newServiceExportInformer is an informer over the ServiceExports of every namespace.
-//
-// It is built here rather than taken from the mcs-api informer factory: that factory's generated
-// code predates client-go's WatchList semantics check, so with client-go >= 1.35 (WatchListClient
-// on by default) its informers ask every client, fakes included, for a streaming list and wait
-// forever on one that cannot give it. ToListWatcherWithWatchListSemantics asks the client, as
-// client-go's own informers do.
-func newServiceExportInformer(client mcsclient.Interface, resync time.Duration) cache.SharedIndexInformer {
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-			return client.MulticlusterV1alpha1().ServiceExports(metav1.NamespaceAll).List(ctx, opts)
-		},
-		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-			return client.MulticlusterV1alpha1().ServiceExports(metav1.NamespaceAll).Watch(ctx, opts)
-		},
-	}
-	return cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, client),
-		&mcsv1a1.ServiceExport{}, resync, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+func newServiceExportInformer(c Client, resync time.Duration) cache.SharedIndexInformer {
+	return newInformer(c, c.ServiceExports(), &mcsv1a1.ServiceExport{}, resync, namespaceIndexers(), nil)
+}
+
+// newServiceInformer is an informer over the Services of every namespace.
+func newServiceInformer(c Client, resync time.Duration) cache.SharedIndexInformer {
+	return newInformer(c, c.Services(), &corev1.Service{}, resync, namespaceIndexers(), nil)
 }
 
 // newEndpointSliceInformer is an informer over the EndpointSlices that belong to a Service (those
 // labelled kubernetes.io/service-name, as every slice the EndpointSlice controller writes is),
 // indexed by that Service.
-func newEndpointSliceInformer(client kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
-	return discoveryinformers.NewFilteredEndpointSliceInformer(client, metav1.NamespaceAll, resync,
+func newEndpointSliceInformer(c Client, resync time.Duration) cache.SharedIndexInformer {
+	return newInformer(c, c.EndpointSlices(), &discoveryv1.EndpointSlice{}, resync,
 		cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc, serviceIndex: sliceService},
 		func(opts *metav1.ListOptions) { opts.LabelSelector = discoveryv1.LabelServiceName })
 }

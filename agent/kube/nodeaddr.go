@@ -11,8 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/cablemesh/cablemesh/internal/syncloop"
@@ -56,7 +54,7 @@ func AddressesOf(n *corev1.Node) NodeAddresses {
 // NodeWatcher follows one Node (the agent's own, by name) with an informer filtered to it and
 // hands out its addresses whenever they change, for the gateway's endpoint.
 type NodeWatcher struct {
-	Client kubernetes.Interface
+	Client Client
 	Node   string
 	Log    *slog.Logger
 	// Resync is the informer's resync period; default none.
@@ -74,11 +72,10 @@ func (w *NodeWatcher) Run(ctx context.Context, onChange func(NodeAddresses)) err
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	factory := informers.NewSharedInformerFactoryWithOptions(w.Client, w.Resync,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+	inf := newInformer(w.Client, w.Client.Nodes(), &corev1.Node{}, w.Resync, namespaceIndexers(),
+		func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", w.Node).String()
-		}))
-	inf := factory.Core().V1().Nodes().Informer()
+		})
 	var changed syncloop.Trigger
 	poke := func(any) {
 		changed.Fire()

@@ -48,7 +48,7 @@ func TestNodeWatcherFollowsItsOwnNode(t *testing.T) {
 	got := make(chan NodeAddresses, 8)
 	done := make(chan error, 1)
 	go func() {
-		done <- (&NodeWatcher{Client: client, Node: "gw1"}).Run(ctx, func(a NodeAddresses) { got <- a })
+		done <- (&NodeWatcher{Client: &fakeClient{kc: client}, Node: "gw1"}).Run(ctx, func(a NodeAddresses) { got <- a })
 	}()
 	t.Cleanup(func() {
 		cancel()

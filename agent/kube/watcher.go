@@ -8,8 +8,8 @@ import (
 	"log/slog"
 	"reflect"
 	"slices"
-	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -18,12 +18,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	mcsv1a1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
-	mcsclient "sigs.k8s.io/mcs-api/pkg/client/clientset/versioned"
 	mcslisters "sigs.k8s.io/mcs-api/pkg/client/listers/apis/v1alpha1"
 
 	"google.golang.org/protobuf/proto"
@@ -72,11 +69,10 @@ func WithStatusUpdates(on bool) Option {
 type Watcher struct {
 	cluster     string
 	log         *slog.Logger
-	mcsClient   mcsclient.Interface
+	client      Client
 	debounce    time.Duration
 	writeStatus bool
 
-	factory  informers.SharedInformerFactory
 	exports  cache.SharedIndexInformer
 	services cache.SharedIndexInformer
 	epSlices cache.SharedIndexInformer
@@ -101,16 +97,16 @@ type pendingWrite struct {
 }
 
 // New returns a Watcher over the ServiceExports (multicluster.x-k8s.io/v1alpha1) of every
-// namespace that client and mcsClient reach, and the Services and EndpointSlices they refer to.
-// cluster is the Cablemesh cluster the exports are stamped with.
-func New(client kubernetes.Interface, mcsClient mcsclient.Interface, cluster string, log *slog.Logger, opts ...Option) *Watcher {
+// namespace that client reaches, and the Services and EndpointSlices they refer to. cluster is
+// the Cablemesh cluster the exports are stamped with.
+func New(client Client, cluster string, log *slog.Logger, opts ...Option) *Watcher {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	w := &Watcher{
 		cluster:     cluster,
 		log:         log,
-		mcsClient:   mcsClient,
+		client:      client,
 		debounce:    DefaultDebounce,
 		writeStatus: true,
 		verdicts:    map[string]Validity{},
@@ -119,14 +115,10 @@ func New(client kubernetes.Interface, mcsClient mcsclient.Interface, cluster str
 	for _, o := range opts {
 		o(w)
 	}
-	w.factory = informers.NewSharedInformerFactory(client, 0)
-	w.exports = w.factory.InformerFor(&mcsv1a1.ServiceExport{}, func(kubernetes.Interface, time.Duration) cache.SharedIndexInformer {
-		return newServiceExportInformer(mcsClient, 0)
-	})
-	w.epSlices = w.factory.InformerFor(&discoveryv1.EndpointSlice{}, newEndpointSliceInformer)
-	svc := w.factory.Core().V1().Services()
-	w.services = svc.Informer()
-	w.svLister = svc.Lister()
+	w.exports = newServiceExportInformer(client, 0)
+	w.services = newServiceInformer(client, 0)
+	w.epSlices = newEndpointSliceInformer(client, 0)
+	w.svLister = corelisters.NewServiceLister(w.services.GetIndexer())
 	w.seLister = mcslisters.NewServiceExportLister(w.exports.GetIndexer())
 	return w
 }
@@ -146,13 +138,16 @@ func (w *Watcher) Run(ctx context.Context, onChange func([]*apiv1.ServiceExport)
 		return errors.New("kube watcher: Run called twice")
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	defer w.factory.Shutdown() // runs after cancel: waits for the informers to stop
+	var informers sync.WaitGroup
+	defer informers.Wait() // runs after cancel: waits for the informers to stop
 	defer cancel()
 
 	if err := w.addHandlers(); err != nil {
 		return err
 	}
-	w.factory.StartWithContext(ctx)
+	for _, c := range w.caches() {
+		informers.Go(func() { c.inf.RunWithContext(ctx) })
+	}
 	if err := w.waitForSync(ctx); err != nil {
 		return err
 	}
@@ -208,23 +203,32 @@ func newStoppedTimer() *time.Timer {
 func (w *Watcher) waitForSync(ctx context.Context) error {
 	for {
 		wctx, cancel := context.WithTimeout(ctx, syncLogEvery)
-		synced := w.factory.WaitForCacheSync(wctx.Done())
-		cancel()
 		var pending []string
-		for t, ok := range synced {
-			if !ok {
-				pending = append(pending, t.Elem().Name())
+		for _, c := range w.caches() {
+			if !cache.WaitForCacheSync(wctx.Done(), c.inf.HasSynced) {
+				pending = append(pending, c.kind)
 			}
 		}
+		cancel()
 		if len(pending) == 0 {
 			return nil
 		}
-		sort.Strings(pending)
 		if ctx.Err() != nil {
 			return fmt.Errorf("kube watcher: caches of %s never synced: %w", strings.Join(pending, ", "), ctx.Err())
 		}
 		w.log.Warn("waiting for kubernetes caches to sync", "pending", strings.Join(pending, ","))
 	}
+}
+
+// namedCache is one of the Watcher's informers with the kind of object it holds.
+type namedCache struct {
+	kind string
+	inf  cache.SharedIndexInformer
+}
+
+// caches are the Watcher's informers, sorted by kind.
+func (w *Watcher) caches() []namedCache {
+	return []namedCache{{"EndpointSlice", w.epSlices}, {"Service", w.services}, {"ServiceExport", w.exports}}
 }
 
 func (w *Watcher) addHandlers() error {
@@ -390,7 +394,7 @@ func (w *Watcher) updateStatus(ctx context.Context, se *mcsv1a1.ServiceExport, v
 	if p, ok := w.written[key]; ok && p.rv == se.ResourceVersion && reflect.DeepEqual(p.cond, want) {
 		return nil
 	}
-	_, err := w.mcsClient.MulticlusterV1alpha1().ServiceExports(se.Namespace).UpdateStatus(ctx, withCondition(se, want), metav1.UpdateOptions{})
+	err := w.client.UpdateServiceExportStatus(ctx, withCondition(se, want))
 	switch {
 	case err == nil:
 		w.written[key] = pendingWrite{rv: se.ResourceVersion, cond: want}

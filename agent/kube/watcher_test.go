@@ -75,7 +75,7 @@ func setup(t *testing.T, objs []k8sruntime.Object, opts ...Option) *fixture {
 		calls: make(chan []*apiv1.ServiceExport, 100),
 		done:  make(chan error, 1),
 	}
-	f.w = New(f.kube, f.mcs, "east", nil, opts...)
+	f.w = New(&fakeClient{kc: f.kube, mc: f.mcs}, "east", nil, opts...)
 	return f
 }
 

@@ -18,9 +18,7 @@ import (
 	"syscall"
 
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	mcsclient "sigs.k8s.io/mcs-api/pkg/client/clientset/versioned"
 
 	"github.com/cablemesh/cablemesh/agent"
 	"github.com/cablemesh/cablemesh/agent/clusterpolicy"
@@ -147,15 +145,11 @@ func kubernetesSource(cfg *config.Config, log *slog.Logger) (exports.Source, err
 	if err != nil {
 		return nil, fmt.Errorf("in-cluster Kubernetes config: %w", err)
 	}
-	kc, err := kubernetes.NewForConfig(rc)
+	kc, err := kube.NewClient(rc)
 	if err != nil {
 		return nil, fmt.Errorf("the Kubernetes client: %w", err)
 	}
-	mc, err := mcsclient.NewForConfig(rc)
-	if err != nil {
-		return nil, fmt.Errorf("MCS client: %w", err)
-	}
-	return kube.New(kc, mc, cfg.Cluster, log.With("component", "kubernetes")), nil
+	return kube.New(kc, cfg.Cluster, log.With("component", "kubernetes")), nil
 }
 
 // nodeWatcher follows this node's Node object (named as the agent's node) with the in-cluster
@@ -165,7 +159,7 @@ func nodeWatcher(cfg *config.Config, log *slog.Logger) (*kube.NodeWatcher, error
 	if err != nil {
 		return nil, fmt.Errorf("in-cluster Kubernetes config: %w", err)
 	}
-	kc, err := kubernetes.NewForConfig(rc)
+	kc, err := kube.NewClient(rc)
 	if err != nil {
 		return nil, fmt.Errorf("the Kubernetes client: %w", err)
 	}
