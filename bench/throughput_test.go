@@ -6,7 +6,6 @@ package bench
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
@@ -93,20 +92,11 @@ func iperf(t *testing.T, m *harness.Mesh, name, fromNS, toNS string, server neti
 	if r.Err != nil {
 		t.Fatalf("iperf3 %s: %s", name, r)
 	}
-	var out struct {
-		End struct {
-			SumSent struct {
-				Retransmits int `json:"retransmits"`
-			} `json:"sum_sent"`
-			SumReceived struct {
-				BitsPerSecond float64 `json:"bits_per_second"`
-			} `json:"sum_received"`
-		} `json:"end"`
+	run, err := parseIperf(r.Stdout)
+	if err != nil {
+		t.Fatalf("iperf3 %s: %v", name, err)
 	}
-	if err := json.Unmarshal([]byte(r.Stdout), &out); err != nil {
-		t.Fatalf("decode iperf3 JSON: %v", err)
-	}
-	return Run{BitsPerSecond: out.End.SumReceived.BitsPerSecond, Retransmits: out.End.SumSent.Retransmits}
+	return run
 }
 
 func median(rs []Run) float64 {
