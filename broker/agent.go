@@ -117,8 +117,7 @@ func (a *agentService) RegisterEndpoint(ctx context.Context, req *apiv1.Register
 	if err := a.registerBusy(ctx); err != nil {
 		return nil, err
 	}
-	a.s.writing.enter()
-	defer a.s.writing.leave()
+	defer a.s.beginWrite()()
 	id := identityFrom(ctx)
 	e, leaseSeconds, err := admission.AdmitEndpoint(id, req, a.s.leases(), a.s.cfg.Now())
 	if err != nil {
@@ -210,8 +209,7 @@ func (a *agentService) RegisterEndpoint(ctx context.Context, req *apiv1.Register
 }
 
 func (a *agentService) Heartbeat(ctx context.Context, req *apiv1.HeartbeatRequest) (*apiv1.HeartbeatResponse, error) {
-	a.s.writing.enter()
-	defer a.s.writing.leave()
+	defer a.s.beginWrite()()
 	id := identityFrom(ctx)
 	node, err := admission.HeartbeatNode(id, req.Node)
 	if err != nil {

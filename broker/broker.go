@@ -159,6 +159,9 @@ type Server struct {
 	// writing counts the registrations and heartbeats in flight (snapshots wait while there
 	// are many).
 	writing *backlog
+	// writes measures the same calls' rate: registrations are turned away as busy when the
+	// calls ahead of them would keep them waiting too long (registerbusy.go).
+	writes *writeMeter
 	// handshakes are the server's TLS credentials, which run a limited number of handshakes at
 	// once (handshakes.go).
 	handshakes *handshakeLimit
@@ -280,6 +283,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12, GetConfigForClient: s.certs.tlsConfig}
 	s.handshakes = limitHandshakes(credentials.NewTLS(tlsCfg), 0)
 	s.writing = newBacklog(writesBacklog)
+	s.writes = newWriteMeter(nil)
 	// Metrics first, so refused calls are counted with their code; watches after auth, which
 	// names the agent (metrics.go).
 	s.metrics = newMetrics(s)
