@@ -78,6 +78,9 @@ type callCounters struct {
 	heartbeats, heartbeatErrors, heartbeatDeadlines    atomic.Int64
 	setExports, setExportsErrors, setExportsDeadlines  atomic.Int64
 	watches, watchErrors, watchSnapshots, watchResumes atomic.Int64
+	// busyWaitMs and busyWaitMaxMs sum and bound the waits the busy answers asked for
+	// (brokerclient.BusyWait: the broker's hint, jittered), in milliseconds.
+	busyWaitMs, busyWaitMaxMs atomic.Int64
 
 	// kinds counts the errors of calls other than deadlines, by method, code and message (its
 	// first 100 bytes): the figures say how many failed, these say why.
@@ -86,6 +89,18 @@ type callCounters struct {
 }
 
 var addrPattern = regexp.MustCompile(`[0-9]+(\.[0-9]+){3}:[0-9]+`)
+
+// busyWaited records the wait taken on one busy answer.
+func (c *callCounters) busyWaited(d time.Duration) {
+	ms := d.Milliseconds()
+	c.busyWaitMs.Add(ms)
+	for {
+		cur := c.busyWaitMaxMs.Load()
+		if ms <= cur || c.busyWaitMaxMs.CompareAndSwap(cur, ms) {
+			return
+		}
+	}
+}
 
 // failed records err, an error of method that is not a deadline.
 func (c *callCounters) failed(method string, err error) {
@@ -372,6 +387,7 @@ func (a *simAgent) beat(ctx context.Context, redial bool) {
 	case busy:
 		// The broker answered it has no room now: again when it said, on the same connection.
 		d, err = busyWait, nil
+		a.f.calls.busyWaited(busyWait)
 	case a.f.jitter && justRegistered:
 		d = brokerclient.AfterRegistrationDelay(heartbeatInterval)
 	case a.f.jitter:

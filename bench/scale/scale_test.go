@@ -721,7 +721,7 @@ func (f *fleet) holdingAll() int {
 func (c *callCounters) snapshot() map[string]int64 {
 	return map[string]int64{
 		"joins": c.joins.Load(), "joinErrors": c.joinErrors.Load(), "joinDeadlines": c.joinDeadlines.Load(),
-		"registers": c.registers.Load(), "registerBusy": c.registerBusy.Load(), "registerErrors": c.registerErrors.Load(), "registerDeadlines": c.registerDeadlines.Load(),
+		"registers": c.registers.Load(), "registerBusy": c.registerBusy.Load(), "registerBusyWaitMs": c.busyWaitMs.Load(), "registerBusyWaitMaxMs": c.busyWaitMaxMs.Load(), "registerErrors": c.registerErrors.Load(), "registerDeadlines": c.registerDeadlines.Load(),
 		"heartbeats": c.heartbeats.Load(), "heartbeatErrors": c.heartbeatErrors.Load(), "heartbeatDeadlines": c.heartbeatDeadlines.Load(),
 		"setExports": c.setExports.Load(), "setExportsErrors": c.setExportsErrors.Load(), "setExportsDeadlines": c.setExportsDeadlines.Load(),
 		"watches": c.watches.Load(), "watchErrors": c.watchErrors.Load(), "watchSnapshots": c.watchSnapshots.Load(), "watchResumes": c.watchResumes.Load(),
@@ -797,6 +797,12 @@ func markdown(res Results) string {
 			return fmt.Sprintf("%.0f / %.0f / %.0f", r.RegisteredP50Ms, r.RegisteredP99Ms, r.RegisteredMaxMs)
 		}},
 		{"registrations answered busy (retried later)", func(r Result) string { return fmt.Sprint(r.Calls["registerBusy"]) }},
+		{"busy answers: wait taken mean / max ms", func(r Result) string {
+			if r.Calls["registerBusy"] == 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%d / %d", r.Calls["registerBusyWaitMs"]/r.Calls["registerBusy"], r.Calls["registerBusyWaitMaxMs"])
+		}},
 		{"snapshot bytes p50 / max", func(r Result) string { return fmt.Sprintf("%d / %d", r.SnapshotBytesP50, r.SnapshotBytesMax) }},
 		{"snapshot time p50 / p99 / max ms", func(r Result) string {
 			return fmt.Sprintf("%.0f / %.0f / %.0f", r.SnapshotP50Ms, r.SnapshotP99Ms, r.SnapshotMaxMs)
