@@ -445,6 +445,22 @@ func (a *simAgent) register(ctx context.Context, ep *apiv1.Endpoint) error {
 	return nil
 }
 
+// registerUntilNotBusy registers ep, waiting on the broker's busy answers as the agent does: an
+// endpoint change the broker put off is measured from the first attempt, not missed.
+func (a *simAgent) registerUntilNotBusy(ctx context.Context, ep *apiv1.Endpoint) error {
+	for {
+		err := a.register(ctx, ep)
+		d, busy := brokerclient.BusyWait(err)
+		if !busy {
+			return err
+		}
+		a.f.calls.busyWaited(d)
+		if !retry.Sleep(ctx, d) {
+			return ctx.Err()
+		}
+	}
+}
+
 func (a *simAgent) heartbeat(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()

@@ -574,7 +574,7 @@ func runOne(t *testing.T, b brokerBuild, storeKind string, nClusters, gateways i
 			ep := endpointOf(a.cluster, a.node, f.clIndexOf(a.cluster)+1, a.idx)
 			ep.PrivateIp = a.ep.PrivateIp
 			ep.CablePorts["wireguard"] = uint32(52000 + i)
-			return a.register(ctx, ep)
+			return a.registerUntilNotBusy(ctx, ep)
 		})
 		eps = append(eps, lat...)
 		r.ChangesMissed += missed
