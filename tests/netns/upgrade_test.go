@@ -169,6 +169,16 @@ func TestUpgradeRolling(t *testing.T) {
 	waitVersions(t, h.Mesh, all, oldVersion, oldVersion)
 
 	before := meshRecords(t, h.Mesh)
+	for what, names := range map[string][]string{
+		"connection policies": {"upgrade-pwg", "upgrade-pvx", "upgrade-pipsec"},
+		"services":            {"web-a", "db-a", "web-b", "db-b", "web-c", "db-c"},
+	} {
+		for _, n := range names {
+			if !strings.Contains(before[what], `"`+n+`"`) {
+				t.Fatalf("%s before the upgrade lack %s: %s", what, n, before[what])
+			}
+		}
+	}
 	keysBefore := wgPeerKeys(t, pairs)
 	sasBefore := ipsecSPIs(t, h.Mesh, pairs)
 	vxBefore := vxlanLinks(pairs)
