@@ -487,7 +487,7 @@ func checkUpgradeTraffic(t *testing.T, m *harness.Mesh, traffic []pairTraffic, r
 			res := results[i]
 			streamGap := streamStallIn(tr.stream.Started(), res.stream, s)
 			pingGap := pingStallIn(res.replies, s)
-			fmt.Fprintf(&b, " %s | %s |", streamGap.Round(time.Millisecond), pingGap.Round(time.Millisecond))
+			fmt.Fprintf(&b, " %s | %s |", streamStall(streamGap), pingGap.Round(time.Millisecond))
 			if streamGap >= upgradeMaxStall {
 				t.Errorf("%s: the TCP stream stalled %s at step %q (limit %s)", tr.pair, streamGap.Round(time.Millisecond), s.name, upgradeMaxStall)
 			}
@@ -511,6 +511,18 @@ func checkUpgradeTraffic(t *testing.T, m *harness.Mesh, traffic []pairTraffic, r
 			tr.pair, res.stream.Rounds, res.stream.MaxGapMs, resets, len(res.replies))
 	}
 	m.Logf("%s", b.String())
+}
+
+// streamGapReport is the shortest stall a gap stream reports (StartGapStream's -gap-report).
+const streamGapReport = 100 * time.Millisecond
+
+// streamStall prints a stream's longest stall in a step; one it did not report is shorter than
+// streamGapReport.
+func streamStall(d time.Duration) string {
+	if d == 0 {
+		return "<" + streamGapReport.String()
+	}
+	return d.Round(time.Millisecond).String()
 }
 
 // streamStallIn is the longest stall of a stream that began within step s (a stall is reported

@@ -108,6 +108,7 @@ func buildVersionInto(ctx context.Context, root, commit, dir string) error {
 	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
 		return fmt.Errorf("version cache: %w", err)
 	}
+	sweepVersionBuilds(filepath.Dir(dir))
 	work, err := os.MkdirTemp(filepath.Dir(dir), "build-"+commit[:12]+"-")
 	if err != nil {
 		return fmt.Errorf("version cache: %w", err)
@@ -144,6 +145,24 @@ func buildVersionInto(ctx context.Context, root, commit, dir string) error {
 		return fmt.Errorf("version cache: %w", err)
 	}
 	return nil
+}
+
+// staleVersionBuild is the age past which a build directory of the cache is a leftover of a
+// build that was killed (a build takes minutes).
+const staleVersionBuild = time.Hour
+
+// sweepVersionBuilds removes the build directories of the cache that builds killed before
+// their cleanup left behind.
+func sweepVersionBuilds(cache string) {
+	entries, _ := os.ReadDir(cache)
+	for _, e := range entries {
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), "build-") {
+			continue
+		}
+		if info, err := e.Info(); err == nil && time.Since(info.ModTime()) > staleVersionBuild {
+			_ = os.RemoveAll(filepath.Join(cache, e.Name()))
+		}
+	}
 }
 
 // extractCommit writes the tree of commit into dir, read from `git archive`'s tar stream.
