@@ -256,6 +256,7 @@ spec:
 // The DNS servers of east's agents (dns.listen on port 53, set by k8s-demo.sh through
 // nodeagents): the gateway's and the worker's, each on its node.
 var eastDNS = map[string]string{"client-gw": "172.29.1.11:53", "client-worker": "172.29.1.12:53"}
+
 const exportName = "web.demo.svc.clusterset.local"
 
 // waitFor retries f every half second until it returns nil or the time is up.
