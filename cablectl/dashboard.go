@@ -108,7 +108,8 @@ func runDashboard(ctx context.Context, stdout, stderr io.Writer, f *adminFlags, 
 	}
 	defer conn.Close()
 	log := slog.New(slog.NewTextHandler(stderr, nil))
-	poller := dashboard.NewPoller(apiv1.NewAdminClient(conn), dashboardLinks(conn), df.interval, log)
+	client := apiv1.NewAdminClient(conn)
+	poller := dashboard.NewPoller(client, dashboardLinks(client), df.interval, log)
 
 	ln, err := net.Listen("tcp", df.listen)
 	if err != nil {

@@ -273,9 +273,7 @@ func meshWarnings(certs *apiv1.ListCertificatesResponse, now time.Time) []string
 func buildPairs(clusters []Cluster, links []Link, ex Explanations) []Pair {
 	byPair := map[pairKey]*Link{}
 	for i := range links {
-		if l := &links[i]; len(l.Clusters) == 2 {
-			byPair[keyOf(l.Clusters[0], l.Clusters[1])] = l
-		}
+		byPair[keyOf(links[i].Clusters[0], links[i].Clusters[1])] = &links[i]
 	}
 	out := []Pair{}
 	for i := range clusters {
@@ -349,31 +347,53 @@ func maxPtr(a, b *float64) *float64 {
 	return a
 }
 
-// endsState reads the link report: down when an end says error (or anything but connected or
-// connecting), connected when both ends say connected, agree and are fresh, degraded otherwise.
+// endsState reads the link report. A stale end (its gateway stopped reporting) says nothing
+// any more: only the fresh ends count. Down when a fresh end says error (or anything but
+// connected or connecting), connected when both clusters have a fresh end, every one connected,
+// and the ends agree; degraded otherwise.
 func endsState(l *Link) (state, reason string) {
-	var connected, connecting []string
+	var connecting []string
+	fresh := map[string]bool{}
 	for _, e := range l.Ends {
+		if e.Stale {
+			continue
+		}
+		fresh[e.Cluster] = true
 		switch e.State {
 		case "connected":
-			connected = append(connected, e.Cluster)
 		case "connecting":
 			connecting = append(connecting, e.Cluster)
 		default:
 			return StateDown, fmt.Sprintf("%s reports %s", e.Cluster, orUnknown(e.State))
 		}
 	}
+	var silent []string
+	for _, c := range l.Clusters {
+		if !fresh[c] {
+			silent = append(silent, c)
+		}
+	}
 	switch {
 	case len(connecting) > 0:
 		return StateDegraded, strings.Join(connecting, " and ") + " still connecting"
-	case l.Stale:
-		return StateDegraded, "a report is stale"
-	case len(connected) < 2:
-		return StateDegraded, "only " + strings.Join(connected, ", ") + " reports the pair"
+	case len(silent) == 2:
+		return StateDegraded, "both reports are stale"
+	case len(silent) == 1 && l.Stale:
+		return StateDegraded, silent[0] + "'s report is stale"
+	case len(silent) == 1:
+		return StateDegraded, "only " + l.Clusters[0+boolIndex(silent[0] == l.Clusters[0])] + " reports the pair"
 	case !l.Agree:
 		return StateDegraded, "the two ends disagree"
 	}
 	return StateConnected, "both ends connected"
+}
+
+// boolIndex is 1 for true, 0 for false.
+func boolIndex(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func orUnknown(s string) string {

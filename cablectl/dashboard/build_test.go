@@ -119,6 +119,7 @@ func TestPoliciesListThePairsTheyDecideAndLose(t *testing.T) {
 
 func TestPairVerdict(t *testing.T) {
 	k := keyOf("east", "west")
+	stale := func(e LinkEnd) LinkEnd { e.Stale = true; return e }
 	conn := policy.Decision{Connect: true, Driver: "wireguard", Policy: "default"}
 	end := func(cluster, state string) LinkEnd {
 		return LinkEnd{Cluster: cluster, Node: "gw1", State: state, Driver: "wireguard"}
@@ -143,13 +144,22 @@ func TestPairVerdict(t *testing.T) {
 		{"an end still connecting is degraded", conn, 1, 1,
 			&Link{Ends: []LinkEnd{end("east", "connected"), end("west", "connecting")}}, StateDegraded, "west still connecting"},
 		{"a stale report is degraded", conn, 1, 1,
-			&Link{Ends: []LinkEnd{end("east", "connected"), end("west", "connected")}, Agree: true, Stale: true}, StateDegraded, "stale"},
+			&Link{Ends: []LinkEnd{end("east", "connected"), stale(end("west", "connected"))}, Agree: true, Stale: true}, StateDegraded, "west's report is stale"},
+		{"a stale end's last word does not count: the fresh end's error puts the pair down", conn, 1, 1,
+			&Link{Ends: []LinkEnd{end("east", "error"), stale(end("west", "connected"))}, Stale: true}, StateDown, "east reports error"},
+		{"a stale end's last error does not count either", conn, 1, 1,
+			&Link{Ends: []LinkEnd{end("east", "connected"), stale(end("west", "error"))}, Stale: true}, StateDegraded, "west's report is stale"},
+		{"two gateways of one cluster count as one end", conn, 1, 1,
+			&Link{Ends: []LinkEnd{end("east", "connected"), {Cluster: "east", Node: "gw2", State: "connected"}}}, StateDegraded, "only east"},
 		{"one end alone is degraded", conn, 1, 1,
 			&Link{Ends: []LinkEnd{end("east", "connected")}, Agree: true}, StateDegraded, "only east"},
 		{"ends that disagree are degraded", conn, 1, 1,
 			&Link{Ends: []LinkEnd{end("east", "connected"), end("west", "connected")}}, StateDegraded, "disagree"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			if c.link != nil {
+				c.link.Clusters = k
+			}
 			got := pairVerdict(k, c.d, true, c.onA, c.onB, c.link)
 			if got.State != c.want || !strings.Contains(got.Reason, c.wantReason) {
 				t.Errorf("state %q (%s), want %q (…%s…)", got.State, got.Reason, c.want, c.wantReason)

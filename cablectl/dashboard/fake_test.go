@@ -127,8 +127,8 @@ func threeClusters(t *testing.T) *fakeBroker {
 		return LinkEnd{Cluster: cluster, Node: "gw1", State: "connected", Driver: "wireguard", Policy: def.Name,
 			LatencyP50Ms: fptr(0.4), LatencyP95Ms: fptr(0.7), LatencyP99Ms: fptr(0.9), ReportedAt: &rep, AgentVersion: "v0.9.0"}
 	}
-	f.links = []Link{{Clusters: []string{"east", "west"}, Ends: []LinkEnd{end("east"), end("west")}, Agree: true},
-		{Clusters: []string{"east", "north"}, Ends: []LinkEnd{end("east"), end("north")}, Agree: true}}
+	f.links = []Link{{Clusters: [2]string{"east", "west"}, Ends: []LinkEnd{end("east"), end("west")}, Agree: true},
+		{Clusters: [2]string{"east", "north"}, Ends: []LinkEnd{end("east"), end("north")}, Agree: true}}
 	return f
 }
 

@@ -58,7 +58,7 @@ type Gateway struct {
 
 // Link is one cluster pair as the broker's link reports have it: both ends' view.
 type Link struct {
-	Clusters []string  `json:"clusters"`
+	Clusters [2]string `json:"clusters"`
 	Ends     []LinkEnd `json:"ends"`
 	Agree    bool      `json:"agree"`
 	Stale    bool      `json:"stale"`
@@ -77,6 +77,9 @@ type LinkEnd struct {
 	LastHandshake *time.Time `json:"lastHandshake"`
 	ReportedAt    *time.Time `json:"reportedAt"`
 	AgentVersion  string     `json:"agentVersion"`
+	// Stale: this end's report is older than the broker's bound (its gateway stopped reporting);
+	// its state is then what it said last. Not in the JSON, whose keys are links --all's.
+	Stale bool `json:"-"`
 }
 
 // Pair states, the matrix's colours.
