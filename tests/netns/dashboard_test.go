@@ -204,15 +204,33 @@ func startDashboard(t *testing.T, m *harness.Mesh) (addr, token string) {
 }
 
 // forwardIntoNamespace listens on the test's 127.0.0.1 and connects every connection to target
-// inside namespace ns; it returns the local address.
+// inside namespace ns; it returns the local address. Its cleanup closes the connections still
+// open (the browser's stream, an HTTP client's idle keep-alive).
 func forwardIntoNamespace(t *testing.T, ns, target string) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		conns = map[net.Conn]bool{}
+	)
+	track := func(c net.Conn) {
+		mu.Lock()
+		defer mu.Unlock()
+		conns[c] = true
+	}
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -221,6 +239,7 @@ func forwardIntoNamespace(t *testing.T, ns, target string) string {
 			if err != nil {
 				return
 			}
+			track(c)
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -232,6 +251,7 @@ func forwardIntoNamespace(t *testing.T, ns, target string) string {
 				}); err != nil {
 					return
 				}
+				track(up)
 				defer up.Close()
 				done := make(chan struct{}, 2)
 				go func() { _, _ = io.Copy(up, c); done <- struct{}{} }()

@@ -70,7 +70,7 @@ function renderMatrix(m) {
       p.nodes ? "gateways " + p.nodes.join(", ") : "", p.latencyP99Ms != null ? "p99 " + ms(p.latencyP99Ms) : ""].filter(Boolean).join("\n");
     return el("td", {class: "cell state-" + p.state, "data-pair": p.clusters.join("|"), "data-state": p.state, title: tip},
       el("span", {class: "drv"}, p.state === "none" ? "no connection" : (p.driver || "-")),
-      p.state === "none" ? "" : (p.latencyP50Ms != null ? ms(p.latencyP50Ms) : p.state));
+      p.state === "none" ? "" : (p.state === "connected" && p.latencyP50Ms != null ? ms(p.latencyP50Ms) : p.state));
   })));
   replace("matrix", el("table", {class: "matrix"}, el("thead", {}, head), el("tbody", {}, rows)));
 }
@@ -89,7 +89,7 @@ function renderGraph(m) {
     svg.append(line);
     if (p.state !== "none") {
       svg.append(svgEl("text", {x: (x1 + x2) / 2, y: (y1 + y2) / 2 - 6, class: "edge-label"},
-        (p.driver || "") + (p.latencyP50Ms != null ? " " + ms(p.latencyP50Ms) : "")));
+        (p.driver || "") + " " + (p.state === "connected" && p.latencyP50Ms != null ? ms(p.latencyP50Ms) : p.state)));
     }
   }
   for (const cl of m.clusters) {
