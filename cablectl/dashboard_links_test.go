@@ -2,6 +2,7 @@ package cablectl
 
 import (
 	"encoding/json"
+	"io"
 	"testing"
 	"time"
 )
@@ -30,5 +31,23 @@ func TestTheDashboardServesLinksAllItemsUnchanged(t *testing.T) {
 	}
 	if !conv[0].Ends[1].Stale || conv[0].Ends[0].Stale {
 		t.Errorf("the ends' staleness was not kept: %+v", conv[0].Ends)
+	}
+}
+
+func TestDashboardRefusesBadFlagsAsUsage(t *testing.T) {
+	for _, args := range [][]string{
+		{"dashboard", "--interval", "10ms"},
+		{"dashboard", "--interval", "2h"},
+		{"dashboard", "--listen", "no-port"},
+		{"dashboard", "extra"},
+	} {
+		root := NewRoot()
+		root.SetArgs(append(args, "--config", "/nonexistent/admin.yaml"))
+		root.SetOut(io.Discard)
+		root.SetErr(io.Discard)
+		err := root.Execute()
+		if code := ExitCode(err); code != 2 {
+			t.Errorf("cablectl %v: exit %d (%v), want 2 (bad usage) before reading any credential", args, code, err)
+		}
 	}
 }
