@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc"
 
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/cablectl"
 	"github.com/cablemesh/cablemesh/broker/adminconfig"
 	"github.com/cablemesh/cablemesh/broker/store/etcdtest"
 	"github.com/cablemesh/cablemesh/internal/benchresults"
@@ -94,6 +95,12 @@ type Result struct {
 	ResumeSnapshots     int     `json:"resumeSnapshots"` // resumed with a fresh snapshot, not deltas
 	ResumeMissing       int     `json:"resumeMissing"`
 	AfterRestartCurrent int     `json:"afterRestartCurrent"` // agents holding every endpoint after the restart
+
+	// cablectl links --all after the steady state (agents that report): its time, the pairs it
+	// listed and those both ends agree on (every pair, when every agent reported).
+	LinksAllMs    float64 `json:"linksAllMs,omitempty"`
+	LinksAllPairs int     `json:"linksAllPairs,omitempty"`
+	LinksAllAgree int     `json:"linksAllAgree,omitempty"`
 
 	// The calls of the whole run.
 	Calls map[string]int64 `json:"calls"`
@@ -575,6 +582,24 @@ func runOne(t *testing.T, b brokerBuild, storeKind string, nClusters, gateways i
 	f.beats.mu.Unlock()
 	r.HeartbeatP99Ms, r.HeartbeatMaxMs = pct(beats, 99), pct(beats, 100)
 
+	// cablectl links --all: every link report, paged, paired.
+	if f.reports {
+		cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		lt := time.Now()
+		all, err := cablectl.FetchLinksAll(cctx, admin)
+		cancel()
+		r.LinksAllMs = ms(time.Since(lt))
+		if err != nil {
+			r.Notes = append(r.Notes, fmt.Sprintf("links --all: %v", err))
+		}
+		for _, p := range all.Items {
+			r.LinksAllPairs++
+			if p.Agree && !p.Stale {
+				r.LinksAllAgree++
+			}
+		}
+	}
+
 	// Changes: policies applied by the admin, endpoints changed by their agents.
 	var pol, eps []float64
 	for i := range changes {
@@ -864,6 +889,12 @@ func markdown(res Results) string {
 		{"link reports: calls / dropped (rate limit) / errors / unimplemented / MB sent", func(r Result) string {
 			return fmt.Sprintf("%d / %d / %d / %d / %.1f", r.Calls["linkReports"], r.Calls["linkReportsDropped"], r.Calls["linkReportErrors"],
 				r.Calls["linkReportsUnimplemented"], float64(r.Calls["linkReportBytes"])/1e6)
+		}},
+		{"links --all: ms / pairs / agreeing", func(r Result) string {
+			if r.LinksAllPairs == 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%.0f / %d / %d", r.LinksAllMs, r.LinksAllPairs, r.LinksAllAgree)
 		}},
 		{"calls: registers / heartbeats / watches (snapshots)", func(r Result) string {
 			return fmt.Sprintf("%d / %d / %d (%d)", r.Calls["registers"], r.Calls["heartbeats"], r.Calls["watches"], r.Calls["watchSnapshots"])
