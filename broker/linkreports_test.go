@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
 
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 )
@@ -234,4 +235,36 @@ func TestListedReportsLeaveOutRemovedClusters(t *testing.T) {
 	if len(shared.Links) != 2 {
 		t.Fatal("the store's report was changed in place")
 	}
+}
+
+// FuzzLinkReport: whatever bytes an agent sends as a report, the broker either refuses it or
+// keeps at most maxReportedLinks links of bounded strings, and never panics.
+func FuzzLinkReport(f *testing.F) {
+	seed, _ := proto.Marshal(&apiv1.ReportLinksRequest{Full: true, AgentVersion: "v1", Links: []*apiv1.LinkReport{link("b", "connected", "wireguard")}})
+	f.Add(seed)
+	delta, _ := proto.Marshal(&apiv1.ReportLinksRequest{Links: []*apiv1.LinkReport{link("c", "error", "vxlan")}, Removed: []string{"b"}})
+	f.Add(delta)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		req := &apiv1.ReportLinksRequest{}
+		if proto.Unmarshal(b, req) != nil || checkLinkReport(req) != nil {
+			return
+		}
+		r := newLinkReportStore(time.Minute, time.Second)
+		t0 := time.Unix(1_700_000_000, 0)
+		r.accept(nodeKey{"a", "gw"}, &apiv1.ReportLinksRequest{Full: true, Links: []*apiv1.LinkReport{link("b", "connected", "wg")}}, t0)
+		r.accept(nodeKey{"a", "gw"}, req, t0.Add(2*time.Second))
+		for _, nr := range r.list(t0) {
+			if len(nr.Links) > maxReportedLinks {
+				t.Fatalf("%d links kept", len(nr.Links))
+			}
+			for i, l := range nr.Links {
+				if len(l.Message) > maxLinkReportString || len(l.State) > maxLinkReportString {
+					t.Fatalf("a string of %d bytes kept", len(l.Message))
+				}
+				if i > 0 && nr.Links[i-1].RemoteCluster >= l.RemoteCluster {
+					t.Fatalf("links out of order or twice: %q then %q", nr.Links[i-1].RemoteCluster, l.RemoteCluster)
+				}
+			}
+		}
+	})
 }
