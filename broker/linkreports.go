@@ -10,6 +10,7 @@ import (
 	"time"
 	"unique"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
@@ -42,9 +43,9 @@ const (
 	// maxReportedLinks bounds one node's links (and so the memory a node can make the broker
 	// hold): one per cluster the mesh can hold.
 	maxReportedLinks = registry.MaxClusterID
-	// maxPageLinks bounds the links of one page of ListLinkReports (a node's links are never
-	// split): about 1.5 MB encoded, far below a client's 4 MiB.
-	maxPageLinks = 16384
+	// maxPageBytes bounds one page of ListLinkReports, encoded (a node's links are never split,
+	// and one node's report is at most about 550 KB): far below a client's 4 MiB.
+	maxPageBytes = 2 << 20
 	// maxLinkReportString bounds each string of a link report; longer messages are cut.
 	maxLinkReportString = 512
 )
@@ -233,8 +234,8 @@ func (r *linkReportStore) pruneLocked(now time.Time) {
 }
 
 // page returns, in key order, the reports of the nodes after the key after ("" from the first),
-// up to about maxPageLinks links (at least one node), and the key to continue after ("" when
-// this was the last page).
+// up to maxPageBytes encoded (at least one node), and the key to continue after ("" when this
+// was the last page).
 func (r *linkReportStore) page(now time.Time, after string) (out []*apiv1.NodeLinkReports, next string) {
 	type entry struct {
 		k nodeKey
@@ -250,13 +251,15 @@ func (r *linkReportStore) page(now time.Time, after string) (out []*apiv1.NodeLi
 	}
 	r.mu.Unlock()
 	slices.SortFunc(entries, func(a, b entry) int { return strings.Compare(a.k.order(), b.k.order()) })
-	links := 0
+	size := 0
 	for i, e := range entries {
-		if i > 0 && links+len(e.n.links) > maxPageLinks {
+		nr := e.n.report(e.k)
+		n := proto.Size(nr)
+		if i > 0 && size+n > maxPageBytes {
 			return out, entries[i-1].k.order()
 		}
-		links += len(e.n.links)
-		out = append(out, e.n.report(e.k))
+		size += n
+		out = append(out, nr)
 	}
 	return out, ""
 }

@@ -88,12 +88,12 @@ func (s *Server) shareLinkReport(ctx context.Context, k nodeKey, now time.Time) 
 const linkReportsPerRead = 64
 
 // sharedLinkReports reads one page of every replica's reports from etcd: the nodes after the
-// key after, up to about maxPageLinks links, and the key to continue after ("" at the end).
+// key after, up to maxPageBytes, and the key to continue after ("" at the end).
 func (s *Server) sharedLinkReports(ctx context.Context, after string) (out []*apiv1.NodeLinkReports, next string, err error) {
 	prefix := s.ha.linkReportsPrefix()
 	from := prefix + after + "\x00" // the first key after after
 	end := clientv3.GetPrefixRangeEnd(prefix)
-	links := 0
+	size := 0
 	for {
 		resp, err := s.ha.cli.Get(ctx, from, clientv3.WithRange(end), clientv3.WithLimit(linkReportsPerRead))
 		if err != nil {
@@ -105,10 +105,10 @@ func (s *Server) sharedLinkReports(ctx context.Context, after string) (out []*ap
 				s.log.Warn("unreadable link report in etcd", "key", string(kv.Key), "err", err)
 				continue
 			}
-			if len(out) > 0 && links+len(nr.Links) > maxPageLinks {
+			if len(out) > 0 && size+len(kv.Value) > maxPageBytes {
 				return out, strings.TrimPrefix(strings.TrimSuffix(from, "\x00"), prefix), nil
 			}
-			links += len(nr.Links)
+			size += len(kv.Value)
 			out = append(out, nr)
 			from = string(kv.Key) + "\x00"
 		}
