@@ -23,9 +23,9 @@ import (
 	"google.golang.org/grpc"
 
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
-	"github.com/cablemesh/cablemesh/cablectl"
 	"github.com/cablemesh/cablemesh/broker/adminconfig"
 	"github.com/cablemesh/cablemesh/broker/store/etcdtest"
+	"github.com/cablemesh/cablemesh/cablectl"
 	"github.com/cablemesh/cablemesh/internal/benchresults"
 )
 
