@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
+	"slices"
+	"strings"
 	"sync"
 	"time"
+	"unique"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -14,6 +16,8 @@ import (
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/api/validation"
 	"github.com/cablemesh/cablemesh/broker/admission"
+	"github.com/cablemesh/cablemesh/broker/registry"
+	"github.com/cablemesh/cablemesh/broker/store"
 )
 
 // Link reports are soft state: each gateway's latest view of its links (ReportLinks), kept in
@@ -37,8 +41,11 @@ const (
 	// summary intervals (a gateway removed for good leaves no trace beyond that).
 	linkReportForgetFactor = 10
 	// maxReportedLinks bounds one node's links (and so the memory a node can make the broker
-	// hold): one per remote cluster.
-	maxReportedLinks = 4096
+	// hold): one per cluster the mesh can hold.
+	maxReportedLinks = registry.MaxClusterID
+	// maxPageBytes bounds one page of ListLinkReports, encoded (a node's links are never split,
+	// and one node's report is at most about 550 KB): far below a client's 4 MiB.
+	maxPageBytes = 2 << 20
 	// maxLinkReportString bounds each string of a link report; longer messages are cut.
 	maxLinkReportString = 512
 )
@@ -46,12 +53,35 @@ const (
 // nodeKey names one gateway.
 type nodeKey struct{ cluster, node string }
 
+// order is the key's place in the listing (and its etcd key's suffix): by "cluster/node".
+func (k nodeKey) order() string { return k.cluster + "/" + k.node }
+
+// linkAttrs are the fields a node's links mostly share (every link connected over one driver
+// by one policy): interned, so that each of a fleet's links (5,100 gateways x 254 clusters)
+// holds a handle instead of its own strings.
+type linkAttrs struct {
+	state, driver, policy, message string
+	mtu                            int32
+	alive, hasLatency              bool
+}
+
+// compactLink is one link as the broker keeps it (80 bytes; the decoded protobuf message with
+// its timestamps and strings takes about 380).
+type compactLink struct {
+	remote           string // interned
+	attrs            unique.Handle[linkAttrs]
+	p50, p95, p99    float64
+	lastHandshake    int64 // unix ns; 0 when none
+	reportedAt       int64 // unix ns
+	rxBytes, txBytes uint64
+}
+
 // nodeLinks is one gateway's latest report as the broker keeps it.
 type nodeLinks struct {
 	version    string
-	reportedAt time.Time // the last report received
-	accepted   time.Time // the last report accepted (the rate limit's reference)
-	links      map[string]*apiv1.LinkReport
+	reportedAt time.Time     // the last report received
+	accepted   time.Time     // the last report accepted (the rate limit's reference)
+	links      []compactLink // by remote cluster
 }
 
 // linkReportStore holds the latest report of every gateway that reports to this replica. It
@@ -77,12 +107,12 @@ func newLinkReportStore(summary, minInterval time.Duration) *linkReportStore {
 		nodes: map[nodeKey]*nodeLinks{}}
 }
 
-// checkLinkReport refuses what no gateway sends: too many links, a link without a cluster, a
-// name that is no cluster name. It changes nothing.
+// checkLinkReport refuses what no gateway sends: more links than the mesh has clusters, a link
+// without a cluster, a name that is no cluster name. It changes nothing.
 func checkLinkReport(req *apiv1.ReportLinksRequest) error {
 	if n := len(req.Links) + len(req.Removed); n > maxReportedLinks {
 		return &admission.InvalidError{Field: "links", Value: fmt.Sprint(n),
-			Err: fmt.Errorf("links: %d links and removals in one report, more than the %d a report may hold", n, maxReportedLinks)}
+			Err: fmt.Errorf("links: %d links and removals in one report, more than the %d a report may hold (one per cluster of the mesh)", n, maxReportedLinks)}
 	}
 	for i, l := range req.Links {
 		if err := validation.ValidateClusterName(l.RemoteCluster); err != nil {
@@ -106,12 +136,56 @@ func cut(s string) string {
 	return s
 }
 
-// storedLink is the copy of l the broker keeps: bounded strings, stamped with now.
-func storedLink(l *apiv1.LinkReport, now time.Time) *apiv1.LinkReport {
-	c := proto.Clone(l).(*apiv1.LinkReport)
-	c.State, c.Driver, c.Policy, c.Message = cut(c.State), cut(c.Driver), cut(c.Policy), cut(c.Message)
-	c.ReportedAt = timestamppb.New(now)
-	return c
+func unixNanos(ts *timestamppb.Timestamp) int64 {
+	if ts == nil {
+		return 0
+	}
+	return ts.AsTime().UnixNano()
+}
+
+// compact is the copy of l the broker keeps: bounded strings, interned, stamped with now.
+func compact(l *apiv1.LinkReport, now time.Time) compactLink {
+	return compactLink{
+		remote: unique.Make(l.RemoteCluster).Value(),
+		attrs: unique.Make(linkAttrs{state: cut(l.State), driver: cut(l.Driver), policy: cut(l.Policy), message: cut(l.Message),
+			mtu: l.Mtu, alive: l.Alive, hasLatency: l.HasLatency}),
+		p50: l.LatencyP50Ms, p95: l.LatencyP95Ms, p99: l.LatencyP99Ms,
+		lastHandshake: unixNanos(l.LastHandshake), reportedAt: now.UnixNano(),
+		rxBytes: l.RxBytes, txBytes: l.TxBytes,
+	}
+}
+
+// proto is c as the API gives it.
+func (c *compactLink) proto() *apiv1.LinkReport {
+	a := c.attrs.Value()
+	l := &apiv1.LinkReport{RemoteCluster: c.remote, State: a.state, Driver: a.driver, Policy: a.policy, Message: a.message,
+		Mtu: a.mtu, Alive: a.alive, HasLatency: a.hasLatency, LatencyP50Ms: c.p50, LatencyP95Ms: c.p95, LatencyP99Ms: c.p99,
+		RxBytes: c.rxBytes, TxBytes: c.txBytes, ReportedAt: timestamppb.New(time.Unix(0, c.reportedAt))}
+	if c.lastHandshake != 0 {
+		l.LastHandshake = timestamppb.New(time.Unix(0, c.lastHandshake))
+	}
+	return l
+}
+
+// set replaces or adds the link of c.remote, keeping links sorted.
+func setLink(links []compactLink, c compactLink) []compactLink {
+	i, found := slices.BinarySearchFunc(links, c.remote, func(l compactLink, r string) int { return strings.Compare(l.remote, r) })
+	if found {
+		links[i] = c
+		return links
+	}
+	if len(links) >= maxReportedLinks {
+		return links
+	}
+	return slices.Insert(links, i, c)
+}
+
+func removeLink(links []compactLink, remote string) []compactLink {
+	i, found := slices.BinarySearchFunc(links, remote, func(l compactLink, r string) int { return strings.Compare(l.remote, r) })
+	if !found {
+		return links
+	}
+	return slices.Delete(links, i, i+1)
 }
 
 // accept applies node k's report at now, unless it comes sooner than minInterval after the last
@@ -128,19 +202,21 @@ func (r *linkReportStore) accept(k nodeKey, req *apiv1.ReportLinksRequest, now t
 		n = &nodeLinks{}
 		r.nodes[k] = n
 	}
-	if req.Full || n.links == nil {
-		n.links = make(map[string]*apiv1.LinkReport, len(req.Links))
+	links := n.links
+	if req.Full {
+		links = make([]compactLink, 0, len(req.Links))
+	} else {
+		// A copy: the listings may hold the old slice.
+		links = slices.Clone(links)
 	}
 	for _, c := range req.Removed {
-		delete(n.links, c)
+		links = removeLink(links, c)
 	}
 	for _, l := range req.Links {
-		if len(n.links) >= maxReportedLinks && n.links[l.RemoteCluster] == nil {
-			break
-		}
-		n.links[l.RemoteCluster] = storedLink(l, now)
+		links = setLink(links, compact(l, now))
 	}
-	n.version, n.reportedAt, n.accepted = cut(req.AgentVersion), now, now
+	n.links = links
+	n.version, n.reportedAt, n.accepted = unique.Make(cut(req.AgentVersion)).Value(), now, now
 	return true, 0
 }
 
@@ -157,38 +233,58 @@ func (r *linkReportStore) pruneLocked(now time.Time) {
 	}
 }
 
-// list returns every node's latest report, by cluster and node, links by remote cluster.
-func (r *linkReportStore) list(now time.Time) []*apiv1.NodeLinkReports {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.pruneLocked(now)
-	out := make([]*apiv1.NodeLinkReports, 0, len(r.nodes))
-	for k, n := range r.nodes {
-		out = append(out, n.report(k))
+// page returns, in key order, the reports of the nodes after the key after ("" from the first),
+// up to maxPageBytes encoded (at least one node), and the key to continue after ("" when this
+// was the last page).
+func (r *linkReportStore) page(now time.Time, after string) (out []*apiv1.NodeLinkReports, next string) {
+	type entry struct {
+		k nodeKey
+		n nodeLinks
 	}
-	sortNodeReports(out)
-	return out
+	r.mu.Lock()
+	r.pruneLocked(now)
+	entries := make([]entry, 0, len(r.nodes))
+	for k, n := range r.nodes {
+		if k.order() > after {
+			entries = append(entries, entry{k, *n}) // the links slice is never changed in place
+		}
+	}
+	r.mu.Unlock()
+	slices.SortFunc(entries, func(a, b entry) int { return strings.Compare(a.k.order(), b.k.order()) })
+	size := 0
+	for i, e := range entries {
+		nr := e.n.report(e.k)
+		n := proto.Size(nr)
+		if i > 0 && size+n > maxPageBytes {
+			return out, entries[i-1].k.order()
+		}
+		size += n
+		out = append(out, nr)
+	}
+	return out, ""
 }
 
-// report is n as the API gives it (the links are shared, never changed in place: accept
-// replaces them).
+// list returns every node's latest report (tests and small meshes).
+func (r *linkReportStore) list(now time.Time) []*apiv1.NodeLinkReports {
+	var all []*apiv1.NodeLinkReports
+	for after := ""; ; {
+		page, next := r.page(now, after)
+		all = append(all, page...)
+		if next == "" {
+			return all
+		}
+		after = next
+	}
+}
+
+// report is n as the API gives it.
 func (n *nodeLinks) report(k nodeKey) *apiv1.NodeLinkReports {
 	nr := &apiv1.NodeLinkReports{Cluster: k.cluster, Node: k.node, AgentVersion: n.version,
-		ReportedAt: timestamppb.New(n.reportedAt), Links: make([]*apiv1.LinkReport, 0, len(n.links))}
-	for _, l := range n.links {
-		nr.Links = append(nr.Links, l)
+		ReportedAt: timestamppb.New(n.reportedAt), Links: make([]*apiv1.LinkReport, len(n.links))}
+	for i := range n.links {
+		nr.Links[i] = n.links[i].proto()
 	}
-	sort.Slice(nr.Links, func(i, j int) bool { return nr.Links[i].RemoteCluster < nr.Links[j].RemoteCluster })
 	return nr
-}
-
-func sortNodeReports(out []*apiv1.NodeLinkReports) {
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].Cluster != out[j].Cluster {
-			return out[i].Cluster < out[j].Cluster
-		}
-		return out[i].Node < out[j].Node
-	})
 }
 
 // reportTimings is what the broker tells a reporting agent about its pace.
@@ -220,34 +316,57 @@ func (a *agentService) ReportLinks(ctx context.Context, req *apiv1.ReportLinksRe
 	return r.timings(&apiv1.ReportLinksResponse{Accepted: true}), nil
 }
 
-// ListLinkReports returns every gateway's latest link report.
-func (s *adminService) ListLinkReports(ctx context.Context, _ *apiv1.ListLinkReportsRequest) (*apiv1.ListLinkReportsResponse, error) {
+// ListLinkReports returns the gateways' latest link reports, a page at a time. On etcd they come
+// from etcd, where every replica writes the reports it accepts (linkreports_ha.go).
+func (s *adminService) ListLinkReports(ctx context.Context, req *apiv1.ListLinkReportsRequest) (*apiv1.ListLinkReportsResponse, error) {
 	now := s.s.cfg.Now()
-	nodes := s.s.linkReports.list(now)
+	var (
+		nodes []*apiv1.NodeLinkReports
+		next  string
+		err   error
+	)
 	if s.s.ha != nil {
-		shared, err := s.s.sharedLinkReports(ctx)
+		nodes, next, err = s.s.sharedLinkReports(ctx, req.PageToken)
 		if err != nil {
 			return nil, rpcError("list link reports", err)
 		}
-		nodes = mergeNodeReports(nodes, shared)
+	} else {
+		nodes, next = s.s.linkReports.page(now, req.PageToken)
 	}
-	return &apiv1.ListLinkReportsResponse{Nodes: nodes, StaleAfterMs: s.s.linkReports.stale.Milliseconds(),
-		BrokerTime: timestamppb.New(now)}, nil
+	known := map[string]bool{}
+	err = store.ViewLocal(ctx, s.s.store, func(tx store.ReadTx) error {
+		cs, err := tx.Clusters()
+		for _, c := range cs {
+			known[c.Name] = true
+		}
+		return err
+	})
+	if err != nil {
+		return nil, rpcError("list link reports", err)
+	}
+	return &apiv1.ListLinkReportsResponse{Nodes: knownClustersOnly(nodes, known), NextPageToken: next,
+		StaleAfterMs: s.s.linkReports.stale.Milliseconds(), BrokerTime: timestamppb.New(now)}, nil
 }
 
-// mergeNodeReports keeps, of each node, the newest report of a and b.
-func mergeNodeReports(a, b []*apiv1.NodeLinkReports) []*apiv1.NodeLinkReports {
-	newest := map[nodeKey]*apiv1.NodeLinkReports{}
-	for _, nr := range append(a, b...) {
-		k := nodeKey{nr.Cluster, nr.Node}
-		if cur := newest[k]; cur == nil || nr.ReportedAt.AsTime().After(cur.ReportedAt.AsTime()) {
-			newest[k] = nr
+// knownClustersOnly drops the reports of clusters no longer in the mesh, and the links to them:
+// a removed cluster leaves the view at once rather than when its reports are forgotten.
+func knownClustersOnly(nodes []*apiv1.NodeLinkReports, known map[string]bool) []*apiv1.NodeLinkReports {
+	out := nodes[:0]
+	for _, nr := range nodes {
+		if !known[nr.Cluster] {
+			continue
 		}
-	}
-	out := make([]*apiv1.NodeLinkReports, 0, len(newest))
-	for _, nr := range newest {
+		links := make([]*apiv1.LinkReport, 0, len(nr.Links))
+		for _, l := range nr.Links {
+			if known[l.RemoteCluster] {
+				links = append(links, l)
+			}
+		}
+		if len(links) != len(nr.Links) {
+			// A copy: nr may be the one the store shares with other callers.
+			nr = &apiv1.NodeLinkReports{Cluster: nr.Cluster, Node: nr.Node, AgentVersion: nr.AgentVersion, ReportedAt: nr.ReportedAt, Links: links}
+		}
 		out = append(out, nr)
 	}
-	sortNodeReports(out)
 	return out
 }

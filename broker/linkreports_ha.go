@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -16,8 +17,8 @@ import (
 // of a node's reports. Each replica therefore writes every report it accepts, the node's whole
 // view, to <root>linkreports/<cluster>/<node>, outside the store (no revision, no watch event),
 // under a lease: a new lease every summary interval, of forget's length, so that the key of a
-// node that stops reporting goes away on its own. ListLinkReports reads the prefix and keeps,
-// of each node, the newest of etcd's and its own.
+// node that stops reporting goes away on its own. ListLinkReports reads
+// the prefix, a page at a time.
 
 // linkReportWriteTimeout bounds the write of one report to etcd; a report lost to a slow etcd
 // is replaced by the next.
@@ -53,14 +54,16 @@ func (l *linkReportLease) lease(ctx context.Context, cli *clientv3.Client, every
 func (s *Server) shareLinkReport(ctx context.Context, k nodeKey, now time.Time) {
 	r := s.linkReports
 	r.mu.Lock()
-	var nr *apiv1.NodeLinkReports
-	if n := r.nodes[k]; n != nil {
-		nr = n.report(k)
+	var n nodeLinks
+	n0 := r.nodes[k]
+	if n0 != nil {
+		n = *n0 // its links are never changed in place
 	}
 	r.mu.Unlock()
-	if nr == nil {
+	if n0 == nil {
 		return
 	}
+	nr := n.report(k)
 	err := func() error {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), linkReportWriteTimeout)
 		defer cancel()
@@ -80,20 +83,37 @@ func (s *Server) shareLinkReport(ctx context.Context, k nodeKey, now time.Time) 
 	}
 }
 
-// sharedLinkReports reads every replica's reports from etcd.
-func (s *Server) sharedLinkReports(ctx context.Context) ([]*apiv1.NodeLinkReports, error) {
-	resp, err := s.ha.cli.Get(ctx, s.ha.linkReportsPrefix(), clientv3.WithPrefix())
-	if err != nil {
-		return nil, fmt.Errorf("read the link reports in etcd: %w", err)
-	}
-	out := make([]*apiv1.NodeLinkReports, 0, len(resp.Kvs))
-	for _, kv := range resp.Kvs {
-		nr := &apiv1.NodeLinkReports{}
-		if err := proto.Unmarshal(kv.Value, nr); err != nil {
-			s.log.Warn("unreadable link report in etcd", "key", string(kv.Key), "err", err)
-			continue
+// linkReportsPerRead is how many nodes' reports one etcd read of a page fetches (about 15 KB
+// each in a full mesh of 255 clusters).
+const linkReportsPerRead = 64
+
+// sharedLinkReports reads one page of every replica's reports from etcd: the nodes after the
+// key after, up to maxPageBytes, and the key to continue after ("" at the end).
+func (s *Server) sharedLinkReports(ctx context.Context, after string) (out []*apiv1.NodeLinkReports, next string, err error) {
+	prefix := s.ha.linkReportsPrefix()
+	from := prefix + after + "\x00" // the first key after after
+	end := clientv3.GetPrefixRangeEnd(prefix)
+	size := 0
+	for {
+		resp, err := s.ha.cli.Get(ctx, from, clientv3.WithRange(end), clientv3.WithLimit(linkReportsPerRead))
+		if err != nil {
+			return nil, "", fmt.Errorf("read the link reports in etcd: %w", err)
 		}
-		out = append(out, nr)
+		for _, kv := range resp.Kvs {
+			nr := &apiv1.NodeLinkReports{}
+			if err := proto.Unmarshal(kv.Value, nr); err != nil {
+				s.log.Warn("unreadable link report in etcd", "key", string(kv.Key), "err", err)
+				continue
+			}
+			if len(out) > 0 && size+len(kv.Value) > maxPageBytes {
+				return out, strings.TrimPrefix(strings.TrimSuffix(from, "\x00"), prefix), nil
+			}
+			size += len(kv.Value)
+			out = append(out, nr)
+			from = string(kv.Key) + "\x00"
+		}
+		if !resp.More {
+			return out, "", nil
+		}
 	}
-	return out, nil
 }

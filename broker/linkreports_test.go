@@ -1,11 +1,13 @@
 package broker
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
 
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 )
@@ -118,7 +120,7 @@ func TestCheckLinkReportRefusesWhatNoGatewaySends(t *testing.T) {
 		{"a link without a remote cluster", &apiv1.ReportLinksRequest{Links: []*apiv1.LinkReport{link("", "connected", "wg")}}, "links[0].remote_cluster"},
 		{"a remote cluster that is no cluster name", &apiv1.ReportLinksRequest{Links: []*apiv1.LinkReport{link("Bad_Name", "connected", "wg")}}, `"Bad_Name"`},
 		{"a removal that is no cluster name", &apiv1.ReportLinksRequest{Removed: []string{"a/b"}}, `removed[0] "a/b"`},
-		{"more links than a report may hold", &apiv1.ReportLinksRequest{Links: many}, "more than the 4096"},
+		{"more links than a report may hold", &apiv1.ReportLinksRequest{Links: many}, "more than the 255"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := checkLinkReport(tc.req)
@@ -132,10 +134,48 @@ func TestCheckLinkReportRefusesWhatNoGatewaySends(t *testing.T) {
 	}
 }
 
+// A page holds whole nodes up to maxPageBytes; the pages together hold every node once.
+func TestLinkReportPagesHoldEveryNodeOnce(t *testing.T) {
+	r := newLinkReportStore(time.Minute, 2*time.Second)
+	t0 := time.Unix(1_700_000_000, 0)
+	var links []*apiv1.LinkReport
+	for i := range 254 {
+		links = append(links, link(fmt.Sprintf("c%03d", i), "connected", "wireguard"))
+	}
+	const nodes = 500 // 500 x 254 links of about 40 bytes: several pages
+	for i := range nodes {
+		r.accept(nodeKey{fmt.Sprintf("c%03d", i%20), fmt.Sprintf("gw%02d", i/20)}, &apiv1.ReportLinksRequest{Full: true, Links: links}, t0)
+	}
+	seen := map[string]bool{}
+	pages := 0
+	for after := ""; ; pages++ {
+		page, next := r.page(t0, after)
+		n := 0
+		for _, nr := range page {
+			n += proto.Size(nr)
+			k := nr.Cluster + "/" + nr.Node
+			if seen[k] || k <= after {
+				t.Fatalf("page %d: node %s again or out of order (after %q)", pages, k, after)
+			}
+			seen[k] = true
+		}
+		if n > maxPageBytes {
+			t.Fatalf("page %d holds %d bytes, more than %d", pages, n, maxPageBytes)
+		}
+		if next == "" {
+			break
+		}
+		after = next
+	}
+	if len(seen) != nodes || pages < 1 {
+		t.Fatalf("%d nodes in %d pages after the first, want %d nodes in more than one page", len(seen), pages, nodes)
+	}
+}
+
 func TestStoredLinkCutsLongStrings(t *testing.T) {
-	l := storedLink(&apiv1.LinkReport{RemoteCluster: "b", Message: strings.Repeat("x", 10_000)}, time.Now())
-	if len(l.Message) != maxLinkReportString {
-		t.Fatalf("message kept at %d bytes, want %d", len(l.Message), maxLinkReportString)
+	l := compact(&apiv1.LinkReport{RemoteCluster: "b", Message: strings.Repeat("x", 10_000)}, time.Now())
+	if m := l.attrs.Value().message; len(m) != maxLinkReportString {
+		t.Fatalf("message kept at %d bytes, want %d", len(m), maxLinkReportString)
 	}
 }
 
@@ -144,6 +184,7 @@ func TestStoredLinkCutsLongStrings(t *testing.T) {
 func TestReportLinksOverTheAPI(t *testing.T) {
 	b := startBroker(t, t.TempDir(), brokerOpts{})
 	ag := mustJoin(t, b.addr, b.token("alpha", "10.1.0.0/16"), "alpha", "gw1")
+	b.token("beta", "10.2.0.0/16")
 	client := ag.client(t, b.addr)
 	resp, err := client.ReportLinks(ctxT(t), &apiv1.ReportLinksRequest{Full: true, AgentVersion: "v9",
 		Links: []*apiv1.LinkReport{{RemoteCluster: "beta", State: "connected", Driver: "wireguard", Policy: "default",
@@ -179,4 +220,51 @@ func TestReportLinksOverTheAPI(t *testing.T) {
 	wantCode(t, err, codes.PermissionDenied)
 	_, err = apiv1.NewAdminClient(ag.dial(t, b.addr)).ListLinkReports(ctxT(t), &apiv1.ListLinkReportsRequest{})
 	wantCode(t, err, codes.PermissionDenied)
+}
+
+func TestListedReportsLeaveOutRemovedClusters(t *testing.T) {
+	nodes := []*apiv1.NodeLinkReports{
+		{Cluster: "a", Node: "gw", Links: []*apiv1.LinkReport{link("b", "connected", "wg"), link("gone", "error", "wg")}},
+		{Cluster: "gone", Node: "gw", Links: []*apiv1.LinkReport{link("a", "connected", "wg")}},
+	}
+	shared := nodes[0]
+	out := knownClustersOnly(nodes, map[string]bool{"a": true, "b": true})
+	if len(out) != 1 || out[0].Cluster != "a" || len(out[0].Links) != 1 || out[0].Links[0].RemoteCluster != "b" {
+		t.Fatalf("kept %v, want a's link to b only", out)
+	}
+	if len(shared.Links) != 2 {
+		t.Fatal("the store's report was changed in place")
+	}
+}
+
+// FuzzLinkReport: whatever bytes an agent sends as a report, the broker either refuses it or
+// keeps at most maxReportedLinks links of bounded strings, and never panics.
+func FuzzLinkReport(f *testing.F) {
+	seed, _ := proto.Marshal(&apiv1.ReportLinksRequest{Full: true, AgentVersion: "v1", Links: []*apiv1.LinkReport{link("b", "connected", "wireguard")}})
+	f.Add(seed)
+	delta, _ := proto.Marshal(&apiv1.ReportLinksRequest{Links: []*apiv1.LinkReport{link("c", "error", "vxlan")}, Removed: []string{"b"}})
+	f.Add(delta)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		req := &apiv1.ReportLinksRequest{}
+		if proto.Unmarshal(b, req) != nil || checkLinkReport(req) != nil {
+			return
+		}
+		r := newLinkReportStore(time.Minute, time.Second)
+		t0 := time.Unix(1_700_000_000, 0)
+		r.accept(nodeKey{"a", "gw"}, &apiv1.ReportLinksRequest{Full: true, Links: []*apiv1.LinkReport{link("b", "connected", "wg")}}, t0)
+		r.accept(nodeKey{"a", "gw"}, req, t0.Add(2*time.Second))
+		for _, nr := range r.list(t0) {
+			if len(nr.Links) > maxReportedLinks {
+				t.Fatalf("%d links kept", len(nr.Links))
+			}
+			for i, l := range nr.Links {
+				if len(l.Message) > maxLinkReportString || len(l.State) > maxLinkReportString {
+					t.Fatalf("a string of %d bytes kept", len(l.Message))
+				}
+				if i > 0 && nr.Links[i-1].RemoteCluster >= l.RemoteCluster {
+					t.Fatalf("links out of order or twice: %q then %q", nr.Links[i-1].RemoteCluster, l.RemoteCluster)
+				}
+			}
+		}
+	})
 }

@@ -72,16 +72,43 @@ type LinkEnd struct {
 var ErrLinkReportsUnsupported = fmt.Errorf("the broker does not collect link reports (it predates them): upgrade it")
 
 // FetchLinksAll asks the broker (with the admin credential of client) for every gateway's link
-// report and pairs them (PairLinks).
+// report, every page, and pairs them (PairLinks).
 func FetchLinksAll(ctx context.Context, client apiv1.AdminClient) (LinksAll, error) {
-	resp, err := client.ListLinkReports(ctx, &apiv1.ListLinkReportsRequest{})
-	if status.Code(err) == codes.Unimplemented {
-		return LinksAll{}, ErrLinkReportsUnsupported
-	}
+	resp, err := FetchLinkReports(ctx, client)
 	if err != nil {
-		return LinksAll{}, rpcError("list link reports", err)
+		return LinksAll{}, err
 	}
 	return LinksAll{Items: PairLinks(resp)}, nil
+}
+
+// maxLinkReportPages bounds the pages FetchLinkReports reads (a broker that kept answering with
+// a next page would otherwise never end the call): far more than 5,100 gateways need.
+const maxLinkReportPages = 10_000
+
+// FetchLinkReports reads every page of ListLinkReports into one answer (the stale bound and the
+// broker's clock of the last page).
+func FetchLinkReports(ctx context.Context, client apiv1.AdminClient) (*apiv1.ListLinkReportsResponse, error) {
+	all := &apiv1.ListLinkReportsResponse{}
+	req := &apiv1.ListLinkReportsRequest{}
+	for range maxLinkReportPages {
+		resp, err := client.ListLinkReports(ctx, req)
+		if status.Code(err) == codes.Unimplemented {
+			return nil, ErrLinkReportsUnsupported
+		}
+		if err != nil {
+			return nil, rpcError("list link reports", err)
+		}
+		all.Nodes = append(all.Nodes, resp.Nodes...)
+		all.StaleAfterMs, all.BrokerTime = resp.StaleAfterMs, resp.BrokerTime
+		if resp.NextPageToken == "" {
+			return all, nil
+		}
+		if resp.NextPageToken <= req.PageToken {
+			return nil, fmt.Errorf("list link reports: the broker's next page %q does not follow %q", resp.NextPageToken, req.PageToken)
+		}
+		req = &apiv1.ListLinkReportsRequest{PageToken: resp.NextPageToken}
+	}
+	return nil, fmt.Errorf("list link reports: more than %d pages", maxLinkReportPages)
 }
 
 // PairLinks turns the broker's per-gateway reports into one item per cluster pair, judging

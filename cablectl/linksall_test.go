@@ -155,3 +155,35 @@ func TestFetchLinksAllSaysWhenTheBrokerIsTooOld(t *testing.T) {
 		t.Fatalf("err = %v, want ErrLinkReportsUnsupported", err)
 	}
 }
+
+// pagedAdmin answers ListLinkReports in pages of one node.
+type pagedAdmin struct {
+	apiv1.AdminClient
+	nodes []*apiv1.NodeLinkReports
+	calls int
+}
+
+func (p *pagedAdmin) ListLinkReports(_ context.Context, req *apiv1.ListLinkReportsRequest, _ ...grpc.CallOption) (*apiv1.ListLinkReportsResponse, error) {
+	p.calls++
+	i := 0
+	for i < len(p.nodes) && p.nodes[i].Cluster <= req.PageToken {
+		i++
+	}
+	resp := reports(p.nodes[i])
+	if i+1 < len(p.nodes) {
+		resp.NextPageToken = p.nodes[i].Cluster
+	}
+	return resp, nil
+}
+
+func TestFetchLinksAllReadsEveryPage(t *testing.T) {
+	admin := &pagedAdmin{nodes: []*apiv1.NodeLinkReports{nodeReport("a", time.Second, "b:connected:wireguard"),
+		nodeReport("b", time.Second, "a:connected:wireguard", "c:connected:wireguard"), nodeReport("c", time.Second, "b:connected:wireguard")}}
+	all, err := FetchLinksAll(context.Background(), admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if admin.calls != 3 || len(all.Items) != 2 || !all.Items[0].Agree || !all.Items[1].Agree {
+		t.Fatalf("%d calls, items %+v: want 3 pages making a-b and b-c, both agreeing", admin.calls, all.Items)
+	}
+}

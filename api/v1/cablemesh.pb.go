@@ -4526,7 +4526,9 @@ func (x *ReportLinksResponse) GetSummaryIntervalMs() int64 {
 }
 
 type ListLinkReportsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// page_token: the next_page_token of the previous page; empty for the first.
+	PageToken     string `protobuf:"bytes,1,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4559,6 +4561,13 @@ func (x *ListLinkReportsRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use ListLinkReportsRequest.ProtoReflect.Descriptor instead.
 func (*ListLinkReportsRequest) Descriptor() ([]byte, []int) {
 	return file_cablemesh_proto_rawDescGZIP(), []int{63}
+}
+
+func (x *ListLinkReportsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
 }
 
 // NodeLinkReports is the latest report of one gateway.
@@ -4644,8 +4653,11 @@ type ListLinkReportsResponse struct {
 	Nodes []*NodeLinkReports     `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
 	// stale_after_ms: a report older than this is stale (the node stopped reporting: gone,
 	// stopped, or cut off from the broker).
-	StaleAfterMs  int64                  `protobuf:"varint,2,opt,name=stale_after_ms,json=staleAfterMs,proto3" json:"stale_after_ms,omitempty"`
-	BrokerTime    *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=broker_time,json=brokerTime,proto3" json:"broker_time,omitempty"`
+	StaleAfterMs int64                  `protobuf:"varint,2,opt,name=stale_after_ms,json=staleAfterMs,proto3" json:"stale_after_ms,omitempty"`
+	BrokerTime   *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=broker_time,json=brokerTime,proto3" json:"broker_time,omitempty"`
+	// next_page_token: more nodes follow (the answer is paged, by cluster/node, so that a mesh of
+	// thousands of gateways fits in messages of a few MB); empty on the last page.
+	NextPageToken string `protobuf:"bytes,4,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4699,6 +4711,13 @@ func (x *ListLinkReportsResponse) GetBrokerTime() *timestamppb.Timestamp {
 		return x.BrokerTime
 	}
 	return nil
+}
+
+func (x *ListLinkReportsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 var File_cablemesh_proto protoreflect.FileDescriptor
@@ -5063,20 +5082,23 @@ const file_cablemesh_proto_rawDesc = "" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\x12$\n" +
 	"\x0eretry_after_ms\x18\x02 \x01(\x03R\fretryAfterMs\x12&\n" +
 	"\x0fmin_interval_ms\x18\x03 \x01(\x03R\rminIntervalMs\x12.\n" +
-	"\x13summary_interval_ms\x18\x04 \x01(\x03R\x11summaryIntervalMs\"\x18\n" +
-	"\x16ListLinkReportsRequest\"\xd1\x01\n" +
+	"\x13summary_interval_ms\x18\x04 \x01(\x03R\x11summaryIntervalMs\"7\n" +
+	"\x16ListLinkReportsRequest\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x01 \x01(\tR\tpageToken\"\xd1\x01\n" +
 	"\x0fNodeLinkReports\x12\x18\n" +
 	"\acluster\x18\x01 \x01(\tR\acluster\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12#\n" +
 	"\ragent_version\x18\x03 \x01(\tR\fagentVersion\x12;\n" +
 	"\vreported_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"reportedAt\x12.\n" +
-	"\x05links\x18\x05 \x03(\v2\x18.cablemesh.v1.LinkReportR\x05links\"\xb1\x01\n" +
+	"\x05links\x18\x05 \x03(\v2\x18.cablemesh.v1.LinkReportR\x05links\"\xd9\x01\n" +
 	"\x17ListLinkReportsResponse\x123\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x1d.cablemesh.v1.NodeLinkReportsR\x05nodes\x12$\n" +
 	"\x0estale_after_ms\x18\x02 \x01(\x03R\fstaleAfterMs\x12;\n" +
 	"\vbroker_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"brokerTime2\xf4\t\n" +
+	"brokerTime\x12&\n" +
+	"\x0fnext_page_token\x18\x04 \x01(\tR\rnextPageToken2\xf4\t\n" +
 	"\x05Admin\x12U\n" +
 	"\fListClusters\x12!.cablemesh.v1.ListClustersRequest\x1a\".cablemesh.v1.ListClustersResponse\x12H\n" +
 	"\fLabelCluster\x12!.cablemesh.v1.LabelClusterRequest\x1a\x15.cablemesh.v1.Cluster\x12X\n" +

@@ -66,9 +66,9 @@ type AdminClient interface {
 	// RotateCA creates a new mesh CA (new certificates come from it; both are trusted until the
 	// overlap ends), or with finish ends the overlap now.
 	RotateCA(ctx context.Context, in *RotateCARequest, opts ...grpc.CallOption) (*RotateCAResponse, error)
-	// ListLinkReports returns the latest link report of every gateway (ReportLinks): soft state,
-	// kept in memory (and, on etcd, under a lease) and gone when the gateway stops reporting.
-	// Optional: an older broker answers Unimplemented.
+	// ListLinkReports returns the latest link report of every gateway (ReportLinks), a page at a
+	// time: soft state, kept in memory (and, on etcd, under a lease) and gone when the gateway
+	// stops reporting. Optional: an older broker answers Unimplemented.
 	ListLinkReports(ctx context.Context, in *ListLinkReportsRequest, opts ...grpc.CallOption) (*ListLinkReportsResponse, error)
 }
 
@@ -246,9 +246,9 @@ type AdminServer interface {
 	// RotateCA creates a new mesh CA (new certificates come from it; both are trusted until the
 	// overlap ends), or with finish ends the overlap now.
 	RotateCA(context.Context, *RotateCARequest) (*RotateCAResponse, error)
-	// ListLinkReports returns the latest link report of every gateway (ReportLinks): soft state,
-	// kept in memory (and, on etcd, under a lease) and gone when the gateway stops reporting.
-	// Optional: an older broker answers Unimplemented.
+	// ListLinkReports returns the latest link report of every gateway (ReportLinks), a page at a
+	// time: soft state, kept in memory (and, on etcd, under a lease) and gone when the gateway
+	// stops reporting. Optional: an older broker answers Unimplemented.
 	ListLinkReports(context.Context, *ListLinkReportsRequest) (*ListLinkReportsResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
