@@ -9,6 +9,7 @@
 //	exports     the node's exports and their sync; clusterpolicy the cluster's policies
 //	ingress     ingress ports, xDS, the ingress certificate, the gateway-mode data plane
 //	reload      the config file's live changes; metrics and statusapi what it reports
+//	linkreport  a gateway's links, reported to the broker (cablectl links --all)
 //
 // Data flows one way: watch -> state -> plan -> consumers -> status. The agent never tears
 // anything down because the broker is unreachable: it runs on the last state it received.
@@ -34,14 +35,17 @@ import (
 	"github.com/cablemesh/cablemesh/agent/ingress"
 	"github.com/cablemesh/cablemesh/agent/ingress/nftables"
 	"github.com/cablemesh/cablemesh/agent/kube"
+	"github.com/cablemesh/cablemesh/agent/linkreport"
 	"github.com/cablemesh/cablemesh/agent/metrics"
 	"github.com/cablemesh/cablemesh/agent/plan"
 	"github.com/cablemesh/cablemesh/agent/preflight"
 	"github.com/cablemesh/cablemesh/agent/reload"
 	"github.com/cablemesh/cablemesh/agent/routes"
 	"github.com/cablemesh/cablemesh/agent/servicedp"
+	"github.com/cablemesh/cablemesh/agent/statusapi"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/bpf"
+	"github.com/cablemesh/cablemesh/internal/version"
 )
 
 // DefaultRepairInterval is how often at most the agent re-asserts (re-runs the driver's
@@ -151,6 +155,8 @@ type Agent struct {
 	reload *reload.Reloader // the config in force and its reloads
 	addrs  *kube.Addresses  // this node's addresses (the config's, or its Node's on Kubernetes)
 
+	linkReports *linkreport.Reporter // a gateway's links, reported to the broker
+
 }
 
 // New checks options; it creates nothing.
@@ -220,6 +226,8 @@ func New(opts Options) (*Agent, error) {
 		MeshLink: opts.MeshLink, CleanupOnExit: opts.CleanupOnExit, CleanupDecision: a.cleanupOnExit, CABundle: a.link.CABundle, CAs: func() *x509.CertPool { return a.link.Keyring().Identity().CAs },
 		Backoff: a.newBackoff, OnRegistered: a.Trigger})
 	a.ready = &metrics.Readiness{Log: a.log}
+	a.linkReports = linkreport.New(linkreport.Deps{Log: a.log, Version: version.String(),
+		Links: func(ctx context.Context) []statusapi.Connection { return a.cables.Connections(ctx, a.plan()) }})
 	a.registry.MustRegister(&metrics.Collector{Status: a.Status, Probes: a.metrics})
 	a.reload = reload.New(opts.ConfigPath, cfg, reload.Options{Log: a.log, LogLevelFlag: opts.LogLevelFlag, Apply: a.applyConfig,
 		ImportsChanged: func() { a.link.ReopenWatch() }})
@@ -318,6 +326,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	if a.cfg.Gateway {
 		wg.Go(func() { a.link.RunRegister(ctx, client) })
+		wg.Go(func() { a.linkReports.Run(ctx, client) })
 	}
 	if a.opts.ConfigPath != "" {
 		wg.Go(func() { a.reload.Run(ctx, client) })

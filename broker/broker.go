@@ -114,6 +114,11 @@ type Config struct {
 	// start instead of hanging it; default DefaultStartTimeout. Opening an etcd store is bounded
 	// apart, by EtcdConfig.StartTimeout.
 	StartTimeout time.Duration
+	// LinkReportInterval is how often gateways send their full link report (the summary;
+	// changes go at once), default DefaultLinkReportInterval; a report is stale after three.
+	// LinkReportMinInterval is the shortest time between two accepted reports of one node (the
+	// rate limit), default DefaultLinkReportMinInterval.
+	LinkReportInterval, LinkReportMinInterval time.Duration
 }
 
 // DefaultStartTimeout is Config.StartTimeout's default.
@@ -166,6 +171,10 @@ type Server struct {
 	clusterNets clusterNetworks
 	// meshHint is where mesh address allocation starts looking (meshaddrs.go).
 	meshHint meshHint
+	// linkReports are the gateways' latest link reports, and linkLease the etcd lease they are
+	// shared under (linkreports.go, linkreports_ha.go).
+	linkReports *linkReportStore
+	linkLease   linkReportLease
 }
 
 // New loads or creates the broker's PKI, mesh secret and store in cfg.DataDir, creates the mesh
@@ -269,6 +278,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, pki: p, store: st, ha: ha, meshSecret: secret, stopping: make(chan struct{}), ready: make(chan struct{})}
 	s.imports = newImportTracker(cfg.Logger, s.stopping)
+	s.linkReports = newLinkReportStore(cfg.LinkReportInterval, cfg.LinkReportMinInterval)
 	s.watchBudget = cfg.WatchMessageBytes
 	s.snapshotSends = make(chan struct{}, maxSnapshotSends)
 	s.watchEnc = newWatchEncodings(watchEncodingBytes)

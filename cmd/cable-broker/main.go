@@ -83,6 +83,7 @@ func run(args []string, stderr io.Writer) int {
 	etcdKey := fs.String("etcd-key", "", "client key for etcd")
 	metricsListen := fs.String("metrics-listen", "", "address to serve /metrics, /healthz and /readyz on over plain HTTP, e.g. 127.0.0.1:9465 (default: none)")
 	pprof := fs.Bool("pprof", false, "also serve Go's profiles at /debug/pprof/ on --metrics-listen (they expose the process's internals: keep that address private)")
+	linkReports := fs.Duration("link-report-interval", broker.DefaultLinkReportInterval, "how often gateways send the broker their full link report (cablectl links --all; changes go at once, at most one report per node every "+broker.DefaultLinkReportMinInterval.String()+"); a report is stale after three intervals")
 	var quota admission.ExportQuota
 	fs.IntVar(&quota.Services, "max-services-per-cluster", admission.DefaultQuotaServices, "most services (namespace/name) the nodes of one cluster may export together")
 	fs.IntVar(&quota.Endpoints, "max-endpoints-per-cluster", admission.DefaultQuotaEndpoints, "most endpoints the exports of one cluster's nodes may have together")
@@ -106,6 +107,10 @@ func run(args []string, stderr io.Writer) int {
 	}
 	if *dataDir == "" {
 		fmt.Fprintln(stderr, "cable-broker: --data-dir is required")
+		return 2
+	}
+	if *linkReports < time.Second {
+		fmt.Fprintf(stderr, "cable-broker: --link-report-interval %s is shorter than 1s\n", *linkReports)
 		return 2
 	}
 	if *lease < time.Second {
@@ -160,7 +165,8 @@ func run(args []string, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	srv, err := broker.New(ctx, broker.Config{DataDir: *dataDir, Listen: *listen, Lease: *lease, Logger: log, DefaultCableDriver: driver,
-		ServiceVIPRanges: vipRanges, MeshAddressRange: meshAddrs, Etcd: etcdCfg, ExportQuota: quota})
+		ServiceVIPRanges: vipRanges, MeshAddressRange: meshAddrs, Etcd: etcdCfg, ExportQuota: quota,
+		LinkReportInterval: *linkReports})
 	if err != nil {
 		log.Error("start broker", "err", err)
 		return 1

@@ -56,6 +56,9 @@ type Mesh struct {
 	BrokerAddr    netip.Addr
 	BrokerDataDir string
 	Broker        *Process
+	// BrokerArgs are more cable-broker flags; StartBroker passes them (New starts the broker
+	// without: a test that needs them sets them, then StopBroker and StartBroker).
+	BrokerArgs []string
 	// BPFFS is the mesh's bpf filesystem (see services.go).
 	BPFFS string
 
@@ -203,7 +206,7 @@ func (m *Mesh) StartBroker() {
 		}
 	}
 	p, err := StartProcess("cable-broker", m.BrokerNS, filepath.Join(m.Dir, "broker.log"),
-		m.Bin.Broker, "--data-dir", m.BrokerDataDir, "--listen", m.BrokerAddress())
+		append([]string{m.Bin.Broker, "--data-dir", m.BrokerDataDir, "--listen", m.BrokerAddress()}, m.BrokerArgs...)...)
 	m.must(err)
 	m.track(p)
 	m.Broker = p
