@@ -23,7 +23,7 @@ import (
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
 	"github.com/cablemesh/cablemesh/agent/cables"
 	"github.com/cablemesh/cablemesh/agent/config"
-	"github.com/cablemesh/cablemesh/agent/internal/fakebroker"
+	"github.com/cablemesh/cablemesh/agent/internal/testbroker"
 	"github.com/cablemesh/cablemesh/agent/internal/fakedriver"
 	"github.com/cablemesh/cablemesh/agent/metrics"
 	"github.com/cablemesh/cablemesh/agent/routes"
@@ -44,16 +44,14 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	t.Fatalf("timed out waiting for: %s", what)
 }
 
-func newBroker(t *testing.T) *fakebroker.Broker {
+// newBroker runs the real broker (with o, if given) with the clusters east, west and north, and
+// west's and north's gateways.
+func newBroker(t *testing.T, o ...testbroker.Options) *testbroker.Broker {
 	t.Helper()
-	b, err := fakebroker.New()
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := testbroker.New(t, append(o, testbroker.Options{})[0])
 	if err := b.Start("127.0.0.1:0"); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(b.Stop)
 	b.UpsertCluster(&apiv1.Cluster{Name: "east", Id: 1, PodCidrs: []string{"10.1.0.0/16"}})
 	b.UpsertCluster(&apiv1.Cluster{Name: "west", Id: 2, PodCidrs: []string{"10.2.0.0/16"}, ServiceCidrs: []string{"10.96.2.0/24"}})
 	b.UpsertCluster(&apiv1.Cluster{Name: "north", Id: 3, PodCidrs: []string{"10.3.0.0/16"}})
@@ -69,7 +67,7 @@ func remoteEndpoint(cluster, node, ip, key string) *apiv1.Endpoint {
 
 // testConfig is an east gateway config with short timers and a socket path short enough for
 // sun_path (t.TempDir paths of long test names are not).
-func testConfig(t *testing.T, b *fakebroker.Broker, gateway bool) *config.Config {
+func testConfig(t *testing.T, b *testbroker.Broker, gateway bool) *config.Config {
 	t.Helper()
 	sockDir, err := os.MkdirTemp("", "cbta-sock")
 	if err != nil {

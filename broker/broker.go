@@ -114,7 +114,22 @@ type Config struct {
 	// start instead of hanging it; default DefaultStartTimeout. Opening an etcd store is bounded
 	// apart, by EtcdConfig.StartTimeout.
 	StartTimeout time.Duration
+	// AgentCertificateLifetime is how long the agent certificates issued from now on last
+	// (joins and renewals): default pki.Validity (one year), at least MinAgentCertificateLifetime,
+	// at most pki.Validity. Agents renew two thirds into a certificate's lifetime, so a shorter
+	// one bounds how long a stolen certificate stays useful, at the price of more renewals.
+	AgentCertificateLifetime time.Duration
+	// UnaryInterceptors and StreamInterceptors run around every call after the broker's own
+	// (metrics, then authentication: a call they see is authenticated), outermost first: for
+	// auditing, tracing, or a test that refuses or observes calls. A Watch stream's SendMsg gets
+	// messages the broker encoded once for many watchers as PreEncoded.
+	UnaryInterceptors  []grpc.UnaryServerInterceptor
+	StreamInterceptors []grpc.StreamServerInterceptor
 }
+
+// MinAgentCertificateLifetime is the shortest Config.AgentCertificateLifetime: an agent must be
+// able to renew in the third of it that is left after it starts to.
+const MinAgentCertificateLifetime = time.Second
 
 // DefaultStartTimeout is Config.StartTimeout's default.
 const DefaultStartTimeout = 60 * time.Second
@@ -203,6 +218,9 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if cfg.StartTimeout <= 0 {
 		cfg.StartTimeout = DefaultStartTimeout
 	}
+	if cfg.AgentCertificateLifetime, err = agentCertificateLifetime(cfg.AgentCertificateLifetime); err != nil {
+		return nil, err
+	}
 	if cfg.DefaultCableDriver != "" {
 		if err := ValidateDefaultCableDriver(cfg.DefaultCableDriver); err != nil {
 			return nil, err
@@ -285,8 +303,8 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	s.metrics = newMetrics(s)
 	s.grpc = grpc.NewServer(
 		grpc.Creds(s.handshakes),
-		grpc.ChainUnaryInterceptor(s.metrics.grpc.UnaryServerInterceptor(), s.unaryAuth),
-		grpc.ChainStreamInterceptor(s.metrics.grpc.StreamServerInterceptor(), s.streamAuth, s.metrics.watchStream),
+		grpc.ChainUnaryInterceptor(append([]grpc.UnaryServerInterceptor{s.metrics.grpc.UnaryServerInterceptor(), s.unaryAuth}, cfg.UnaryInterceptors...)...),
+		grpc.ChainStreamInterceptor(append([]grpc.StreamServerInterceptor{s.metrics.grpc.StreamServerInterceptor(), s.streamAuth, s.metrics.watchStream}, cfg.StreamInterceptors...)...),
 		// Pings find dead peers (a watcher whose host vanished) so their streams end.
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 20 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
@@ -302,6 +320,17 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	apiv1.RegisterAgentServer(s.grpc, &agentService{s: s})
 	s.metrics.grpc.InitializeMetrics(s.grpc) // every method's series from the start, at 0
 	return s, nil
+}
+
+// agentCertificateLifetime is Config.AgentCertificateLifetime checked, with its default.
+func agentCertificateLifetime(d time.Duration) (time.Duration, error) {
+	switch {
+	case d == 0:
+		return pki.Validity, nil
+	case d < MinAgentCertificateLifetime || d > pki.Validity:
+		return 0, fmt.Errorf("config: AgentCertificateLifetime %s is outside %s to %s", d, MinAgentCertificateLifetime, pki.Validity)
+	}
+	return d, nil
 }
 
 // AdminConfigPath is DIR/admin.yaml.
