@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/cablemesh/cablemesh/agent/brokerclient"
-	"github.com/cablemesh/cablemesh/agent/internal/testbroker"
 	"github.com/cablemesh/cablemesh/agent/internal/fakedriver"
+	"github.com/cablemesh/cablemesh/agent/internal/testbroker"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 )
 

@@ -18,8 +18,8 @@ import (
 
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
 	"github.com/cablemesh/cablemesh/agent/config"
-	"github.com/cablemesh/cablemesh/agent/internal/testbroker"
 	"github.com/cablemesh/cablemesh/agent/internal/fakedriver"
+	"github.com/cablemesh/cablemesh/agent/internal/testbroker"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/cable"

@@ -21,8 +21,8 @@ import (
 	mcsfake "sigs.k8s.io/mcs-api/pkg/client/clientset/versioned/fake"
 
 	"github.com/cablemesh/cablemesh/agent/config"
-	"github.com/cablemesh/cablemesh/agent/internal/testbroker"
 	"github.com/cablemesh/cablemesh/agent/internal/fakedriver"
+	"github.com/cablemesh/cablemesh/agent/internal/testbroker"
 	"github.com/cablemesh/cablemesh/agent/kube"
 	"github.com/cablemesh/cablemesh/agent/kube/kubetest"
 	"github.com/cablemesh/cablemesh/agent/reconcile"
