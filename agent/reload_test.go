@@ -569,8 +569,12 @@ func TestAReloadTurnsProbesOffAndOnAndChangesTheImportSelector(t *testing.T) {
 	if s.Services == nil || s.Services.ImportSelector != "team=shop" {
 		t.Errorf("status services %+v, want the new selector", s.Services)
 	}
-	// The new stream carries what the broker sends from now on.
-	b.SetImports("east", webImport())
+	// The new stream carries what the broker sends from now on: the exports the selector selects.
+	web := webImport()
+	for _, c := range web.Clusters {
+		c.Labels = map[string]string{"team": "shop"}
+	}
+	b.SetImports("east", web)
 	eventually(t, "the imports sent on the new stream", func() bool {
 		s, _ := getStatus(t, cfg.StatusSocket)
 		return s.Services != nil && len(s.Services.Imports) == 1

@@ -40,11 +40,13 @@ type knobs struct {
 	// held back, when the hold ends (the agent watches again and gets them).
 	importsHeld bool
 	heldWatches map[*observedStream]bool
+	// refused logs a call the broker refused (with -v: the broker logs none of its answers).
+	refused func(method string, err error)
 }
 
-func newKnobs() *knobs {
+func newKnobs(refused func(method string, err error)) *knobs {
 	return &knobs{refuse: map[string]error{}, succeeded: map[string]int{}, lastSerial: map[string]string{},
-		heldWatches: map[*observedStream]bool{}}
+		heldWatches: map[*observedStream]bool{}, refused: refused}
 }
 
 // refuseWith makes method fail with err before the service sees the call (nil: answer again).
@@ -97,12 +99,14 @@ func (k *knobs) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, 
 		return nil, refused
 	}
 	resp, err := handler(ctx, req)
-	if err == nil {
-		k.mu.Lock()
-		k.succeeded[info.FullMethod]++
-		k.mu.Unlock()
+	if err != nil {
+		k.refused(info.FullMethod, err)
+		return resp, err
 	}
-	return resp, err
+	k.mu.Lock()
+	k.succeeded[info.FullMethod]++
+	k.mu.Unlock()
+	return resp, nil
 }
 
 // stream is the interceptor of the streams (the watch): it records each watch's request, counts
@@ -119,7 +123,11 @@ func (k *knobs) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInf
 		delete(k.heldWatches, s)
 		k.mu.Unlock()
 	}()
-	return handler(srv, s)
+	err := handler(srv, s)
+	if err != nil {
+		k.refused(info.FullMethod, err)
+	}
+	return err
 }
 
 // observedStream is a watch as the knobs see it. Its context ends when the knobs end it.

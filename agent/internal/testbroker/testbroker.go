@@ -60,7 +60,12 @@ type Broker struct {
 // cleanup stops it.
 func New(t testing.TB, o Options) *Broker {
 	t.Helper()
-	b := &Broker{t: t, dir: t.TempDir(), store: store.NewMemory(store.Options{}), opts: o, knobs: newKnobs()}
+	b := &Broker{t: t, dir: t.TempDir(), store: store.NewMemory(store.Options{}), opts: o}
+	b.knobs = newKnobs(func(method string, err error) {
+		if testing.Verbose() {
+			t.Logf("broker: refused %s: %v", method, err)
+		}
+	})
 	t.Cleanup(func() {
 		b.Stop()
 		b.store.Close()
