@@ -115,8 +115,8 @@ type Config struct {
 	// apart, by EtcdConfig.StartTimeout.
 	StartTimeout time.Duration
 	// AgentCertificateLifetime is how long the agent certificates issued from now on last
-	// (joins and renewals): default pki.Validity (one year), at least MinAgentCertificateLifetime,
-	// at most pki.Validity. Agents renew two thirds into a certificate's lifetime, so a shorter
+	// (joins and renewals): default and at most DefaultAgentCertificateLifetime (one year), at
+	// least MinAgentCertificateLifetime. Agents renew two thirds into a certificate's lifetime, so a shorter
 	// one bounds how long a stolen certificate stays useful, at the price of more renewals.
 	AgentCertificateLifetime time.Duration
 	// UnaryInterceptors and StreamInterceptors run around every call after the broker's own
@@ -127,9 +127,13 @@ type Config struct {
 	StreamInterceptors []grpc.StreamServerInterceptor
 }
 
-// MinAgentCertificateLifetime is the shortest Config.AgentCertificateLifetime: an agent must be
-// able to renew in the third of it that is left after it starts to.
-const MinAgentCertificateLifetime = time.Second
+// MinAgentCertificateLifetime is the shortest Config.AgentCertificateLifetime (for tests and
+// drills: an agent must renew within the last third of it); DefaultAgentCertificateLifetime,
+// pki.Validity, is the default and the longest.
+const (
+	MinAgentCertificateLifetime     = time.Second
+	DefaultAgentCertificateLifetime = pki.Validity
+)
 
 // DefaultStartTimeout is Config.StartTimeout's default.
 const DefaultStartTimeout = 60 * time.Second
@@ -324,13 +328,22 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 
 // agentCertificateLifetime is Config.AgentCertificateLifetime checked, with its default.
 func agentCertificateLifetime(d time.Duration) (time.Duration, error) {
-	switch {
-	case d == 0:
-		return pki.Validity, nil
-	case d < MinAgentCertificateLifetime || d > pki.Validity:
-		return 0, fmt.Errorf("config: AgentCertificateLifetime %s is outside %s to %s", d, MinAgentCertificateLifetime, pki.Validity)
+	if d == 0 {
+		return DefaultAgentCertificateLifetime, nil
+	}
+	if err := ValidateAgentCertificateLifetime(d); err != nil {
+		return 0, fmt.Errorf("config: AgentCertificateLifetime: %w", err)
 	}
 	return d, nil
+}
+
+// ValidateAgentCertificateLifetime checks an agent certificate lifetime: from
+// MinAgentCertificateLifetime to DefaultAgentCertificateLifetime.
+func ValidateAgentCertificateLifetime(d time.Duration) error {
+	if d < MinAgentCertificateLifetime || d > DefaultAgentCertificateLifetime {
+		return fmt.Errorf("agent certificate lifetime %s is outside %s to %s", d, MinAgentCertificateLifetime, DefaultAgentCertificateLifetime)
+	}
+	return nil
 }
 
 // AdminConfigPath is DIR/admin.yaml.
