@@ -147,6 +147,20 @@ func startAgentWith(t *testing.T, cfg *config.Config, d *fakedriver.Driver, mod 
 	return r
 }
 
+// waitReady waits until r is ready, failing the test when its Run ended first (with its error)
+// or it is not ready within 10 seconds.
+func waitReady(t *testing.T, r *running) {
+	t.Helper()
+	select {
+	case <-r.ready:
+	case err := <-r.done:
+		r.done <- err // for the cleanup's stop()
+		t.Fatalf("the agent stopped before it was ready: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("agent not ready")
+	}
+}
+
 func (r *running) stop() {
 	r.once.Do(func() {
 		r.cancel()

@@ -515,7 +515,7 @@ func TestADeletedConfigFileKeepsTheRunningConfig(t *testing.T) {
 		o.ConfigPath = path
 		o.Log = slog.New(slog.NewTextHandler(logs, nil))
 	})
-	<-r.ready
+	waitReady(t, r)
 	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
 	}

@@ -69,11 +69,7 @@ func servicesAgent(t *testing.T, b *testbroker.Broker, net *switchPinger, mod fu
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-r.ready:
-	case <-time.After(10 * time.Second):
-		t.Fatal("agent not ready")
-	}
+	waitReady(t, r)
 	return r, cfg, lb, ctr
 }
 
@@ -214,7 +210,7 @@ func TestAnAgentRestartedWithoutItsBrokerServesItsCachedImports(t *testing.T) {
 		o.NewPinger = net.open
 		fakeDatapath(o, lb2, nil, nil)
 	})
-	<-r2.ready
+	waitReady(t, r2)
 	if got, _ := lb2.backends("241.0.0.1:80/tcp"); len(got) != 2 {
 		t.Errorf("maps after a restart without the broker: %v", got)
 	}
@@ -232,7 +228,7 @@ func TestTheDatapathStaysOnExitUnlessCleanupIsAsked(t *testing.T) {
 			fakeDatapath(o, lb, nil, nil)
 			o.CleanupOnExit = cleanup
 		})
-		<-r.ready
+		waitReady(t, r)
 		r.stop()
 		lb.mu.Lock()
 		closed, removed := lb.closed, lb.removed
@@ -328,7 +324,7 @@ func TestExportsReachTheBrokerFromConfigAndRuntime(t *testing.T) {
 	// The runtime export survives a restart.
 	r.stop()
 	r2 := startAgentWith(t, cfg, fakedriver.New(), func(o *Options) { fakeDatapath(o, nil, nil, nil) })
-	<-r2.ready
+	waitReady(t, r2)
 	eventually(t, "the restarted agent still exports web", func() bool {
 		s, _ := getStatus(t, cfg.StatusSocket)
 		return len(s.Services.Exports) == 2 && s.Services.Sync.InSync
