@@ -9,6 +9,7 @@
 //	exports     the node's exports and their sync; clusterpolicy the cluster's policies
 //	ingress     ingress ports, xDS, the ingress certificate, the gateway-mode data plane
 //	reload      the config file's live changes; metrics and statusapi what it reports
+//	linkreport  a gateway's links, reported to the broker (cablectl links --all)
 //
 // Data flows one way: watch -> state -> plan -> consumers -> status. The agent never tears
 // anything down because the broker is unreachable: it runs on the last state it received.
@@ -34,14 +35,17 @@ import (
 	"github.com/cablemesh/cablemesh/agent/ingress"
 	"github.com/cablemesh/cablemesh/agent/ingress/nftables"
 	"github.com/cablemesh/cablemesh/agent/kube"
+	"github.com/cablemesh/cablemesh/agent/linkreport"
 	"github.com/cablemesh/cablemesh/agent/metrics"
 	"github.com/cablemesh/cablemesh/agent/plan"
 	"github.com/cablemesh/cablemesh/agent/preflight"
 	"github.com/cablemesh/cablemesh/agent/reload"
 	"github.com/cablemesh/cablemesh/agent/routes"
 	"github.com/cablemesh/cablemesh/agent/servicedp"
+	"github.com/cablemesh/cablemesh/agent/statusapi"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/bpf"
+	"github.com/cablemesh/cablemesh/internal/version"
 )
 
 // DefaultRepairInterval is how often at most the agent re-asserts (re-runs the driver's
@@ -76,6 +80,10 @@ type Options struct {
 	// the gateway elsewhere, and the services datapath's programs and pins. By default they
 	// stay, so that a restart neither flaps the tunnels nor breaks a connection through a VIP.
 	CleanupOnExit bool
+	// CleanupOnStop, when set and CleanupOnExit is not, is asked once as Run ends whether to
+	// clean up as CleanupOnExit does: on Kubernetes, whether the agent's install is being removed
+	// rather than the pod restarted (agent/uninstall).
+	CleanupOnStop func() bool
 	// OpenLB opens the eBPF socket load balancer; default bpf.Open (tests fake it).
 	OpenLB func(context.Context, bpf.Options) (servicedp.LoadBalancer, error)
 	// OpenCounters opens the per-cluster traffic counters of gateways; default bpf.OpenCounters.
@@ -116,6 +124,8 @@ type Agent struct {
 	cfg   config.Static
 	start *config.Config
 	opts  Options
+	// cleanupDecision answers, once, whether stopping removes what the agent made.
+	cleanupDecision func() bool
 	// log carries this node's identity (cluster, node); pairLog carries it as localCluster and
 	// localNode, for the lines about a remote pair, which name the remote side as cluster and
 	// node (the reconciler, the drivers, the probes).
@@ -144,6 +154,8 @@ type Agent struct {
 
 	reload *reload.Reloader // the config in force and its reloads
 	addrs  *kube.Addresses  // this node's addresses (the config's, or its Node's on Kubernetes)
+
+	linkReports *linkreport.Reporter // a gateway's links, reported to the broker
 
 }
 
@@ -178,14 +190,15 @@ func New(opts Options) (*Agent, error) {
 		return nil, errors.New("agent: kubernetes.enabled is set but no Kubernetes export source was given")
 	}
 	a := &Agent{
-		cfg:      cfg.Static(),
-		start:    cfg,
-		opts:     opts,
-		log:      opts.Log.With("cluster", cfg.Cluster, "node", cfg.Node),
-		pairLog:  opts.Log.With("localCluster", cfg.Cluster, "localNode", cfg.Node),
-		metrics:  metrics.NewProbes(),
-		registry: prometheus.NewRegistry(),
-		planner:  plan.New(opts.Log.With("cluster", cfg.Cluster, "node", cfg.Node)),
+		cfg:             cfg.Static(),
+		start:           cfg,
+		opts:            opts,
+		cleanupDecision: newCleanupDecision(opts),
+		log:             opts.Log.With("cluster", cfg.Cluster, "node", cfg.Node),
+		pairLog:         opts.Log.With("localCluster", cfg.Cluster, "localNode", cfg.Node),
+		metrics:         metrics.NewProbes(),
+		registry:        prometheus.NewRegistry(),
+		planner:         plan.New(opts.Log.With("cluster", cfg.Cluster, "node", cfg.Node)),
 	}
 	var src kube.AddressSource
 	if cfg.Gateway {
@@ -210,9 +223,11 @@ func New(opts Options) (*Agent, error) {
 	a.clusterPolicies = clusterpolicy.NewSync(clusterpolicy.SyncDeps{Log: a.log, Cluster: cfg.Cluster, PolicyDir: cfg.PolicyDir,
 		Resync: cfg.ResyncInterval, Backoff: a.newBackoff, CertificateRefused: a.link.CertificateRefused})
 	a.ingress = ingress.New(cfg, ingress.Deps{Log: a.log, Exports: a.exportSet, Plan: a.plan, OpenDataplane: opts.OpenIngress,
-		MeshLink: opts.MeshLink, CleanupOnExit: opts.CleanupOnExit, CABundle: a.link.CABundle, CAs: func() *x509.CertPool { return a.link.Keyring().Identity().CAs },
+		MeshLink: opts.MeshLink, CleanupOnExit: opts.CleanupOnExit, CleanupDecision: a.cleanupOnExit, CABundle: a.link.CABundle, CAs: func() *x509.CertPool { return a.link.Keyring().Identity().CAs },
 		Backoff: a.newBackoff, OnRegistered: a.Trigger})
 	a.ready = &metrics.Readiness{Log: a.log}
+	a.linkReports = linkreport.New(linkreport.Deps{Log: a.log, Version: version.String(),
+		Links: func(ctx context.Context) []statusapi.Connection { return a.cables.Connections(ctx, a.plan()) }})
 	a.registry.MustRegister(&metrics.Collector{Status: a.Status, Probes: a.metrics})
 	a.reload = reload.New(opts.ConfigPath, cfg, reload.Options{Log: a.log, LogLevelFlag: opts.LogLevelFlag, Apply: a.applyConfig,
 		ImportsChanged: func() { a.link.ReopenWatch() }})
@@ -311,6 +326,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	if a.cfg.Gateway {
 		wg.Go(func() { a.link.RunRegister(ctx, client) })
+		wg.Go(func() { a.linkReports.Run(ctx, client) })
 	}
 	if a.opts.ConfigPath != "" {
 		wg.Go(func() { a.reload.Run(ctx, client) })

@@ -57,17 +57,21 @@ type fleet struct {
 	firstDelay bool
 	acceptBusy bool
 	zstd       bool // the agent accepts compressed watch messages (watchzstd), as cable-agent does
-	frames     frameCache
-	dialOpts   []grpc.DialOption
-	t0         time.Time
-	probe      atomic.Pointer[probe]
-	epoch      atomic.Int32 // bumped before a broker restart: agents record their first message after it
-	ctx        context.Context
-	cancel     context.CancelFunc
-	wg         sync.WaitGroup
-	beats      beatLog
-	calls      callCounters
-	regRevMax  atomic.Uint64 // the highest revision a RegisterEndpoint answered with
+	// reports: the agent reports its links (Agent.ReportLinks), as cable-agent's linkreport
+	// does on a gateway (reports.go); linkSets are each cluster's links, shared by its agents.
+	reports   bool
+	linkSets  linkSets
+	frames    frameCache
+	dialOpts  []grpc.DialOption
+	t0        time.Time
+	probe     atomic.Pointer[probe]
+	epoch     atomic.Int32 // bumped before a broker restart: agents record their first message after it
+	ctx       context.Context
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	beats     beatLog
+	calls     callCounters
+	regRevMax atomic.Uint64 // the highest revision a RegisterEndpoint answered with
 }
 
 // callCounters count the calls of every agent by outcome.
@@ -81,6 +85,9 @@ type callCounters struct {
 	// busyWaitMs and busyWaitMaxMs sum and bound the waits the busy answers asked for
 	// (brokerclient.BusyWait: the broker's hint, jittered), in milliseconds.
 	busyWaitMs, busyWaitMaxMs atomic.Int64
+	// Link reports: calls, those the broker dropped (its rate limit), errors, Unimplemented
+	// answers (an older broker) and the bytes of the requests.
+	reports, reportsDropped, reportErrors, reportsUnimplemented, reportBytes atomic.Int64
 
 	// kinds counts the errors of calls other than deadlines, by method, code and message (its
 	// first 100 bytes): the figures say how many failed, these say why.
@@ -179,6 +186,7 @@ type simAgent struct {
 	registered          atomic.Bool
 	watchUp             atomic.Bool
 	wake                chan struct{}
+	linksUp             chan struct{} // closed once the agent is current: its links are up
 	timerMu             sync.Mutex
 	timer               *time.Timer
 
@@ -224,6 +232,7 @@ func newFleet(broker string, clusters []string, gateways int, tokenFiles []strin
 				stateDir: filepath.Join(stateBase, c+"-"+node),
 				ep:       endpointOf(c, node, ci+1, idx),
 				wake:     make(chan struct{}, 1),
+				linksUp:  make(chan struct{}),
 				eps:      make([]uint64, words),
 				cls:      make([]uint64, cwords),
 			}
@@ -317,6 +326,9 @@ func (a *simAgent) run(ctx context.Context) {
 	a.timerMu.Lock()
 	a.timer = time.AfterFunc(first, func() { a.beat(ctx, false) })
 	a.timerMu.Unlock()
+	if a.f.reports {
+		a.f.wg.Go(func() { a.reportLoop(ctx) })
+	}
 	a.watchLoop(ctx)
 }
 
@@ -758,6 +770,7 @@ func (a *simAgent) apply(b []byte, now time.Time) error {
 	a.holdsAll.Store(a.epCount == a.f.n() && a.clCount == len(a.f.clusters))
 	if a.currentAt.Load() == 0 && a.epCount == a.f.n() && a.clCount == len(a.f.clusters) {
 		a.currentAt.Store(nanos)
+		close(a.linksUp)
 	}
 	return nil
 }
