@@ -5,7 +5,7 @@
 //
 // Bounded and cheap: the component reads the rows every check interval and sends only what
 // changed (state, driver, policy, alive) at once, and everything as a summary every summary
-// interval; the broker sets both (it rate-limits each node to one report per min interval and
+// interval (nothing until the gateway has a link); the broker sets both (it rate-limits each node to one report per min interval and
 // answers a report that comes sooner with a time to retry). An older broker answers
 // Unimplemented: the component then logs once and stops reporting.
 package linkreport
@@ -62,7 +62,7 @@ type signature struct {
 type Reporter struct {
 	deps Deps
 
-	mu sync.Mutex // guards what Status reads
+	mu sync.Mutex // guards the fields below (Stopped reads them from another goroutine)
 	// sent is what the broker holds (per remote cluster), nil until a full report was accepted
 	// or after a failure (the next report is full then).
 	sent                 map[string]signature
@@ -70,6 +70,10 @@ type Reporter struct {
 	nextFull, notBefore  time.Time
 	failures             int
 	stopped              bool
+	// reported: the broker accepted a report of this process once. Until then a gateway
+	// without links sends nothing (nothing to show, and a fleet that starts together would
+	// otherwise make one more call each while the broker is busiest).
+	reported bool
 }
 
 // New builds a Reporter; it sends nothing until Run.
@@ -114,6 +118,12 @@ func (r *Reporter) step(ctx context.Context, client Client) (wait time.Duration,
 	r.mu.Unlock()
 
 	links := Reports(r.deps.Links(ctx))
+	r.mu.Lock()
+	reported := r.reported
+	r.mu.Unlock()
+	if !reported && len(links) == 0 {
+		return r.checkInterval(), false
+	}
 	req := &apiv1.ReportLinksRequest{AgentVersion: r.deps.Version, Full: full}
 	if full {
 		req.Links = links
@@ -175,6 +185,7 @@ func (r *Reporter) answered(ctx context.Context, req *apiv1.ReportLinksRequest, 
 		delete(r.sent, c)
 	}
 	r.notBefore = now.Add(r.minInterval)
+	r.reported = true
 	return r.checkInterval(), false
 }
 

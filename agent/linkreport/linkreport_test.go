@@ -184,3 +184,24 @@ func TestReportCarriesTheStatusRow(t *testing.T) {
 		t.Fatal("latency reported without samples")
 	}
 }
+
+func TestReporterSendsNothingBeforeTheFirstLink(t *testing.T) {
+	f := newFixture()
+	f.step(t)
+	if len(f.b.reqs) != 0 {
+		t.Fatalf("%d reports of a gateway without links, want none", len(f.b.reqs))
+	}
+	f.conns = []statusapi.Connection{conn("b", "connecting")}
+	f.now = f.now.Add(2 * time.Second)
+	f.step(t)
+	if len(f.b.reqs) != 1 || !f.last().Full {
+		t.Fatalf("reports %v, want a full one once a link exists", f.b.reqs)
+	}
+	// Once reported, losing every link is a change the broker hears of.
+	f.conns = nil
+	f.now = f.now.Add(2 * time.Second)
+	f.step(t)
+	if len(f.b.reqs) != 2 || len(f.last().Removed) != 1 {
+		t.Fatalf("reports %v, want b removed", f.b.reqs)
+	}
+}

@@ -17,9 +17,9 @@ import (
 )
 
 // What cable-agent's linkreport does on a gateway (agent/linkreport), in the same order and
-// with the same timings: a full report at once when it starts (a fresh gateway: no links yet),
-// the links as a change once they are up (here: once the agent holds every endpoint and
-// cluster, one link per remote cluster, connected), then a full report every summary interval
+// with the same timings: nothing while it has no link (a fresh gateway), a full report once its
+// links are up (here: once the agent holds every endpoint and cluster, one link per remote
+// cluster, connected), then a full report every summary interval
 // the broker gives, less up to a tenth at random; a report the broker drops (its rate limit)
 // again after the time it says, a failed one again in full after a backoff; an older broker's
 // Unimplemented ends the reports.
@@ -59,21 +59,13 @@ func (l *linkSets) of(f *fleet, cluster string) []*apiv1.LinkReport {
 
 // reportLoop is linkreport.Reporter.Run for a simulated gateway.
 func (a *simAgent) reportLoop(ctx context.Context) {
-	if _, ok := a.sendReport(ctx, &apiv1.ReportLinksRequest{AgentVersion: reportVersion, Full: true}); !ok {
-		return
-	}
-	// As the agent, no report sooner than the broker's minimum interval after the last.
-	notBefore := time.Now().Add(reportMinInterval)
 	select {
 	case <-ctx.Done():
 		return
 	case <-a.linksUp:
 	}
-	if !sleepCtx(ctx, time.Until(notBefore)) {
-		return
-	}
 	links := a.f.linkSets.of(a.f, a.cluster)
-	summary, ok := a.sendReport(ctx, &apiv1.ReportLinksRequest{AgentVersion: reportVersion, Links: links})
+	summary, ok := a.sendReport(ctx, &apiv1.ReportLinksRequest{AgentVersion: reportVersion, Full: true, Links: links})
 	if !ok {
 		return
 	}
