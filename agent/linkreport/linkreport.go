@@ -30,6 +30,10 @@ import (
 const (
 	DefaultMinInterval     = 2 * time.Second
 	DefaultSummaryInterval = time.Minute
+	// firstSpread spreads the first reports of a fleet that starts together (their links come
+	// up together, while the broker still sends snapshots to the last ones): the first report
+	// waits up to this long, at random.
+	firstSpread = DefaultSummaryInterval / 10
 	// callTimeout bounds one report.
 	callTimeout = 10 * time.Second
 	// maxRetry bounds the wait after a failed report (the broker unreachable).
@@ -74,6 +78,10 @@ type Reporter struct {
 	// without links sends nothing (nothing to show, and a fleet that starts together would
 	// otherwise make one more call each while the broker is busiest).
 	reported bool
+	// firstAt: when the first report may go (set once the first link is seen); spread is
+	// firstSpread (tests set 0).
+	firstAt time.Time
+	spread  time.Duration
 }
 
 // New builds a Reporter; it sends nothing until Run.
@@ -84,7 +92,7 @@ func New(deps Deps) *Reporter {
 	if deps.Now == nil {
 		deps.Now = time.Now
 	}
-	return &Reporter{deps: deps, minInterval: DefaultMinInterval, summary: DefaultSummaryInterval}
+	return &Reporter{deps: deps, minInterval: DefaultMinInterval, summary: DefaultSummaryInterval, spread: firstSpread}
 }
 
 // Run reports until ctx ends or the broker turns out not to take reports.
@@ -121,8 +129,13 @@ func (r *Reporter) step(ctx context.Context, client Client) (wait time.Duration,
 	r.mu.Lock()
 	reported := r.reported
 	r.mu.Unlock()
-	if !reported && len(links) == 0 {
-		return r.checkInterval(), false
+	if !reported {
+		if len(links) == 0 {
+			return r.checkInterval(), false
+		}
+		if d := r.firstWait(now); d > 0 {
+			return d, false
+		}
 	}
 	req := &apiv1.ReportLinksRequest{AgentVersion: r.deps.Version, Full: full}
 	if full {
@@ -187,6 +200,17 @@ func (r *Reporter) answered(ctx context.Context, req *apiv1.ReportLinksRequest, 
 	r.notBefore = now.Add(r.minInterval)
 	r.reported = true
 	return r.checkInterval(), false
+}
+
+// firstWait is how long the first report still waits (firstSpread at most, drawn at random
+// when the first link is seen).
+func (r *Reporter) firstWait(now time.Time) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.firstAt.IsZero() {
+		r.firstAt = now.Add(rand.N(r.spread + 1))
+	}
+	return r.firstAt.Sub(now)
 }
 
 // checkInterval is how often the links are read for changes: the broker's rate limit, since a

@@ -48,6 +48,7 @@ func newFixture() *fixture {
 	f := &fixture{b: &fakeBroker{}, now: time.Unix(1_700_000_000, 0)}
 	f.r = New(Deps{Log: slog.New(slog.NewTextHandler(&f.log, nil)), Version: "v1", Now: func() time.Time { return f.now },
 		Links: func(context.Context) []statusapi.Connection { return f.conns }})
+	f.r.spread = 0
 	return f
 }
 
@@ -203,5 +204,20 @@ func TestReporterSendsNothingBeforeTheFirstLink(t *testing.T) {
 	f.step(t)
 	if len(f.b.reqs) != 2 || len(f.last().Removed) != 1 {
 		t.Fatalf("reports %v, want b removed", f.b.reqs)
+	}
+}
+
+func TestTheFirstReportWaitsAtMostTheSpread(t *testing.T) {
+	f := newFixture()
+	f.r.spread = firstSpread
+	f.conns = []statusapi.Connection{conn("b", "connected")}
+	wait := f.step(t)
+	if wait < 0 || wait > firstSpread || len(f.b.reqs) > 1 {
+		t.Fatalf("first wait %v with %d reports, want at most %v", wait, len(f.b.reqs), firstSpread)
+	}
+	f.now = f.now.Add(wait)
+	f.step(t)
+	if len(f.b.reqs) != 1 || !f.last().Full {
+		t.Fatalf("reports %v after the first wait, want the first, full", f.b.reqs)
 	}
 }

@@ -19,7 +19,7 @@ import (
 // What cable-agent's linkreport does on a gateway (agent/linkreport), in the same order and
 // with the same timings: nothing while it has no link (a fresh gateway), a full report once its
 // links are up (here: once the agent holds every endpoint and cluster, one link per remote
-// cluster, connected), then a full report every summary interval
+// cluster, connected) after a wait of up to 6 s at random, then a full report every summary interval
 // the broker gives, less up to a tenth at random; a report the broker drops (its rate limit)
 // again after the time it says, a failed one again in full after a backoff; an older broker's
 // Unimplemented ends the reports.
@@ -28,6 +28,7 @@ const (
 	reportMinInterval = 2 * time.Second // linkreport.DefaultMinInterval
 	reportSummary     = time.Minute     // linkreport.DefaultSummaryInterval
 	reportMaxRetry    = 30 * time.Second
+	reportFirstSpread = reportSummary / 10 // linkreport's firstSpread
 	reportVersion     = "scale-bench"
 )
 
@@ -63,6 +64,9 @@ func (a *simAgent) reportLoop(ctx context.Context) {
 	case <-ctx.Done():
 		return
 	case <-a.linksUp:
+	}
+	if !sleepCtx(ctx, mrand.N(reportFirstSpread+1)) {
+		return
 	}
 	links := a.f.linkSets.of(a.f, a.cluster)
 	summary, ok := a.sendReport(ctx, &apiv1.ReportLinksRequest{AgentVersion: reportVersion, Full: true, Links: links})
