@@ -31,13 +31,11 @@ const (
 	DefaultMinInterval     = 2 * time.Second
 	DefaultSummaryInterval = time.Minute
 	// firstSpread spreads the first reports of a fleet that starts together (their links come
-	// up together, while the broker still sends snapshots to the last ones): the first report
-	// waits up to this long, at random.
-	firstSpread = DefaultSummaryInterval / 10
+	// up together): the first report waits up to this long, at random, so that 5,100 gateways
+	// send about 250 a second rather than all within a few seconds.
+	firstSpread = DefaultSummaryInterval / 3
 	// callTimeout bounds one report.
 	callTimeout = 10 * time.Second
-	// maxRetry bounds the wait after a failed report (the broker unreachable).
-	maxRetry = 30 * time.Second
 )
 
 // Client is the broker call the component makes (apiv1.AgentClient has it).
@@ -171,7 +169,9 @@ func (r *Reporter) answered(ctx context.Context, req *apiv1.ReportLinksRequest, 
 		if r.failures == 1 {
 			r.deps.Log.Warn("report links to the broker", "err", err)
 		}
-		return min(r.minInterval<<min(r.failures, 10), maxRetry), false
+		// At random up to half the interval: a broker that comes back has every gateway's
+		// report failed at once, and their resends must not meet its resuming watches.
+		return r.minInterval + rand.N(max(r.summary/2-r.minInterval, 0)+1), false
 	}
 	r.failures = 0
 	if ms := resp.GetMinIntervalMs(); ms > 0 {
