@@ -80,6 +80,10 @@ type Options struct {
 	// the gateway elsewhere, and the services datapath's programs and pins. By default they
 	// stay, so that a restart neither flaps the tunnels nor breaks a connection through a VIP.
 	CleanupOnExit bool
+	// CleanupOnStop, when set and CleanupOnExit is not, is asked once as Run ends whether to
+	// clean up as CleanupOnExit does: on Kubernetes, whether the agent's install is being removed
+	// rather than the pod restarted (agent/uninstall).
+	CleanupOnStop func() bool
 	// OpenLB opens the eBPF socket load balancer; default bpf.Open (tests fake it).
 	OpenLB func(context.Context, bpf.Options) (servicedp.LoadBalancer, error)
 	// OpenCounters opens the per-cluster traffic counters of gateways; default bpf.OpenCounters.
@@ -120,6 +124,8 @@ type Agent struct {
 	cfg   config.Static
 	start *config.Config
 	opts  Options
+	// cleanupDecision answers, once, whether stopping removes what the agent made.
+	cleanupDecision func() bool
 	// log carries this node's identity (cluster, node); pairLog carries it as localCluster and
 	// localNode, for the lines about a remote pair, which name the remote side as cluster and
 	// node (the reconciler, the drivers, the probes).
@@ -184,14 +190,15 @@ func New(opts Options) (*Agent, error) {
 		return nil, errors.New("agent: kubernetes.enabled is set but no Kubernetes export source was given")
 	}
 	a := &Agent{
-		cfg:      cfg.Static(),
-		start:    cfg,
-		opts:     opts,
-		log:      opts.Log.With("cluster", cfg.Cluster, "node", cfg.Node),
-		pairLog:  opts.Log.With("localCluster", cfg.Cluster, "localNode", cfg.Node),
-		metrics:  metrics.NewProbes(),
-		registry: prometheus.NewRegistry(),
-		planner:  plan.New(opts.Log.With("cluster", cfg.Cluster, "node", cfg.Node)),
+		cfg:             cfg.Static(),
+		start:           cfg,
+		opts:            opts,
+		cleanupDecision: newCleanupDecision(opts),
+		log:             opts.Log.With("cluster", cfg.Cluster, "node", cfg.Node),
+		pairLog:         opts.Log.With("localCluster", cfg.Cluster, "localNode", cfg.Node),
+		metrics:         metrics.NewProbes(),
+		registry:        prometheus.NewRegistry(),
+		planner:         plan.New(opts.Log.With("cluster", cfg.Cluster, "node", cfg.Node)),
 	}
 	var src kube.AddressSource
 	if cfg.Gateway {
@@ -216,7 +223,7 @@ func New(opts Options) (*Agent, error) {
 	a.clusterPolicies = clusterpolicy.NewSync(clusterpolicy.SyncDeps{Log: a.log, Cluster: cfg.Cluster, PolicyDir: cfg.PolicyDir,
 		Resync: cfg.ResyncInterval, Backoff: a.newBackoff, CertificateRefused: a.link.CertificateRefused})
 	a.ingress = ingress.New(cfg, ingress.Deps{Log: a.log, Exports: a.exportSet, Plan: a.plan, OpenDataplane: opts.OpenIngress,
-		MeshLink: opts.MeshLink, CleanupOnExit: opts.CleanupOnExit, CABundle: a.link.CABundle, CAs: func() *x509.CertPool { return a.link.Keyring().Identity().CAs },
+		MeshLink: opts.MeshLink, CleanupOnExit: opts.CleanupOnExit, CleanupDecision: a.cleanupOnExit, CABundle: a.link.CABundle, CAs: func() *x509.CertPool { return a.link.Keyring().Identity().CAs },
 		Backoff: a.newBackoff, OnRegistered: a.Trigger})
 	a.ready = &metrics.Readiness{Log: a.log}
 	a.linkReports = linkreport.New(linkreport.Deps{Log: a.log, Version: version.String(),

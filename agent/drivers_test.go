@@ -12,6 +12,7 @@ import (
 
 	"github.com/cablemesh/cablemesh/agent/internal/fakedriver"
 	"github.com/cablemesh/cablemesh/agent/routes"
+	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/cable"
 )
 
@@ -70,6 +71,8 @@ func registerRecorder() {
 func TestTheAgentBuildsItsDriversThroughTheRegistryWithTheirSettings(t *testing.T) {
 	registerRecorder()
 	b := newBroker(t)
+	// The broker admits the subnets of east's CIDRs only: east has a service CIDR here.
+	b.UpsertCluster(&apiv1.Cluster{Name: "east", Id: 1, PodCidrs: []string{"10.1.0.0/16"}, ServiceCidrs: []string{"10.96.1.0/24"}})
 	cfg := testConfig(t, b, true)
 	cfg.CableDrivers = []string{recorderName}
 	cfg.ServiceCIDRs = []string{"10.96.1.0/24"}

@@ -106,7 +106,7 @@ func TestADriverConnectErrorIsThePairsStatus(t *testing.T) {
 	d := fakedriver.New()
 	d.ConnectErr = errors.New(`wireguard option "mtu": 100000 is out of range (1280..65535)`)
 	r := startAgent(t, cfg, d, nil)
-	<-r.ready
+	waitReady(t, r)
 	eventually(t, "the broker state arrived", func() bool {
 		s, _ := getStatus(t, cfg.StatusSocket)
 		return len(s.Connections) == 2

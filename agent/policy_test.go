@@ -18,8 +18,8 @@ import (
 
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
 	"github.com/cablemesh/cablemesh/agent/config"
-	"github.com/cablemesh/cablemesh/agent/internal/fakebroker"
 	"github.com/cablemesh/cablemesh/agent/internal/fakedriver"
+	"github.com/cablemesh/cablemesh/agent/internal/testbroker"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/cable"
@@ -80,7 +80,7 @@ func isolate(cluster string) policy.ClusterConnectionPolicy {
 
 // multiBroker is newBroker with site labels, remote gateways running wireguard and vxlan, and the
 // mesh default policy (full mesh over wireguard).
-func multiBroker(t *testing.T) *fakebroker.Broker {
+func multiBroker(t *testing.T) *testbroker.Broker {
 	t.Helper()
 	b := newBroker(t)
 	for _, c := range []*apiv1.Cluster{
@@ -182,7 +182,7 @@ func TestAPolicyChangeMovesAPairBetweenDrivers(t *testing.T) {
 	}
 	// The pair's PSK reaches the driver, and the cache that holds it is private.
 	west, _ := f["wireguard"].Has("west")
-	psk := fakebroker.PairPSK("east", "west")
+	psk := b.PairPSK("east", "west")
 	if !bytes.Equal(west.PreSharedKey, psk) {
 		t.Errorf("west PSK = %x, want %x", west.PreSharedKey, psk)
 	}

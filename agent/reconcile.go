@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"net/netip"
+	"sync"
 	"time"
 
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
@@ -61,10 +62,11 @@ const cleanupTimeout = 30 * time.Second
 // removes what the agent made (the services datapath's programs and pins, the drivers' links and
 // the MSS clamp on gateways, the routes via the gateway elsewhere), then it closes every driver.
 func (a *Agent) stop() {
+	cleanup := a.cleanupOnExit()
 	if dp := a.datapath(); dp != nil {
-		dp.Stop(a.opts.CleanupOnExit)
+		dp.Stop(cleanup)
 	}
-	if a.opts.CleanupOnExit {
+	if cleanup {
 		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 		if a.cfg.Gateway {
 			a.cables.Cleanup(ctx)
@@ -75,6 +77,19 @@ func (a *Agent) stop() {
 		a.log.Info("cleaned up")
 	}
 	a.cables.Close()
+}
+
+// cleanupOnExit is whether the agent removes what it made as it stops: Options.CleanupOnExit, or
+// the answer of Options.CleanupOnStop, asked once (both the ingress and stop need it).
+func (a *Agent) cleanupOnExit() bool { return a.cleanupDecision() }
+
+func newCleanupDecision(opts Options) func() bool {
+	return sync.OnceValue(func() bool {
+		if opts.CleanupOnExit {
+			return true
+		}
+		return opts.CleanupOnStop != nil && opts.CleanupOnStop()
+	})
 }
 
 // localNode is this node as the cable drivers see it.

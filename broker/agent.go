@@ -50,7 +50,7 @@ func (a *agentService) Join(ctx context.Context, req *apiv1.JoinRequest) (*apiv1
 	)
 	issue := func() error {
 		var err error
-		if certPEM, cert, err = p.IssueAgent(req.CsrPem, c.Name, c.Uid, req.Node, now); err != nil {
+		if certPEM, cert, err = p.IssueAgentFor(req.CsrPem, c.Name, c.Uid, req.Node, now, a.s.cfg.AgentCertificateLifetime); err != nil {
 			return &admission.InvalidError{Field: "csr_pem", Err: err}
 		}
 		issued, issuedUID = admission.Issued(cert, p.IssuerHash(), claims.Nonce), c.Uid

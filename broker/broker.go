@@ -119,7 +119,26 @@ type Config struct {
 	// LinkReportMinInterval is the shortest time between two accepted reports of one node (the
 	// rate limit), default DefaultLinkReportMinInterval.
 	LinkReportInterval, LinkReportMinInterval time.Duration
+	// AgentCertificateLifetime is how long the agent certificates issued from now on last
+	// (joins and renewals): default and at most DefaultAgentCertificateLifetime (one year), at
+	// least MinAgentCertificateLifetime. Agents renew two thirds into a certificate's lifetime, so a shorter
+	// one bounds how long a stolen certificate stays useful, at the price of more renewals.
+	AgentCertificateLifetime time.Duration
+	// UnaryInterceptors and StreamInterceptors run around every call after the broker's own
+	// (metrics, then authentication: a call they see is authenticated), outermost first: for
+	// auditing, tracing, or a test that refuses or observes calls. A Watch stream's SendMsg gets
+	// messages the broker encoded once for many watchers as PreEncoded.
+	UnaryInterceptors  []grpc.UnaryServerInterceptor
+	StreamInterceptors []grpc.StreamServerInterceptor
 }
+
+// MinAgentCertificateLifetime is the shortest Config.AgentCertificateLifetime (for tests and
+// drills: an agent must renew within the last third of it); DefaultAgentCertificateLifetime,
+// pki.Validity, is the default and the longest.
+const (
+	MinAgentCertificateLifetime     = time.Second
+	DefaultAgentCertificateLifetime = pki.Validity
+)
 
 // DefaultStartTimeout is Config.StartTimeout's default.
 const DefaultStartTimeout = 60 * time.Second
@@ -214,6 +233,9 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if cfg.StartTimeout <= 0 {
 		cfg.StartTimeout = DefaultStartTimeout
 	}
+	if cfg.AgentCertificateLifetime, err = agentCertificateLifetime(cfg.AgentCertificateLifetime); err != nil {
+		return nil, err
+	}
 	if cfg.DefaultCableDriver != "" {
 		if err := ValidateDefaultCableDriver(cfg.DefaultCableDriver); err != nil {
 			return nil, err
@@ -298,8 +320,8 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	s.metrics = newMetrics(s)
 	s.grpc = grpc.NewServer(
 		grpc.Creds(s.handshakes),
-		grpc.ChainUnaryInterceptor(s.metrics.grpc.UnaryServerInterceptor(), s.unaryAuth),
-		grpc.ChainStreamInterceptor(s.metrics.grpc.StreamServerInterceptor(), s.streamAuth, s.metrics.watchStream),
+		grpc.ChainUnaryInterceptor(append([]grpc.UnaryServerInterceptor{s.metrics.grpc.UnaryServerInterceptor(), s.unaryAuth}, cfg.UnaryInterceptors...)...),
+		grpc.ChainStreamInterceptor(append([]grpc.StreamServerInterceptor{s.metrics.grpc.StreamServerInterceptor(), s.streamAuth, s.metrics.watchStream}, cfg.StreamInterceptors...)...),
 		// Pings find dead peers (a watcher whose host vanished) so their streams end.
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 20 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
@@ -315,6 +337,26 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	apiv1.RegisterAgentServer(s.grpc, &agentService{s: s})
 	s.metrics.grpc.InitializeMetrics(s.grpc) // every method's series from the start, at 0
 	return s, nil
+}
+
+// agentCertificateLifetime is Config.AgentCertificateLifetime checked, with its default.
+func agentCertificateLifetime(d time.Duration) (time.Duration, error) {
+	if d == 0 {
+		return DefaultAgentCertificateLifetime, nil
+	}
+	if err := ValidateAgentCertificateLifetime(d); err != nil {
+		return 0, fmt.Errorf("config: AgentCertificateLifetime: %w", err)
+	}
+	return d, nil
+}
+
+// ValidateAgentCertificateLifetime checks an agent certificate lifetime: from
+// MinAgentCertificateLifetime to DefaultAgentCertificateLifetime.
+func ValidateAgentCertificateLifetime(d time.Duration) error {
+	if d < MinAgentCertificateLifetime || d > DefaultAgentCertificateLifetime {
+		return fmt.Errorf("agent certificate lifetime %s is outside %s to %s", d, MinAgentCertificateLifetime, DefaultAgentCertificateLifetime)
+	}
+	return nil
 }
 
 // AdminConfigPath is DIR/admin.yaml.

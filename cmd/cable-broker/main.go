@@ -69,6 +69,8 @@ func run(args []string, stderr io.Writer) int {
 	dataDir := fs.String("data-dir", "", "directory for the store, the mesh CA and admin.yaml (required)")
 	listen := fs.String("listen", broker.DefaultListen, "address to serve the gRPC API on")
 	lease := fs.Duration("lease", broker.DefaultLease, "default endpoint lease; agents heartbeat within it")
+	certLifetime := fs.Duration("agent-certificate-lifetime", broker.DefaultAgentCertificateLifetime,
+		"how long the agent certificates issued from now on last, "+broker.MinAgentCertificateLifetime.String()+" to "+broker.DefaultAgentCertificateLifetime.String()+"; agents renew two thirds into it")
 	logLevel := fs.String("log-level", "info", "log level: debug | info | warn | error")
 	defaultDriver := fs.String("default-cable-driver", policy.DefaultDriver, "cable driver of the mesh default policy created at first start: "+
 		strings.Join(cable.Names(), " | ")+" (later starts keep the stored policy)")
@@ -115,6 +117,10 @@ func run(args []string, stderr io.Writer) int {
 	}
 	if *lease < time.Second {
 		fmt.Fprintf(stderr, "cable-broker: --lease %s is shorter than 1s\n", *lease)
+		return 2
+	}
+	if err := broker.ValidateAgentCertificateLifetime(*certLifetime); err != nil {
+		fmt.Fprintf(stderr, "cable-broker: --agent-certificate-lifetime: %v\n", err)
 		return 2
 	}
 	vipRanges, err := mcs.ParseVIPRanges(*vipRange)
@@ -166,7 +172,7 @@ func run(args []string, stderr io.Writer) int {
 	defer stop()
 	srv, err := broker.New(ctx, broker.Config{DataDir: *dataDir, Listen: *listen, Lease: *lease, Logger: log, DefaultCableDriver: driver,
 		ServiceVIPRanges: vipRanges, MeshAddressRange: meshAddrs, Etcd: etcdCfg, ExportQuota: quota,
-		LinkReportInterval: *linkReports})
+		LinkReportInterval: *linkReports, AgentCertificateLifetime: *certLifetime})
 	if err != nil {
 		log.Error("start broker", "err", err)
 		return 1
