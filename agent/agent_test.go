@@ -24,6 +24,7 @@ import (
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
 	"github.com/cablemesh/cablemesh/agent/cables"
 	"github.com/cablemesh/cablemesh/agent/config"
+	"github.com/cablemesh/cablemesh/agent/host"
 	"github.com/cablemesh/cablemesh/agent/internal/fakedriver"
 	"github.com/cablemesh/cablemesh/agent/internal/testbroker"
 	"github.com/cablemesh/cablemesh/agent/metrics"
@@ -110,7 +111,7 @@ type running struct {
 
 func startAgent(t *testing.T, cfg *config.Config, d *fakedriver.Driver, applyRoutes func([]routes.Route) error) *running {
 	t.Helper()
-	return startAgentWith(t, cfg, d, func(o *Options) { o.ApplyRoutes = applyRoutes })
+	return startAgentWith(t, cfg, d, func(o *Options) { o.Host.ApplyRoutes = applyRoutes })
 }
 
 // startAgentWith starts an agent with the test defaults, changed by mod.
@@ -120,17 +121,19 @@ func startAgentWith(t *testing.T, cfg *config.Config, d *fakedriver.Driver, mod 
 	var once sync.Once
 	opts := Options{
 		Config: cfg,
-		NewDriver: func(name string, _ cable.LocalNode, _ cable.Settings) (cable.Driver, error) {
-			if name != d.Name() {
-				return nil, errors.New("test agent has no driver " + name)
-			}
-			return d, nil
+		Host: host.Hooks{
+			NewDriver: func(name string, _ cable.LocalNode, _ cable.Settings) (cable.Driver, error) {
+				if name != d.Name() {
+					return nil, errors.New("test agent has no driver " + name)
+				}
+				return d, nil
+			},
+			MSS: &fakeMSS{}, // never the host's nftables
 		},
 		Log:        slog.New(slog.NewTextHandler(io.Discard, nil)),
 		MinBackoff: 50 * time.Millisecond,
 		MaxBackoff: 200 * time.Millisecond,
 		Ready:      func() { once.Do(func() { close(r.ready) }) },
-		MSS:        &fakeMSS{}, // never the host's nftables
 	}
 	fakeDatapath(&opts, nil, nil, map[string]int{}) // never the host's cgroups and bpffs
 	if mod != nil {

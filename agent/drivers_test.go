@@ -79,8 +79,8 @@ func TestTheAgentBuildsItsDriversThroughTheRegistryWithTheirSettings(t *testing.
 	cfg.Drivers = map[string]cable.Settings{recorderName: {"colour": "blue"}, "vxlan": {"vni": "7"}}
 	mss := &fakeMSS{}
 	r := startAgentWith(t, cfg, nil, func(o *Options) {
-		o.NewDriver = nil // the default: cable.New
-		o.MSS = mss
+		o.Host.NewDriver = nil // the default: cable.New
+		o.Host.MSS = mss
 	})
 	select {
 	case <-r.ready:
@@ -123,7 +123,7 @@ func TestTheMSSClampCoversTheLinksOfTheRunningDrivers(t *testing.T) {
 	f["ipsec"].LinkNames = []string{"ipsec0"}
 	f["ipsec"].InitErr = errors.New("charon: no such file")
 	mss := &fakeMSS{}
-	r := startFleet(t, cfg, f, nil, func(o *Options) { o.MSS = mss })
+	r := startFleet(t, cfg, f, nil, func(o *Options) { o.Host.MSS = mss })
 	ensured, removed := mss.calls()
 	if len(ensured) != 1 || !slices.Equal(ensured[0], []string{"cbl-vx*", "wg-east"}) || removed != 0 {
 		t.Errorf("MSS clamp: ensured %q, removed %d times; want once for [cbl-vx* wg-east] (ipsec does not run)", ensured, removed)
@@ -152,7 +152,7 @@ func TestWhenRunEndsEveryDriverIsClosedAndCleanedUpOnlyWhenAsked(t *testing.T) {
 			f["ipsec"].InitErr = errors.New("charon: no such file")
 			mss := &fakeMSS{}
 			r := startFleet(t, cfg, f, nil, func(o *Options) {
-				o.MSS = mss
+				o.Host.MSS = mss
 				o.CleanupOnExit = tt.cleanup
 			})
 			eventually(t, "north and west connected", func() bool { return connectedClusters(f["wireguard"]) == "north,west" })
@@ -194,8 +194,8 @@ func TestANonGatewayRemovesItsRoutesAtExitOnlyWhenAsked(t *testing.T) {
 			mss := &fakeMSS{}
 			r := startAgentWith(t, cfg, fakedriver.New(), func(o *Options) {
 				o.CleanupOnExit = cleanup
-				o.MSS = mss
-				o.ApplyRoutes = func(rs []routes.Route) error {
+				o.Host.MSS = mss
+				o.Host.ApplyRoutes = func(rs []routes.Route) error {
 					mu.Lock()
 					defer mu.Unlock()
 					applied = append(applied, rs)
@@ -227,7 +227,7 @@ func TestADriverThatCannotBeBuiltStopsTheAgentAndTheOthersAreClosed(t *testing.T
 	cfg.CableDrivers = []string{"wireguard", "vxlan"}
 	wg := fakedriver.New()
 	r := startAgentWith(t, cfg, wg, func(o *Options) {
-		o.NewDriver = func(name string, _ cable.LocalNode, _ cable.Settings) (cable.Driver, error) {
+		o.Host.NewDriver = func(name string, _ cable.LocalNode, _ cable.Settings) (cable.Driver, error) {
 			if name == "vxlan" {
 				return nil, errors.New("vxlan.vni: 0 is out of range")
 			}

@@ -69,11 +69,11 @@ func TestARemoteSubnetCoveringTheUnderlayIsNotRouted(t *testing.T) {
 	var underlayOf, looked []string
 	d := fakedriver.New()
 	startAgentWith(t, cfg, d, func(o *Options) {
-		o.Underlay = func(a netip.Addr) (netip.Prefix, error) {
+		o.Host.Underlay = func(a netip.Addr) (netip.Prefix, error) {
 			underlayOf = append(underlayOf, a.String())
 			return netip.MustParsePrefix("10.250.0.11/24"), nil
 		}
-		o.LookupHost = func(_ context.Context, host string) ([]netip.Addr, error) {
+		o.Host.LookupHost = func(_ context.Context, host string) ([]netip.Addr, error) {
 			looked = append(looked, host)
 			return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
 		}

@@ -130,7 +130,7 @@ func startFleet(t *testing.T, cfg *config.Config, f fleet, logs *syncBuffer, mod
 		}
 	})
 	r := startAgentWith(t, cfg, f["wireguard"], func(o *Options) {
-		o.NewDriver = f.factory
+		o.Host.NewDriver = f.factory
 		if logs != nil {
 			o.Log = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 		}
@@ -326,8 +326,8 @@ func TestAnUnhealthyConnectionIsReassertedAtMostOncePerInterval(t *testing.T) {
 	net := &switchPinger{}
 	f := newFleet("wireguard")
 	startFleet(t, cfg, f, nil, func(o *Options) {
-		o.NewPinger = net.open
-		o.InterfaceAddrs = func() []netip.Addr { return []netip.Addr{netip.MustParseAddr("10.1.0.1")} }
+		o.Host.NewPinger = net.open
+		o.Host.InterfaceAddrs = func() []netip.Addr { return []netip.Addr{netip.MustParseAddr("10.1.0.1")} }
 		o.RepairInterval = 600 * time.Millisecond
 	})
 	eventually(t, "west connected", func() bool { _, ok := f["wireguard"].Has("west"); return ok })

@@ -130,7 +130,7 @@ func startReloadAgent(t *testing.T, text string, mod func(*Options)) (r *running
 	}
 	bl = &builds{all: map[string][]*fakedriver.Driver{}}
 	r = startAgentWith(t, cfg, nil, func(o *Options) {
-		o.NewDriver = bl.factory
+		o.Host.NewDriver = bl.factory
 		o.ConfigPath = path
 		if mod != nil {
 			mod(o)
@@ -309,7 +309,7 @@ func TestAKubernetesGatewayTakesItsAddressesFromItsNode(t *testing.T) {
 	mc := listOnlyMCS{mcsfake.NewSimpleClientset()}
 	nb := &nodeBuilds{}
 	r := startAgentWith(t, cfg, nil, func(o *Options) {
-		o.NewDriver = nb.factory
+		o.Host.NewDriver = nb.factory
 		o.Kubernetes = kube.New(kubetest.Clientsets(kc, mc), cfg.Cluster, nil, kube.WithStatusUpdates(false))
 		o.NodeAddresses = &kube.NodeWatcher{Client: kubetest.Clientsets(kc, nil), Node: cfg.Node}
 	})
@@ -370,7 +370,7 @@ func TestAnAdvertiseAddressInTheConfigWinsOverTheNodes(t *testing.T) {
 		corev1.NodeAddress{Type: corev1.NodeExternalIP, Address: "203.0.113.7"}))
 	nb := &nodeBuilds{}
 	startAgentWith(t, cfg, nil, func(o *Options) {
-		o.NewDriver = nb.factory
+		o.Host.NewDriver = nb.factory
 		o.Kubernetes = kube.New(kubetest.Clientsets(kc, listOnlyMCS{mcsfake.NewSimpleClientset()}), cfg.Cluster, nil, kube.WithStatusUpdates(false))
 		o.NodeAddresses = &kube.NodeWatcher{Client: kubetest.Clientsets(kc, nil), Node: cfg.Node}
 	})

@@ -57,8 +57,8 @@ func servicesAgent(t *testing.T, b *testbroker.Broker, net *switchPinger, mod fu
 	d.LinkNames = []string{"cbl-wg*"} // a pattern, expanded against the links
 	var o *Options
 	r := startAgentWith(t, cfg, d, func(opts *Options) {
-		opts.NewPinger = net.open
-		opts.InterfaceAddrs = func() []netip.Addr { return []netip.Addr{netip.MustParseAddr("10.1.0.1")} }
+		opts.Host.NewPinger = net.open
+		opts.Host.InterfaceAddrs = func() []netip.Addr { return []netip.Addr{netip.MustParseAddr("10.1.0.1")} }
 		fakeDatapath(opts, lb, ctr, map[string]int{"cbl-wg0": 7, "eth0": 2})
 		o = opts
 		if mod != nil {
@@ -207,7 +207,7 @@ func TestAnAgentRestartedWithoutItsBrokerServesItsCachedImports(t *testing.T) {
 
 	lb2 := &fakeLB{}
 	r2 := startAgentWith(t, cfg, fakedriver.New(), func(o *Options) {
-		o.NewPinger = net.open
+		o.Host.NewPinger = net.open
 		fakeDatapath(o, lb2, nil, nil)
 	})
 	waitReady(t, r2)

@@ -193,9 +193,11 @@ type Server struct {
 	clusterNets clusterNetworks
 	// meshHint is where mesh address allocation starts looking (meshaddrs.go).
 	meshHint meshHint
-	// linkReports are the gateways' latest link reports, and linkLease the etcd lease they are
-	// shared under (linkreports.go, linkreports_ha.go).
+	// linkReports are the gateways' latest link reports; on etcd, linkShare the nodes whose
+	// report is still to be written there and linkLease the lease they are written under
+	// (linkreports.go, linkreports_ha.go).
 	linkReports *linkReportStore
+	linkShare   linkShare
 	linkLease   linkReportLease
 }
 
@@ -304,6 +306,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	s := &Server{cfg: cfg, log: cfg.Logger, pki: p, store: st, ha: ha, meshSecret: secret, stopping: make(chan struct{}), ready: make(chan struct{})}
 	s.imports = newImportTracker(cfg.Logger, s.stopping)
 	s.linkReports = newLinkReportStore(cfg.LinkReportInterval, cfg.LinkReportMinInterval)
+	s.linkShare.wake = make(chan struct{}, 1)
 	s.watchBudget = cfg.WatchMessageBytes
 	s.snapshotSends = make(chan struct{}, maxSnapshotSends)
 	s.watchEnc = newWatchEncodings(watchEncodingBytes)
@@ -417,6 +420,7 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 		if err := s.ha.serveAdminConfig(loopCtx, s, self, s.ha.advertise(lis.Addr()), &wg); err != nil {
 			return err
 		}
+		wg.Go(func() { s.shareLinkReportsLoop(loopCtx) }) // the link reports, to etcd
 	}
 	wg.Add(2)
 	go func() {

@@ -311,7 +311,7 @@ func (a *agentService) ReportLinks(ctx context.Context, req *apiv1.ReportLinksRe
 		return r.timings(&apiv1.ReportLinksResponse{RetryAfterMs: max(retry.Milliseconds(), 1)}), nil
 	}
 	if a.s.ha != nil {
-		a.s.shareLinkReport(ctx, k, now)
+		a.s.linkShare.mark(k, now)
 	}
 	return r.timings(&apiv1.ReportLinksResponse{Accepted: true}), nil
 }

@@ -14,8 +14,8 @@ import (
 )
 
 // On etcd, an agent's calls go to any replica (gRPC round_robin), so each replica sees only some
-// of a node's reports. Each replica therefore writes every report it accepts, the node's whole
-// view, to <root>linkreports/<cluster>/<node>, outside the store (no revision, no watch event),
+// of a node's reports. Each replica therefore writes, soon after it accepts a report (from a
+// loop of its own), the node's whole view to <root>linkreports/<cluster>/<node>, outside the store (no revision, no watch event),
 // under a lease: a new lease every summary interval, of forget's length, so that the key of a
 // node that stops reporting goes away on its own. ListLinkReports reads
 // the prefix, a page at a time.
@@ -49,6 +49,66 @@ func (l *linkReportLease) lease(ctx context.Context, cli *clientv3.Client, every
 	return l.id, nil
 }
 
+// linkShare is the set of nodes whose report changed since it was last written to etcd. The
+// handler only marks a node; one loop writes (shareLinkReportsLoop), so that a fleet reporting
+// at once neither holds a request's memory per waiting handler nor waits on etcd, and a node
+// that reports twice before its write is written once, with its latest report.
+type linkShare struct {
+	mu    sync.Mutex
+	dirty map[nodeKey]time.Time // node -> when its latest accepted report came
+	wake  chan struct{}
+}
+
+func (l *linkShare) mark(k nodeKey, at time.Time) {
+	l.mu.Lock()
+	if l.dirty == nil {
+		l.dirty = map[nodeKey]time.Time{}
+	}
+	l.dirty[k] = at
+	l.mu.Unlock()
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (l *linkShare) take() map[nodeKey]time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	d := l.dirty
+	l.dirty = nil
+	return d
+}
+
+// linkShareWriters is how many writes to etcd the loop has in flight.
+const linkShareWriters = 4
+
+// shareLinkReportsLoop writes the marked nodes' reports to etcd until ctx ends.
+func (s *Server) shareLinkReportsLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.linkShare.wake:
+		}
+		dirty := s.linkShare.take()
+		keys := make(chan nodeKey)
+		var wg sync.WaitGroup
+		for range linkShareWriters {
+			wg.Go(func() {
+				for k := range keys {
+					s.shareLinkReport(ctx, k, dirty[k])
+				}
+			})
+		}
+		for k := range dirty {
+			keys <- k
+		}
+		close(keys)
+		wg.Wait()
+	}
+}
+
 // shareLinkReport writes node k's report as this replica holds it to etcd. Failures are logged:
 // the report stays in this replica's memory, and the next one tries again.
 func (s *Server) shareLinkReport(ctx context.Context, k nodeKey, now time.Time) {
@@ -63,22 +123,16 @@ func (s *Server) shareLinkReport(ctx context.Context, k nodeKey, now time.Time) 
 	if n0 == nil {
 		return
 	}
-	nr := n.report(k)
-	err := func() error {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), linkReportWriteTimeout)
-		defer cancel()
-		b, err := proto.Marshal(nr)
-		if err != nil {
-			return err
+	b, err := proto.Marshal(n.report(k))
+	if err == nil {
+		ctx, cancel := context.WithTimeout(ctx, linkReportWriteTimeout)
+		var id clientv3.LeaseID
+		if id, err = s.linkLease.lease(ctx, s.ha.cli, r.summary, r.forget, now); err == nil {
+			_, err = s.ha.cli.Put(ctx, s.ha.linkReportsPrefix()+k.order(), string(b), clientv3.WithLease(id))
 		}
-		id, err := s.linkLease.lease(ctx, s.ha.cli, r.summary, r.forget, now)
-		if err != nil {
-			return err
-		}
-		_, err = s.ha.cli.Put(ctx, s.ha.linkReportsPrefix()+k.cluster+"/"+k.node, string(b), clientv3.WithLease(id))
-		return err
-	}()
-	if err != nil {
+		cancel()
+	}
+	if err != nil && ctx.Err() == nil {
 		s.log.Debug("share link report in etcd", "cluster", k.cluster, "node", k.node, "err", err)
 	}
 }

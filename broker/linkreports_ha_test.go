@@ -4,6 +4,7 @@ import (
 	"context"
 	"path/filepath"
 	"testing"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -39,9 +40,13 @@ func TestLinkReportsReachEveryReplica(t *testing.T) {
 	if err != nil || !resp.Accepted {
 		t.Fatalf("report to replica A: %v %v", resp, err)
 	}
-	list, err := b.admin.ListLinkReports(ctxT(t), &apiv1.ListLinkReportsRequest{})
-	if err != nil {
-		t.Fatal(err)
+	// A writes to etcd from a loop of its own: soon, not in the call.
+	var list *apiv1.ListLinkReportsResponse
+	if werr := waitUntil(10*time.Second, func() bool {
+		list, err = b.admin.ListLinkReports(ctxT(t), &apiv1.ListLinkReportsRequest{})
+		return err == nil && len(list.Nodes) > 0
+	}); werr != nil {
+		t.Fatalf("replica B never listed the report made to A: %v (last error %v)", werr, err)
 	}
 	if len(list.Nodes) != 1 || list.Nodes[0].Node != "gw1" || list.Nodes[0].AgentVersion != "v2" || len(list.Nodes[0].Links) != 1 {
 		t.Fatalf("replica B lists %v, want alpha/gw1's report made to A", list.Nodes)

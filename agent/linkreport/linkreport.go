@@ -5,7 +5,7 @@
 //
 // Bounded and cheap: the component reads the rows every check interval and sends only what
 // changed (state, driver, policy, alive) at once, and everything as a summary every summary
-// interval; the broker sets both (it rate-limits each node to one report per min interval and
+// interval (nothing until the gateway has a link); the broker sets both (it rate-limits each node to one report per min interval and
 // answers a report that comes sooner with a time to retry). An older broker answers
 // Unimplemented: the component then logs once and stops reporting.
 package linkreport
@@ -30,10 +30,12 @@ import (
 const (
 	DefaultMinInterval     = 2 * time.Second
 	DefaultSummaryInterval = time.Minute
+	// firstSpread spreads the first reports of a fleet that starts together (their links come
+	// up together): the first report waits up to this long, at random, so that 5,100 gateways
+	// send about 250 a second rather than all within a few seconds.
+	firstSpread = DefaultSummaryInterval / 3
 	// callTimeout bounds one report.
 	callTimeout = 10 * time.Second
-	// maxRetry bounds the wait after a failed report (the broker unreachable).
-	maxRetry = 30 * time.Second
 )
 
 // Client is the broker call the component makes (apiv1.AgentClient has it).
@@ -62,7 +64,7 @@ type signature struct {
 type Reporter struct {
 	deps Deps
 
-	mu sync.Mutex // guards what Status reads
+	mu sync.Mutex // guards the fields below (Stopped reads them from another goroutine)
 	// sent is what the broker holds (per remote cluster), nil until a full report was accepted
 	// or after a failure (the next report is full then).
 	sent                 map[string]signature
@@ -70,6 +72,14 @@ type Reporter struct {
 	nextFull, notBefore  time.Time
 	failures             int
 	stopped              bool
+	// reported: the broker accepted a report of this process once. Until then a gateway
+	// without links sends nothing (nothing to show, and a fleet that starts together would
+	// otherwise make one more call each while the broker is busiest).
+	reported bool
+	// firstAt: when the first report may go (set once the first link is seen); spread is
+	// firstSpread (tests set 0).
+	firstAt time.Time
+	spread  time.Duration
 }
 
 // New builds a Reporter; it sends nothing until Run.
@@ -80,7 +90,7 @@ func New(deps Deps) *Reporter {
 	if deps.Now == nil {
 		deps.Now = time.Now
 	}
-	return &Reporter{deps: deps, minInterval: DefaultMinInterval, summary: DefaultSummaryInterval}
+	return &Reporter{deps: deps, minInterval: DefaultMinInterval, summary: DefaultSummaryInterval, spread: firstSpread}
 }
 
 // Run reports until ctx ends or the broker turns out not to take reports.
@@ -114,6 +124,17 @@ func (r *Reporter) step(ctx context.Context, client Client) (wait time.Duration,
 	r.mu.Unlock()
 
 	links := Reports(r.deps.Links(ctx))
+	r.mu.Lock()
+	reported := r.reported
+	r.mu.Unlock()
+	if !reported {
+		if len(links) == 0 {
+			return r.checkInterval(), false
+		}
+		if d := r.firstWait(now); d > 0 {
+			return d, false
+		}
+	}
 	req := &apiv1.ReportLinksRequest{AgentVersion: r.deps.Version, Full: full}
 	if full {
 		req.Links = links
@@ -148,7 +169,9 @@ func (r *Reporter) answered(ctx context.Context, req *apiv1.ReportLinksRequest, 
 		if r.failures == 1 {
 			r.deps.Log.Warn("report links to the broker", "err", err)
 		}
-		return min(r.minInterval<<min(r.failures, 10), maxRetry), false
+		// At random up to half the interval: a broker that comes back has every gateway's
+		// report failed at once, and their resends must not meet its resuming watches.
+		return r.minInterval + rand.N(max(r.summary/2-r.minInterval, 0)+1), false
 	}
 	r.failures = 0
 	if ms := resp.GetMinIntervalMs(); ms > 0 {
@@ -175,7 +198,19 @@ func (r *Reporter) answered(ctx context.Context, req *apiv1.ReportLinksRequest, 
 		delete(r.sent, c)
 	}
 	r.notBefore = now.Add(r.minInterval)
+	r.reported = true
 	return r.checkInterval(), false
+}
+
+// firstWait is how long the first report still waits (firstSpread at most, drawn at random
+// when the first link is seen).
+func (r *Reporter) firstWait(now time.Time) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.firstAt.IsZero() {
+		r.firstAt = now.Add(rand.N(r.spread + 1))
+	}
+	return r.firstAt.Sub(now)
 }
 
 // checkInterval is how often the links are read for changes: the broker's rate limit, since a

@@ -48,6 +48,7 @@ func newFixture() *fixture {
 	f := &fixture{b: &fakeBroker{}, now: time.Unix(1_700_000_000, 0)}
 	f.r = New(Deps{Log: slog.New(slog.NewTextHandler(&f.log, nil)), Version: "v1", Now: func() time.Time { return f.now },
 		Links: func(context.Context) []statusapi.Connection { return f.conns }})
+	f.r.spread = 0
 	return f
 }
 
@@ -157,8 +158,8 @@ func TestReporterResendsEverythingAfterAFailure(t *testing.T) {
 	f.now = f.now.Add(2 * time.Second)
 	f.conns[0].State = "error"
 	wait := f.step(t)
-	if wait < time.Second || wait > maxRetry {
-		t.Fatalf("wait %v after a failure, want a backoff", wait)
+	if wait < time.Second || wait > 5*time.Second+time.Second {
+		t.Fatalf("wait %v after a failure, want between the minimum interval (1s) and half the summary (5s)", wait)
 	}
 	f.now = f.now.Add(wait)
 	f.step(t)
@@ -182,5 +183,41 @@ func TestReportCarriesTheStatusRow(t *testing.T) {
 	c.Health.Samples = 0
 	if Report(c).HasLatency {
 		t.Fatal("latency reported without samples")
+	}
+}
+
+func TestReporterSendsNothingBeforeTheFirstLink(t *testing.T) {
+	f := newFixture()
+	f.step(t)
+	if len(f.b.reqs) != 0 {
+		t.Fatalf("%d reports of a gateway without links, want none", len(f.b.reqs))
+	}
+	f.conns = []statusapi.Connection{conn("b", "connecting")}
+	f.now = f.now.Add(2 * time.Second)
+	f.step(t)
+	if len(f.b.reqs) != 1 || !f.last().Full {
+		t.Fatalf("reports %v, want a full one once a link exists", f.b.reqs)
+	}
+	// Once reported, losing every link is a change the broker hears of.
+	f.conns = nil
+	f.now = f.now.Add(2 * time.Second)
+	f.step(t)
+	if len(f.b.reqs) != 2 || len(f.last().Removed) != 1 {
+		t.Fatalf("reports %v, want b removed", f.b.reqs)
+	}
+}
+
+func TestTheFirstReportWaitsAtMostTheSpread(t *testing.T) {
+	f := newFixture()
+	f.r.spread = firstSpread
+	f.conns = []statusapi.Connection{conn("b", "connected")}
+	wait := f.step(t)
+	if wait < 0 || wait > firstSpread || len(f.b.reqs) > 1 {
+		t.Fatalf("first wait %v with %d reports, want at most %v", wait, len(f.b.reqs), firstSpread)
+	}
+	f.now = f.now.Add(wait)
+	f.step(t)
+	if len(f.b.reqs) != 1 || !f.last().Full {
+		t.Fatalf("reports %v after the first wait, want the first, full", f.b.reqs)
 	}
 }

@@ -17,17 +17,17 @@ import (
 )
 
 // What cable-agent's linkreport does on a gateway (agent/linkreport), in the same order and
-// with the same timings: a full report at once when it starts (a fresh gateway: no links yet),
-// the links as a change once they are up (here: once the agent holds every endpoint and
-// cluster, one link per remote cluster, connected), then a full report every summary interval
+// with the same timings: nothing while it has no link (a fresh gateway), a full report once its
+// links are up (here: once the agent holds every endpoint and cluster, one link per remote
+// cluster, connected) after a wait of up to 20 s at random, then a full report every summary interval
 // the broker gives, less up to a tenth at random; a report the broker drops (its rate limit)
-// again after the time it says, a failed one again in full after a backoff; an older broker's
+// again after the time it says, a failed one again in full at random within half an interval; an older broker's
 // Unimplemented ends the reports.
 
 const (
-	reportMinInterval = 2 * time.Second // linkreport.DefaultMinInterval
-	reportSummary     = time.Minute     // linkreport.DefaultSummaryInterval
-	reportMaxRetry    = 30 * time.Second
+	reportMinInterval = 2 * time.Second   // linkreport.DefaultMinInterval
+	reportSummary     = time.Minute       // linkreport.DefaultSummaryInterval
+	reportFirstSpread = reportSummary / 3 // linkreport's firstSpread
 	reportVersion     = "scale-bench"
 )
 
@@ -59,21 +59,16 @@ func (l *linkSets) of(f *fleet, cluster string) []*apiv1.LinkReport {
 
 // reportLoop is linkreport.Reporter.Run for a simulated gateway.
 func (a *simAgent) reportLoop(ctx context.Context) {
-	if _, ok := a.sendReport(ctx, &apiv1.ReportLinksRequest{AgentVersion: reportVersion, Full: true}); !ok {
-		return
-	}
-	// As the agent, no report sooner than the broker's minimum interval after the last.
-	notBefore := time.Now().Add(reportMinInterval)
 	select {
 	case <-ctx.Done():
 		return
 	case <-a.linksUp:
 	}
-	if !sleepCtx(ctx, time.Until(notBefore)) {
+	if !sleepCtx(ctx, mrand.N(reportFirstSpread+1)) {
 		return
 	}
 	links := a.f.linkSets.of(a.f, a.cluster)
-	summary, ok := a.sendReport(ctx, &apiv1.ReportLinksRequest{AgentVersion: reportVersion, Links: links})
+	summary, ok := a.sendReport(ctx, &apiv1.ReportLinksRequest{AgentVersion: reportVersion, Full: true, Links: links})
 	if !ok {
 		return
 	}
@@ -90,7 +85,6 @@ func (a *simAgent) reportLoop(ctx context.Context) {
 // sendReport sends req until the broker accepts it (a failed change goes again in full) and
 // returns the broker's summary interval; false when the reports end (ctx, or an older broker).
 func (a *simAgent) sendReport(ctx context.Context, req *apiv1.ReportLinksRequest) (time.Duration, bool) {
-	failures := 0
 	for {
 		a.f.calls.reports.Add(1)
 		a.f.calls.reportBytes.Add(int64(proto.Size(req)))
@@ -108,8 +102,7 @@ func (a *simAgent) sendReport(ctx context.Context, req *apiv1.ReportLinksRequest
 		case err != nil:
 			a.f.calls.reportErrors.Add(1)
 			a.f.calls.failed("ReportLinks", err)
-			failures++
-			wait = min(reportMinInterval<<min(failures, 10), reportMaxRetry)
+			wait = reportMinInterval + mrand.N(reportSummary/2-reportMinInterval+1)
 			if !req.Full && len(req.Links) > 0 {
 				req = &apiv1.ReportLinksRequest{AgentVersion: req.AgentVersion, Full: true, Links: req.Links}
 			}
