@@ -21,6 +21,11 @@ import (
 func (l *Link) registerLoop(ctx context.Context, client apiv1.AgentClient) {
 	registered := false
 	var quiet brokerclient.RepeatFilter
+	// A call that failed without the broker's answer (a deadline, a reset, no connection) is
+	// retried after the backoff's next jittered step, not a heartbeat interval later: a lone
+	// agent is back within a second or two, and a fleet whose calls failed together (a broker
+	// restart, a storm past the broker's deadlines) comes back spread, slower at each failure.
+	failures := l.deps.Backoff()
 	// The first registration goes at once: a gateway joining a quiet mesh is not kept waiting for
 	// a storm that is not happening. A fleet that starts together is spread by the broker, which
 	// answers registrations it has no room for with "busy, come back in a while"
@@ -51,6 +56,11 @@ func (l *Link) registerLoop(ctx context.Context, client apiv1.AgentClient) {
 		wait := brokerclient.HeartbeatDelay(l.cfg.HeartbeatInterval)
 		if registered && !wasRegistered {
 			wait = brokerclient.AfterRegistrationDelay(l.cfg.HeartbeatInterval)
+		}
+		if err == nil {
+			failures.Reset()
+		} else if _, busy := brokerclient.BusyWait(err); !busy {
+			wait = failures.Next()
 		}
 		if ctx.Err() != nil {
 			return

@@ -27,6 +27,7 @@ type registerClient struct {
 	apiv1.AgentClient
 	busy   int
 	hint   time.Duration
+	failed int // then this many calls fail with a deadline, without the broker's answer
 	cancel context.CancelFunc
 
 	mu       sync.Mutex
@@ -46,6 +47,9 @@ func (c *registerClient) RegisterEndpoint(ctx context.Context, req *apiv1.Regist
 			return nil, err
 		}
 		return nil, st.Err()
+	}
+	if len(c.calls) <= c.busy+c.failed {
+		return nil, status.Error(codes.DeadlineExceeded, "context deadline exceeded")
 	}
 	c.cancel()
 	return &apiv1.RegisterEndpointResponse{Endpoint: req.GetEndpoint()}, nil
@@ -100,6 +104,22 @@ func TestBusyBrokerAnswerIsHonoured(t *testing.T) {
 		// failed registration waits.
 		if gap := c.calls[i].Sub(c.calls[i-1]); gap < hint/2 || gap > 2*time.Second {
 			t.Errorf("registration %d came %s after a busy answer with a %s hint, want within [%s, 2s]", i+1, gap, hint, hint/2)
+		}
+	}
+}
+
+// A registration that failed without the broker's answer (its deadline passed in a storm, the
+// connection broke) is retried after the backoff's step (1s, then 2s, each plus up to half of
+// it), not a heartbeat interval (8-10s) later.
+func TestAFailedRegistrationIsRetriedAfterTheBackoffNotAHeartbeat(t *testing.T) {
+	c := &registerClient{failed: 2}
+	runRegisterLoop(t, c)
+	if len(c.calls) != 3 {
+		t.Fatalf("%d registrations, want 3 (two failed, then registered)", len(c.calls))
+	}
+	for i, want := range []time.Duration{time.Second, 2 * time.Second} {
+		if gap := c.calls[i+1].Sub(c.calls[i]); gap < want || gap > want*3/2+500*time.Millisecond {
+			t.Errorf("registration %d came %s after a failed one, want the backoff's step %s (plus up to half)", i+2, gap, want)
 		}
 	}
 }

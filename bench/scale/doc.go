@@ -16,7 +16,10 @@
 //	                              answers with jitter, brokerclient.BusyWait, jittered
 //	                              heartbeats, brokerclient.HeartbeatDelay, compressed watch
 //	                              messages, watchzstd, link reports of one link per remote
-//	                              cluster, reports.go), noreports (current without the
+//	                              cluster, reports.go, a call that failed without an answer
+//	                              retried after the backoff's next step), beatretry
+//	                              (current retrying such a call a heartbeat interval later, as
+//	                              agents did before), noreports (current without the
 //	                              link reports, as agents were before them), delayed (the
 //	                              agent of 98843a3: its first registration up to a second later
 //	                              at random, no busy answers),

@@ -56,6 +56,9 @@ type fleet struct {
 	// busy answers (brokerclient.AcceptBusy, BusyWait), as cable-agent does now.
 	firstDelay bool
 	acceptBusy bool
+	// quickRetry: a registration or heartbeat that failed without an answer is retried after
+	// the backoff's next step (retry.Backoff), as cable-agent does now, not a heartbeat interval later.
+	quickRetry bool
 	zstd       bool // the agent accepts compressed watch messages (watchzstd), as cable-agent does
 	// reports: the agent reports its links (Agent.ReportLinks), as cable-agent's linkreport
 	// does on a gateway (reports.go); linkSets are each cluster's links, shared by its agents.
@@ -170,6 +173,7 @@ type simAgent struct {
 	tokenFile string
 	stateDir  string
 	ep        *apiv1.Endpoint
+	failures  retry.Backoff // quickRetry's waits
 
 	id     *brokerclient.Identity
 	conn   *grpc.ClientConn
@@ -231,6 +235,7 @@ func newFleet(broker string, clusters []string, gateways int, tokenFiles []strin
 				f: f, idx: idx, cluster: c, node: node, tokenFile: tokenFiles[ci],
 				stateDir: filepath.Join(stateBase, c+"-"+node),
 				ep:       endpointOf(c, node, ci+1, idx),
+				failures: retry.Backoff{Min: minBackoff, Max: maxBackoff},
 				wake:     make(chan struct{}, 1),
 				linksUp:  make(chan struct{}),
 				eps:      make([]uint64, words),
@@ -387,6 +392,9 @@ func (a *simAgent) beat(ctx context.Context, redial bool) {
 	if ctx.Err() != nil {
 		return
 	}
+	if err == nil {
+		a.failures.Reset()
+	}
 	if err == nil && !a.watchUp.Load() {
 		select {
 		case a.wake <- struct{}{}:
@@ -400,6 +408,8 @@ func (a *simAgent) beat(ctx context.Context, redial bool) {
 		// The broker answered it has no room now: again when it said, on the same connection.
 		d, err = busyWait, nil
 		a.f.calls.busyWaited(busyWait)
+	case err != nil && a.f.quickRetry:
+		d = a.failures.Next()
 	case a.f.jitter && justRegistered:
 		d = brokerclient.AfterRegistrationDelay(heartbeatInterval)
 	case a.f.jitter:

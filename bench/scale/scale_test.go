@@ -175,8 +175,8 @@ func builds(t *testing.T) []brokerBuild {
 			e, b.agent = p, a
 		}
 		b.path = e
-		if !slices.Contains([]string{"current", "noreports", "delayed", "uncompressed", "fixed"}, b.agent) {
-			t.Fatalf("CABLEMESH_SCALE_BROKER entry %q: agent %q is not current, noreports, delayed, uncompressed nor fixed", e, b.agent)
+		if !slices.Contains([]string{"current", "beatretry", "noreports", "delayed", "uncompressed", "fixed"}, b.agent) {
+			t.Fatalf("CABLEMESH_SCALE_BROKER entry %q: agent %q is not current, beatretry, noreports, delayed, uncompressed nor fixed", e, b.agent)
 		}
 		if _, err := os.Stat(b.path); err != nil {
 			t.Fatalf("CABLEMESH_SCALE_BROKER entry %q: %v", e, err)
@@ -486,10 +486,11 @@ func runOne(t *testing.T, b brokerBuild, storeKind string, nClusters, gateways i
 		tokenFiles = append(tokenFiles, p)
 	}
 	f := newFleet(listen, clusters, gateways, tokenFiles, filepath.Join(dir, "agents"), b.agent != "fixed")
-	f.zstd = b.agent == "current" || b.agent == "noreports" || b.agent == "delayed"
+	f.zstd = b.agent == "current" || b.agent == "beatretry" || b.agent == "noreports" || b.agent == "delayed"
 	f.firstDelay = b.agent == "delayed" || b.agent == "uncompressed"
-	f.acceptBusy = b.agent == "current" || b.agent == "noreports"
-	f.reports = b.agent == "current"
+	f.acceptBusy = b.agent == "current" || b.agent == "noreports" || b.agent == "beatretry"
+	f.quickRetry = b.agent == "current" || b.agent == "noreports"
+	f.reports = b.agent == "current" || b.agent == "beatretry"
 	bctx, cancelAll := context.WithCancel(ctx)
 	defer cancelAll()
 
