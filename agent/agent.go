@@ -105,8 +105,6 @@ type Agent struct {
 
 	link *brokerlink.Link // join, watch, heartbeat, renewal and the cached broker state
 
-	mu sync.Mutex // guards dp
-
 	guards  *plan.Guards  // what no cable route may cover: built at start and when the address moves
 	planner *plan.Planner // the one plan per input change that every consumer reads
 
@@ -115,7 +113,7 @@ type Agent struct {
 	worker  *routes.Worker // a non-gateway node's routes via its gateways
 
 	registry *prometheus.Registry // the agent's metrics (served on metricsAddress)
-	dp       *servicedp.Datapath  // the services datapath, once Run started it
+	dp       *servicedp.Datapath  // DNS, the socket load balancer, the counters
 	exports  *exports.Exports
 
 	clusterPolicies *clusterpolicy.Sync // cluster-scoped policies and their sync
@@ -189,6 +187,7 @@ func New(opts Options) (*Agent, error) {
 	a.ingress = ingress.New(cfg, ingress.Deps{Log: a.log, Exports: func() []*apiv1.ServiceExport { set, _, _ := a.exports.Effective(); return set }, Plan: a.plan, OpenDataplane: opts.Host.OpenIngress,
 		MeshLink: opts.Host.MeshLink, CleanupOnExit: opts.CleanupOnExit, CleanupDecision: a.cleanupDecision, CABundle: a.link.CABundle, CAs: func() *x509.CertPool { return a.link.Keyring().Identity().CAs },
 		Backoff: a.newBackoff, OnRegistered: a.Trigger})
+	a.dp = a.newDatapath()
 	a.ready = &metrics.Readiness{Log: a.log}
 	a.linkReports = linkreport.New(linkreport.Deps{Log: a.log, Version: version.String(),
 		Links: func(ctx context.Context) []statusapi.Connection { return a.cables.Connections(ctx, a.plan()) }})
@@ -239,7 +238,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		defer a.worker.Start()()
 	}
 
-	if err := a.startDatapath(ctx); err != nil {
+	if err := a.dp.Start(ctx); err != nil {
 		return err
 	}
 	statusSrv, err := a.serveStatus(ctx)
@@ -263,7 +262,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	// Reconcile from the cache before the broker answers (or when it never does), then program
 	// the services from it: DNS answers and the maps are as they were before a restart.
 	a.reconcileOnce(ctx)
-	a.datapath().Once(ctx)
+	a.dp.Once(ctx)
 	a.log.Info("agent ready", "gateway", a.cfg.Gateway, "statusSocket", a.cfg.StatusSocket, "broker", a.cfg.Broker, "cachedRevision", a.link.Revision())
 	if a.opts.Ready != nil {
 		a.opts.Ready()
@@ -277,7 +276,7 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	var wg sync.WaitGroup
 	wg.Go(func() { a.cables.Run(ctx, a.reconcileOnce) })
-	wg.Go(func() { a.datapath().Run(ctx) })
+	wg.Go(func() { a.dp.Run(ctx) })
 	wg.Go(func() { a.link.RunWatch(ctx, client) })
 	wg.Go(func() { a.exports.Run(ctx, client) })
 	wg.Go(func() { a.link.RunCertificates(ctx, client) })

@@ -40,7 +40,7 @@ func (a *Agent) applyConfig(ctx context.Context, client apiv1.AgentClient, cur, 
 		a.exports.ApplyConfig(next)
 	}
 	if plan.DNS {
-		a.datapath().ApplyConfig(next)
+		a.dp.ApplyConfig(next)
 	}
 	if len(plan.Drivers) > 0 && a.cfg.Gateway {
 		a.cables.Rebuild(ctx, next, plan.Drivers)

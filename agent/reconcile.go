@@ -55,9 +55,7 @@ const cleanupTimeout = 30 * time.Second
 // the MSS clamp on gateways, the routes via the gateway elsewhere), then it closes every driver.
 func (a *Agent) stop() {
 	cleanup := a.cleanupDecision()
-	if dp := a.datapath(); dp != nil {
-		dp.Stop(cleanup)
-	}
+	a.dp.Stop(cleanup)
 	if cleanup {
 		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 		if a.cfg.Gateway {

@@ -400,7 +400,7 @@ func TestAReloadChangesDNSTheLogLevelAndTheDriverSet(t *testing.T) {
 		return len(vx) == 1 && connectedClusters(vx[0]) == "west"
 	})
 	dnsServer := func() []string {
-		dp := r.agent.datapath()
+		dp := r.agent.dp
 		if dp.DNS() == nil {
 			return nil
 		}

@@ -75,7 +75,7 @@ func servicesAgent(t *testing.T, b *testbroker.Broker, net *switchPinger, mod fu
 
 func dnsAddr(t *testing.T, r *running) string {
 	t.Helper()
-	dp := r.agent.datapath()
+	dp := r.agent.dp
 	if dp.DNS() == nil {
 		t.Fatal("no dns server")
 	}

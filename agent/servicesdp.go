@@ -16,35 +16,19 @@ import (
 	"github.com/cablemesh/cablemesh/mcs"
 )
 
-// startDatapath starts the services datapath; a.dp is nil until it runs.
-func (a *Agent) startDatapath(ctx context.Context) error {
-	dp := servicedp.New(a.start, servicedp.Deps{
+// newDatapath is the services datapath (DNS, the socket load balancer, the counters); Run
+// starts it. Until then it answers status, triggers and reloads with nothing.
+func (a *Agent) newDatapath() *servicedp.Datapath {
+	return servicedp.New(a.start, servicedp.Deps{
 		Log: a.log, Registry: a.registry, Live: a.liveConfig, LocalCluster: a.link.LocalCluster,
 		InterfaceAddrs: a.opts.Host.InterfaceAddrs, OpenLB: a.opts.Host.OpenLB, OpenCounters: a.opts.Host.OpenCounters,
 		ListLinks: a.opts.Host.ListLinks, Plan: a.plan, Pairs: a.pairs,
 		TunnelLinks: func() []string { return cables.TunnelLinks(a.cables.Running()) },
 	})
-	if err := dp.Start(ctx); err != nil {
-		return err
-	}
-	a.mu.Lock()
-	a.dp = dp
-	a.mu.Unlock()
-	return nil
-}
-
-func (a *Agent) datapath() *servicedp.Datapath {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.dp
 }
 
 // TriggerServices asks for a services pass soon; triggers coalesce.
-func (a *Agent) TriggerServices() {
-	if dp := a.datapath(); dp != nil {
-		dp.Trigger()
-	}
-}
+func (a *Agent) TriggerServices() { a.dp.Trigger() }
 
 // servicesStatus is the services section of the status document.
 func (a *Agent) servicesStatus() *statusapi.Services {
@@ -54,7 +38,7 @@ func (a *Agent) servicesStatus() *statusapi.Services {
 		Imports:        []statusapi.ServiceImport{},
 	}
 	out.Exports, out.Sync = a.exports.Status()
-	a.datapath().Status(out)
+	a.dp.Status(out)
 	return out
 }
 

@@ -37,7 +37,7 @@ func (a *Agent) Status(ctx context.Context) statusapi.Status {
 		out.Worker = a.worker.Status(p)
 		return out
 	}
-	a.cables.Status(ctx, p, &out, a.liveConfig().CableDrivers, a.datapath().Traffic())
+	a.cables.Status(ctx, p, &out, a.liveConfig().CableDrivers, a.dp.Traffic())
 	return out
 }
 
