@@ -10,6 +10,7 @@
 //	ingress     ingress ports, xDS, the ingress certificate, the gateway-mode data plane
 //	reload      the config file's live changes; metrics and statusapi what it reports
 //	linkreport  a gateway's links, reported to the broker (cablectl links --all)
+//	host        the hooks onto the node (drivers, probes, eBPF, nftables), faked by tests
 //
 // Data flows one way: watch -> state -> plan -> consumers -> status. The agent never tears
 // anything down because the broker is unreachable: it runs on the last state it received.
@@ -43,6 +44,7 @@ import (
 	"github.com/cablemesh/cablemesh/agent/servicedp"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/internal/retry"
 	"github.com/cablemesh/cablemesh/internal/version"
 )
 
@@ -299,4 +301,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	})
 	wg.Wait()
 	return nil
+}
+
+// newBackoff is the wait between attempts of one broker loop, between the options' bounds.
+func (a *Agent) newBackoff() *retry.Backoff {
+	return &retry.Backoff{Min: a.opts.MinBackoff, Max: a.opts.MaxBackoff}
 }

@@ -1,16 +1,13 @@
 package agent
 
 import (
-	"context"
 	"net/netip"
 
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
 	"github.com/cablemesh/cablemesh/agent/cables"
 	"github.com/cablemesh/cablemesh/agent/clusterpolicy"
 	"github.com/cablemesh/cablemesh/agent/exports"
-	"github.com/cablemesh/cablemesh/agent/plan"
 	"github.com/cablemesh/cablemesh/agent/servicedp"
-	"github.com/cablemesh/cablemesh/agent/services"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/mcs"
@@ -22,7 +19,7 @@ func (a *Agent) newDatapath() *servicedp.Datapath {
 	return servicedp.New(a.start, servicedp.Deps{
 		Log: a.log, Registry: a.registry, Live: a.liveConfig, LocalCluster: a.link.LocalCluster,
 		InterfaceAddrs: a.opts.Host.InterfaceAddrs, OpenLB: a.opts.Host.OpenLB, OpenCounters: a.opts.Host.OpenCounters,
-		ListLinks: a.opts.Host.ListLinks, Plan: a.plan, Pairs: a.pairs,
+		ListLinks: a.opts.Host.ListLinks, Plan: a.plan, Observe: a.cables.Observe,
 		TunnelLinks: func() []string { return cables.TunnelLinks(a.cables.Running()) },
 	})
 }
@@ -39,17 +36,6 @@ func (a *Agent) servicesStatus() *statusapi.Services {
 	}
 	out.Exports, out.Sync = a.exports.Status()
 	a.dp.Status(out)
-	return out
-}
-
-// pairs is what this node knows of every remote cluster with a live gateway endpoint, for
-// services.Reachability: what the plan says and, on gateways, what the devices and the probes
-// say of each wanted connection.
-func (a *Agent) pairs(ctx context.Context, p *plan.Plan) map[string]services.Pair {
-	out := servicedp.PlannedPairs(p)
-	if a.cfg.Gateway {
-		a.cables.Observe(ctx, p, out)
-	}
 	return out
 }
 

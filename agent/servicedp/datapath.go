@@ -73,10 +73,10 @@ type Deps struct {
 	OpenLB         func(context.Context, bpf.Options) (LoadBalancer, error)
 	OpenCounters   func(context.Context, bpf.Options) (TrafficCounters, error)
 	ListLinks      func() (map[string]int, error)
-	// Plan is the plan in force; Pairs what this node knows of every remote cluster in it
-	// (PlannedPairs, plus the devices and the probes on gateways).
-	Plan  func() *plan.Plan
-	Pairs func(context.Context, *plan.Plan) map[string]services.Pair
+	// Plan is the plan in force. Observe, on gateways, adds what the devices and the probes say
+	// of each wanted connection to what the plan says of every remote cluster (PlannedPairs).
+	Plan    func() *plan.Plan
+	Observe func(context.Context, *plan.Plan, map[string]services.Pair)
 	// TunnelLinks are the cable links the counters attach to (names or '*' patterns).
 	TunnelLinks func() []string
 }
@@ -264,7 +264,11 @@ func (d *Datapath) Once(ctx context.Context) {
 		// an earlier run) stay as they are until the broker says what is imported.
 		return
 	}
-	reach := services.Reachability(d.cfg.Cluster, d.cfg.Gateway, d.deps.Pairs(ctx, p))
+	pairs := PlannedPairs(p)
+	if d.cfg.Gateway && d.deps.Observe != nil {
+		d.deps.Observe(ctx, p, pairs)
+	}
+	reach := services.Reachability(d.cfg.Cluster, d.cfg.Gateway, pairs)
 	imports, outOfScope := services.InScope(st.Imports, st.Clusters, st.Endpoints)
 	plan := services.Compute(imports, d.cfg.Cluster, reach)
 	plan.Problems = append(outOfScope, plan.Problems...)
