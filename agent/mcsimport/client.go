@@ -1,0 +1,164 @@
+package mcsimport
+
+import (
+	"context"
+	"fmt"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/client-go/rest"
+	mcsv1a1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
+)
+
+// API is what the writer reads and writes on the API server. Errors are the API server's, so
+// apierrors.IsNotFound, IsConflict and IsAlreadyExists work on them.
+type API interface {
+	// NamespaceExists tells whether namespace ns exists in this cluster.
+	NamespaceExists(ctx context.Context, ns string) (bool, error)
+
+	// ListServiceImports and ListEndpointSlices list, in every namespace, the objects whose
+	// labels match selector.
+	ListServiceImports(ctx context.Context, selector string) ([]mcsv1a1.ServiceImport, error)
+	CreateServiceImport(ctx context.Context, si *mcsv1a1.ServiceImport) (*mcsv1a1.ServiceImport, error)
+	UpdateServiceImport(ctx context.Context, si *mcsv1a1.ServiceImport) (*mcsv1a1.ServiceImport, error)
+	UpdateServiceImportStatus(ctx context.Context, si *mcsv1a1.ServiceImport) error
+	DeleteServiceImport(ctx context.Context, ns, name string) error
+
+	ListEndpointSlices(ctx context.Context, selector string) ([]discoveryv1.EndpointSlice, error)
+	CreateEndpointSlice(ctx context.Context, es *discoveryv1.EndpointSlice) error
+	UpdateEndpointSlice(ctx context.Context, es *discoveryv1.EndpointSlice) error
+	DeleteEndpointSlice(ctx context.Context, ns, name string) error
+
+	GetLease(ctx context.Context, ns, name string) (*coordinationv1.Lease, error)
+	CreateLease(ctx context.Context, l *coordinationv1.Lease) (*coordinationv1.Lease, error)
+	UpdateLease(ctx context.Context, l *coordinationv1.Lease) (*coordinationv1.Lease, error)
+}
+
+// restAPI is the API of an API server, over one REST client per API group, with a scheme of
+// only these types (as agent/kube does, so the agent does not link client-go's clientset).
+type restAPI struct {
+	core, discovery, mcs, coordination *rest.RESTClient
+	params                             runtime.ParameterCodec
+}
+
+// NewAPI is the API of the API server rc reaches.
+func NewAPI(rc *rest.Config) (API, error) {
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, discoveryv1.AddToScheme, mcsv1a1.Install, coordinationv1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			return nil, fmt.Errorf("service imports client scheme: %w", err)
+		}
+	}
+	metav1.AddToGroupVersion(scheme, schema.GroupVersion{Version: "v1"})
+	codecs := serializer.NewCodecFactory(scheme)
+	hc, err := rest.HTTPClientFor(rc)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes HTTP client: %w", err)
+	}
+	group := func(apiPath string, gv schema.GroupVersion) (*rest.RESTClient, error) {
+		cfg := rest.CopyConfig(rc)
+		cfg.APIPath = apiPath
+		cfg.GroupVersion = &gv
+		cfg.NegotiatedSerializer = codecs.WithoutConversion()
+		if cfg.UserAgent == "" {
+			cfg.UserAgent = rest.DefaultKubernetesUserAgent()
+		}
+		c, err := rest.RESTClientForConfigAndClient(cfg, hc)
+		if err != nil {
+			return nil, fmt.Errorf("kubernetes client of %s: %w", gv, err)
+		}
+		return c, nil
+	}
+	a := &restAPI{params: runtime.NewParameterCodec(scheme)}
+	if a.core, err = group("/api", corev1.SchemeGroupVersion); err != nil {
+		return nil, err
+	}
+	if a.discovery, err = group("/apis", discoveryv1.SchemeGroupVersion); err != nil {
+		return nil, err
+	}
+	if a.mcs, err = group("/apis", mcsv1a1.SchemeGroupVersion); err != nil {
+		return nil, err
+	}
+	if a.coordination, err = group("/apis", coordinationv1.SchemeGroupVersion); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+func (a *restAPI) NamespaceExists(ctx context.Context, ns string) (bool, error) {
+	err := a.core.Get().Resource("namespaces").Name(ns).Do(ctx).Into(&corev1.Namespace{})
+	if err == nil {
+		return true, nil
+	}
+	if isNotFound(err) {
+		return false, nil
+	}
+	return false, err
+}
+
+func (a *restAPI) ListServiceImports(ctx context.Context, selector string) ([]mcsv1a1.ServiceImport, error) {
+	var out mcsv1a1.ServiceImportList
+	err := a.mcs.Get().Resource("serviceimports").VersionedParams(&metav1.ListOptions{LabelSelector: selector}, a.params).Do(ctx).Into(&out)
+	return out.Items, err
+}
+
+func (a *restAPI) CreateServiceImport(ctx context.Context, si *mcsv1a1.ServiceImport) (*mcsv1a1.ServiceImport, error) {
+	out := &mcsv1a1.ServiceImport{}
+	err := a.mcs.Post().Namespace(si.Namespace).Resource("serviceimports").Body(si).Do(ctx).Into(out)
+	return out, err
+}
+
+func (a *restAPI) UpdateServiceImport(ctx context.Context, si *mcsv1a1.ServiceImport) (*mcsv1a1.ServiceImport, error) {
+	out := &mcsv1a1.ServiceImport{}
+	err := a.mcs.Put().Namespace(si.Namespace).Resource("serviceimports").Name(si.Name).Body(si).Do(ctx).Into(out)
+	return out, err
+}
+
+func (a *restAPI) UpdateServiceImportStatus(ctx context.Context, si *mcsv1a1.ServiceImport) error {
+	return a.mcs.Put().Namespace(si.Namespace).Resource("serviceimports").Name(si.Name).SubResource("status").Body(si).Do(ctx).Into(&mcsv1a1.ServiceImport{})
+}
+
+func (a *restAPI) DeleteServiceImport(ctx context.Context, ns, name string) error {
+	return a.mcs.Delete().Namespace(ns).Resource("serviceimports").Name(name).Do(ctx).Error()
+}
+
+func (a *restAPI) ListEndpointSlices(ctx context.Context, selector string) ([]discoveryv1.EndpointSlice, error) {
+	var out discoveryv1.EndpointSliceList
+	err := a.discovery.Get().Resource("endpointslices").VersionedParams(&metav1.ListOptions{LabelSelector: selector}, a.params).Do(ctx).Into(&out)
+	return out.Items, err
+}
+
+func (a *restAPI) CreateEndpointSlice(ctx context.Context, es *discoveryv1.EndpointSlice) error {
+	return a.discovery.Post().Namespace(es.Namespace).Resource("endpointslices").Body(es).Do(ctx).Into(&discoveryv1.EndpointSlice{})
+}
+
+func (a *restAPI) UpdateEndpointSlice(ctx context.Context, es *discoveryv1.EndpointSlice) error {
+	return a.discovery.Put().Namespace(es.Namespace).Resource("endpointslices").Name(es.Name).Body(es).Do(ctx).Into(&discoveryv1.EndpointSlice{})
+}
+
+func (a *restAPI) DeleteEndpointSlice(ctx context.Context, ns, name string) error {
+	return a.discovery.Delete().Namespace(ns).Resource("endpointslices").Name(name).Do(ctx).Error()
+}
+
+func (a *restAPI) GetLease(ctx context.Context, ns, name string) (*coordinationv1.Lease, error) {
+	out := &coordinationv1.Lease{}
+	err := a.coordination.Get().Namespace(ns).Resource("leases").Name(name).Do(ctx).Into(out)
+	return out, err
+}
+
+func (a *restAPI) CreateLease(ctx context.Context, l *coordinationv1.Lease) (*coordinationv1.Lease, error) {
+	out := &coordinationv1.Lease{}
+	err := a.coordination.Post().Namespace(l.Namespace).Resource("leases").Body(l).Do(ctx).Into(out)
+	return out, err
+}
+
+func (a *restAPI) UpdateLease(ctx context.Context, l *coordinationv1.Lease) (*coordinationv1.Lease, error) {
+	out := &coordinationv1.Lease{}
+	err := a.coordination.Put().Namespace(l.Namespace).Resource("leases").Name(l.Name).Body(l).Do(ctx).Into(out)
+	return out, err
+}
