@@ -170,8 +170,8 @@ func memberCluster(t *testing.T) manifests {
 	t.Helper()
 	m := sortObjects(t, decodeDir(t, "daemonset"))
 	if len(m.namespaces) != 1 || len(m.serviceAccounts) != 1 || len(m.configMaps) != 1 || len(m.daemonSets) != 2 ||
-		len(m.clusterRoles) != 1 || len(m.bindings) != 1 || len(m.roles) != 1 || len(m.roleBindings) != 1 || len(m.crds) != 3 {
-		t.Fatalf("want one Namespace, ServiceAccount, ConfigMap, two DaemonSets, one ClusterRole, ClusterRoleBinding, Role, RoleBinding and 3 CRDs; have %d, %d, %d, %d, %d, %d, %d, %d, %d",
+		len(m.clusterRoles) != 2 || len(m.bindings) != 2 || len(m.roles) != 2 || len(m.roleBindings) != 2 || len(m.crds) != 3 {
+		t.Fatalf("want one Namespace, ServiceAccount, ConfigMap, two DaemonSets, two ClusterRoles, ClusterRoleBindings, Roles, RoleBindings (the agent's, the service-imports writer's) and 3 CRDs; have %d, %d, %d, %d, %d, %d, %d, %d, %d",
 			len(m.namespaces), len(m.serviceAccounts), len(m.configMaps), len(m.daemonSets), len(m.clusterRoles), len(m.bindings), len(m.roles), len(m.roleBindings), len(m.crds))
 	}
 	return m
@@ -194,7 +194,7 @@ func installed(t *testing.T, v AgentValues) manifests {
 	}
 	m := sortObjects(t, decodeStream(t, "install output", out))
 	if len(m.daemonSets) != 2 || m.daemonSets[0].Name != DaemonSetName || m.daemonSets[1].Name != WorkerDaemonSetName ||
-		len(m.configMaps) == 0 || m.configMaps[0].Name != ConfigMapName || len(m.clusterRoles) != 1 || len(m.roles) != 1 {
+		len(m.configMaps) == 0 || m.configMaps[0].Name != ConfigMapName || len(m.clusterRoles) != 2 || len(m.roles) != 2 {
 		t.Fatalf("install output lacks the DaemonSets, ConfigMap, ClusterRole or Role: %q", SortedKinds(mustDocs(t, out)))
 	}
 	return m
@@ -300,6 +300,7 @@ func TestMemberClusterManifests(t *testing.T) {
 			}
 			checkAgentDaemonSet(t, m)
 			checkAgentRBAC(t, m)
+			checkServiceImportsRBAC(t, m)
 		})
 	}
 }
@@ -486,6 +487,39 @@ func checkAgentRBAC(t *testing.T, m manifests) {
 	}
 	if nsBinding.Namespace != namespace || nsBinding.RoleRef.Kind != "Role" || nsBinding.RoleRef.Name != nsRole.Name || len(nsBinding.Subjects) != 1 ||
 		nsBinding.Subjects[0].Name != m.serviceAccounts[0].Name || nsBinding.Subjects[0].Namespace != namespace {
+		t.Errorf("RoleBinding does not bind %s to the agent's service account: %+v", nsRole.Name, nsBinding)
+	}
+}
+
+// checkServiceImportsRBAC: the service-imports writer writes ServiceImports (and their status)
+// and EndpointSlices, reads namespaces by name and holds its Lease in the agents' namespace.
+func checkServiceImportsRBAC(t *testing.T, m manifests) {
+	role, binding := m.clusterRoles[1], m.bindings[1]
+	var exp []grant
+	for _, r := range []rbacv1.PolicyRule{
+		{APIGroups: []string{"multicluster.x-k8s.io"}, Resources: []string{"serviceimports"}, Verbs: []string{"list", "create", "update", "delete"}},
+		{APIGroups: []string{"multicluster.x-k8s.io"}, Resources: []string{"serviceimports/status"}, Verbs: []string{"update"}},
+		{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list", "create", "update", "delete"}},
+		{APIGroups: []string{""}, Resources: []string{"namespaces"}, Verbs: []string{"get"}},
+	} {
+		exp = append(exp, grants(t, []rbacv1.PolicyRule{r})...)
+	}
+	exp = grants(t, ruleOf(exp))
+	if got := grants(t, role.Rules); role.Name != "cablemesh-service-imports" || !slices.Equal(got, exp) {
+		t.Errorf("ClusterRole %s grants\n%v\nwant exactly\n%v", role.Name, got, exp)
+	}
+	if binding.RoleRef.Name != role.Name || len(binding.Subjects) != 1 || binding.Subjects[0].Name != m.serviceAccounts[0].Name || binding.Subjects[0].Namespace != namespace {
+		t.Errorf("ClusterRoleBinding does not bind %s to the agent's service account: %+v", role.Name, binding)
+	}
+	nsRole, nsBinding := m.roles[1], m.roleBindings[1]
+	wantNS := grants(t, []rbacv1.PolicyRule{
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, ResourceNames: []string{"cablemesh-service-imports"}, Verbs: []string{"get", "update"}},
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create"}},
+	})
+	if got := grants(t, nsRole.Rules); nsRole.Namespace != namespace || !slices.Equal(got, wantNS) {
+		t.Errorf("Role %s/%s grants\n%v\nwant exactly\n%v", nsRole.Namespace, nsRole.Name, got, wantNS)
+	}
+	if nsBinding.Namespace != namespace || nsBinding.RoleRef.Name != nsRole.Name || len(nsBinding.Subjects) != 1 || nsBinding.Subjects[0].Name != m.serviceAccounts[0].Name {
 		t.Errorf("RoleBinding does not bind %s to the agent's service account: %+v", nsRole.Name, nsBinding)
 	}
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/cablemesh/cablemesh/agent/config"
 	"github.com/cablemesh/cablemesh/agent/exports"
 	"github.com/cablemesh/cablemesh/agent/kube"
+	"github.com/cablemesh/cablemesh/agent/mcsimport"
 	"github.com/cablemesh/cablemesh/agent/preflight"
 	"github.com/cablemesh/cablemesh/agent/servicedp"
 	"github.com/cablemesh/cablemesh/agent/uninstall"
@@ -105,6 +106,12 @@ func run(args []string, stderr io.Writer) int {
 				return 1
 			}
 			opts.NodeAddresses = nw
+			// The gateways elect the cluster's writer of its MCS ServiceImports.
+			if opts.ServiceImports, err = serviceImportsAPI(); err != nil {
+				fmt.Fprintln(stderr, "cable-agent: kubernetes.enabled: service imports:", err)
+				return 1
+			}
+			opts.ServiceImportsNamespace = podNamespace()
 		}
 	}
 	uninstalled, stopUninstallCheck := uninstallCheck(log)
@@ -190,6 +197,25 @@ func kubernetesSource(cfg *config.Config, log *slog.Logger) (exports.Source, err
 		return nil, fmt.Errorf("the Kubernetes client: %w", err)
 	}
 	return kube.New(kc, cfg.Cluster, log.With("component", "kubernetes")), nil
+}
+
+// serviceImportsAPI writes the cluster's ServiceImports, EndpointSlices and the writer's Lease
+// with the in-cluster credentials.
+func serviceImportsAPI() (mcsimport.API, error) {
+	rc, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("in-cluster Kubernetes config: %w", err)
+	}
+	return mcsimport.NewAPI(rc)
+}
+
+// podNamespace is the agent's namespace ($POD_NAMESPACE, from the downward API), cablemesh
+// when unset.
+func podNamespace() string {
+	if ns := os.Getenv(uninstall.NamespaceEnv); ns != "" {
+		return ns
+	}
+	return "cablemesh"
 }
 
 // nodeWatcher follows this node's Node object (named as the agent's node) with the in-cluster
