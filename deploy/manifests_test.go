@@ -492,7 +492,7 @@ func checkAgentRBAC(t *testing.T, m manifests) {
 }
 
 // checkServiceImportsRBAC: the service-imports writer writes ServiceImports (and their status)
-// and EndpointSlices, reads namespaces by name and holds its Lease in the agents' namespace.
+// and EndpointSlices and holds its Lease in the agents' namespace.
 func checkServiceImportsRBAC(t *testing.T, m manifests) {
 	role, binding := m.clusterRoles[1], m.bindings[1]
 	var exp []grant
@@ -500,7 +500,6 @@ func checkServiceImportsRBAC(t *testing.T, m manifests) {
 		{APIGroups: []string{"multicluster.x-k8s.io"}, Resources: []string{"serviceimports"}, Verbs: []string{"list", "create", "update", "delete"}},
 		{APIGroups: []string{"multicluster.x-k8s.io"}, Resources: []string{"serviceimports/status"}, Verbs: []string{"update"}},
 		{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list", "create", "update", "delete"}},
-		{APIGroups: []string{""}, Resources: []string{"namespaces"}, Verbs: []string{"get"}},
 	} {
 		exp = append(exp, grants(t, []rbacv1.PolicyRule{r})...)
 	}

@@ -16,11 +16,10 @@ import (
 )
 
 // API is what the writer reads and writes on the API server. Errors are the API server's, so
-// apierrors.IsNotFound, IsConflict and IsAlreadyExists work on them.
+// apierrors.IsNotFound, IsConflict and IsAlreadyExists work on them; a create in a namespace that
+// does not exist fails NotFound naming the namespace (the NamespaceLifecycle admission), which is
+// how the writer learns of it without the right to read namespaces.
 type API interface {
-	// NamespaceExists tells whether namespace ns exists in this cluster.
-	NamespaceExists(ctx context.Context, ns string) (bool, error)
-
 	// ListServiceImports and ListEndpointSlices list, in every namespace, the objects whose
 	// labels match selector.
 	ListServiceImports(ctx context.Context, selector string) ([]mcsv1a1.ServiceImport, error)
@@ -88,17 +87,6 @@ func NewAPI(rc *rest.Config) (API, error) {
 		return nil, err
 	}
 	return a, nil
-}
-
-func (a *restAPI) NamespaceExists(ctx context.Context, ns string) (bool, error) {
-	err := a.core.Get().Resource("namespaces").Name(ns).Do(ctx).Into(&corev1.Namespace{})
-	if err == nil {
-		return true, nil
-	}
-	if isNotFound(err) {
-		return false, nil
-	}
-	return false, err
 }
 
 func (a *restAPI) ListServiceImports(ctx context.Context, selector string) ([]mcsv1a1.ServiceImport, error) {

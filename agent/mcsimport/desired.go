@@ -44,19 +44,11 @@ type desired struct {
 
 func key(ns, name string) string { return ns + "/" + name }
 
-// buildDesired is the objects of imps whose namespace exists (nsExists), and the namespaces
-// skipped because they do not.
-func buildDesired(imps []*apiv1.ServiceImport, nsExists func(string) bool) (desired, []string) {
+// buildDesired is the objects of imps.
+func buildDesired(imps []*apiv1.ServiceImport) desired {
 	d := desired{imports: map[string]*mcsv1a1.ServiceImport{}, slices: map[string]*discoveryv1.EndpointSlice{}}
-	var skipped []string
 	for _, imp := range imps {
 		if imp.GetNamespace() == "" || imp.GetName() == "" {
-			continue
-		}
-		if !nsExists(imp.GetNamespace()) {
-			if !slices.Contains(skipped, imp.GetNamespace()) {
-				skipped = append(skipped, imp.GetNamespace())
-			}
 			continue
 		}
 		si := serviceImport(imp)
@@ -67,8 +59,7 @@ func buildDesired(imps []*apiv1.ServiceImport, nsExists func(string) bool) (desi
 			}
 		}
 	}
-	slices.Sort(skipped)
-	return d, skipped
+	return d
 }
 
 func managedLabels(service string) map[string]string {

@@ -47,10 +47,12 @@ func matches(selector string, l map[string]string) bool {
 	return err == nil && s.Matches(labels.Set(l))
 }
 
-func (f *fakeAPI) NamespaceExists(_ context.Context, ns string) (bool, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.namespaces[ns], nil
+// namespaceGone is the API server's answer to a create in a namespace that does not exist.
+func (f *fakeAPI) namespaceGone(ns string) error {
+	if f.namespaces[ns] {
+		return nil
+	}
+	return apierrors.NewNotFound(schema.GroupResource{Resource: "namespaces"}, ns)
 }
 
 func (f *fakeAPI) ListServiceImports(_ context.Context, selector string) ([]mcsv1a1.ServiceImport, error) {
@@ -68,6 +70,9 @@ func (f *fakeAPI) ListServiceImports(_ context.Context, selector string) ([]mcsv
 func (f *fakeAPI) CreateServiceImport(_ context.Context, si *mcsv1a1.ServiceImport) (*mcsv1a1.ServiceImport, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if err := f.namespaceGone(si.Namespace); err != nil {
+		return nil, err
+	}
 	k := key(si.Namespace, si.Name)
 	if _, ok := f.imports[k]; ok {
 		return nil, apierrors.NewAlreadyExists(grSI, si.Name)
@@ -142,6 +147,9 @@ func (f *fakeAPI) ListEndpointSlices(_ context.Context, selector string) ([]disc
 func (f *fakeAPI) CreateEndpointSlice(_ context.Context, es *discoveryv1.EndpointSlice) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if err := f.namespaceGone(es.Namespace); err != nil {
+		return err
+	}
 	k := key(es.Namespace, es.Name)
 	if _, ok := f.slices[k]; ok {
 		return apierrors.NewAlreadyExists(grES, es.Name)

@@ -161,31 +161,34 @@ func (w *Writer) Reconcile(ctx context.Context) error {
 	if !ok {
 		return nil
 	}
-	nsCache := map[string]bool{}
-	var nsErr error
-	exists := func(ns string) bool {
-		if v, seen := nsCache[ns]; seen {
-			return v
-		}
-		v, err := w.deps.API.NamespaceExists(ctx, ns)
-		if err != nil {
-			nsErr = errors.Join(nsErr, fmt.Errorf("namespace %q: %w", ns, err))
-			v = true // unknown: keep what is there (a failed create reports it)
-		}
-		nsCache[ns] = v
-		return v
-	}
-	want, skipped := buildDesired(imps, exists)
-	w.noteSkipped(skipped)
-
-	var foreign []string
-	errImports := w.reconcileImports(ctx, want, &foreign)
-	errSlices := w.reconcileSlices(ctx, want, &foreign)
-	slices.Sort(foreign)
+	want := buildDesired(imps)
+	r := &pass{missing: map[string]bool{}}
+	errImports := w.reconcileImports(ctx, want, r)
+	errSlices := w.reconcileSlices(ctx, want, r)
+	slices.Sort(r.foreign)
+	w.noteSkipped(slices.Sorted(maps.Keys(r.missing)))
 	w.mu.Lock()
-	w.status.Foreign = foreign
+	w.status.Foreign = r.foreign
 	w.mu.Unlock()
-	return errors.Join(nsErr, errImports, errSlices)
+	return errors.Join(errImports, errSlices)
+}
+
+// pass is what one reconcile learns: the objects named as ours that are not (left alone), and
+// the namespaces that do not exist here (their imports skipped).
+type pass struct {
+	foreign []string
+	missing map[string]bool
+}
+
+// namespaceMissing tells whether err is a create refused because its namespace does not exist
+// (rather than, say, the ServiceImport CRD missing).
+func namespaceMissing(err error) bool {
+	var st apierrors.APIStatus
+	if !apierrors.IsNotFound(err) || !errors.As(err, &st) {
+		return false
+	}
+	d := st.Status().Details
+	return d != nil && d.Kind == "namespaces"
 }
 
 // noteSkipped logs each namespace once when it starts being skipped.
@@ -201,7 +204,7 @@ func (w *Writer) noteSkipped(skipped []string) {
 	}
 }
 
-func (w *Writer) reconcileImports(ctx context.Context, want desired, foreign *[]string) error {
+func (w *Writer) reconcileImports(ctx context.Context, want desired, r *pass) error {
 	have, err := w.deps.API.ListServiceImports(ctx, managedSelector)
 	if err != nil {
 		return fmt.Errorf("list ServiceImports: %w", err)
@@ -227,7 +230,11 @@ func (w *Writer) reconcileImports(ctx context.Context, want desired, foreign *[]
 		if cur == nil {
 			created, err := w.deps.API.CreateServiceImport(ctx, d)
 			if apierrors.IsAlreadyExists(err) {
-				*foreign = append(*foreign, "ServiceImport "+k)
+				r.foreign = append(r.foreign, "ServiceImport "+k)
+				continue
+			}
+			if namespaceMissing(err) {
+				r.missing[d.Namespace] = true
 				continue
 			}
 			if err != nil {
@@ -258,7 +265,7 @@ func (w *Writer) reconcileImports(ctx context.Context, want desired, foreign *[]
 	return errors.Join(errs...)
 }
 
-func (w *Writer) reconcileSlices(ctx context.Context, want desired, foreign *[]string) error {
+func (w *Writer) reconcileSlices(ctx context.Context, want desired, r *pass) error {
 	have, err := w.deps.API.ListEndpointSlices(ctx, managedSelector)
 	if err != nil {
 		return fmt.Errorf("list EndpointSlices: %w", err)
@@ -280,9 +287,16 @@ func (w *Writer) reconcileSlices(ctx context.Context, want desired, foreign *[]s
 		d := want.slices[k]
 		cur := existing[k]
 		if cur == nil {
+			if r.missing[d.Namespace] {
+				continue
+			}
 			err := w.deps.API.CreateEndpointSlice(ctx, d)
 			if apierrors.IsAlreadyExists(err) {
-				*foreign = append(*foreign, "EndpointSlice "+k)
+				r.foreign = append(r.foreign, "EndpointSlice "+k)
+				continue
+			}
+			if namespaceMissing(err) {
+				r.missing[d.Namespace] = true
 				continue
 			}
 			if err != nil {

@@ -11,6 +11,7 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	mcsv1a1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
 
@@ -206,14 +207,26 @@ func TestImportsOfAMissingNamespaceAreSkipped(t *testing.T) {
 	if err := w.Reconcile(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if f.imports["billing/web"] != nil {
-		t.Error("a ServiceImport was written in a namespace that does not exist")
+	if f.imports["billing/web"] != nil || f.slices["billing/web-east"] != nil {
+		t.Error("an object was written in a namespace that does not exist")
 	}
 	if f.imports["shop/web"] == nil {
 		t.Error("the import of the existing namespace was not written")
 	}
 	if got := w.Status().SkippedNamespaces; !slices.Equal(got, []string{"billing"}) {
 		t.Errorf("status skipped namespaces %v, want [billing]", got)
+	}
+	// A missing namespace is no error; a missing CRD (NotFound of the resource) is one.
+	if namespaceMissing(apierrors.NewNotFound(grSI, "web")) {
+		t.Error("a NotFound of the ServiceImport resource was taken for a missing namespace")
+	}
+	// The namespace appears: the import is written.
+	f.namespaces["billing"] = true
+	if err := w.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if f.imports["billing/web"] == nil || len(w.Status().SkippedNamespaces) != 0 {
+		t.Errorf("after billing was created: import %v, skipped %v", f.imports["billing/web"] != nil, w.Status().SkippedNamespaces)
 	}
 }
 
@@ -313,7 +326,7 @@ func (c *fakeClock) add(d time.Duration) {
 }
 
 func TestLeaseIsTakenOverAfterItExpires(t *testing.T) {
-	f := newFakeAPI()
+	f := newFakeAPI("cablemesh")
 	clk := &fakeClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	a := &election{api: f, namespace: "cablemesh", identity: "gw-1", now: clk.now}
 	b := &election{api: f, namespace: "cablemesh", identity: "gw-2", now: clk.now}
@@ -346,7 +359,7 @@ func TestLeaseIsTakenOverAfterItExpires(t *testing.T) {
 
 func TestLeaseConflictEndsTheHold(t *testing.T) {
 	ctx := context.Background()
-	f := newFakeAPI()
+	f := newFakeAPI("cablemesh")
 	clk := &fakeClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	a := &election{api: f, namespace: "cablemesh", identity: "gw-1", now: clk.now}
 	mustLead(t, a, true)

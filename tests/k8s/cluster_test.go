@@ -309,13 +309,18 @@ func TestCluster(t *testing.T) {
 			{"list", "clusterconnectionpolicies.cablemesh.io"}, {"watch", "clusterconnectionpolicies.cablemesh.io"},
 			{"get", "daemonsets.apps/cable-agent", "-n", "cablemesh"}, {"watch", "daemonsets.apps/cable-agent-worker", "-n", "cablemesh"},
 			{"get", "namespaces/cablemesh"}, {"watch", "namespaces/cablemesh"},
+			// The service-imports writer (16-rbac-serviceimports.yaml).
+			{"create", "serviceimports.multicluster.x-k8s.io", "-n", "demo"}, {"delete", "serviceimports.multicluster.x-k8s.io", "-n", "demo"},
+			{"update", "serviceimports.multicluster.x-k8s.io", "--subresource=status", "-n", "demo"},
+			{"create", "endpointslices.discovery.k8s.io", "-n", "demo"}, {"delete", "endpointslices.discovery.k8s.io", "-n", "demo"},
+			{"update", "leases.coordination.k8s.io/cablemesh-service-imports", "-n", "cablemesh"}, {"create", "leases.coordination.k8s.io", "-n", "cablemesh"},
 		}
 		refused := [][]string{
 			{"get", "secrets", "-n", "cablemesh"}, {"list", "pods", "-A"}, {"get", "configmaps", "-n", "cablemesh"},
 			{"update", "nodes"}, {"patch", "nodes"}, {"create", "services", "-n", "demo"},
-			{"delete", "endpointslices.discovery.k8s.io", "-n", "demo"},
 			{"update", "serviceexports.multicluster.x-k8s.io", "-n", "demo"},
-			{"create", "serviceimports.multicluster.x-k8s.io", "-n", "demo"},
+			{"update", "leases.coordination.k8s.io/kube-controller-manager", "-n", "cablemesh"}, {"create", "leases.coordination.k8s.io", "-n", "kube-system"},
+			{"patch", "serviceimports.multicluster.x-k8s.io", "-n", "demo"},
 			{"create", "clusterconnectionpolicies.cablemesh.io"}, {"delete", "clusterconnectionpolicies.cablemesh.io"},
 			{"list", "daemonsets.apps", "-n", "cablemesh"}, {"get", "daemonsets.apps/kube-proxy", "-n", "cablemesh"},
 			{"get", "daemonsets.apps/cable-agent", "-n", "kube-system"}, {"delete", "daemonsets.apps/cable-agent", "-n", "cablemesh"},
