@@ -298,15 +298,28 @@ func TestOnlyTheLeaseHolderWrites(t *testing.T) {
 		defer f.mu.Unlock()
 		return f.imports["shop/web"] != nil && f.slices["shop/web-east"] != nil
 	})
-	// The second writer's trigger arrives; its reconcile, if it wrongly ran one, is done by now.
+	// The imports change and only the second gateway hears of it: it must not write them.
+	box.set(webImport("240.0.0.11", "east"))
 	second.Trigger()
 	time.Sleep(200 * time.Millisecond)
+	f.mu.Lock()
+	ips := f.imports["shop/web"].Spec.IPs
+	f.mu.Unlock()
+	if !slices.Equal(ips, []string{"240.0.0.10"}) {
+		t.Errorf("ips %v after only the gateway without the lease was triggered, want the old [240.0.0.10]", ips)
+	}
 	if v, ok := counts.Load("gw-2"); ok && *v.(*int) > 0 {
 		t.Errorf("the gateway without the lease wrote %d objects", *v.(*int))
 	}
 	if v, ok := counts.Load("gw-1"); !ok || *v.(*int) == 0 {
 		t.Error("the lease holder wrote nothing")
 	}
+	first.Trigger()
+	waitFor(t, func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return slices.Equal(f.imports["shop/web"].Spec.IPs, []string{"240.0.0.11"})
+	})
 	if first.Status().Leader == second.Status().Leader {
 		t.Errorf("leaders: gw-1 %v gw-2 %v, want exactly one", first.Status().Leader, second.Status().Leader)
 	}
