@@ -7,7 +7,8 @@ import (
 )
 
 // maxKubePackages bounds the k8s.io packages the agent links. The agent needs Nodes, Services,
-// EndpointSlices, ServiceExports and ClusterConnectionPolicies (about 100 packages with
+// EndpointSlices, ServiceExports, ClusterConnectionPolicies, and its ServiceImports writer's
+// Leases (coordination/v1, one package more: 101) (about 100 packages with
 // client-go's rest, dynamic and tools/cache); client-go's clientset and informer factories
 // register every API group of Kubernetes and bring 400 more, which a cold build compiles.
 const maxKubePackages = 110
