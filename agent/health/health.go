@@ -79,6 +79,9 @@ type Target struct {
 	Node    string // the remote gateway node
 	// Source is this node's health-check address, Destination the remote endpoint's.
 	Source, Destination netip.Addr
+	// StartDown marks a target known to be down when its prober starts: it is usable
+	// (Result.Usable) only once it has answered for the recovery hold, and OnChange fires then.
+	StartDown bool
 }
 
 func (t Target) String() string {
@@ -336,6 +339,9 @@ func (m *Manager) start(t Target) *prober {
 	ctx, cancel := context.WithCancel(m.ctx)
 	p := &prober{target: t, settings: m.settings, cancel: cancel, window: NewWindow(m.settings.Window)}
 	p.res.Target = t
+	if t.StartDown {
+		p.res.LastDown = time.Now()
+	}
 	log := m.log.With("cluster", t.Cluster, "node", t.Node)
 	onChange, subject := m.onChange, m.subject
 	m.wg.Go(func() { p.run(ctx, m.newPinger, m.obs, onChange, subject, log) })
@@ -355,7 +361,7 @@ func (p *prober) run(ctx context.Context, newPinger NewPinger, obs Observer, onC
 	}()
 	t := time.NewTicker(p.settings.Period)
 	defer t.Stop()
-	wasHealthy, wasUsable := true, true
+	wasHealthy, wasUsable := true, !p.target.StartDown
 	for {
 		var rtt time.Duration
 		var err error

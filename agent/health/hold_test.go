@@ -109,3 +109,32 @@ func TestOnChangeWithAHoldFiresWhenTheHoldHasPassed(t *testing.T) {
 		t.Errorf("west usable again %v after it answered, want at least the hold %v", d, hold)
 	}
 }
+
+func TestATargetThatStartsDownIsUsableOnlyAfterTheHold(t *testing.T) {
+	n := newFakeNet()
+	const hold = 100 * time.Millisecond
+	m := NewManager(Settings{Period: 10 * time.Millisecond, Timeout: 5 * time.Millisecond, FailureThreshold: 3, RecoveryHold: hold}, n.newPinger, nil, quiet)
+	defer m.Close()
+	usable := make(chan time.Time, 4)
+	m.OnChange(func(_ string, ok bool) {
+		if ok {
+			usable <- time.Now()
+		}
+	})
+	west := target("west", "10.2.0.1")
+	west.StartDown = true
+	started := time.Now()
+	m.Sync([]Target{west})
+	select {
+	case at := <-usable:
+		if d := at.Sub(started); d < hold {
+			t.Errorf("a target that started down was usable %v after it started answering, want at least the hold %v", d, hold)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a target that started down and answers never became usable")
+	}
+	r, _ := m.Result("west")
+	if !r.Usable(3, hold, time.Now()) {
+		t.Errorf("result %+v is not usable after the call", r)
+	}
+}
