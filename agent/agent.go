@@ -9,6 +9,7 @@
 //	exports     the node's exports and their sync; clusterpolicy the cluster's policies
 //	ingress     ingress ports, xDS, the ingress certificate, the gateway-mode data plane
 //	reload      the config file's live changes; metrics and statusapi what it reports
+//	linkreport  a gateway's links, reported to the broker (cablectl links --all)
 //
 // Data flows one way: watch -> state -> plan -> consumers -> status. The agent never tears
 // anything down because the broker is unreachable: it runs on the last state it received.
@@ -19,7 +20,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"log/slog"
-	"net/netip"
 	"sync"
 	"time"
 
@@ -31,17 +31,19 @@ import (
 	"github.com/cablemesh/cablemesh/agent/config"
 	"github.com/cablemesh/cablemesh/agent/exports"
 	"github.com/cablemesh/cablemesh/agent/health"
+	"github.com/cablemesh/cablemesh/agent/host"
 	"github.com/cablemesh/cablemesh/agent/ingress"
-	"github.com/cablemesh/cablemesh/agent/ingress/nftables"
 	"github.com/cablemesh/cablemesh/agent/kube"
+	"github.com/cablemesh/cablemesh/agent/linkreport"
 	"github.com/cablemesh/cablemesh/agent/metrics"
 	"github.com/cablemesh/cablemesh/agent/plan"
 	"github.com/cablemesh/cablemesh/agent/preflight"
 	"github.com/cablemesh/cablemesh/agent/reload"
 	"github.com/cablemesh/cablemesh/agent/routes"
 	"github.com/cablemesh/cablemesh/agent/servicedp"
+	"github.com/cablemesh/cablemesh/agent/statusapi"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
-	"github.com/cablemesh/cablemesh/bpf"
+	"github.com/cablemesh/cablemesh/internal/version"
 )
 
 // DefaultRepairInterval is how often at most the agent re-asserts (re-runs the driver's
@@ -51,51 +53,29 @@ const DefaultRepairInterval = 30 * time.Second
 // Options wire an Agent.
 type Options struct {
 	Config *config.Config
-	// NewDriver builds each of the config's cableDrivers on gateway nodes; default cable.New.
-	NewDriver cables.DriverFactory
-	Log       *slog.Logger
-	// ApplyRoutes applies the routes of a non-gateway node; default routes.Apply.
-	ApplyRoutes func([]routes.Route) error
+	// Host are the agent's ways onto its node (drivers, probes, addresses, eBPF, nftables);
+	// each defaults to the kernel's, tests fake them.
+	Host host.Hooks
+	Log  *slog.Logger
 	// Backoff bounds of broker reconnects; defaults 1s and 15s.
 	MinBackoff, MaxBackoff time.Duration
 	// Ready, if set, is called once the agent serves status and has reconciled from its cache.
 	Ready func()
-	// NewPinger opens the health probes' sockets; default health.ICMPPinger (tests fake it).
-	NewPinger health.NewPinger
-	// InterfaceAddrs lists this node's addresses, for its health-check address; default the
-	// host's interface addresses (tests pin them).
-	InterfaceAddrs func() []netip.Addr
 	// RepairInterval bounds how often a connection whose probes failed failureThreshold times
 	// is re-asserted; default DefaultRepairInterval.
 	RepairInterval time.Duration
-	// MSS installs the TCP MSS clamp on gateways, for the links the running drivers name;
-	// default cables.KernelMSS (nftables in this network namespace).
-	MSS cables.MSSClamp
 	// CleanupOnExit makes Run, as it ends, remove what the agent made on the host: every
 	// driver's links, routes and sockets (Cleanup) and the MSS clamp on gateways, the routes via
 	// the gateway elsewhere, and the services datapath's programs and pins. By default they
 	// stay, so that a restart neither flaps the tunnels nor breaks a connection through a VIP.
 	CleanupOnExit bool
-	// OpenLB opens the eBPF socket load balancer; default bpf.Open (tests fake it).
-	OpenLB func(context.Context, bpf.Options) (servicedp.LoadBalancer, error)
-	// OpenCounters opens the per-cluster traffic counters of gateways; default bpf.OpenCounters.
-	OpenCounters func(context.Context, bpf.Options) (servicedp.TrafficCounters, error)
-	// ListLinks lists the links of the agent's network namespace by name, with their index (for
-	// the counters); default netlink.
-	ListLinks func() (map[string]int, error)
+	// CleanupOnStop, when set and CleanupOnExit is not, is asked once as Run ends whether to
+	// clean up as CleanupOnExit does: on Kubernetes, whether the agent's install is being removed
+	// rather than the pod restarted (agent/uninstall).
+	CleanupOnStop func() bool
 	// Kubernetes is the export source used when the config sets kubernetes.enabled; it must be
 	// set then (cmd/cable-agent builds it from the in-cluster config).
 	Kubernetes exports.Source
-	// Underlay returns the network of the link that holds an address of this node (its connected
-	// prefix), which no cable route may cover; default: from the interface addresses.
-	Underlay func(netip.Addr) (netip.Prefix, error)
-	// LookupHost resolves the broker's host names (once, at start); default the system resolver.
-	LookupHost func(context.Context, string) ([]netip.Addr, error)
-	// OpenIngress opens a gateway's ingress data plane (gateway mode); default the kernel's
-	// (agent/ingress/nftables, in this network namespace). MeshLink puts the mesh address on
-	// cbl-mesh0; default agent/ingress's. Tests fake both.
-	OpenIngress func(*slog.Logger) (ingress.Dataplane, error)
-	MeshLink    ingress.MeshLink
 	// ConfigPath is the file Config was loaded from: Run watches it and applies its changes
 	// (reload.go). Empty: no reload.
 	ConfigPath string
@@ -116,6 +96,8 @@ type Agent struct {
 	cfg   config.Static
 	start *config.Config
 	opts  Options
+	// cleanupDecision answers, once, whether stopping removes what the agent made.
+	cleanupDecision func() bool
 	// log carries this node's identity (cluster, node); pairLog carries it as localCluster and
 	// localNode, for the lines about a remote pair, which name the remote side as cluster and
 	// node (the reconciler, the drivers, the probes).
@@ -145,6 +127,8 @@ type Agent struct {
 	reload *reload.Reloader // the config in force and its reloads
 	addrs  *kube.Addresses  // this node's addresses (the config's, or its Node's on Kubernetes)
 
+	linkReports *linkreport.Reporter // a gateway's links, reported to the broker
+
 }
 
 // New checks options; it creates nothing.
@@ -161,31 +145,24 @@ func New(opts Options) (*Agent, error) {
 	if opts.MaxBackoff == 0 {
 		opts.MaxBackoff = 15 * time.Second
 	}
-	if opts.NewPinger == nil {
-		opts.NewPinger = health.ICMPPinger
-	}
-	if opts.InterfaceAddrs == nil {
-		opts.InterfaceAddrs = cables.InterfaceAddrs
-	}
+	opts.Host = opts.Host.WithDefaults()
 	if opts.RepairInterval == 0 {
 		opts.RepairInterval = DefaultRepairInterval
-	}
-	if opts.OpenIngress == nil {
-		opts.OpenIngress = nftables.Open
 	}
 	cfg := opts.Config
 	if cfg.Kubernetes.Enabled && opts.Kubernetes == nil {
 		return nil, errors.New("agent: kubernetes.enabled is set but no Kubernetes export source was given")
 	}
 	a := &Agent{
-		cfg:      cfg.Static(),
-		start:    cfg,
-		opts:     opts,
-		log:      opts.Log.With("cluster", cfg.Cluster, "node", cfg.Node),
-		pairLog:  opts.Log.With("localCluster", cfg.Cluster, "localNode", cfg.Node),
-		metrics:  metrics.NewProbes(),
-		registry: prometheus.NewRegistry(),
-		planner:  plan.New(opts.Log.With("cluster", cfg.Cluster, "node", cfg.Node)),
+		cfg:             cfg.Static(),
+		start:           cfg,
+		opts:            opts,
+		cleanupDecision: newCleanupDecision(opts),
+		log:             opts.Log.With("cluster", cfg.Cluster, "node", cfg.Node),
+		pairLog:         opts.Log.With("localCluster", cfg.Cluster, "localNode", cfg.Node),
+		metrics:         metrics.NewProbes(),
+		registry:        prometheus.NewRegistry(),
+		planner:         plan.New(opts.Log.With("cluster", cfg.Cluster, "node", cfg.Node)),
 	}
 	var src kube.AddressSource
 	if cfg.Gateway {
@@ -193,26 +170,28 @@ func New(opts Options) (*Agent, error) {
 	}
 	a.addrs = kube.NewAddresses(src, cfg.AdvertiseAddr(), cfg.Node, a.log)
 	a.guards = plan.NewGuards(func() plan.GuardSources {
-		return plan.GuardSources{Broker: cfg.Broker, Advertise: a.addrs.Private(), Log: a.log, LookupHost: opts.LookupHost, Underlay: opts.Underlay}
+		return plan.GuardSources{Broker: cfg.Broker, Advertise: a.addrs.Private(), Log: a.log, LookupHost: opts.Host.LookupHost, Underlay: opts.Host.Underlay}
 	})
 	a.link = brokerlink.New(cfg, brokerlink.Deps{Log: a.log, Backoff: a.newBackoff, ImportSelector: a.importSelector,
 		Endpoint: a.endpoint, OnRegistered: func(ep *apiv1.Endpoint) { a.ingress.ObserveRegistered(ep) },
 		OnState: func() { a.Trigger(); a.TriggerServices() }, OnFirstMessage: func() { a.exports.Trigger() }})
 	a.cables = cables.New(cfg, cables.Deps{
-		Log: a.log, PairLog: a.pairLog, NewDriver: opts.NewDriver, LocalNode: a.localNode, MSS: opts.MSS,
-		NewPinger: opts.NewPinger, Metrics: a.metrics, RepairInterval: opts.RepairInterval,
-		LocalPodCIDRs: a.localPodCIDRs, InterfaceAddrs: opts.InterfaceAddrs, OnHealthChange: a.TriggerServices,
+		Log: a.log, PairLog: a.pairLog, NewDriver: opts.Host.NewDriver, LocalNode: a.localNode, MSS: opts.Host.MSS,
+		NewPinger: opts.Host.NewPinger, Metrics: a.metrics, RepairInterval: opts.RepairInterval,
+		LocalPodCIDRs: a.link.LocalPodCIDRs, InterfaceAddrs: opts.Host.InterfaceAddrs, OnHealthChange: a.TriggerServices,
 	})
-	a.worker = routes.NewWorker(cfg.Cluster, routes.WorkerDeps{Log: a.log, PairLog: a.pairLog, NewPinger: opts.NewPinger,
-		Apply: opts.ApplyRoutes, OnChange: a.Trigger})
-	a.exports = exports.New(cfg, exports.Deps{Log: a.log, Live: a.liveConfig, Scope: a.ownExportScope, Stamp: a.ingressStampPorts,
-		OnChange: a.ingressChanged, Backoff: a.newBackoff, Link: a.link})
+	a.worker = routes.NewWorker(cfg.Cluster, routes.WorkerDeps{Log: a.log, PairLog: a.pairLog, NewPinger: opts.Host.NewPinger,
+		Apply: opts.Host.ApplyRoutes, OnChange: a.Trigger})
+	a.exports = exports.New(cfg, exports.Deps{Log: a.log, Live: a.liveConfig, Scope: a.ownExportScope, Stamp: func(set []*apiv1.ServiceExport) { a.ingress.StampPorts(set) },
+		OnChange: func() { a.ingress.Changed() }, Backoff: a.newBackoff, Link: a.link})
 	a.clusterPolicies = clusterpolicy.NewSync(clusterpolicy.SyncDeps{Log: a.log, Cluster: cfg.Cluster, PolicyDir: cfg.PolicyDir,
 		Resync: cfg.ResyncInterval, Backoff: a.newBackoff, CertificateRefused: a.link.CertificateRefused})
-	a.ingress = ingress.New(cfg, ingress.Deps{Log: a.log, Exports: a.exportSet, Plan: a.plan, OpenDataplane: opts.OpenIngress,
-		MeshLink: opts.MeshLink, CleanupOnExit: opts.CleanupOnExit, CABundle: a.link.CABundle, CAs: func() *x509.CertPool { return a.link.Keyring().Identity().CAs },
+	a.ingress = ingress.New(cfg, ingress.Deps{Log: a.log, Exports: func() []*apiv1.ServiceExport { set, _, _ := a.exports.Effective(); return set }, Plan: a.plan, OpenDataplane: opts.Host.OpenIngress,
+		MeshLink: opts.Host.MeshLink, CleanupOnExit: opts.CleanupOnExit, CleanupDecision: a.cleanupDecision, CABundle: a.link.CABundle, CAs: func() *x509.CertPool { return a.link.Keyring().Identity().CAs },
 		Backoff: a.newBackoff, OnRegistered: a.Trigger})
 	a.ready = &metrics.Readiness{Log: a.log}
+	a.linkReports = linkreport.New(linkreport.Deps{Log: a.log, Version: version.String(),
+		Links: func(ctx context.Context) []statusapi.Connection { return a.cables.Connections(ctx, a.plan()) }})
 	a.registry.MustRegister(&metrics.Collector{Status: a.Status, Probes: a.metrics})
 	a.reload = reload.New(opts.ConfigPath, cfg, reload.Options{Log: a.log, LogLevelFlag: opts.LogLevelFlag, Apply: a.applyConfig,
 		ImportsChanged: func() { a.link.ReopenWatch() }})
@@ -254,7 +233,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		a.cables.ClampMSS()
 		// The probers; a reload may start or stop them (cables.SetHealth).
-		a.cables.SetHealth(a.liveConfig().HealthCheck.IsEnabled(), a.healthSettings())
+		a.cables.SetHealth(a.liveConfig().HealthCheck.IsEnabled(), cables.HealthSettings(a.liveConfig()))
 		defer a.cables.SetHealth(false, health.Settings{})
 	} else {
 		defer a.worker.Start()()
@@ -311,6 +290,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	if a.cfg.Gateway {
 		wg.Go(func() { a.link.RunRegister(ctx, client) })
+		wg.Go(func() { a.linkReports.Run(ctx, client) })
 	}
 	if a.opts.ConfigPath != "" {
 		wg.Go(func() { a.reload.Run(ctx, client) })

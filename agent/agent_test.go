@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -23,8 +24,9 @@ import (
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
 	"github.com/cablemesh/cablemesh/agent/cables"
 	"github.com/cablemesh/cablemesh/agent/config"
-	"github.com/cablemesh/cablemesh/agent/internal/fakebroker"
+	"github.com/cablemesh/cablemesh/agent/host"
 	"github.com/cablemesh/cablemesh/agent/internal/fakedriver"
+	"github.com/cablemesh/cablemesh/agent/internal/testbroker"
 	"github.com/cablemesh/cablemesh/agent/metrics"
 	"github.com/cablemesh/cablemesh/agent/routes"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
@@ -44,16 +46,14 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	t.Fatalf("timed out waiting for: %s", what)
 }
 
-func newBroker(t *testing.T) *fakebroker.Broker {
+// newBroker runs the real broker (with o, if given) with the clusters east, west and north, and
+// west's and north's gateways.
+func newBroker(t *testing.T, o ...testbroker.Options) *testbroker.Broker {
 	t.Helper()
-	b, err := fakebroker.New()
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := testbroker.New(t, append(o, testbroker.Options{})[0])
 	if err := b.Start("127.0.0.1:0"); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(b.Stop)
 	b.UpsertCluster(&apiv1.Cluster{Name: "east", Id: 1, PodCidrs: []string{"10.1.0.0/16"}})
 	b.UpsertCluster(&apiv1.Cluster{Name: "west", Id: 2, PodCidrs: []string{"10.2.0.0/16"}, ServiceCidrs: []string{"10.96.2.0/24"}})
 	b.UpsertCluster(&apiv1.Cluster{Name: "north", Id: 3, PodCidrs: []string{"10.3.0.0/16"}})
@@ -69,7 +69,7 @@ func remoteEndpoint(cluster, node, ip, key string) *apiv1.Endpoint {
 
 // testConfig is an east gateway config with short timers and a socket path short enough for
 // sun_path (t.TempDir paths of long test names are not).
-func testConfig(t *testing.T, b *fakebroker.Broker, gateway bool) *config.Config {
+func testConfig(t *testing.T, b *testbroker.Broker, gateway bool) *config.Config {
 	t.Helper()
 	sockDir, err := os.MkdirTemp("", "cbta-sock")
 	if err != nil {
@@ -111,7 +111,7 @@ type running struct {
 
 func startAgent(t *testing.T, cfg *config.Config, d *fakedriver.Driver, applyRoutes func([]routes.Route) error) *running {
 	t.Helper()
-	return startAgentWith(t, cfg, d, func(o *Options) { o.ApplyRoutes = applyRoutes })
+	return startAgentWith(t, cfg, d, func(o *Options) { o.Host.ApplyRoutes = applyRoutes })
 }
 
 // startAgentWith starts an agent with the test defaults, changed by mod.
@@ -121,17 +121,19 @@ func startAgentWith(t *testing.T, cfg *config.Config, d *fakedriver.Driver, mod 
 	var once sync.Once
 	opts := Options{
 		Config: cfg,
-		NewDriver: func(name string, _ cable.LocalNode, _ cable.Settings) (cable.Driver, error) {
-			if name != d.Name() {
-				return nil, errors.New("test agent has no driver " + name)
-			}
-			return d, nil
+		Host: host.Hooks{
+			NewDriver: func(name string, _ cable.LocalNode, _ cable.Settings) (cable.Driver, error) {
+				if name != d.Name() {
+					return nil, errors.New("test agent has no driver " + name)
+				}
+				return d, nil
+			},
+			MSS: &fakeMSS{}, // never the host's nftables
 		},
 		Log:        slog.New(slog.NewTextHandler(io.Discard, nil)),
 		MinBackoff: 50 * time.Millisecond,
 		MaxBackoff: 200 * time.Millisecond,
 		Ready:      func() { once.Do(func() { close(r.ready) }) },
-		MSS:        &fakeMSS{}, // never the host's nftables
 	}
 	fakeDatapath(&opts, nil, nil, map[string]int{}) // never the host's cgroups and bpffs
 	if mod != nil {
@@ -146,6 +148,20 @@ func startAgentWith(t *testing.T, cfg *config.Config, d *fakedriver.Driver, mod 
 	go func() { r.done <- a.Run(ctx) }()
 	t.Cleanup(r.stop)
 	return r
+}
+
+// waitReady waits until r is ready, failing the test when its Run ended first (with its error)
+// or it is not ready within 10 seconds.
+func waitReady(t *testing.T, r *running) {
+	t.Helper()
+	select {
+	case <-r.ready:
+	case err := <-r.done:
+		r.done <- err // for the cleanup's stop()
+		t.Fatalf("the agent stopped before it was ready: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("agent not ready")
+	}
 }
 
 func (r *running) stop() {
@@ -199,11 +215,19 @@ func TestGatewayAgentAgainstABroker(t *testing.T) {
 		t.Fatalf("agent.key: %v, %v", fi, err)
 	}
 
-	// The snapshot leads to a connection to every other cluster. It came compressed (the agent
-	// accepts zstd, and the fake broker, as the broker, compresses what gains from it).
+	// The snapshot leads to a connection to every other cluster.
 	eventually(t, "connections to north and west", func() bool { return connectedClusters(d) == "north,west" })
-	if n := b.EncodedSent(); n == 0 {
-		t.Errorf("the broker sent no compressed watch message; the agent's watch asked for %v", b.WatchRequests()[0].GetAcceptEncodings())
+	// The agent accepts zstd, and the broker compresses what gains from it (a message of 512
+	// bytes or more): north relabelled is a delta that large, and it comes compressed.
+	labels := map[string]string{}
+	for i := range 12 {
+		labels[fmt.Sprintf("note%d", i)] = strings.Repeat("x", 60)
+	}
+	b.UpsertCluster(&apiv1.Cluster{Name: "north", Id: 3, PodCidrs: []string{"10.3.0.0/16"}, Labels: labels})
+	for deadline := time.Now().Add(10 * time.Second); b.EncodedSent() == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the broker sent no compressed watch message; the agent's watch asked for %v", b.WatchRequests()[0].GetAcceptEncodings())
+		}
 	}
 	west, _ := d.Has("west")
 	if west.Address != netip.MustParseAddr("127.0.0.12") || west.Port != 51820 || west.Attributes["publicKey"] != "S1dFU1Qta2V5" || west.ClusterID != 2 ||

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/cablemesh/cablemesh/agent/brokerclient"
-	"github.com/cablemesh/cablemesh/agent/internal/fakebroker"
 	"github.com/cablemesh/cablemesh/agent/internal/fakedriver"
+	"github.com/cablemesh/cablemesh/agent/internal/testbroker"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 )
 
@@ -54,7 +54,7 @@ func pemBlocks(t *testing.T, path string) int {
 
 // joinedAndConnected starts an agent against b and waits until it joined, connected west and
 // north, and heartbeats.
-func joinedAndConnected(t *testing.T, b *fakebroker.Broker, logs *syncBuffer) (*running, *fakedriver.Driver, string) {
+func joinedAndConnected(t *testing.T, b *testbroker.Broker, logs *syncBuffer) (*running, *fakedriver.Driver, string) {
 	t.Helper()
 	cfg := testConfig(t, b, true)
 	d := fakedriver.New()
@@ -72,8 +72,7 @@ func joinedAndConnected(t *testing.T, b *fakebroker.Broker, logs *syncBuffer) (*
 // certificates the agent renews before expiry, writes the new key and certificate, and its calls
 // go on with the new certificate, without a restart and without touching its tunnels.
 func TestTheAgentRenewsItsCertificateTwoThirdsIntoItsLifetime(t *testing.T) {
-	b := newBroker(t)
-	b.SetCertLifetime(3 * time.Second)
+	b := newBroker(t, testbroker.Options{CertLifetime: 3 * time.Second})
 	logs := &syncBuffer{}
 	r, d, stateDir := joinedAndConnected(t, b, logs)
 	first := readCert(t, stateDir)
@@ -138,7 +137,9 @@ func TestACARotationRenewsAtOnceAndSurvivesItsFinish(t *testing.T) {
 
 	// The overlap ends; the broker restarts so that every connection is new: the agent verifies
 	// the broker's new serving certificate with the bundle it got, and carries on.
-	b.FinishRotation()
+	if err := b.FinishRotation(); err != nil {
+		t.Fatal(err)
+	}
 	eventually(t, "ca.crt holds only the new CA", func() bool { return pemBlocks(t, filepath.Join(stateDir, brokerclient.CAFile)) == 1 })
 	b.Stop()
 	if err := b.Start(b.Addr()); err != nil {
@@ -169,7 +170,9 @@ func TestARevokedCertificateStopsTheCallsAndKeepsTheTunnels(t *testing.T) {
 	logs := &syncBuffer{}
 	r, d, _ := joinedAndConnected(t, b, logs)
 	d.Calls()
-	b.Revoke("east", "east-gw1")
+	if err := b.Revoke("east", "east-gw1"); err != nil {
+		t.Fatal(err)
+	}
 	eventually(t, "status says the certificate was revoked", func() bool {
 		s, _ := getStatus(t, r.agent.cfg.StatusSocket)
 		return !s.Broker.Connected && s.Broker.CertificateRefused && strings.Contains(s.Broker.Error, "certificate revoked: join again")

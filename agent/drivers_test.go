@@ -12,6 +12,7 @@ import (
 
 	"github.com/cablemesh/cablemesh/agent/internal/fakedriver"
 	"github.com/cablemesh/cablemesh/agent/routes"
+	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/cable"
 )
 
@@ -70,14 +71,16 @@ func registerRecorder() {
 func TestTheAgentBuildsItsDriversThroughTheRegistryWithTheirSettings(t *testing.T) {
 	registerRecorder()
 	b := newBroker(t)
+	// The broker admits the subnets of east's CIDRs only: east has a service CIDR here.
+	b.UpsertCluster(&apiv1.Cluster{Name: "east", Id: 1, PodCidrs: []string{"10.1.0.0/16"}, ServiceCidrs: []string{"10.96.1.0/24"}})
 	cfg := testConfig(t, b, true)
 	cfg.CableDrivers = []string{recorderName}
 	cfg.ServiceCIDRs = []string{"10.96.1.0/24"}
 	cfg.Drivers = map[string]cable.Settings{recorderName: {"colour": "blue"}, "vxlan": {"vni": "7"}}
 	mss := &fakeMSS{}
 	r := startAgentWith(t, cfg, nil, func(o *Options) {
-		o.NewDriver = nil // the default: cable.New
-		o.MSS = mss
+		o.Host.NewDriver = nil // the default: cable.New
+		o.Host.MSS = mss
 	})
 	select {
 	case <-r.ready:
@@ -120,7 +123,7 @@ func TestTheMSSClampCoversTheLinksOfTheRunningDrivers(t *testing.T) {
 	f["ipsec"].LinkNames = []string{"ipsec0"}
 	f["ipsec"].InitErr = errors.New("charon: no such file")
 	mss := &fakeMSS{}
-	r := startFleet(t, cfg, f, nil, func(o *Options) { o.MSS = mss })
+	r := startFleet(t, cfg, f, nil, func(o *Options) { o.Host.MSS = mss })
 	ensured, removed := mss.calls()
 	if len(ensured) != 1 || !slices.Equal(ensured[0], []string{"cbl-vx*", "wg-east"}) || removed != 0 {
 		t.Errorf("MSS clamp: ensured %q, removed %d times; want once for [cbl-vx* wg-east] (ipsec does not run)", ensured, removed)
@@ -149,7 +152,7 @@ func TestWhenRunEndsEveryDriverIsClosedAndCleanedUpOnlyWhenAsked(t *testing.T) {
 			f["ipsec"].InitErr = errors.New("charon: no such file")
 			mss := &fakeMSS{}
 			r := startFleet(t, cfg, f, nil, func(o *Options) {
-				o.MSS = mss
+				o.Host.MSS = mss
 				o.CleanupOnExit = tt.cleanup
 			})
 			eventually(t, "north and west connected", func() bool { return connectedClusters(f["wireguard"]) == "north,west" })
@@ -191,8 +194,8 @@ func TestANonGatewayRemovesItsRoutesAtExitOnlyWhenAsked(t *testing.T) {
 			mss := &fakeMSS{}
 			r := startAgentWith(t, cfg, fakedriver.New(), func(o *Options) {
 				o.CleanupOnExit = cleanup
-				o.MSS = mss
-				o.ApplyRoutes = func(rs []routes.Route) error {
+				o.Host.MSS = mss
+				o.Host.ApplyRoutes = func(rs []routes.Route) error {
 					mu.Lock()
 					defer mu.Unlock()
 					applied = append(applied, rs)
@@ -224,7 +227,7 @@ func TestADriverThatCannotBeBuiltStopsTheAgentAndTheOthersAreClosed(t *testing.T
 	cfg.CableDrivers = []string{"wireguard", "vxlan"}
 	wg := fakedriver.New()
 	r := startAgentWith(t, cfg, wg, func(o *Options) {
-		o.NewDriver = func(name string, _ cable.LocalNode, _ cable.Settings) (cable.Driver, error) {
+		o.Host.NewDriver = func(name string, _ cable.LocalNode, _ cable.Settings) (cable.Driver, error) {
 			if name == "vxlan" {
 				return nil, errors.New("vxlan.vni: 0 is out of range")
 			}

@@ -9,7 +9,7 @@ import (
 func (a *Agent) endpoint() *apiv1.Endpoint {
 	private, public := a.addrs.Endpoint() // the config's, or the Node's on Kubernetes
 	return a.cables.Endpoint(cables.EndpointInputs{Cluster: a.cfg.Cluster, Node: a.cfg.Node, Private: private, Public: public,
-		Subnets: a.localSubnets(), PodCIDRs: a.localPodCIDRs(), Addrs: a.opts.InterfaceAddrs()})
+		Subnets: a.link.LocalSubnets(), PodCIDRs: a.link.LocalPodCIDRs(), Addrs: a.opts.Host.InterfaceAddrs()})
 }
 
 // importSelector is the imports.selector in force (reload.go swaps the config).

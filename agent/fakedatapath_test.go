@@ -181,10 +181,10 @@ func fakeDatapath(o *Options, lb *fakeLB, ctr *fakeCounters, links map[string]in
 	if ctr == nil {
 		ctr = newFakeCounters()
 	}
-	o.OpenLB = func(context.Context, bpf.Options) (servicedp.LoadBalancer, error) { return lb, nil }
-	o.OpenCounters = func(context.Context, bpf.Options) (servicedp.TrafficCounters, error) { return ctr, nil }
+	o.Host.OpenLB = func(context.Context, bpf.Options) (servicedp.LoadBalancer, error) { return lb, nil }
+	o.Host.OpenCounters = func(context.Context, bpf.Options) (servicedp.TrafficCounters, error) { return ctr, nil }
 	fakeMeshIngress(o, &fakeIngress{}) // never the host's nftables and links
-	o.ListLinks = func() (map[string]int, error) {
+	o.Host.ListLinks = func() (map[string]int, error) {
 		if links == nil {
 			return nil, errors.New("no links in this test")
 		}

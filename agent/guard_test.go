@@ -69,11 +69,11 @@ func TestARemoteSubnetCoveringTheUnderlayIsNotRouted(t *testing.T) {
 	var underlayOf, looked []string
 	d := fakedriver.New()
 	startAgentWith(t, cfg, d, func(o *Options) {
-		o.Underlay = func(a netip.Addr) (netip.Prefix, error) {
+		o.Host.Underlay = func(a netip.Addr) (netip.Prefix, error) {
 			underlayOf = append(underlayOf, a.String())
 			return netip.MustParsePrefix("10.250.0.11/24"), nil
 		}
-		o.LookupHost = func(_ context.Context, host string) ([]netip.Addr, error) {
+		o.Host.LookupHost = func(_ context.Context, host string) ([]netip.Addr, error) {
 			looked = append(looked, host)
 			return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
 		}
@@ -106,7 +106,7 @@ func TestADriverConnectErrorIsThePairsStatus(t *testing.T) {
 	d := fakedriver.New()
 	d.ConnectErr = errors.New(`wireguard option "mtu": 100000 is out of range (1280..65535)`)
 	r := startAgent(t, cfg, d, nil)
-	<-r.ready
+	waitReady(t, r)
 	eventually(t, "the broker state arrived", func() bool {
 		s, _ := getStatus(t, cfg.StatusSocket)
 		return len(s.Connections) == 2

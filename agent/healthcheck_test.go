@@ -51,8 +51,8 @@ func TestGatewayProbesRemoteGatewaysAndReportsRTT(t *testing.T) {
 	d := fakedriver.New()
 	d.SetHandshake(time.Now())
 	r := startAgentWith(t, cfg, d, func(o *Options) {
-		o.NewPinger = net.open
-		o.InterfaceAddrs = func() []netip.Addr { return []netip.Addr{netip.MustParseAddr("10.1.0.1")} }
+		o.Host.NewPinger = net.open
+		o.Host.InterfaceAddrs = func() []netip.Addr { return []netip.Addr{netip.MustParseAddr("10.1.0.1")} }
 	})
 	select {
 	case <-r.ready:

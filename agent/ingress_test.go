@@ -139,7 +139,7 @@ func TestIngressPortsAndXDS(t *testing.T) {
 		cfg.Exports[i].Endpoints = []config.ExportEndpoint{{IP: "10.1.0.10"}}
 	}
 	r2 := startAgentWith(t, cfg, fakedriver.New(), func(o *Options) { fakeDatapath(o, nil, nil, nil) })
-	<-r2.ready
+	waitReady(t, r2)
 	eventually(t, "the new export's port at the broker, the old ones unchanged", func() bool {
 		got := ingressPortsAtBroker(b)
 		return got["web/TCP"] == want["web/TCP"] && got["web/UDP"] == want["web/UDP"] && got["api/TCP"] == 15002
@@ -212,7 +212,7 @@ func TestAReloadToLoopbackTCPXDSIsRefused(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "xds.sock")
 	listen := fmt.Sprintf("ingress: {mode: envoy, xds: {listen: %q}}\n", sock)
 	r, cfg, path, _ := startReloadAgent(t, reloadConfigText(b, base, bothDrivers, listen), nil)
-	<-r.ready
+	waitReady(t, r)
 	eventually(t, "the xDS server in status", func() bool {
 		s, _ := getStatus(t, cfg.StatusSocket)
 		return s.Ingress != nil && s.Ingress.XDS != nil && s.Ingress.XDS.Listen == sock

@@ -52,8 +52,8 @@ func (f *fakeIngress) last() (ingress.Config, bool) {
 
 // fakeMeshIngress makes an agent's options use f for the data plane and the mesh link.
 func fakeMeshIngress(o *Options, f *fakeIngress) {
-	o.OpenIngress = func(*slog.Logger) (ingress.Dataplane, error) { return f, nil }
-	o.MeshLink = f
+	o.Host.OpenIngress = func(*slog.Logger) (ingress.Dataplane, error) { return f, nil }
+	o.Host.MeshLink = f
 }
 
 func TestGatewayModeAgent(t *testing.T) {

@@ -61,8 +61,8 @@ func TestNonGatewayRoutesAroundAGatewayThatStopsAnswering(t *testing.T) {
 	var mu sync.Mutex
 	var last []routes.Route
 	r := startAgentWith(t, cfg, fakedriver.New(), func(o *Options) {
-		o.NewPinger = net.open
-		o.ApplyRoutes = func(rs []routes.Route) error {
+		o.Host.NewPinger = net.open
+		o.Host.ApplyRoutes = func(rs []routes.Route) error {
 			mu.Lock()
 			defer mu.Unlock()
 			last = rs

@@ -18,8 +18,8 @@ import (
 
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
 	"github.com/cablemesh/cablemesh/agent/config"
-	"github.com/cablemesh/cablemesh/agent/internal/fakebroker"
 	"github.com/cablemesh/cablemesh/agent/internal/fakedriver"
+	"github.com/cablemesh/cablemesh/agent/internal/testbroker"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/cable"
@@ -80,7 +80,7 @@ func isolate(cluster string) policy.ClusterConnectionPolicy {
 
 // multiBroker is newBroker with site labels, remote gateways running wireguard and vxlan, and the
 // mesh default policy (full mesh over wireguard).
-func multiBroker(t *testing.T) *fakebroker.Broker {
+func multiBroker(t *testing.T) *testbroker.Broker {
 	t.Helper()
 	b := newBroker(t)
 	for _, c := range []*apiv1.Cluster{
@@ -130,7 +130,7 @@ func startFleet(t *testing.T, cfg *config.Config, f fleet, logs *syncBuffer, mod
 		}
 	})
 	r := startAgentWith(t, cfg, f["wireguard"], func(o *Options) {
-		o.NewDriver = f.factory
+		o.Host.NewDriver = f.factory
 		if logs != nil {
 			o.Log = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 		}
@@ -182,7 +182,7 @@ func TestAPolicyChangeMovesAPairBetweenDrivers(t *testing.T) {
 	}
 	// The pair's PSK reaches the driver, and the cache that holds it is private.
 	west, _ := f["wireguard"].Has("west")
-	psk := fakebroker.PairPSK("east", "west")
+	psk := b.PairPSK("east", "west")
 	if !bytes.Equal(west.PreSharedKey, psk) {
 		t.Errorf("west PSK = %x, want %x", west.PreSharedKey, psk)
 	}
@@ -326,8 +326,8 @@ func TestAnUnhealthyConnectionIsReassertedAtMostOncePerInterval(t *testing.T) {
 	net := &switchPinger{}
 	f := newFleet("wireguard")
 	startFleet(t, cfg, f, nil, func(o *Options) {
-		o.NewPinger = net.open
-		o.InterfaceAddrs = func() []netip.Addr { return []netip.Addr{netip.MustParseAddr("10.1.0.1")} }
+		o.Host.NewPinger = net.open
+		o.Host.InterfaceAddrs = func() []netip.Addr { return []netip.Addr{netip.MustParseAddr("10.1.0.1")} }
 		o.RepairInterval = 600 * time.Millisecond
 	})
 	eventually(t, "west connected", func() bool { _, ok := f["wireguard"].Has("west"); return ok })

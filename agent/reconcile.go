@@ -2,11 +2,10 @@ package agent
 
 import (
 	"context"
-	"net/netip"
+	"sync"
 	"time"
 
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
-	"github.com/cablemesh/cablemesh/agent/cables"
 	"github.com/cablemesh/cablemesh/agent/health"
 	"github.com/cablemesh/cablemesh/agent/plan"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
@@ -31,7 +30,7 @@ func (a *Agent) reconcileOnce(ctx context.Context) {
 		return
 	}
 	// The SNAT set follows the gateway-mode pairs (debounced, idempotent).
-	a.triggerMesh()
+	a.ingress.TriggerMesh()
 	if changed {
 		// A connection came or went: its cluster's backends follow.
 		a.TriggerServices()
@@ -48,12 +47,6 @@ func (a *Agent) plan() *plan.Plan {
 	return a.planner.Get(a.link.PlanKey(reg), in, func() (plan.Key, *brokerstate.State) { return a.link.StateCopy(reg) })
 }
 
-// localCluster is our own cluster record: from the broker state, else from the Join answer.
-func (a *Agent) localCluster() *apiv1.Cluster { return a.link.LocalCluster() }
-
-func (a *Agent) localSubnets() []netip.Prefix  { return a.link.LocalSubnets() }
-func (a *Agent) localPodCIDRs() []netip.Prefix { return a.link.LocalPodCIDRs() }
-
 // cleanupTimeout bounds the teardown of Options.CleanupOnExit.
 const cleanupTimeout = 30 * time.Second
 
@@ -61,10 +54,11 @@ const cleanupTimeout = 30 * time.Second
 // removes what the agent made (the services datapath's programs and pins, the drivers' links and
 // the MSS clamp on gateways, the routes via the gateway elsewhere), then it closes every driver.
 func (a *Agent) stop() {
+	cleanup := a.cleanupDecision()
 	if dp := a.datapath(); dp != nil {
-		dp.Stop(a.opts.CleanupOnExit)
+		dp.Stop(cleanup)
 	}
-	if a.opts.CleanupOnExit {
+	if cleanup {
 		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 		if a.cfg.Gateway {
 			a.cables.Cleanup(ctx)
@@ -77,14 +71,23 @@ func (a *Agent) stop() {
 	a.cables.Close()
 }
 
+// newCleanupDecision is whether the agent removes what it made as it stops:
+// Options.CleanupOnExit, or the answer of Options.CleanupOnStop, asked once (both the ingress
+// and stop need it).
+func newCleanupDecision(opts Options) func() bool {
+	return sync.OnceValue(func() bool {
+		if opts.CleanupOnExit {
+			return true
+		}
+		return opts.CleanupOnStop != nil && opts.CleanupOnStop()
+	})
+}
+
 // localNode is this node as the cable drivers see it.
 func (a *Agent) localNode() cable.LocalNode {
 	return cable.LocalNode{Cluster: a.cfg.Cluster, Node: a.cfg.Node, StateDir: a.cfg.StateDir,
-		AdvertiseAddress: a.addrs.Private(), LocalSubnets: a.localSubnets()}
+		AdvertiseAddress: a.addrs.Private(), LocalSubnets: a.link.LocalSubnets()}
 }
-
-// healthSettings are the probe settings in force.
-func (a *Agent) healthSettings() health.Settings { return cables.HealthSettings(a.liveConfig()) }
 
 // healthManager is the gateway's probes; nil without.
 func (a *Agent) healthManager() *health.Manager { return a.cables.Health() }

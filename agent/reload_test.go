@@ -21,8 +21,8 @@ import (
 	mcsfake "sigs.k8s.io/mcs-api/pkg/client/clientset/versioned/fake"
 
 	"github.com/cablemesh/cablemesh/agent/config"
-	"github.com/cablemesh/cablemesh/agent/internal/fakebroker"
 	"github.com/cablemesh/cablemesh/agent/internal/fakedriver"
+	"github.com/cablemesh/cablemesh/agent/internal/testbroker"
 	"github.com/cablemesh/cablemesh/agent/kube"
 	"github.com/cablemesh/cablemesh/agent/kube/kubetest"
 	"github.com/cablemesh/cablemesh/agent/reconcile"
@@ -84,7 +84,7 @@ func (b *builds) of(name string) []*fakedriver.Driver {
 	return slices.Clone(b.all[name])
 }
 
-func reloadConfigText(b *fakebroker.Broker, cfg *config.Config, drivers []string, extra string) string {
+func reloadConfigText(b *testbroker.Broker, cfg *config.Config, drivers []string, extra string) string {
 	return fmt.Sprintf(`cluster: east
 node: east-gw1
 broker: %s
@@ -109,7 +109,7 @@ var (
 
 // westOnReloadVX gives the broker a policy that pairs east and west over reload-vx and west's
 // endpoint, which has wireguard and reload-vx (port 4789).
-func westOnReloadVX(t *testing.T, b *fakebroker.Broker) {
+func westOnReloadVX(t *testing.T, b *testbroker.Broker) {
 	t.Helper()
 	b.UpsertPolicy(policyRecord(t, eastWestOn(reloadVX), false))
 	west := remoteEndpoint("west", "w1", "127.0.0.12", "S1dFU1Qta2V5")
@@ -130,7 +130,7 @@ func startReloadAgent(t *testing.T, text string, mod func(*Options)) (r *running
 	}
 	bl = &builds{all: map[string][]*fakedriver.Driver{}}
 	r = startAgentWith(t, cfg, nil, func(o *Options) {
-		o.NewDriver = bl.factory
+		o.Host.NewDriver = bl.factory
 		o.ConfigPath = path
 		if mod != nil {
 			mod(o)
@@ -309,7 +309,7 @@ func TestAKubernetesGatewayTakesItsAddressesFromItsNode(t *testing.T) {
 	mc := listOnlyMCS{mcsfake.NewSimpleClientset()}
 	nb := &nodeBuilds{}
 	r := startAgentWith(t, cfg, nil, func(o *Options) {
-		o.NewDriver = nb.factory
+		o.Host.NewDriver = nb.factory
 		o.Kubernetes = kube.New(kubetest.Clientsets(kc, mc), cfg.Cluster, nil, kube.WithStatusUpdates(false))
 		o.NodeAddresses = &kube.NodeWatcher{Client: kubetest.Clientsets(kc, nil), Node: cfg.Node}
 	})
@@ -370,7 +370,7 @@ func TestAnAdvertiseAddressInTheConfigWinsOverTheNodes(t *testing.T) {
 		corev1.NodeAddress{Type: corev1.NodeExternalIP, Address: "203.0.113.7"}))
 	nb := &nodeBuilds{}
 	startAgentWith(t, cfg, nil, func(o *Options) {
-		o.NewDriver = nb.factory
+		o.Host.NewDriver = nb.factory
 		o.Kubernetes = kube.New(kubetest.Clientsets(kc, listOnlyMCS{mcsfake.NewSimpleClientset()}), cfg.Cluster, nil, kube.WithStatusUpdates(false))
 		o.NodeAddresses = &kube.NodeWatcher{Client: kubetest.Clientsets(kc, nil), Node: cfg.Node}
 	})
@@ -515,7 +515,7 @@ func TestADeletedConfigFileKeepsTheRunningConfig(t *testing.T) {
 		o.ConfigPath = path
 		o.Log = slog.New(slog.NewTextHandler(logs, nil))
 	})
-	<-r.ready
+	waitReady(t, r)
 	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
 	}
@@ -569,8 +569,12 @@ func TestAReloadTurnsProbesOffAndOnAndChangesTheImportSelector(t *testing.T) {
 	if s.Services == nil || s.Services.ImportSelector != "team=shop" {
 		t.Errorf("status services %+v, want the new selector", s.Services)
 	}
-	// The new stream carries what the broker sends from now on.
-	b.SetImports("east", webImport())
+	// The new stream carries what the broker sends from now on: the exports the selector selects.
+	web := webImport()
+	for _, c := range web.Clusters {
+		c.Labels = map[string]string{"team": "shop"}
+	}
+	b.SetImports("east", web)
 	eventually(t, "the imports sent on the new stream", func() bool {
 		s, _ := getStatus(t, cfg.StatusSocket)
 		return s.Services != nil && len(s.Services.Imports) == 1

@@ -20,14 +20,14 @@ import (
 
 	"github.com/cablemesh/cablemesh/agent/config"
 	"github.com/cablemesh/cablemesh/agent/exports"
-	"github.com/cablemesh/cablemesh/agent/internal/fakebroker"
 	"github.com/cablemesh/cablemesh/agent/internal/fakedriver"
+	"github.com/cablemesh/cablemesh/agent/internal/testbroker"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/bpf"
 )
 
-// webImport is shop/web at 241.0.0.1:80, exported by west (10.2.0.10:8080) and north
+// webImport is shop/web at 241.0.0.1:80, exported by west (target port 8080: 10.2.0.10:8080) and north
 // (10.3.0.10:80, and 10.3.0.11 not ready).
 func webImport() *apiv1.ServiceImport {
 	return &apiv1.ServiceImport{Namespace: "shop", Name: "web", Type: "ClusterSetIP", Vips: []string{"241.0.0.1"},
@@ -35,14 +35,14 @@ func webImport() *apiv1.ServiceImport {
 		Clusters: []*apiv1.ImportedCluster{
 			{Cluster: "north", ClusterId: 3, Ports: []*apiv1.ServicePort{{Name: "http", Port: 80, Protocol: "TCP"}},
 				Endpoints: []*apiv1.ServiceEndpoint{{Ip: "10.3.0.10", Ready: true}, {Ip: "10.3.0.11"}}},
-			{Cluster: "west", ClusterId: 2, Ports: []*apiv1.ServicePort{{Name: "http", Port: 8080, Protocol: "TCP"}},
+			{Cluster: "west", ClusterId: 2, Ports: []*apiv1.ServicePort{{Name: "http", Port: 80, Protocol: "TCP", TargetPort: 8080}},
 				Endpoints: []*apiv1.ServiceEndpoint{{Ip: "10.2.0.10", Ready: true}}},
 		}}
 }
 
 // servicesAgent starts an east gateway against b with DNS on a free loopback port, the fake
 // load balancer, and probes through net (west and north publish health-check addresses).
-func servicesAgent(t *testing.T, b *fakebroker.Broker, net *switchPinger, mod func(*config.Config, *Options)) (*running, *config.Config, *fakeLB, *fakeCounters) {
+func servicesAgent(t *testing.T, b *testbroker.Broker, net *switchPinger, mod func(*config.Config, *Options)) (*running, *config.Config, *fakeLB, *fakeCounters) {
 	t.Helper()
 	for _, e := range []*apiv1.Endpoint{remoteEndpoint("west", "w1", "127.0.0.12", "S1dFU1Qta2V5"), remoteEndpoint("north", "n1", "127.0.0.13", "S05PUlRILWtleQ==")} {
 		e.HealthCheckIp = strings.Replace(e.GetPrivateIp(), "127.0.0.1", "10.", 1) + ".0.1"
@@ -57,8 +57,8 @@ func servicesAgent(t *testing.T, b *fakebroker.Broker, net *switchPinger, mod fu
 	d.LinkNames = []string{"cbl-wg*"} // a pattern, expanded against the links
 	var o *Options
 	r := startAgentWith(t, cfg, d, func(opts *Options) {
-		opts.NewPinger = net.open
-		opts.InterfaceAddrs = func() []netip.Addr { return []netip.Addr{netip.MustParseAddr("10.1.0.1")} }
+		opts.Host.NewPinger = net.open
+		opts.Host.InterfaceAddrs = func() []netip.Addr { return []netip.Addr{netip.MustParseAddr("10.1.0.1")} }
 		fakeDatapath(opts, lb, ctr, map[string]int{"cbl-wg0": 7, "eth0": 2})
 		o = opts
 		if mod != nil {
@@ -69,11 +69,7 @@ func servicesAgent(t *testing.T, b *fakebroker.Broker, net *switchPinger, mod fu
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-r.ready:
-	case <-time.After(10 * time.Second):
-		t.Fatal("agent not ready")
-	}
+	waitReady(t, r)
 	return r, cfg, lb, ctr
 }
 
@@ -211,10 +207,10 @@ func TestAnAgentRestartedWithoutItsBrokerServesItsCachedImports(t *testing.T) {
 
 	lb2 := &fakeLB{}
 	r2 := startAgentWith(t, cfg, fakedriver.New(), func(o *Options) {
-		o.NewPinger = net.open
+		o.Host.NewPinger = net.open
 		fakeDatapath(o, lb2, nil, nil)
 	})
-	<-r2.ready
+	waitReady(t, r2)
 	if got, _ := lb2.backends("241.0.0.1:80/tcp"); len(got) != 2 {
 		t.Errorf("maps after a restart without the broker: %v", got)
 	}
@@ -232,7 +228,7 @@ func TestTheDatapathStaysOnExitUnlessCleanupIsAsked(t *testing.T) {
 			fakeDatapath(o, lb, nil, nil)
 			o.CleanupOnExit = cleanup
 		})
-		<-r.ready
+		waitReady(t, r)
 		r.stop()
 		lb.mu.Lock()
 		closed, removed := lb.closed, lb.removed
@@ -328,7 +324,7 @@ func TestExportsReachTheBrokerFromConfigAndRuntime(t *testing.T) {
 	// The runtime export survives a restart.
 	r.stop()
 	r2 := startAgentWith(t, cfg, fakedriver.New(), func(o *Options) { fakeDatapath(o, nil, nil, nil) })
-	<-r2.ready
+	waitReady(t, r2)
 	eventually(t, "the restarted agent still exports web", func() bool {
 		s, _ := getStatus(t, cfg.StatusSocket)
 		return len(s.Services.Exports) == 2 && s.Services.Sync.InSync

@@ -19,9 +19,9 @@ import (
 // startDatapath starts the services datapath; a.dp is nil until it runs.
 func (a *Agent) startDatapath(ctx context.Context) error {
 	dp := servicedp.New(a.start, servicedp.Deps{
-		Log: a.log, Registry: a.registry, Live: a.liveConfig, LocalCluster: a.localCluster,
-		InterfaceAddrs: a.opts.InterfaceAddrs, OpenLB: a.opts.OpenLB, OpenCounters: a.opts.OpenCounters,
-		ListLinks: a.opts.ListLinks, Plan: a.plan, Pairs: a.pairs,
+		Log: a.log, Registry: a.registry, Live: a.liveConfig, LocalCluster: a.link.LocalCluster,
+		InterfaceAddrs: a.opts.Host.InterfaceAddrs, OpenLB: a.opts.Host.OpenLB, OpenCounters: a.opts.Host.OpenCounters,
+		ListLinks: a.opts.Host.ListLinks, Plan: a.plan, Pairs: a.pairs,
 		TunnelLinks: func() []string { return cables.TunnelLinks(a.cables.Running()) },
 	})
 	if err := dp.Start(ctx); err != nil {
@@ -80,16 +80,6 @@ func (a *Agent) ownExportScope() (scope mcs.EndpointScope, known bool) {
 // SetClusterPolicySource sets where the cluster's policies come from when the config has no
 // policyDir (on Kubernetes: a clusterpolicy.KubeSource). Call it before Run.
 func (a *Agent) SetClusterPolicySource(src clusterpolicy.Source) { a.clusterPolicies.SetSource(src) }
-
-// The ingress's glue: the exports it serves and stamps, the passes it follows.
-func (a *Agent) exportSet() []*apiv1.ServiceExport {
-	set, _, _ := a.exports.Effective()
-	return set
-}
-
-func (a *Agent) ingressStampPorts(set []*apiv1.ServiceExport) { a.ingress.StampPorts(set) }
-func (a *Agent) ingressChanged()                              { a.ingress.Changed() }
-func (a *Agent) triggerMesh()                                 { a.ingress.TriggerMesh() }
 
 // MeshAddress is this node's mesh address (invalid when none).
 func (a *Agent) MeshAddress() netip.Addr { return a.ingress.MeshAddress() }

@@ -19,7 +19,7 @@ func (a *Agent) Status(ctx context.Context) statusapi.Status {
 		Connections: []statusapi.Connection{}}
 	if c := st.Clusters[a.cfg.Cluster]; c != nil {
 		out.ClusterID = c.GetId()
-	} else if c := a.localCluster(); c != nil {
+	} else if c := a.link.LocalCluster(); c != nil {
 		out.ClusterID = c.GetId()
 	}
 	out.Problems = append(out.Problems, a.link.Status(&out.Broker)...)

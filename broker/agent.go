@@ -50,7 +50,7 @@ func (a *agentService) Join(ctx context.Context, req *apiv1.JoinRequest) (*apiv1
 	)
 	issue := func() error {
 		var err error
-		if certPEM, cert, err = p.IssueAgent(req.CsrPem, c.Name, c.Uid, req.Node, now); err != nil {
+		if certPEM, cert, err = p.IssueAgentFor(req.CsrPem, c.Name, c.Uid, req.Node, now, a.s.cfg.AgentCertificateLifetime); err != nil {
 			return &admission.InvalidError{Field: "csr_pem", Err: err}
 		}
 		issued, issuedUID = admission.Issued(cert, p.IssuerHash(), claims.Nonce), c.Uid
@@ -117,8 +117,7 @@ func (a *agentService) RegisterEndpoint(ctx context.Context, req *apiv1.Register
 	if err := a.registerBusy(ctx); err != nil {
 		return nil, err
 	}
-	a.s.writing.enter()
-	defer a.s.writing.leave()
+	defer a.s.beginWrite()()
 	id := identityFrom(ctx)
 	e, leaseSeconds, err := admission.AdmitEndpoint(id, req, a.s.leases(), a.s.cfg.Now())
 	if err != nil {
@@ -210,8 +209,7 @@ func (a *agentService) RegisterEndpoint(ctx context.Context, req *apiv1.Register
 }
 
 func (a *agentService) Heartbeat(ctx context.Context, req *apiv1.HeartbeatRequest) (*apiv1.HeartbeatResponse, error) {
-	a.s.writing.enter()
-	defer a.s.writing.leave()
+	defer a.s.beginWrite()()
 	id := identityFrom(ctx)
 	node, err := admission.HeartbeatNode(id, req.Node)
 	if err != nil {

@@ -114,7 +114,31 @@ type Config struct {
 	// start instead of hanging it; default DefaultStartTimeout. Opening an etcd store is bounded
 	// apart, by EtcdConfig.StartTimeout.
 	StartTimeout time.Duration
+	// LinkReportInterval is how often gateways send their full link report (the summary;
+	// changes go at once), default DefaultLinkReportInterval; a report is stale after three.
+	// LinkReportMinInterval is the shortest time between two accepted reports of one node (the
+	// rate limit), default DefaultLinkReportMinInterval.
+	LinkReportInterval, LinkReportMinInterval time.Duration
+	// AgentCertificateLifetime is how long the agent certificates issued from now on last
+	// (joins and renewals): default and at most DefaultAgentCertificateLifetime (one year), at
+	// least MinAgentCertificateLifetime. Agents renew two thirds into a certificate's lifetime, so a shorter
+	// one bounds how long a stolen certificate stays useful, at the price of more renewals.
+	AgentCertificateLifetime time.Duration
+	// UnaryInterceptors and StreamInterceptors run around every call after the broker's own
+	// (metrics, then authentication: a call they see is authenticated), outermost first: for
+	// auditing, tracing, or a test that refuses or observes calls. A Watch stream's SendMsg gets
+	// messages the broker encoded once for many watchers as PreEncoded.
+	UnaryInterceptors  []grpc.UnaryServerInterceptor
+	StreamInterceptors []grpc.StreamServerInterceptor
 }
+
+// MinAgentCertificateLifetime is the shortest Config.AgentCertificateLifetime (for tests and
+// drills: an agent must renew within the last third of it); DefaultAgentCertificateLifetime,
+// pki.Validity, is the default and the longest.
+const (
+	MinAgentCertificateLifetime     = time.Second
+	DefaultAgentCertificateLifetime = pki.Validity
+)
 
 // DefaultStartTimeout is Config.StartTimeout's default.
 const DefaultStartTimeout = 60 * time.Second
@@ -159,6 +183,9 @@ type Server struct {
 	// writing counts the registrations and heartbeats in flight (snapshots wait while there
 	// are many).
 	writing *backlog
+	// writes measures the same calls' rate: registrations are turned away as busy when the
+	// calls ahead of them would keep them waiting too long (registerbusy.go).
+	writes *writeMeter
 	// handshakes are the server's TLS credentials, which run a limited number of handshakes at
 	// once (handshakes.go).
 	handshakes *handshakeLimit
@@ -166,6 +193,12 @@ type Server struct {
 	clusterNets clusterNetworks
 	// meshHint is where mesh address allocation starts looking (meshaddrs.go).
 	meshHint meshHint
+	// linkReports are the gateways' latest link reports; on etcd, linkShare the nodes whose
+	// report is still to be written there and linkLease the lease they are written under
+	// (linkreports.go, linkreports_ha.go).
+	linkReports *linkReportStore
+	linkShare   linkShare
+	linkLease   linkReportLease
 }
 
 // New loads or creates the broker's PKI, mesh secret and store in cfg.DataDir, creates the mesh
@@ -202,6 +235,9 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}
 	if cfg.StartTimeout <= 0 {
 		cfg.StartTimeout = DefaultStartTimeout
+	}
+	if cfg.AgentCertificateLifetime, err = agentCertificateLifetime(cfg.AgentCertificateLifetime); err != nil {
+		return nil, err
 	}
 	if cfg.DefaultCableDriver != "" {
 		if err := ValidateDefaultCableDriver(cfg.DefaultCableDriver); err != nil {
@@ -269,6 +305,8 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, pki: p, store: st, ha: ha, meshSecret: secret, stopping: make(chan struct{}), ready: make(chan struct{})}
 	s.imports = newImportTracker(cfg.Logger, s.stopping)
+	s.linkReports = newLinkReportStore(cfg.LinkReportInterval, cfg.LinkReportMinInterval)
+	s.linkShare.wake = make(chan struct{}, 1)
 	s.watchBudget = cfg.WatchMessageBytes
 	s.snapshotSends = make(chan struct{}, maxSnapshotSends)
 	s.watchEnc = newWatchEncodings(watchEncodingBytes)
@@ -280,13 +318,14 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12, GetConfigForClient: s.certs.tlsConfig}
 	s.handshakes = limitHandshakes(credentials.NewTLS(tlsCfg), 0)
 	s.writing = newBacklog(writesBacklog)
+	s.writes = newWriteMeter(nil)
 	// Metrics first, so refused calls are counted with their code; watches after auth, which
 	// names the agent (metrics.go).
 	s.metrics = newMetrics(s)
 	s.grpc = grpc.NewServer(
 		grpc.Creds(s.handshakes),
-		grpc.ChainUnaryInterceptor(s.metrics.grpc.UnaryServerInterceptor(), s.unaryAuth),
-		grpc.ChainStreamInterceptor(s.metrics.grpc.StreamServerInterceptor(), s.streamAuth, s.metrics.watchStream),
+		grpc.ChainUnaryInterceptor(append([]grpc.UnaryServerInterceptor{s.metrics.grpc.UnaryServerInterceptor(), s.unaryAuth}, cfg.UnaryInterceptors...)...),
+		grpc.ChainStreamInterceptor(append([]grpc.StreamServerInterceptor{s.metrics.grpc.StreamServerInterceptor(), s.streamAuth, s.metrics.watchStream}, cfg.StreamInterceptors...)...),
 		// Pings find dead peers (a watcher whose host vanished) so their streams end.
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 20 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
@@ -302,6 +341,26 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	apiv1.RegisterAgentServer(s.grpc, &agentService{s: s})
 	s.metrics.grpc.InitializeMetrics(s.grpc) // every method's series from the start, at 0
 	return s, nil
+}
+
+// agentCertificateLifetime is Config.AgentCertificateLifetime checked, with its default.
+func agentCertificateLifetime(d time.Duration) (time.Duration, error) {
+	if d == 0 {
+		return DefaultAgentCertificateLifetime, nil
+	}
+	if err := ValidateAgentCertificateLifetime(d); err != nil {
+		return 0, fmt.Errorf("config: AgentCertificateLifetime: %w", err)
+	}
+	return d, nil
+}
+
+// ValidateAgentCertificateLifetime checks an agent certificate lifetime: from
+// MinAgentCertificateLifetime to DefaultAgentCertificateLifetime.
+func ValidateAgentCertificateLifetime(d time.Duration) error {
+	if d < MinAgentCertificateLifetime || d > DefaultAgentCertificateLifetime {
+		return fmt.Errorf("agent certificate lifetime %s is outside %s to %s", d, MinAgentCertificateLifetime, DefaultAgentCertificateLifetime)
+	}
+	return nil
 }
 
 // AdminConfigPath is DIR/admin.yaml.
@@ -361,6 +420,7 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 		if err := s.ha.serveAdminConfig(loopCtx, s, self, s.ha.advertise(lis.Addr()), &wg); err != nil {
 			return err
 		}
+		wg.Go(func() { s.shareLinkReportsLoop(loopCtx) }) // the link reports, to etcd
 	}
 	wg.Add(2)
 	go func() {

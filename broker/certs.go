@@ -339,7 +339,7 @@ func (a *agentService) RenewCertificate(ctx context.Context, req *apiv1.RenewCer
 	}
 	p := a.s.currentPKI()
 	now := a.s.cfg.Now()
-	certPEM, cert, err := p.IssueAgent(req.CsrPem, id.Cluster, id.ClusterUID, id.Node, now)
+	certPEM, cert, err := p.IssueAgentFor(req.CsrPem, id.Cluster, id.ClusterUID, id.Node, now, a.s.cfg.AgentCertificateLifetime)
 	if err != nil {
 		return nil, rpcError("renew certificate", &admission.InvalidError{Field: "csr_pem", Err: err})
 	}

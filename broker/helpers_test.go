@@ -78,6 +78,8 @@ type brokerOpts struct {
 	watchBudget   int            // Config.WatchMessageBytes
 	meshRange     netip.Prefix   // Config.MeshAddressRange
 	exportQuota   admission.ExportQuota
+	certLifetime  time.Duration                 // Config.AgentCertificateLifetime
+	unary         []grpc.UnaryServerInterceptor // Config.UnaryInterceptors
 	// wrapStore wraps the memory store (not a durable one) before the broker gets it.
 	wrapStore func(store.Store) store.Store
 }
@@ -104,6 +106,7 @@ func startBroker(t *testing.T, dir string, o brokerOpts) *testBroker {
 		StoreOptions: o.storeOpt, DefaultCableDriver: o.defaultDriver, ServiceVIPRanges: o.vipRanges, WatchMessageBytes: o.watchBudget,
 		MeshAddressRange: o.meshRange}
 	cfg.ExportQuota = o.exportQuota
+	cfg.AgentCertificateLifetime, cfg.UnaryInterceptors = o.certLifetime, o.unary
 	if o.selfAddrs != nil {
 		cfg.SelfAddresses = func() ([]netip.Addr, error) { return o.selfAddrs, nil }
 	}

@@ -53,16 +53,23 @@ func TestTheImportTrackerResumesAfterTheStoreEndsItsWatch(t *testing.T) {
 	if err := tr.start(ctx, st, &wg); err != nil {
 		t.Fatal(err)
 	}
-	c, err := st.Update(ctx, func(tx store.Tx) error {
-		return tx.PutCluster(&apiv1.Cluster{Name: "east", Uid: "uid-east", Id: 1})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Each ended watch needs a batch to end on, and the watch that resumes after it another:
+	// three changes take the tracker through both ends to a third watch.
 	actx, acancel := context.WithTimeout(ctx, 10*time.Second)
 	defer acancel()
-	if _, err := tr.at(actx, c.Revision); err != nil {
-		t.Fatalf("the imports at revision %d after the store ended the tracker's watch twice: %v", c.Revision, err)
+	for i, name := range []string{"east", "west", "north"} {
+		c, err := st.Update(ctx, func(tx store.Tx) error {
+			return tx.PutCluster(&apiv1.Cluster{Name: name, Uid: "uid-" + name, Id: uint32(i + 1)})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tr.at(actx, c.Revision); err != nil {
+			t.Fatalf("the imports at revision %d (cluster %s) after the store ended the tracker's watch: %v", c.Revision, name, err)
+		}
+	}
+	for st.watches.Load() < 3 && actx.Err() == nil {
+		time.Sleep(10 * time.Millisecond)
 	}
 	if n := st.watches.Load(); n < 3 {
 		t.Fatalf("the tracker watched the store %d times, want it to have resumed twice", n)

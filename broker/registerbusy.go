@@ -12,43 +12,42 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
-const (
-	// acceptBusyKey is the metadata key by which an agent says it honours a busy answer; the
-	// same as brokerclient.AcceptBusyKey (the broker does not import the agent's packages).
-	acceptBusyKey = "cablemesh-accept-busy"
-	// registerBusyThreshold is how many registrations and heartbeats may be in flight before a
-	// registration is turned away as busy: a fleet registering at once fills the store's commit
-	// groups; beyond this many, a call only waits in line, nearer its deadline, and holds back
-	// the snapshots (Watch) of the agents that already registered.
-	registerBusyThreshold = 512
-	// registerBusyMaxHint caps the wait a busy answer asks for.
-	registerBusyMaxHint = 8 * time.Second
-)
+// acceptBusyKey is the metadata key by which an agent says it honours a busy answer; the same
+// as brokerclient.AcceptBusyKey (the broker does not import the agent's packages).
+const acceptBusyKey = "cablemesh-accept-busy"
 
 // registerBusy is the busy answer to a registration, or nil when the broker has room for it or
-// the agent did not say it honours such an answer (acceptBusyKey: older agents
-// would wait a whole heartbeat interval on it). The wait asked for grows with the backlog: a
-// second for each registerBusyThreshold calls in flight, at most registerBusyMaxHint; the agent
-// jitters it.
+// the agent did not say it honours such an answer (acceptBusyKey: older agents would wait a
+// whole heartbeat interval on it). Room is measured, not counted: the broker turns a
+// registration away only when the registrations and heartbeats in flight would, at the rate it
+// has been completing them, keep it waiting longer than registerWaitBudget (writemeter.go). A
+// fast store takes a storm as it comes; a saturated one spreads it, telling each agent turned
+// away when to come back.
 func (a *agentService) registerBusy(ctx context.Context) error {
 	if !acceptsBusy(ctx) {
 		return nil
 	}
-	n := a.s.writing.inFlight()
-	if n <= registerBusyThreshold {
+	l, hint, ok := a.s.writes.admit()
+	if ok {
 		return nil
 	}
-	return busyStatus(n, busyHint(n))
+	return busyStatus(l, hint)
 }
 
-// busyHint is the wait asked of a caller turned away with n calls in flight.
-func busyHint(n int) time.Duration {
-	return min(time.Duration(n)*time.Second/registerBusyThreshold, registerBusyMaxHint)
+// beginWrite counts a registration or heartbeat in flight until the returned func is called.
+func (s *Server) beginWrite() func() {
+	s.writing.enter()
+	s.writes.begin()
+	return func() {
+		s.writes.end()
+		s.writing.leave()
+	}
 }
 
 // busyStatus is ResourceExhausted with a google.rpc.RetryInfo of hint.
-func busyStatus(n int, hint time.Duration) error {
-	st := status.New(codes.ResourceExhausted, fmt.Sprintf("broker busy: %d registrations and heartbeats in flight; register again in %s", n, hint))
+func busyStatus(l writeLoad, hint time.Duration) error {
+	st := status.New(codes.ResourceExhausted, fmt.Sprintf("broker busy: %d registrations and heartbeats in flight, done at %.0f/s, a wait of %s; register again in %s",
+		l.inFlight, l.rate, l.wait.Round(time.Millisecond), hint.Round(time.Millisecond)))
 	if withHint, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(hint)}); err == nil {
 		st = withHint
 	}
@@ -59,11 +58,4 @@ func busyStatus(n int, hint time.Duration) error {
 func acceptsBusy(ctx context.Context) bool {
 	md, ok := metadata.FromIncomingContext(ctx)
 	return ok && len(md.Get(acceptBusyKey)) > 0
-}
-
-// inFlight is the current count.
-func (b *backlog) inFlight() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.n
 }

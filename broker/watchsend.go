@@ -119,6 +119,14 @@ const watchEncodingBytes = 8 << 20
 // encodedWatch is one watch message, already encoded: watchCodec sends its bytes as they are.
 type encodedWatch struct{ b []byte }
 
+// PreEncoded is a watch message the broker encoded once for many watchers, as a Watch stream's
+// SendMsg gets it (Config.StreamInterceptors): WireBytes are the encoded apiv1.WatchResponse,
+// shared, never to be modified.
+type PreEncoded interface{ WireBytes() []byte }
+
+// WireBytes implements PreEncoded.
+func (m *encodedWatch) WireBytes() []byte { return m.b }
+
 // watchCodec is the broker's server codec: protobuf, but for encodedWatch, whose bytes are the
 // message. Its name is proto's, so clients see the usual content type.
 type watchCodec struct{ proto encoding.CodecV2 }

@@ -52,16 +52,18 @@ func newInstallKubernetesCmd(f *adminFlags) *cobra.Command {
 		Use:   "kubernetes --cluster NAME --pod-cidr CIDR [--service-cidr CIDR] [--gateway-nodes SELECTOR] [--gateway-mode]",
 		Short: "Create the cluster and its join token at the broker and print the cluster's manifests",
 		Long: `Creates the cluster at the broker if it is new (as cluster join-token does) and a join token
-for its gateway nodes, then prints on stdout, as multi-document YAML, everything the cluster
-needs: the CRDs (ClusterConnectionPolicy, MCS ServiceExport and ServiceImport), the cablemesh
-namespace, the agent's service account and least-privilege RBAC, its config, the join token as a
-Secret (mounted as a file, never an environment variable) and the agent DaemonSet.
+for its nodes, then prints on stdout, as multi-document YAML, everything the cluster needs: the
+CRDs (ClusterConnectionPolicy, MCS ServiceExport and ServiceImport), the cablemesh namespace, the
+agent's service account and least-privilege RBAC, its config, the join token as a Secret (mounted
+as a file, never an environment variable) and the agent's DaemonSets: cable-agent on the gateway
+nodes (--gateway-nodes) and cable-agent-worker on every other Linux node.
 
   cablectl install kubernetes --cluster east --pod-cidr 10.1.0.0/16 | kubectl apply -f -
 
 The agents dial the broker at --agent-broker (default: the admin config's address, which must
-then be one they can reach). The token joins up to --max-nodes gateway nodes and expires after
---valid-for: a node that joined keeps its certificate, so re-run install only to add nodes.`,
+then be one they can reach). The token joins up to --max-nodes nodes (gateways and workers: every
+node runs an agent) and expires after --valid-for: a node that joined keeps its certificate, so
+re-run install only to add nodes.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			v, pods, svcs, lbls, err := fl.values()
@@ -115,11 +117,11 @@ then be one they can reach). The token joins up to --max-nodes gateway nodes and
 	fs.StringVar(&fl.cluster, "cluster", "", "name of the cluster (required)")
 	fs.StringSliceVar(&fl.podCIDRs, "pod-cidr", nil, "pod CIDR of the cluster (repeatable, or a comma list; required)")
 	fs.StringSliceVar(&fl.svcCIDRs, "service-cidr", nil, "service CIDR of the cluster (repeatable, or a comma list)")
-	fs.StringVar(&fl.gatewayNodes, "gateway-nodes", deploy.DefaultGateways, "label selector of the nodes that run the agent (k=v,k2 in (a,b),!k3)")
+	fs.StringVar(&fl.gatewayNodes, "gateway-nodes", deploy.DefaultGateways, "label selector of the gateway nodes; every other Linux node runs the agent as a worker (k=v,k2 in (a,b),!k3)")
 	fs.StringVar(&fl.labels, "labels", "", "labels of a new cluster, k=v,k2=v2")
 	fs.BoolVar(&fl.gatewayMode, "gateway-mode", false, "create the cluster in gateway mode, as cluster join-token --gateway-mode (re-runs for more nodes must give it too)")
 	fs.DurationVar(&fl.validFor, "valid-for", 24*time.Hour, "how long the join token is valid")
-	fs.Uint32Var(&fl.maxNodes, "max-nodes", 3, "how many distinct gateway nodes the token may join")
+	fs.Uint32Var(&fl.maxNodes, "max-nodes", 3, "how many distinct nodes (gateways and workers) the token may join")
 	fs.StringVar(&fl.agentBroker, "agent-broker", "", "broker address the agents dial, host:port[,host:port] (default: the admin config's, or --broker)")
 	fs.StringVar(&fl.image, "image", deploy.DefaultAgentTag, "the agent's container image")
 	fs.BoolVar(&fl.ingressEnvoy, "ingress-envoy", false, "run an Envoy ingress beside the agent (for ingress.mode envoy)")
@@ -197,8 +199,10 @@ func newUninstallKubernetesCmd() *cobra.Command {
 
 The CRDs are left out unless --include-crds: deleting a CRD deletes every object of its kind in
 the cluster, other MCS users' ServiceExports included. The cluster stays at the broker: remove it
-there with cablectl cluster remove. The host state the agents left (links, routes, pins in
-/sys/fs/bpf/cablemesh, /var/lib/cablemesh) stays on the nodes.`,
+there with cablectl cluster remove. The objects are printed in the reverse order of install, the
+DaemonSets first: each agent sees its DaemonSet (or namespace) deleted and, as it stops, removes
+what it made on its node (links, routes, pins in /sys/fs/bpf/cablemesh, the contents of
+/var/lib/cablemesh), where a restart leaves all of it in place.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if cluster == "" {
@@ -212,7 +216,12 @@ there with cablectl cluster remove. The host state the agents left (links, route
 			if err != nil {
 				return err
 			}
-			objs = append(objs, deploy.Object{"apiVersion": "v1", "kind": "Secret", "metadata": map[string]any{"name": deploy.SecretName, "namespace": deploy.Namespace}})
+			// kubectl delete goes in file order: the DaemonSets first, while the agents' service
+			// account and roles still exist, the namespace and the CRDs last.
+			slices.Reverse(objs)
+			secret := deploy.Object{"apiVersion": "v1", "kind": "Secret", "metadata": map[string]any{"name": deploy.SecretName, "namespace": deploy.Namespace}}
+			afterDaemonSets := slices.IndexFunc(objs, func(o deploy.Object) bool { return o["kind"] != "DaemonSet" })
+			objs = slices.Insert(objs, max(afterDaemonSets, 0), secret)
 			out, err := deploy.Encode(objs)
 			if err != nil {
 				return err

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/cablemesh/cablemesh/agent/statusapi"
+	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 )
 
 // linkItem is one remote cluster in `cablectl links -o json|yaml`; the keys are a contract.
@@ -30,17 +31,33 @@ type linkItem struct {
 func newLinksCmd(g *globalFlags) *cobra.Command {
 	var socket string
 	var timeout time.Duration
+	var all bool
+	var f *adminFlags
 	cmd := &cobra.Command{
 		Use:   "links",
-		Short: "One line per linked remote cluster: alive, services imported from it, probe latency (from the local agent)",
+		Short: "One line per linked remote cluster: alive, services imported from it, probe latency (from the local agent; --all: the whole mesh, at the broker)",
 		Long: "links asks the local cable-agent for its connections, in the manner of `linkerd multicluster gateways`:\n" +
 			"CLUSTER, ALIVE (connected on the device and, where probed, its probes answer), NUM_SVC (the imports this\n" +
-			"node uses that the cluster exports) and the p50/p95/p99 of the probe round trips through the cable.",
-		Example: "  cablectl links\n  cablectl links --socket /run/cablemesh/agent.sock -o json",
+			"node uses that the cluster exports) and the p50/p95/p99 of the probe round trips through the cable.\n\n" +
+			"With --all it asks the broker instead (the admin credential, --config): one row per cluster pair, from the\n" +
+			"link reports every gateway sends the broker, with both ends' state, driver and p50/p99, ALIVE (both ends\n" +
+			"connected and fresh), the AGE of the older report, and MARK: DISAGREE where the ends differ in state or\n" +
+			"driver or one cluster sends no report of the link, STALE where a report is older than the broker's bound\n" +
+			"(three report intervals). -o json|yaml gives items[] with clusters, ends[], agree and stale.",
+		Example: "  cablectl links\n  cablectl links --socket /run/cablemesh/agent.sock -o json\n  cablectl links --all\n  cablectl links --all -o json",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkOutput(g.output); err != nil {
 				return err
+			}
+			if all {
+				return f.withBroker(cmd, func(ctx context.Context, client apiv1.AdminClient) error {
+					links, err := FetchLinksAll(ctx, client)
+					if err != nil {
+						return err
+					}
+					return printLinksAll(cmd.OutOrStdout(), g.output, links)
+				})
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
@@ -53,6 +70,8 @@ func newLinksCmd(g *globalFlags) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&socket, "socket", defaultStatusSocket(), "the agent's status socket (its statusSocket setting); env CABLEMESH_AGENT_SOCKET")
 	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Second, "how long to wait for the agent")
+	cmd.Flags().BoolVar(&all, "all", false, "the whole mesh: every cluster pair, from the gateways' link reports at the broker (needs the admin credential)")
+	f = newAdminFlags(g, cmd)
 	return cmd
 }
 

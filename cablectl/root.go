@@ -44,6 +44,7 @@ func NewRoot() *cobra.Command {
 	root.AddCommand(newCertCmd(g), newAdminCmd(g), newCACmd(g)) // certs.go
 	root.AddCommand(newInstallCmd(g), newUninstallCmd(g))       // install.go
 	root.AddCommand(newLinksCmd(g), newDiagnoseCmd(g), newVersionCmd(g))
+	root.AddCommand(newDashboardCmd(g))
 	finishTree(root) // commands.go: completion, exit 2 for unknown subcommands; keep it last
 	return root
 }

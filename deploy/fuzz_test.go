@@ -3,6 +3,7 @@ package deploy
 import (
 	"testing"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 )
@@ -34,16 +35,25 @@ func FuzzAgentManifests(f *testing.F) {
 			if err != nil {
 				t.Fatalf("%s: %v", kindName(d), err)
 			}
+			if ds, ok := obj.(*appsv1.DaemonSet); ok && ds.Name == WorkerDaemonSetName {
+				a := ds.Spec.Template.Spec.Affinity
+				if a == nil || a.NodeAffinity == nil || a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil ||
+					len(a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms) == 0 {
+					t.Fatalf("selector %q: the worker DaemonSet has no node affinity: it would run on the gateways too", selector)
+				}
+			}
 			cm, ok := obj.(*corev1.ConfigMap)
 			if !ok || cm.Name != ConfigMapName {
 				continue
 			}
-			var cfg map[string]any
-			if err := yaml.Unmarshal([]byte(cm.Data[ConfigMapKey]), &cfg); err != nil {
-				t.Fatalf("agent config is not YAML: %v", err)
-			}
-			if cfg["cluster"] != cluster || cfg["broker"] != broker {
-				t.Fatalf("agent config says cluster %v broker %v, given %q %q", cfg["cluster"], cfg["broker"], cluster, broker)
+			for key, gateway := range map[string]bool{ConfigMapKey: true, WorkerConfigKey: false} {
+				var cfg map[string]any
+				if err := yaml.Unmarshal([]byte(cm.Data[key]), &cfg); err != nil {
+					t.Fatalf("agent config %s is not YAML: %v", key, err)
+				}
+				if cfg["cluster"] != cluster || cfg["broker"] != broker || cfg["gateway"] != gateway {
+					t.Fatalf("agent config %s says cluster %v broker %v gateway %v, given %q %q", key, cfg["cluster"], cfg["broker"], cfg["gateway"], cluster, broker)
+				}
 			}
 		}
 	})

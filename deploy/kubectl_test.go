@@ -30,7 +30,8 @@ func discoveryServer(t *testing.T) *httptest.Server {
 		"v1": {res("namespaces", "Namespace", false), res("serviceaccounts", "ServiceAccount", true), res("configmaps", "ConfigMap", true),
 			res("secrets", "Secret", true), res("services", "Service", true), res("persistentvolumeclaims", "PersistentVolumeClaim", true)},
 		"apps/v1":                      {res("daemonsets", "DaemonSet", true), res("deployments", "Deployment", true)},
-		"rbac.authorization.k8s.io/v1": {res("clusterroles", "ClusterRole", false), res("clusterrolebindings", "ClusterRoleBinding", false)},
+		"rbac.authorization.k8s.io/v1": {res("clusterroles", "ClusterRole", false), res("clusterrolebindings", "ClusterRoleBinding", false),
+			res("roles", "Role", true), res("rolebindings", "RoleBinding", true)},
 		"apiextensions.k8s.io/v1":      {res("customresourcedefinitions", "CustomResourceDefinition", false)},
 	}
 	write := func(w http.ResponseWriter, code int, v any) {

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -22,7 +23,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	k8slabels "k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"sigs.k8s.io/yaml"
 
@@ -119,6 +122,8 @@ type manifests struct {
 	pvcs            []*corev1.PersistentVolumeClaim
 	clusterRoles    []*rbacv1.ClusterRole
 	bindings        []*rbacv1.ClusterRoleBinding
+	roles           []*rbacv1.Role
+	roleBindings    []*rbacv1.RoleBinding
 	crds            []*apiextensionsv1.CustomResourceDefinition
 }
 
@@ -147,6 +152,10 @@ func sortObjects(t *testing.T, objs []runtime.Object) manifests {
 			m.clusterRoles = append(m.clusterRoles, o)
 		case *rbacv1.ClusterRoleBinding:
 			m.bindings = append(m.bindings, o)
+		case *rbacv1.Role:
+			m.roles = append(m.roles, o)
+		case *rbacv1.RoleBinding:
+			m.roleBindings = append(m.roleBindings, o)
 		case *apiextensionsv1.CustomResourceDefinition:
 			m.crds = append(m.crds, o)
 		default:
@@ -160,10 +169,10 @@ func sortObjects(t *testing.T, objs []runtime.Object) manifests {
 func memberCluster(t *testing.T) manifests {
 	t.Helper()
 	m := sortObjects(t, decodeDir(t, "daemonset"))
-	if len(m.namespaces) != 1 || len(m.serviceAccounts) != 1 || len(m.configMaps) != 1 || len(m.daemonSets) != 1 ||
-		len(m.clusterRoles) != 1 || len(m.bindings) != 1 || len(m.crds) != 3 {
-		t.Fatalf("want one Namespace, ServiceAccount, ConfigMap, DaemonSet, ClusterRole, ClusterRoleBinding and 3 CRDs; have %d, %d, %d, %d, %d, %d, %d",
-			len(m.namespaces), len(m.serviceAccounts), len(m.configMaps), len(m.daemonSets), len(m.clusterRoles), len(m.bindings), len(m.crds))
+	if len(m.namespaces) != 1 || len(m.serviceAccounts) != 1 || len(m.configMaps) != 1 || len(m.daemonSets) != 2 ||
+		len(m.clusterRoles) != 1 || len(m.bindings) != 1 || len(m.roles) != 1 || len(m.roleBindings) != 1 || len(m.crds) != 3 {
+		t.Fatalf("want one Namespace, ServiceAccount, ConfigMap, two DaemonSets, one ClusterRole, ClusterRoleBinding, Role, RoleBinding and 3 CRDs; have %d, %d, %d, %d, %d, %d, %d, %d, %d",
+			len(m.namespaces), len(m.serviceAccounts), len(m.configMaps), len(m.daemonSets), len(m.clusterRoles), len(m.bindings), len(m.roles), len(m.roleBindings), len(m.crds))
 	}
 	return m
 }
@@ -184,8 +193,9 @@ func installed(t *testing.T, v AgentValues) manifests {
 		t.Fatal(err)
 	}
 	m := sortObjects(t, decodeStream(t, "install output", out))
-	if len(m.daemonSets) != 1 || len(m.configMaps) == 0 || m.configMaps[0].Name != ConfigMapName || len(m.clusterRoles) != 1 {
-		t.Fatalf("install output lacks the DaemonSet, ConfigMap or ClusterRole: %q", SortedKinds(mustDocs(t, out)))
+	if len(m.daemonSets) != 2 || m.daemonSets[0].Name != DaemonSetName || m.daemonSets[1].Name != WorkerDaemonSetName ||
+		len(m.configMaps) == 0 || m.configMaps[0].Name != ConfigMapName || len(m.clusterRoles) != 1 || len(m.roles) != 1 {
+		t.Fatalf("install output lacks the DaemonSets, ConfigMap, ClusterRole or Role: %q", SortedKinds(mustDocs(t, out)))
 	}
 	return m
 }
@@ -302,7 +312,7 @@ func checkAgentDaemonSet(t *testing.T, m manifests) {
 
 	caps := agent.SecurityContext.Capabilities.Add
 	slices.Sort(caps)
-	if want := []corev1.Capability{"BPF", "NET_ADMIN", "NET_RAW", "PERFMON", "SYS_ADMIN"}; !slices.Equal(caps, want) {
+	if want := []corev1.Capability{"BPF", "NET_ADMIN", "NET_BIND_SERVICE", "NET_RAW", "PERFMON", "SYS_ADMIN"}; !slices.Equal(caps, want) {
 		t.Errorf("agent capabilities %q, want exactly %q", caps, want)
 	}
 	checks := []struct {
@@ -414,50 +424,83 @@ func agentConfig(t *testing.T, cm *corev1.ConfigMap) *config.Config {
 	return cfg
 }
 
-// checkAgentRBAC: exactly the reads the informers need, and one write (ServiceExport status).
-func checkAgentRBAC(t *testing.T, m manifests) {
-	role, binding := m.clusterRoles[0], m.bindings[0]
-	type grant struct{ group, resource, verb string }
+// grant is one (API group, resource, verb) an RBAC rule allows, with the names it is limited to.
+type grant struct{ group, resource, verb, names string }
+
+// grants flattens rules, refusing wildcards and non-resource URLs.
+func grants(t *testing.T, rules []rbacv1.PolicyRule) []grant {
+	t.Helper()
 	var got []grant
-	for _, r := range role.Rules {
-		if len(r.ResourceNames) > 0 || len(r.NonResourceURLs) > 0 {
+	for _, r := range rules {
+		if len(r.NonResourceURLs) > 0 {
 			t.Errorf("unexpected rule shape %+v", r)
 		}
 		for _, g := range r.APIGroups {
 			for _, res := range r.Resources {
 				for _, v := range r.Verbs {
-					if g == "*" || res == "*" || v == "*" {
+					if g == "*" || res == "*" || v == "*" || slices.Contains(r.ResourceNames, "*") {
 						t.Errorf("wildcard in rule %+v", r)
 					}
-					got = append(got, grant{g, res, v})
+					got = append(got, grant{g, res, v, strings.Join(r.ResourceNames, ",")})
 				}
 			}
 		}
 	}
-	var want []grant
-	read := func(group string, res ...string) {
-		for _, r := range res {
-			for _, v := range []string{"get", "list", "watch"} {
-				want = append(want, grant{group, r, v})
-			}
-		}
-	}
-	read("", "nodes", "services")
-	read("discovery.k8s.io", "endpointslices")
-	read("multicluster.x-k8s.io", "serviceexports", "serviceimports")
-	read("cablemesh.io", "clusterconnectionpolicies")
-	want = append(want, grant{"multicluster.x-k8s.io", "serviceexports/status", "update"})
 	cmp := func(a, b grant) int {
-		return strings.Compare(a.group+"/"+a.resource+"/"+a.verb, b.group+"/"+b.resource+"/"+b.verb)
+		return strings.Compare(a.group+"/"+a.resource+"/"+a.verb+"/"+a.names, b.group+"/"+b.resource+"/"+b.verb+"/"+b.names)
 	}
 	slices.SortFunc(got, cmp)
-	slices.SortFunc(want, cmp)
-	if !slices.Equal(got, want) {
-		t.Errorf("ClusterRole grants\n%v\nwant exactly\n%v", got, want)
+	return got
+}
+
+// checkAgentRBAC: exactly the reads the informers need, one write (ServiceExport status), and
+// the reads of the agents' own namespace and DaemonSets by name (uninstall or restart).
+func checkAgentRBAC(t *testing.T, m manifests) {
+	role, binding := m.clusterRoles[0], m.bindings[0]
+	got := grants(t, role.Rules)
+	var exp []grant
+	for _, r := range []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"nodes", "services"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{"multicluster.x-k8s.io"}, Resources: []string{"serviceexports", "serviceimports"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{"cablemesh.io"}, Resources: []string{"clusterconnectionpolicies"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{""}, Resources: []string{"namespaces"}, ResourceNames: []string{Namespace}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{"multicluster.x-k8s.io"}, Resources: []string{"serviceexports/status"}, Verbs: []string{"update"}},
+	} {
+		exp = append(exp, grants(t, []rbacv1.PolicyRule{r})...)
+	}
+	exp = grants(t, ruleOf(exp))
+	if !slices.Equal(got, exp) {
+		t.Errorf("ClusterRole grants\n%v\nwant exactly\n%v", got, exp)
 	}
 	if binding.RoleRef.Name != role.Name || len(binding.Subjects) != 1 || binding.Subjects[0].Name != m.serviceAccounts[0].Name || binding.Subjects[0].Namespace != namespace {
 		t.Errorf("ClusterRoleBinding does not bind %s to the agent's service account: %+v", role.Name, binding)
 	}
+	nsRole, nsBinding := m.roles[0], m.roleBindings[0]
+	wantNS := []grant{}
+	for _, v := range []string{"get", "list", "watch"} {
+		wantNS = append(wantNS, grant{"apps", "daemonsets", v, DaemonSetName + "," + WorkerDaemonSetName})
+	}
+	if got := grants(t, nsRole.Rules); nsRole.Namespace != namespace || !slices.Equal(got, wantNS) {
+		t.Errorf("Role %s/%s grants\n%v\nwant exactly\n%v", nsRole.Namespace, nsRole.Name, got, wantNS)
+	}
+	if nsBinding.Namespace != namespace || nsBinding.RoleRef.Kind != "Role" || nsBinding.RoleRef.Name != nsRole.Name || len(nsBinding.Subjects) != 1 ||
+		nsBinding.Subjects[0].Name != m.serviceAccounts[0].Name || nsBinding.Subjects[0].Namespace != namespace {
+		t.Errorf("RoleBinding does not bind %s to the agent's service account: %+v", nsRole.Name, nsBinding)
+	}
+}
+
+// ruleOf turns grants back into one rule each (for sorting through grants).
+func ruleOf(gs []grant) []rbacv1.PolicyRule {
+	var out []rbacv1.PolicyRule
+	for _, g := range gs {
+		r := rbacv1.PolicyRule{APIGroups: []string{g.group}, Resources: []string{g.resource}, Verbs: []string{g.verb}}
+		if g.names != "" {
+			r.ResourceNames = strings.Split(g.names, ",")
+		}
+		out = append(out, r)
+	}
+	return out
 }
 
 func TestInstallOutputCarriesTheClustersValues(t *testing.T) {
@@ -700,4 +743,132 @@ func labelsMatch(sel, labels map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// TestWorkerDaemonSet: the workers' DaemonSet is the gateways' pod with the worker config, on
+// the nodes the gateways' does not take.
+func TestWorkerDaemonSet(t *testing.T) {
+	for name, m := range map[string]manifests{
+		"deploy/daemonset (kustomize)": memberCluster(t),
+		"cablectl install kubernetes":  installed(t, installValues),
+	} {
+		t.Run(name, func(t *testing.T) {
+			gw, wk := m.daemonSets[0], m.daemonSets[1]
+			if gw.Name != DaemonSetName || wk.Name != WorkerDaemonSetName {
+				t.Fatalf("DaemonSets %s, %s: want %s, %s", gw.Name, wk.Name, DaemonSetName, WorkerDaemonSetName)
+			}
+			checkPodSpec(t, "DaemonSet "+wk.Name, wk.Spec.Template.Spec)
+			if labelsMatch(gw.Spec.Selector.MatchLabels, wk.Spec.Template.Labels) || labelsMatch(wk.Spec.Selector.MatchLabels, gw.Spec.Template.Labels) {
+				t.Errorf("the DaemonSets' selectors overlap (each would take the other's pods): %v, %v", gw.Spec.Selector, wk.Spec.Selector)
+			}
+			// The pods differ only where a worker must: the config key, the DaemonSet's name
+			// (for the uninstall check), the placement and the labels.
+			g, w := gw.Spec.Template.DeepCopy(), wk.Spec.Template.DeepCopy()
+			ga, wa := container(t, g.Spec.Containers, AgentContainer), container(t, w.Spec.Containers, AgentContainer)
+			if want := []string{"--config", "/etc/cablemesh/config/" + WorkerConfigKey}; !slices.Equal(wa.Args, want) {
+				t.Errorf("worker args %q, want %q", wa.Args, want)
+			}
+			for _, ds := range []struct {
+				name string
+				c    corev1.Container
+			}{{DaemonSetName, ga}, {WorkerDaemonSetName, wa}} {
+				if !slices.ContainsFunc(ds.c.Env, func(e corev1.EnvVar) bool { return e.Name == "CABLEMESH_DAEMONSET" && e.Value == ds.name }) ||
+					!slices.ContainsFunc(ds.c.Env, func(e corev1.EnvVar) bool {
+						return e.Name == "POD_NAMESPACE" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.namespace"
+					}) {
+					t.Errorf("DaemonSet %s: the agent lacks CABLEMESH_DAEMONSET=%s or POD_NAMESPACE from the downward API: %+v", ds.name, ds.name, ds.c.Env)
+				}
+			}
+			for _, p := range []*corev1.PodTemplateSpec{g, w} {
+				p.Labels, p.Spec.NodeSelector, p.Spec.Affinity = nil, nil, nil
+				c := &p.Spec.Containers[0]
+				c.Args, c.Env = nil, slices.DeleteFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "CABLEMESH_DAEMONSET" })
+			}
+			if !reflect.DeepEqual(g, w) {
+				t.Errorf("the worker's pod differs from the gateway's beyond args, env, labels and placement:\n%+v\n%+v", g, w)
+			}
+
+			cm := m.configMaps[0]
+			gcfg := agentConfig(t, cm)
+			raw := cm.Data[WorkerConfigKey]
+			t.Setenv(config.NodeNameEnv, "node-2")
+			wcfg, err := config.Parse([]byte(raw))
+			if err != nil {
+				t.Fatalf("the agent refuses %s: %v\n%s", WorkerConfigKey, err, raw)
+			}
+			if wcfg.Gateway || wcfg.Kubernetes.Enabled {
+				t.Errorf("%s: gateway %v, kubernetes.enabled %v; want both false", WorkerConfigKey, wcfg.Gateway, wcfg.Kubernetes.Enabled)
+			}
+			if wcfg.Cluster != gcfg.Cluster || wcfg.Broker != gcfg.Broker || !slices.Equal(wcfg.PodCIDRs, gcfg.PodCIDRs) || !slices.Equal(wcfg.ServiceCIDRs, gcfg.ServiceCIDRs) ||
+				wcfg.JoinTokenFile != gcfg.JoinTokenFile || wcfg.StateDir != gcfg.StateDir || wcfg.StatusSocket != gcfg.StatusSocket ||
+				wcfg.BPFPinDir != gcfg.BPFPinDir || wcfg.CgroupPath != gcfg.CgroupPath || wcfg.MetricsAddress != gcfg.MetricsAddress {
+				t.Errorf("the worker config differs from the gateway's beyond the role:\n%+v\n%+v", wcfg, gcfg)
+			}
+		})
+	}
+}
+
+// TestWorkerPlacementIsTheGatewaysComplement: for every gateway selector the install accepts,
+// each Linux node runs exactly one of the two DaemonSets.
+func TestWorkerPlacementIsTheGatewaysComplement(t *testing.T) {
+	nodes := []map[string]string{
+		{}, {"cablemesh.io/gateway": "true"}, {"cablemesh.io/gateway": "false"}, {"role": "edge"}, {"role": "edge", "zone": "a"},
+		{"role": "edge", "zone": "c"}, {"zone": "b", "spot": ""}, {"role": "core", "zone": "a"}, {"rank": "3"}, {"rank": "7"}, {"rank": "x"},
+	}
+	for _, sel := range []string{"", "role=edge,zone=a", "role=edge,zone in (a,b),!spot", "role!=core", "zone notin (a),spot", "rank>4", "rank<4"} {
+		v := installValues
+		v.GatewayNodes = sel
+		m := installed(t, v)
+		for _, n := range nodes {
+			labels := map[string]string{"kubernetes.io/os": "linux"}
+			for k, val := range n {
+				labels[k] = val
+			}
+			gw, wk := runsOn(t, m.daemonSets[0].Spec.Template.Spec, labels), runsOn(t, m.daemonSets[1].Spec.Template.Spec, labels)
+			exact := n["rank"] != "x" || !strings.Contains(sel, "rank")
+			if gw == wk && exact {
+				t.Errorf("selector %q, node %v: gateway DaemonSet %v, worker DaemonSet %v; want exactly one", sel, n, gw, wk)
+			}
+			if gw && wk {
+				t.Errorf("selector %q, node %v: both DaemonSets run there", sel, n)
+			}
+		}
+		if runsOn(t, m.daemonSets[1].Spec.Template.Spec, map[string]string{"kubernetes.io/os": "windows"}) {
+			t.Errorf("selector %q: the worker DaemonSet runs on Windows nodes", sel)
+		}
+	}
+}
+
+// runsOn evaluates a pod's nodeSelector and required node affinity against a node's labels, as
+// the scheduler does (terms ORed, expressions ANDed; NotIn and DoesNotExist match a node without
+// the label).
+func runsOn(t *testing.T, ps corev1.PodSpec, nodeLabels map[string]string) bool {
+	t.Helper()
+	set := k8slabels.Set(nodeLabels)
+	for k, v := range ps.NodeSelector {
+		if nodeLabels[k] != v {
+			return false
+		}
+	}
+	if ps.Affinity == nil || ps.Affinity.NodeAffinity == nil || ps.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
+		return true
+	}
+	ops := map[corev1.NodeSelectorOperator]selection.Operator{
+		corev1.NodeSelectorOpIn: selection.In, corev1.NodeSelectorOpNotIn: selection.NotIn, corev1.NodeSelectorOpExists: selection.Exists,
+		corev1.NodeSelectorOpDoesNotExist: selection.DoesNotExist, corev1.NodeSelectorOpGt: selection.GreaterThan, corev1.NodeSelectorOpLt: selection.LessThan,
+	}
+	for _, term := range ps.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+		all := true
+		for _, e := range term.MatchExpressions {
+			r, err := k8slabels.NewRequirement(e.Key, ops[e.Operator], e.Values)
+			if err != nil {
+				t.Fatalf("node affinity %+v: %v", e, err)
+			}
+			all = all && r.Matches(set)
+		}
+		if all {
+			return true
+		}
+	}
+	return false
 }

@@ -37,12 +37,18 @@ var files embed.FS
 
 // Names of the objects the install renders and the code reads by name.
 const (
-	Namespace       = "cablemesh"
-	ConfigMapName   = "cable-agent-config"
-	ConfigMapKey    = "agent.yaml"
+	Namespace     = "cablemesh"
+	ConfigMapName = "cable-agent-config"
+	ConfigMapKey  = "agent.yaml"
+	// WorkerConfigKey is the workers' agent config in the ConfigMap (gateway: false).
+	WorkerConfigKey = "agent-worker.yaml"
 	SecretName      = "cable-join-token"
 	SecretKey       = "join-token"
 	DaemonSetName   = "cable-agent"
+	// WorkerDaemonSetName runs the agent on every Linux node the gateway selector leaves out.
+	WorkerDaemonSetName = "cable-agent-worker"
+	// GatewayLabel is the node label of the default gateway selector.
+	GatewayLabel    = "cablemesh.io/gateway"
 	AgentContainer  = "cable-agent"
 	EnvoyContainer  = "envoy"
 	ClusterLabel    = "cablemesh.io/cluster"
@@ -63,9 +69,10 @@ type AgentValues struct {
 	Broker string
 	// PodCIDRs (at least one) and ServiceCIDRs of the cluster.
 	PodCIDRs, ServiceCIDRs []string
-	// GatewayNodes is a Kubernetes label selector choosing the nodes that run the agent;
-	// default DefaultGateways. Equality requirements go to the pod's nodeSelector, the others
-	// (!=, in, notin, exists, !key) to its required node affinity.
+	// GatewayNodes is a Kubernetes label selector choosing the nodes that run the agent as a
+	// gateway; default DefaultGateways. Equality requirements go to the gateway pod's
+	// nodeSelector, the others (!=, in, notin, exists, !key) to its required node affinity. The
+	// worker DaemonSet runs on every other Linux node (the selector negated, workerPlacement).
 	GatewayNodes string
 	// JoinToken goes into the Secret SecretName (key SecretKey). Empty: no Secret is rendered
 	// (uninstall, or a Secret made by other means).
@@ -98,6 +105,9 @@ func (v *AgentValues) Validate() error {
 		return err
 	}
 	if _, _, err := nodePlacement(v.gateways()); err != nil {
+		return err
+	}
+	if _, err := workerPlacement(v.gateways()); err != nil {
 		return err
 	}
 	for field, s := range map[string]string{"image": v.Image, "envoy image": v.EnvoyImage} {
@@ -198,6 +208,59 @@ func nodePlacement(sel string) (map[string]any, []any, error) {
 	return nodeSel, exprs, nil
 }
 
+// workerPlacement is the required node affinity of the workers: every node the gateway selector
+// does not select. A selector is an AND of requirements, so its negation is an OR of the negated
+// requirements: one nodeSelectorTerm each (terms are ORed). Node affinity's NotIn and
+// DoesNotExist match a node without the label, as the negation of k=v or k in (...) must. Gt and
+// Lt have no exact negation (a value that is not an integer matches neither): "not > n" becomes
+// "< n+1, or no such label".
+func workerPlacement(sel string) ([]any, error) {
+	parsed, err := labels.Parse(sel)
+	if err != nil {
+		return nil, fmt.Errorf("gateway nodes selector %q: %w", sel, err)
+	}
+	reqs, _ := parsed.Requirements()
+	var terms []any
+	term := func(key, op string, vals ...string) {
+		e := map[string]any{"key": key, "operator": op}
+		if len(vals) > 0 {
+			anyVals := make([]any, len(vals))
+			for i, s := range vals {
+				anyVals[i] = s
+			}
+			e["values"] = anyVals
+		}
+		terms = append(terms, map[string]any{"matchExpressions": []any{e}})
+	}
+	for _, r := range reqs {
+		vals := r.Values().List()
+		switch r.Operator() {
+		case selection.Equals, selection.DoubleEquals, selection.In:
+			term(r.Key(), "NotIn", vals...)
+		case selection.NotEquals, selection.NotIn:
+			term(r.Key(), "In", vals...)
+		case selection.Exists:
+			term(r.Key(), "DoesNotExist")
+		case selection.DoesNotExist:
+			term(r.Key(), "Exists")
+		case selection.GreaterThan, selection.LessThan:
+			n, err := strconv.ParseInt(vals[0], 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("gateway nodes selector %q: %s %s: not an integer", sel, r.Operator(), vals[0])
+			}
+			if r.Operator() == selection.GreaterThan {
+				term(r.Key(), "Lt", strconv.FormatInt(n+1, 10))
+			} else {
+				term(r.Key(), "Gt", strconv.FormatInt(n-1, 10))
+			}
+			term(r.Key(), "DoesNotExist")
+		default:
+			return nil, fmt.Errorf("gateway nodes selector %q: operator %q has no node affinity equivalent", sel, r.Operator())
+		}
+	}
+	return terms, nil
+}
+
 // Docs decodes every YAML document of the embedded files under dir (a kustomization.yaml aside),
 // in file name order, comment-only documents skipped.
 func Docs(dir string) ([]Object, error) {
@@ -274,6 +337,10 @@ func AgentObjects(v AgentValues) ([]Object, error) {
 			}
 		case "DaemonSet/" + DaemonSetName:
 			if err := renderDaemonSet(o, v); err != nil {
+				return nil, err
+			}
+		case "DaemonSet/" + WorkerDaemonSetName:
+			if err := renderWorkerDaemonSet(o, v); err != nil {
 				return nil, err
 			}
 		}
@@ -361,9 +428,26 @@ func joinTokenSecret(v AgentValues) Object {
 	}
 }
 
+// renderConfigMap fills in the cluster's values in the gateways' and the workers' configs.
 func renderConfigMap(o Object, v AgentValues) error {
 	data := nested(o, "data")
-	text, _ := data[ConfigMapKey].(string)
+	for _, key := range []string{ConfigMapKey, WorkerConfigKey} {
+		text, ok := data[key].(string)
+		if !ok {
+			return fmt.Errorf("deploy: the ConfigMap template has no %s", key)
+		}
+		text, err := renderAgentConfig(text, v, key == ConfigMapKey)
+		if err != nil {
+			return fmt.Errorf("deploy: %s: %w", key, err)
+		}
+		data[key] = text
+	}
+	return nil
+}
+
+// renderAgentConfig sets the cluster's values in one agent config text; the Envoy ingress is the
+// gateways' only.
+func renderAgentConfig(text string, v AgentValues, gateway bool) (string, error) {
 	pods, _ := validation.ParseCIDRs("pod CIDR", v.PodCIDRs)
 	svcs, _ := validation.ParseCIDRs("service CIDR", v.ServiceCIDRs)
 	var err error
@@ -377,20 +461,19 @@ func renderConfigMap(o Object, v AgentValues) error {
 		{"podCIDRs", validation.Strings(pods)},
 	} {
 		if text, err = setConfigKey(text, kv.key, jsonText(kv.val)); err != nil {
-			return err
+			return "", err
 		}
 	}
 	if len(svcs) > 0 {
 		text = insertAfter(text, "podCIDRs", "serviceCIDRs: "+jsonText(validation.Strings(svcs)))
 	}
-	if v.IngressEnvoy {
+	if v.IngressEnvoy && gateway {
 		if strings.Contains(text, "\ningress:") {
-			return errors.New("deploy: the agent config template already has an ingress block")
+			return "", errors.New("the agent config template already has an ingress block")
 		}
 		text = strings.TrimSuffix(text, "\n") + "\ningress: {mode: envoy, xds: {listen: " + EnvoyXDSSocket + "}}\n"
 	}
-	data[ConfigMapKey] = text
-	return nil
+	return text, nil
 }
 
 func jsonText(v any) string {
@@ -450,6 +533,28 @@ func renderDaemonSet(o Object, v AgentValues) error {
 		pod["containers"] = append(containers, envoyContainer(v))
 		vols, _ := pod["volumes"].([]any)
 		pod["volumes"] = append(vols, map[string]any{"name": "envoy-bootstrap", "configMap": map[string]any{"name": EnvoyConfigMap}})
+	}
+	return nil
+}
+
+// renderWorkerDaemonSet places the workers on every Linux node that is not a gateway and sets
+// the image; the template's own placement is the default selector's.
+func renderWorkerDaemonSet(o Object, v AgentValues) error {
+	pod := nested(o, "spec", "template", "spec")
+	terms, err := workerPlacement(v.gateways())
+	if err != nil {
+		return err
+	}
+	pod["nodeSelector"] = map[string]any{"kubernetes.io/os": "linux"}
+	pod["affinity"] = map[string]any{"nodeAffinity": map[string]any{
+		"requiredDuringSchedulingIgnoredDuringExecution": map[string]any{"nodeSelectorTerms": terms},
+	}}
+	containers, _ := pod["containers"].([]any)
+	for _, c := range containers {
+		c, _ := c.(map[string]any)
+		if c["name"] == AgentContainer && v.Image != "" {
+			c["image"] = v.Image
+		}
 	}
 	return nil
 }

@@ -116,10 +116,11 @@ agent_ready() {
 }
 
 # What the nodes of these clusters need beyond the install's manifests (tests/k8s/cmd/nodeagents):
-# the agents of the worker nodes (the install renders the gateways' only), the clusterset.local
-# DNS server the test pods ask (port 5353: the agent has no NET_BIND_SERVICE for 53), and on a
-# hybrid cgroup host the node's cgroup2 as the DaemonSet mounts it (/sys/fs/cgroup/unified).
-NODEAGENTS_ARGS=(-workers -dns-listen 0.0.0.0:5353)
+# the clusterset.local DNS server the test pods ask (dns.listen, port 53: the DaemonSets grant
+# NET_BIND_SERVICE), and on a hybrid cgroup host the node's cgroup2 as the DaemonSets mount it
+# (/sys/fs/cgroup/unified). The install itself runs the gateway's agent on the node labelled
+# cablemesh.io/gateway=true and a worker agent on every other node.
+NODEAGENTS_ARGS=(-dns-listen 0.0.0.0:53)
 if [[ $(stat -f -c %T /sys/fs/cgroup) == tmpfs && $(stat -f -c %T /sys/fs/cgroup/unified 2>/dev/null) == cgroup2fs ]]; then
 	NODEAGENTS_ARGS+=(-cgroup-path /host/sys/fs/cgroup/unified)
 fi

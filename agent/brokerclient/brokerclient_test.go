@@ -12,20 +12,19 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/cablemesh/cablemesh/agent/internal/fakebroker"
+	"github.com/cablemesh/cablemesh/agent/internal/testbroker"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 )
 
-func startBroker(t *testing.T) *fakebroker.Broker {
+// startBroker runs the real broker with the clusters east and west.
+func startBroker(t *testing.T) *testbroker.Broker {
 	t.Helper()
-	b, err := fakebroker.New()
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := testbroker.New(t, testbroker.Options{})
 	if err := b.Start("127.0.0.1:0"); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(b.Stop)
+	b.UpsertCluster(&apiv1.Cluster{Name: "east", Id: 1, PodCidrs: []string{"10.1.0.0/16"}})
+	b.UpsertCluster(&apiv1.Cluster{Name: "west", Id: 2, PodCidrs: []string{"10.2.0.0/16"}})
 	return b
 }
 
@@ -76,10 +75,7 @@ func TestJoinPersistsAnIdentityThatDialsWithMTLS(t *testing.T) {
 
 func TestJoinFailuresWriteNothing(t *testing.T) {
 	b := startBroker(t)
-	other, err := fakebroker.New()
-	if err != nil {
-		t.Fatal(err)
-	}
+	other := startBroker(t)
 	tests := []struct {
 		name      string
 		token     string

@@ -29,8 +29,11 @@ func AcceptBusy(ctx context.Context) context.Context {
 }
 
 // BusyWait reports whether err is the broker's busy answer and, if so, how long to wait before
-// trying again: the broker's hint, between half of it and one and a half times it at random (the
-// fleet that was turned away together comes back spread out), at most MaxBusyWait.
+// trying again: the broker's hint, lengthened by up to a quarter of it at random, at most
+// MaxBusyWait. The broker gives the agents it turns away return times one after the other, as
+// fast as it measured it can take them: the hint is the earliest it has room, so coming back
+// sooner only earns another busy answer; the jitter spreads the agents whose answers named the
+// same moment (older brokers name one per backlog size).
 func BusyWait(err error) (time.Duration, bool) {
 	hint, ok := busyHint(err)
 	if !ok {
@@ -59,6 +62,9 @@ func busyHint(err error) (time.Duration, bool) {
 // busyWait is the jittered wait on a hint; n(k) returns a value in [0, k).
 func busyWait(hint time.Duration, n func(int64) int64) time.Duration {
 	hint = min(hint, MaxBusyWait)
-	d := hint/2 + time.Duration(n(int64(hint)+1))
+	d := hint + time.Duration(n(int64(hint/busyJitter)+1))
 	return min(d, MaxBusyWait)
 }
+
+// busyJitter is the share of the hint the wait is lengthened by at most: a quarter.
+const busyJitter = 4

@@ -215,3 +215,28 @@ func (c *Cables) Observe(ctx context.Context, p *plan.Plan, out map[string]servi
 		out[cl] = pr
 	}
 }
+
+// Connections are the connection rows of the status (Status's, without the drivers, the traffic
+// counters and the problems): what the link reports send the broker, read often and cheaply.
+func (c *Cables) Connections(ctx context.Context, p *plan.Plan) []statusapi.Connection {
+	c.mu.Lock()
+	r := c.reconciler
+	c.mu.Unlock()
+	if r == nil {
+		return nil
+	}
+	st := p.State
+	octx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	observed, obsErrs := r.Observe(octx)
+	cancel()
+	conns := BuildConnections(p.Wants, p.Problems, observed, obsErrs, r.Applied(), r.Failures(), func(name string) uint32 {
+		return st.Clusters[name].GetId()
+	})
+	if m := c.Health(); m != nil {
+		c.mu.Lock()
+		reasons := c.healthReasons
+		c.mu.Unlock()
+		conns = applyHealth(conns, m.Result, reasons, m.Settings())
+	}
+	return withPartialProblems(conns, p.Problems)
+}

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	mdns "github.com/miekg/dns"
@@ -328,6 +329,33 @@ func (s *Server) isLocal(addr netip.Addr) bool {
 // Zone returns the zone the server answers from, nil before the first Update.
 func (s *Server) Zone() *Zone { return s.zone.Load() }
 
+// anyPortTries is how many UDP ports listenUDPAndTCP tries when any port will do: the TCP port
+// of the same number may be taken (by any TCP socket, a connection's ephemeral port too).
+const anyPortTries = 10
+
+// listenUDPAndTCP listens on addr over UDP and over TCP on the same port. With port 0, TCP takes
+// the port UDP was given, and another one is tried when that TCP port is taken.
+func listenUDPAndTCP(addr string) (net.PacketConn, net.Listener, error) {
+	tries := 1
+	if _, port, err := net.SplitHostPort(addr); err == nil && port == "0" {
+		tries = anyPortTries
+	}
+	for i := 1; ; i++ {
+		pc, err := net.ListenPacket("udp", addr)
+		if err != nil {
+			return nil, nil, fmt.Errorf("dns server: listen udp %s: %w", addr, err)
+		}
+		ln, err := net.Listen("tcp", pc.LocalAddr().String())
+		if err == nil {
+			return pc, ln, nil
+		}
+		pc.Close()
+		if i >= tries || !errors.Is(err, syscall.EADDRINUSE) {
+			return nil, nil, fmt.Errorf("dns server: listen tcp %s: %w", pc.LocalAddr(), err)
+		}
+	}
+}
+
 // Start listens on cfg.Listen over UDP and TCP (the same port) and serves in the background
 // until Shutdown.
 func (s *Server) Start() error {
@@ -336,15 +364,9 @@ func (s *Server) Start() error {
 	if s.state != stateNew {
 		return errors.New("dns server: already started (a server starts once)")
 	}
-	pc, err := net.ListenPacket("udp", s.cfg.Listen)
+	pc, ln, err := listenUDPAndTCP(s.cfg.Listen)
 	if err != nil {
-		return fmt.Errorf("dns server: listen udp %s: %w", s.cfg.Listen, err)
-	}
-	// With port 0, TCP takes the port UDP was given.
-	ln, err := net.Listen("tcp", pc.LocalAddr().String())
-	if err != nil {
-		pc.Close()
-		return fmt.Errorf("dns server: listen tcp %s: %w", pc.LocalAddr(), err)
+		return err
 	}
 	s.addr = pc.LocalAddr().(*net.UDPAddr).AddrPort()
 	udp := &mdns.Server{PacketConn: pc, Handler: s, UDPSize: mdns.MaxMsgSize, ReadTimeout: 2 * time.Second}

@@ -553,3 +553,32 @@ func TestSetForwardingChangesUpstreamsAndTTLOfARunningServer(t *testing.T) {
 		t.Errorf("TTL %s", s.cfg.TTL)
 	}
 }
+
+// A fixed port whose TCP side is taken fails with the address; any port (0) gives UDP and TCP
+// the same port.
+func TestListenUDPAndTCPTakeOnePort(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	if pc, ln, err := listenUDPAndTCP(taken.Addr().String()); err == nil {
+		pc.Close()
+		ln.Close()
+		t.Fatalf("listen on %s, whose TCP port is taken: no error", taken.Addr())
+	} else if !strings.Contains(err.Error(), "listen tcp "+taken.Addr().String()) {
+		t.Errorf("error %q does not name the TCP address %s", err, taken.Addr())
+	}
+	for range 20 {
+		pc, ln, err := listenUDPAndTCP("127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		udp, tcp := pc.LocalAddr().(*net.UDPAddr).Port, ln.Addr().(*net.TCPAddr).Port
+		pc.Close()
+		ln.Close()
+		if udp != tcp || udp == 0 {
+			t.Fatalf("UDP port %d, TCP port %d: want one port", udp, tcp)
+		}
+	}
+}

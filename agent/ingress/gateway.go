@@ -25,6 +25,9 @@ type Deps struct {
 	MeshLink      MeshLink
 	// CleanupOnExit removes the table and cbl-mesh0 when the gateway stops.
 	CleanupOnExit bool
+	// CleanupDecision, when set, is asked as the gateway stops whether to remove them all the
+	// same (the agent's uninstall check); CleanupOnExit true needs no question.
+	CleanupDecision func() bool
 	// CABundle is the broker's last CA bundle (renewal timing of the ingress certificate); CAs the
 	// mesh CAs an answer must chain to.
 	CABundle func() *apiv1.CABundle

@@ -128,7 +128,7 @@ func (g *Gateway) startMeshIngress(ctx context.Context) (stop func()) {
 	return func() {
 		cancel()
 		wg.Wait()
-		if g.deps.CleanupOnExit {
+		if g.deps.CleanupOnExit || (g.deps.CleanupDecision != nil && g.deps.CleanupDecision()) {
 			cctx, ccancel := context.WithTimeout(context.Background(), cleanupTimeout)
 			defer ccancel()
 			if dp != nil {

@@ -4214,6 +4214,512 @@ func (x *SetClusterPoliciesResponse) GetRevision() uint64 {
 	return 0
 }
 
+// LinkReport is one gateway's view of its link to one remote cluster, as its status document
+// shows it (cablectl status).
+type LinkReport struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RemoteCluster string                 `protobuf:"bytes,1,opt,name=remote_cluster,json=remoteCluster,proto3" json:"remote_cluster,omitempty"`
+	// state: connected | connecting | error (statusapi.Connection.State).
+	State  string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	Driver string `protobuf:"bytes,3,opt,name=driver,proto3" json:"driver,omitempty"`
+	// policy: the connection policy that decided the pair.
+	Policy string `protobuf:"bytes,4,opt,name=policy,proto3" json:"policy,omitempty"`
+	// The probes' round-trip percentiles in ms over their window; has_latency is false without
+	// samples (probing off or no answer yet).
+	HasLatency    bool                   `protobuf:"varint,5,opt,name=has_latency,json=hasLatency,proto3" json:"has_latency,omitempty"`
+	LatencyP50Ms  float64                `protobuf:"fixed64,6,opt,name=latency_p50_ms,json=latencyP50Ms,proto3" json:"latency_p50_ms,omitempty"`
+	LatencyP95Ms  float64                `protobuf:"fixed64,7,opt,name=latency_p95_ms,json=latencyP95Ms,proto3" json:"latency_p95_ms,omitempty"`
+	LatencyP99Ms  float64                `protobuf:"fixed64,8,opt,name=latency_p99_ms,json=latencyP99Ms,proto3" json:"latency_p99_ms,omitempty"`
+	LastHandshake *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=last_handshake,json=lastHandshake,proto3" json:"last_handshake,omitempty"`
+	RxBytes       uint64                 `protobuf:"varint,10,opt,name=rx_bytes,json=rxBytes,proto3" json:"rx_bytes,omitempty"`
+	TxBytes       uint64                 `protobuf:"varint,11,opt,name=tx_bytes,json=txBytes,proto3" json:"tx_bytes,omitempty"`
+	Mtu           int32                  `protobuf:"varint,12,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	// message: why the state is not connected, when the agent knows.
+	Message string `protobuf:"bytes,13,opt,name=message,proto3" json:"message,omitempty"`
+	// alive: connected on the device and, where probed, the probes answer (cablectl links' ALIVE).
+	Alive bool `protobuf:"varint,14,opt,name=alive,proto3" json:"alive,omitempty"`
+	// reported_at: set by the broker, when it received this link's latest report; ignored in a
+	// request.
+	ReportedAt    *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=reported_at,json=reportedAt,proto3" json:"reported_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LinkReport) Reset() {
+	*x = LinkReport{}
+	mi := &file_cablemesh_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LinkReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LinkReport) ProtoMessage() {}
+
+func (x *LinkReport) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LinkReport.ProtoReflect.Descriptor instead.
+func (*LinkReport) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{60}
+}
+
+func (x *LinkReport) GetRemoteCluster() string {
+	if x != nil {
+		return x.RemoteCluster
+	}
+	return ""
+}
+
+func (x *LinkReport) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *LinkReport) GetDriver() string {
+	if x != nil {
+		return x.Driver
+	}
+	return ""
+}
+
+func (x *LinkReport) GetPolicy() string {
+	if x != nil {
+		return x.Policy
+	}
+	return ""
+}
+
+func (x *LinkReport) GetHasLatency() bool {
+	if x != nil {
+		return x.HasLatency
+	}
+	return false
+}
+
+func (x *LinkReport) GetLatencyP50Ms() float64 {
+	if x != nil {
+		return x.LatencyP50Ms
+	}
+	return 0
+}
+
+func (x *LinkReport) GetLatencyP95Ms() float64 {
+	if x != nil {
+		return x.LatencyP95Ms
+	}
+	return 0
+}
+
+func (x *LinkReport) GetLatencyP99Ms() float64 {
+	if x != nil {
+		return x.LatencyP99Ms
+	}
+	return 0
+}
+
+func (x *LinkReport) GetLastHandshake() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastHandshake
+	}
+	return nil
+}
+
+func (x *LinkReport) GetRxBytes() uint64 {
+	if x != nil {
+		return x.RxBytes
+	}
+	return 0
+}
+
+func (x *LinkReport) GetTxBytes() uint64 {
+	if x != nil {
+		return x.TxBytes
+	}
+	return 0
+}
+
+func (x *LinkReport) GetMtu() int32 {
+	if x != nil {
+		return x.Mtu
+	}
+	return 0
+}
+
+func (x *LinkReport) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *LinkReport) GetAlive() bool {
+	if x != nil {
+		return x.Alive
+	}
+	return false
+}
+
+func (x *LinkReport) GetReportedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ReportedAt
+	}
+	return nil
+}
+
+// ReportLinksRequest: the calling gateway's links (its certificate names the cluster and node).
+type ReportLinksRequest struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	AgentVersion string                 `protobuf:"bytes,1,opt,name=agent_version,json=agentVersion,proto3" json:"agent_version,omitempty"`
+	// full: links is every link of the gateway (the periodic summary); the broker forgets those
+	// not in it. Otherwise links holds only the links that changed since the last report, and
+	// removed the remote clusters the gateway no longer links to.
+	Full          bool          `protobuf:"varint,2,opt,name=full,proto3" json:"full,omitempty"`
+	Links         []*LinkReport `protobuf:"bytes,3,rep,name=links,proto3" json:"links,omitempty"`
+	Removed       []string      `protobuf:"bytes,4,rep,name=removed,proto3" json:"removed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportLinksRequest) Reset() {
+	*x = ReportLinksRequest{}
+	mi := &file_cablemesh_proto_msgTypes[61]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportLinksRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportLinksRequest) ProtoMessage() {}
+
+func (x *ReportLinksRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[61]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportLinksRequest.ProtoReflect.Descriptor instead.
+func (*ReportLinksRequest) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{61}
+}
+
+func (x *ReportLinksRequest) GetAgentVersion() string {
+	if x != nil {
+		return x.AgentVersion
+	}
+	return ""
+}
+
+func (x *ReportLinksRequest) GetFull() bool {
+	if x != nil {
+		return x.Full
+	}
+	return false
+}
+
+func (x *ReportLinksRequest) GetLinks() []*LinkReport {
+	if x != nil {
+		return x.Links
+	}
+	return nil
+}
+
+func (x *ReportLinksRequest) GetRemoved() []string {
+	if x != nil {
+		return x.Removed
+	}
+	return nil
+}
+
+type ReportLinksResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// accepted is false when the broker dropped the report because it came sooner than
+	// min_interval_ms after the last one it accepted from this node (its rate limit): the agent
+	// sends its changes again after retry_after_ms.
+	Accepted     bool  `protobuf:"varint,1,opt,name=accepted,proto3" json:"accepted,omitempty"`
+	RetryAfterMs int64 `protobuf:"varint,2,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
+	// min_interval_ms: the shortest time between two reports of a node the broker accepts;
+	// summary_interval_ms: how often the broker wants a full report. The agent uses both.
+	MinIntervalMs     int64 `protobuf:"varint,3,opt,name=min_interval_ms,json=minIntervalMs,proto3" json:"min_interval_ms,omitempty"`
+	SummaryIntervalMs int64 `protobuf:"varint,4,opt,name=summary_interval_ms,json=summaryIntervalMs,proto3" json:"summary_interval_ms,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *ReportLinksResponse) Reset() {
+	*x = ReportLinksResponse{}
+	mi := &file_cablemesh_proto_msgTypes[62]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportLinksResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportLinksResponse) ProtoMessage() {}
+
+func (x *ReportLinksResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[62]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportLinksResponse.ProtoReflect.Descriptor instead.
+func (*ReportLinksResponse) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{62}
+}
+
+func (x *ReportLinksResponse) GetAccepted() bool {
+	if x != nil {
+		return x.Accepted
+	}
+	return false
+}
+
+func (x *ReportLinksResponse) GetRetryAfterMs() int64 {
+	if x != nil {
+		return x.RetryAfterMs
+	}
+	return 0
+}
+
+func (x *ReportLinksResponse) GetMinIntervalMs() int64 {
+	if x != nil {
+		return x.MinIntervalMs
+	}
+	return 0
+}
+
+func (x *ReportLinksResponse) GetSummaryIntervalMs() int64 {
+	if x != nil {
+		return x.SummaryIntervalMs
+	}
+	return 0
+}
+
+type ListLinkReportsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// page_token: the next_page_token of the previous page; empty for the first.
+	PageToken     string `protobuf:"bytes,1,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListLinkReportsRequest) Reset() {
+	*x = ListLinkReportsRequest{}
+	mi := &file_cablemesh_proto_msgTypes[63]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListLinkReportsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListLinkReportsRequest) ProtoMessage() {}
+
+func (x *ListLinkReportsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[63]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListLinkReportsRequest.ProtoReflect.Descriptor instead.
+func (*ListLinkReportsRequest) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{63}
+}
+
+func (x *ListLinkReportsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// NodeLinkReports is the latest report of one gateway.
+type NodeLinkReports struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Cluster      string                 `protobuf:"bytes,1,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	Node         string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	AgentVersion string                 `protobuf:"bytes,3,opt,name=agent_version,json=agentVersion,proto3" json:"agent_version,omitempty"`
+	// reported_at: when the broker last received a report of this node.
+	ReportedAt    *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=reported_at,json=reportedAt,proto3" json:"reported_at,omitempty"`
+	Links         []*LinkReport          `protobuf:"bytes,5,rep,name=links,proto3" json:"links,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeLinkReports) Reset() {
+	*x = NodeLinkReports{}
+	mi := &file_cablemesh_proto_msgTypes[64]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeLinkReports) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeLinkReports) ProtoMessage() {}
+
+func (x *NodeLinkReports) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[64]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeLinkReports.ProtoReflect.Descriptor instead.
+func (*NodeLinkReports) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{64}
+}
+
+func (x *NodeLinkReports) GetCluster() string {
+	if x != nil {
+		return x.Cluster
+	}
+	return ""
+}
+
+func (x *NodeLinkReports) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *NodeLinkReports) GetAgentVersion() string {
+	if x != nil {
+		return x.AgentVersion
+	}
+	return ""
+}
+
+func (x *NodeLinkReports) GetReportedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ReportedAt
+	}
+	return nil
+}
+
+func (x *NodeLinkReports) GetLinks() []*LinkReport {
+	if x != nil {
+		return x.Links
+	}
+	return nil
+}
+
+type ListLinkReportsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Nodes []*NodeLinkReports     `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// stale_after_ms: a report older than this is stale (the node stopped reporting: gone,
+	// stopped, or cut off from the broker).
+	StaleAfterMs int64                  `protobuf:"varint,2,opt,name=stale_after_ms,json=staleAfterMs,proto3" json:"stale_after_ms,omitempty"`
+	BrokerTime   *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=broker_time,json=brokerTime,proto3" json:"broker_time,omitempty"`
+	// next_page_token: more nodes follow (the answer is paged, by cluster/node, so that a mesh of
+	// thousands of gateways fits in messages of a few MB); empty on the last page.
+	NextPageToken string `protobuf:"bytes,4,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListLinkReportsResponse) Reset() {
+	*x = ListLinkReportsResponse{}
+	mi := &file_cablemesh_proto_msgTypes[65]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListLinkReportsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListLinkReportsResponse) ProtoMessage() {}
+
+func (x *ListLinkReportsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cablemesh_proto_msgTypes[65]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListLinkReportsResponse.ProtoReflect.Descriptor instead.
+func (*ListLinkReportsResponse) Descriptor() ([]byte, []int) {
+	return file_cablemesh_proto_rawDescGZIP(), []int{65}
+}
+
+func (x *ListLinkReportsResponse) GetNodes() []*NodeLinkReports {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *ListLinkReportsResponse) GetStaleAfterMs() int64 {
+	if x != nil {
+		return x.StaleAfterMs
+	}
+	return 0
+}
+
+func (x *ListLinkReportsResponse) GetBrokerTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.BrokerTime
+	}
+	return nil
+}
+
+func (x *ListLinkReportsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
 var File_cablemesh_proto protoreflect.FileDescriptor
 
 const file_cablemesh_proto_rawDesc = "" +
@@ -4546,7 +5052,53 @@ const file_cablemesh_proto_rawDesc = "" +
 	"\bpolicies\x18\x01 \x03(\v2\x14.cablemesh.v1.PolicyR\bpolicies\x12\x1a\n" +
 	"\boutcomes\x18\x02 \x03(\tR\boutcomes\x12\x18\n" +
 	"\adeleted\x18\x03 \x03(\tR\adeleted\x12\x1a\n" +
-	"\brevision\x18\x04 \x01(\x04R\brevision2\x94\t\n" +
+	"\brevision\x18\x04 \x01(\x04R\brevision\"\x84\x04\n" +
+	"\n" +
+	"LinkReport\x12%\n" +
+	"\x0eremote_cluster\x18\x01 \x01(\tR\rremoteCluster\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\tR\x05state\x12\x16\n" +
+	"\x06driver\x18\x03 \x01(\tR\x06driver\x12\x16\n" +
+	"\x06policy\x18\x04 \x01(\tR\x06policy\x12\x1f\n" +
+	"\vhas_latency\x18\x05 \x01(\bR\n" +
+	"hasLatency\x12$\n" +
+	"\x0elatency_p50_ms\x18\x06 \x01(\x01R\flatencyP50Ms\x12$\n" +
+	"\x0elatency_p95_ms\x18\a \x01(\x01R\flatencyP95Ms\x12$\n" +
+	"\x0elatency_p99_ms\x18\b \x01(\x01R\flatencyP99Ms\x12A\n" +
+	"\x0elast_handshake\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\rlastHandshake\x12\x19\n" +
+	"\brx_bytes\x18\n" +
+	" \x01(\x04R\arxBytes\x12\x19\n" +
+	"\btx_bytes\x18\v \x01(\x04R\atxBytes\x12\x10\n" +
+	"\x03mtu\x18\f \x01(\x05R\x03mtu\x12\x18\n" +
+	"\amessage\x18\r \x01(\tR\amessage\x12\x14\n" +
+	"\x05alive\x18\x0e \x01(\bR\x05alive\x12;\n" +
+	"\vreported_at\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"reportedAt\"\x97\x01\n" +
+	"\x12ReportLinksRequest\x12#\n" +
+	"\ragent_version\x18\x01 \x01(\tR\fagentVersion\x12\x12\n" +
+	"\x04full\x18\x02 \x01(\bR\x04full\x12.\n" +
+	"\x05links\x18\x03 \x03(\v2\x18.cablemesh.v1.LinkReportR\x05links\x12\x18\n" +
+	"\aremoved\x18\x04 \x03(\tR\aremoved\"\xaf\x01\n" +
+	"\x13ReportLinksResponse\x12\x1a\n" +
+	"\baccepted\x18\x01 \x01(\bR\baccepted\x12$\n" +
+	"\x0eretry_after_ms\x18\x02 \x01(\x03R\fretryAfterMs\x12&\n" +
+	"\x0fmin_interval_ms\x18\x03 \x01(\x03R\rminIntervalMs\x12.\n" +
+	"\x13summary_interval_ms\x18\x04 \x01(\x03R\x11summaryIntervalMs\"7\n" +
+	"\x16ListLinkReportsRequest\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x01 \x01(\tR\tpageToken\"\xd1\x01\n" +
+	"\x0fNodeLinkReports\x12\x18\n" +
+	"\acluster\x18\x01 \x01(\tR\acluster\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12#\n" +
+	"\ragent_version\x18\x03 \x01(\tR\fagentVersion\x12;\n" +
+	"\vreported_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"reportedAt\x12.\n" +
+	"\x05links\x18\x05 \x03(\v2\x18.cablemesh.v1.LinkReportR\x05links\"\xd9\x01\n" +
+	"\x17ListLinkReportsResponse\x123\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x1d.cablemesh.v1.NodeLinkReportsR\x05nodes\x12$\n" +
+	"\x0estale_after_ms\x18\x02 \x01(\x03R\fstaleAfterMs\x12;\n" +
+	"\vbroker_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"brokerTime\x12&\n" +
+	"\x0fnext_page_token\x18\x04 \x01(\tR\rnextPageToken2\xf4\t\n" +
 	"\x05Admin\x12U\n" +
 	"\fListClusters\x12!.cablemesh.v1.ListClustersRequest\x1a\".cablemesh.v1.ListClustersResponse\x12H\n" +
 	"\fLabelCluster\x12!.cablemesh.v1.LabelClusterRequest\x1a\x15.cablemesh.v1.Cluster\x12X\n" +
@@ -4561,7 +5113,8 @@ const file_cablemesh_proto_rawDesc = "" +
 	"RevokeNode\x12\x1f.cablemesh.v1.RevokeNodeRequest\x1a .cablemesh.v1.RevokeNodeResponse\x12a\n" +
 	"\x10ListCertificates\x12%.cablemesh.v1.ListCertificatesRequest\x1a&.cablemesh.v1.ListCertificatesResponse\x12f\n" +
 	"\x15RenewAdminCertificate\x12%.cablemesh.v1.RenewCertificateRequest\x1a&.cablemesh.v1.RenewCertificateResponse\x12I\n" +
-	"\bRotateCA\x12\x1d.cablemesh.v1.RotateCARequest\x1a\x1e.cablemesh.v1.RotateCAResponse2\xd0\x05\n" +
+	"\bRotateCA\x12\x1d.cablemesh.v1.RotateCARequest\x1a\x1e.cablemesh.v1.RotateCAResponse\x12^\n" +
+	"\x0fListLinkReports\x12$.cablemesh.v1.ListLinkReportsRequest\x1a%.cablemesh.v1.ListLinkReportsResponse2\xa4\x06\n" +
 	"\x05Agent\x12=\n" +
 	"\x04Join\x12\x19.cablemesh.v1.JoinRequest\x1a\x1a.cablemesh.v1.JoinResponse\x12a\n" +
 	"\x10RegisterEndpoint\x12%.cablemesh.v1.RegisterEndpointRequest\x1a&.cablemesh.v1.RegisterEndpointResponse\x12L\n" +
@@ -4571,7 +5124,8 @@ const file_cablemesh_proto_rawDesc = "" +
 	"SetExports\x12\x1f.cablemesh.v1.SetExportsRequest\x1a .cablemesh.v1.SetExportsResponse\x12g\n" +
 	"\x12SetClusterPolicies\x12'.cablemesh.v1.SetClusterPoliciesRequest\x1a(.cablemesh.v1.SetClusterPoliciesResponse\x12a\n" +
 	"\x10RenewCertificate\x12%.cablemesh.v1.RenewCertificateRequest\x1a&.cablemesh.v1.RenewCertificateResponse\x12v\n" +
-	"\x17IssueIngressCertificate\x12,.cablemesh.v1.IssueIngressCertificateRequest\x1a-.cablemesh.v1.IssueIngressCertificateResponseB-Z+github.com/cablemesh/cablemesh/api/v1;apiv1b\x06proto3"
+	"\x17IssueIngressCertificate\x12,.cablemesh.v1.IssueIngressCertificateRequest\x1a-.cablemesh.v1.IssueIngressCertificateResponse\x12R\n" +
+	"\vReportLinks\x12 .cablemesh.v1.ReportLinksRequest\x1a!.cablemesh.v1.ReportLinksResponseB-Z+github.com/cablemesh/cablemesh/api/v1;apiv1b\x06proto3"
 
 var (
 	file_cablemesh_proto_rawDescOnce sync.Once
@@ -4586,7 +5140,7 @@ func file_cablemesh_proto_rawDescGZIP() []byte {
 }
 
 var file_cablemesh_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_cablemesh_proto_msgTypes = make([]protoimpl.MessageInfo, 68)
+var file_cablemesh_proto_msgTypes = make([]protoimpl.MessageInfo, 74)
 var file_cablemesh_proto_goTypes = []any{
 	(Event_Type)(0),                         // 0: cablemesh.v1.Event.Type
 	(*Cluster)(nil),                         // 1: cablemesh.v1.Cluster
@@ -4649,141 +5203,158 @@ var file_cablemesh_proto_goTypes = []any{
 	(*SetExportsResponse)(nil),              // 58: cablemesh.v1.SetExportsResponse
 	(*SetClusterPoliciesRequest)(nil),       // 59: cablemesh.v1.SetClusterPoliciesRequest
 	(*SetClusterPoliciesResponse)(nil),      // 60: cablemesh.v1.SetClusterPoliciesResponse
-	nil,                                     // 61: cablemesh.v1.Cluster.LabelsEntry
-	nil,                                     // 62: cablemesh.v1.Endpoint.CablePortsEntry
-	nil,                                     // 63: cablemesh.v1.Endpoint.CableAttributesEntry
-	nil,                                     // 64: cablemesh.v1.CableAttributes.ValuesEntry
-	nil,                                     // 65: cablemesh.v1.ServiceExport.LabelsEntry
-	nil,                                     // 66: cablemesh.v1.ImportedCluster.LabelsEntry
-	nil,                                     // 67: cablemesh.v1.LabelClusterRequest.SetEntry
-	nil,                                     // 68: cablemesh.v1.CreateJoinTokenRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),           // 69: google.protobuf.Timestamp
+	(*LinkReport)(nil),                      // 61: cablemesh.v1.LinkReport
+	(*ReportLinksRequest)(nil),              // 62: cablemesh.v1.ReportLinksRequest
+	(*ReportLinksResponse)(nil),             // 63: cablemesh.v1.ReportLinksResponse
+	(*ListLinkReportsRequest)(nil),          // 64: cablemesh.v1.ListLinkReportsRequest
+	(*NodeLinkReports)(nil),                 // 65: cablemesh.v1.NodeLinkReports
+	(*ListLinkReportsResponse)(nil),         // 66: cablemesh.v1.ListLinkReportsResponse
+	nil,                                     // 67: cablemesh.v1.Cluster.LabelsEntry
+	nil,                                     // 68: cablemesh.v1.Endpoint.CablePortsEntry
+	nil,                                     // 69: cablemesh.v1.Endpoint.CableAttributesEntry
+	nil,                                     // 70: cablemesh.v1.CableAttributes.ValuesEntry
+	nil,                                     // 71: cablemesh.v1.ServiceExport.LabelsEntry
+	nil,                                     // 72: cablemesh.v1.ImportedCluster.LabelsEntry
+	nil,                                     // 73: cablemesh.v1.LabelClusterRequest.SetEntry
+	nil,                                     // 74: cablemesh.v1.CreateJoinTokenRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),           // 75: google.protobuf.Timestamp
 }
 var file_cablemesh_proto_depIdxs = []int32{
-	61, // 0: cablemesh.v1.Cluster.labels:type_name -> cablemesh.v1.Cluster.LabelsEntry
-	69, // 1: cablemesh.v1.Cluster.joined_at:type_name -> google.protobuf.Timestamp
-	62, // 2: cablemesh.v1.Endpoint.cable_ports:type_name -> cablemesh.v1.Endpoint.CablePortsEntry
-	69, // 3: cablemesh.v1.Endpoint.last_heartbeat:type_name -> google.protobuf.Timestamp
-	69, // 4: cablemesh.v1.Endpoint.lease_expires:type_name -> google.protobuf.Timestamp
-	63, // 5: cablemesh.v1.Endpoint.cable_attributes:type_name -> cablemesh.v1.Endpoint.CableAttributesEntry
-	64, // 6: cablemesh.v1.CableAttributes.values:type_name -> cablemesh.v1.CableAttributes.ValuesEntry
-	1,  // 7: cablemesh.v1.Resource.cluster:type_name -> cablemesh.v1.Cluster
-	2,  // 8: cablemesh.v1.Resource.endpoint:type_name -> cablemesh.v1.Endpoint
-	5,  // 9: cablemesh.v1.Resource.policy:type_name -> cablemesh.v1.Policy
-	9,  // 10: cablemesh.v1.Resource.service_export:type_name -> cablemesh.v1.ServiceExport
-	10, // 11: cablemesh.v1.Resource.service_vip:type_name -> cablemesh.v1.ServiceVIP
-	25, // 12: cablemesh.v1.Resource.node_certificate:type_name -> cablemesh.v1.NodeCertificate
-	0,  // 13: cablemesh.v1.Event.type:type_name -> cablemesh.v1.Event.Type
-	4,  // 14: cablemesh.v1.Event.resource:type_name -> cablemesh.v1.Resource
-	7,  // 15: cablemesh.v1.ServiceExport.ports:type_name -> cablemesh.v1.ServicePort
-	65, // 16: cablemesh.v1.ServiceExport.labels:type_name -> cablemesh.v1.ServiceExport.LabelsEntry
-	8,  // 17: cablemesh.v1.ServiceExport.endpoints:type_name -> cablemesh.v1.ServiceEndpoint
-	69, // 18: cablemesh.v1.ServiceExport.created:type_name -> google.protobuf.Timestamp
-	69, // 19: cablemesh.v1.ServiceVIP.allocated:type_name -> google.protobuf.Timestamp
-	8,  // 20: cablemesh.v1.ImportedCluster.endpoints:type_name -> cablemesh.v1.ServiceEndpoint
-	7,  // 21: cablemesh.v1.ImportedCluster.ports:type_name -> cablemesh.v1.ServicePort
-	66, // 22: cablemesh.v1.ImportedCluster.labels:type_name -> cablemesh.v1.ImportedCluster.LabelsEntry
-	13, // 23: cablemesh.v1.ImportedCluster.ingresses:type_name -> cablemesh.v1.GatewayIngress
-	7,  // 24: cablemesh.v1.GatewayIngress.ports:type_name -> cablemesh.v1.ServicePort
-	7,  // 25: cablemesh.v1.ServiceImport.ports:type_name -> cablemesh.v1.ServicePort
-	12, // 26: cablemesh.v1.ServiceImport.clusters:type_name -> cablemesh.v1.ImportedCluster
-	11, // 27: cablemesh.v1.ServiceImport.conflicts:type_name -> cablemesh.v1.ServiceConflict
-	14, // 28: cablemesh.v1.ServiceImports.imports:type_name -> cablemesh.v1.ServiceImport
-	1,  // 29: cablemesh.v1.ListClustersResponse.clusters:type_name -> cablemesh.v1.Cluster
-	2,  // 30: cablemesh.v1.ListClustersResponse.endpoints:type_name -> cablemesh.v1.Endpoint
-	67, // 31: cablemesh.v1.LabelClusterRequest.set:type_name -> cablemesh.v1.LabelClusterRequest.SetEntry
-	1,  // 32: cablemesh.v1.RemoveClusterResponse.cluster:type_name -> cablemesh.v1.Cluster
-	68, // 33: cablemesh.v1.CreateJoinTokenRequest.labels:type_name -> cablemesh.v1.CreateJoinTokenRequest.LabelsEntry
-	1,  // 34: cablemesh.v1.CreateJoinTokenResponse.cluster:type_name -> cablemesh.v1.Cluster
-	69, // 35: cablemesh.v1.CreateJoinTokenResponse.expires:type_name -> google.protobuf.Timestamp
-	69, // 36: cablemesh.v1.JoinTokenRecord.expires:type_name -> google.protobuf.Timestamp
-	69, // 37: cablemesh.v1.JoinTokenRecord.created:type_name -> google.protobuf.Timestamp
-	69, // 38: cablemesh.v1.IssuedCertificate.not_before:type_name -> google.protobuf.Timestamp
-	69, // 39: cablemesh.v1.IssuedCertificate.not_after:type_name -> google.protobuf.Timestamp
-	24, // 40: cablemesh.v1.NodeCertificate.certificates:type_name -> cablemesh.v1.IssuedCertificate
-	69, // 41: cablemesh.v1.NodeCertificate.revoked_at:type_name -> google.protobuf.Timestamp
-	69, // 42: cablemesh.v1.MeshAddressClaim.claimed:type_name -> google.protobuf.Timestamp
-	69, // 43: cablemesh.v1.CAInfo.not_before:type_name -> google.protobuf.Timestamp
-	69, // 44: cablemesh.v1.CAInfo.not_after:type_name -> google.protobuf.Timestamp
-	69, // 45: cablemesh.v1.CAInfo.trusted_until:type_name -> google.protobuf.Timestamp
-	69, // 46: cablemesh.v1.CABundle.previous_trusted_until:type_name -> google.protobuf.Timestamp
-	25, // 47: cablemesh.v1.RevokeNodeResponse.node:type_name -> cablemesh.v1.NodeCertificate
-	25, // 48: cablemesh.v1.ListCertificatesResponse.nodes:type_name -> cablemesh.v1.NodeCertificate
-	27, // 49: cablemesh.v1.ListCertificatesResponse.cas:type_name -> cablemesh.v1.CAInfo
-	24, // 50: cablemesh.v1.ListCertificatesResponse.admin:type_name -> cablemesh.v1.IssuedCertificate
-	27, // 51: cablemesh.v1.RotateCAResponse.cas:type_name -> cablemesh.v1.CAInfo
-	69, // 52: cablemesh.v1.RenewCertificateResponse.not_after:type_name -> google.protobuf.Timestamp
-	28, // 53: cablemesh.v1.RenewCertificateResponse.ca:type_name -> cablemesh.v1.CABundle
-	69, // 54: cablemesh.v1.IssueIngressCertificateResponse.not_after:type_name -> google.protobuf.Timestamp
-	5,  // 55: cablemesh.v1.ApplyPoliciesRequest.policies:type_name -> cablemesh.v1.Policy
-	5,  // 56: cablemesh.v1.ApplyPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
-	5,  // 57: cablemesh.v1.ListPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
-	14, // 58: cablemesh.v1.ListServicesResponse.imports:type_name -> cablemesh.v1.ServiceImport
-	9,  // 59: cablemesh.v1.ListServicesResponse.exports:type_name -> cablemesh.v1.ServiceExport
-	1,  // 60: cablemesh.v1.JoinResponse.cluster:type_name -> cablemesh.v1.Cluster
-	69, // 61: cablemesh.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
-	28, // 62: cablemesh.v1.JoinResponse.ca:type_name -> cablemesh.v1.CABundle
-	2,  // 63: cablemesh.v1.RegisterEndpointRequest.endpoint:type_name -> cablemesh.v1.Endpoint
-	2,  // 64: cablemesh.v1.RegisterEndpointResponse.endpoint:type_name -> cablemesh.v1.Endpoint
-	69, // 65: cablemesh.v1.RegisterEndpointResponse.broker_time:type_name -> google.protobuf.Timestamp
-	69, // 66: cablemesh.v1.HeartbeatResponse.lease_expires:type_name -> google.protobuf.Timestamp
-	69, // 67: cablemesh.v1.HeartbeatResponse.broker_time:type_name -> google.protobuf.Timestamp
-	6,  // 68: cablemesh.v1.WatchResponse.events:type_name -> cablemesh.v1.Event
-	15, // 69: cablemesh.v1.WatchResponse.imports:type_name -> cablemesh.v1.ServiceImports
-	28, // 70: cablemesh.v1.WatchResponse.ca:type_name -> cablemesh.v1.CABundle
-	9,  // 71: cablemesh.v1.SetExportsRequest.exports:type_name -> cablemesh.v1.ServiceExport
-	9,  // 72: cablemesh.v1.SetExportsResponse.exports:type_name -> cablemesh.v1.ServiceExport
-	11, // 73: cablemesh.v1.SetExportsResponse.conflicts:type_name -> cablemesh.v1.ServiceConflict
-	5,  // 74: cablemesh.v1.SetClusterPoliciesRequest.policies:type_name -> cablemesh.v1.Policy
-	5,  // 75: cablemesh.v1.SetClusterPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
-	3,  // 76: cablemesh.v1.Endpoint.CableAttributesEntry.value:type_name -> cablemesh.v1.CableAttributes
-	16, // 77: cablemesh.v1.Admin.ListClusters:input_type -> cablemesh.v1.ListClustersRequest
-	18, // 78: cablemesh.v1.Admin.LabelCluster:input_type -> cablemesh.v1.LabelClusterRequest
-	19, // 79: cablemesh.v1.Admin.RemoveCluster:input_type -> cablemesh.v1.RemoveClusterRequest
-	21, // 80: cablemesh.v1.Admin.CreateJoinToken:input_type -> cablemesh.v1.CreateJoinTokenRequest
-	39, // 81: cablemesh.v1.Admin.ApplyPolicies:input_type -> cablemesh.v1.ApplyPoliciesRequest
-	41, // 82: cablemesh.v1.Admin.DeletePolicies:input_type -> cablemesh.v1.DeletePoliciesRequest
-	43, // 83: cablemesh.v1.Admin.ListPolicies:input_type -> cablemesh.v1.ListPoliciesRequest
-	45, // 84: cablemesh.v1.Admin.ExplainConnection:input_type -> cablemesh.v1.ExplainConnectionRequest
-	47, // 85: cablemesh.v1.Admin.ListServices:input_type -> cablemesh.v1.ListServicesRequest
-	29, // 86: cablemesh.v1.Admin.RevokeNode:input_type -> cablemesh.v1.RevokeNodeRequest
-	31, // 87: cablemesh.v1.Admin.ListCertificates:input_type -> cablemesh.v1.ListCertificatesRequest
-	35, // 88: cablemesh.v1.Admin.RenewAdminCertificate:input_type -> cablemesh.v1.RenewCertificateRequest
-	33, // 89: cablemesh.v1.Admin.RotateCA:input_type -> cablemesh.v1.RotateCARequest
-	49, // 90: cablemesh.v1.Agent.Join:input_type -> cablemesh.v1.JoinRequest
-	51, // 91: cablemesh.v1.Agent.RegisterEndpoint:input_type -> cablemesh.v1.RegisterEndpointRequest
-	53, // 92: cablemesh.v1.Agent.Heartbeat:input_type -> cablemesh.v1.HeartbeatRequest
-	55, // 93: cablemesh.v1.Agent.Watch:input_type -> cablemesh.v1.WatchRequest
-	57, // 94: cablemesh.v1.Agent.SetExports:input_type -> cablemesh.v1.SetExportsRequest
-	59, // 95: cablemesh.v1.Agent.SetClusterPolicies:input_type -> cablemesh.v1.SetClusterPoliciesRequest
-	35, // 96: cablemesh.v1.Agent.RenewCertificate:input_type -> cablemesh.v1.RenewCertificateRequest
-	37, // 97: cablemesh.v1.Agent.IssueIngressCertificate:input_type -> cablemesh.v1.IssueIngressCertificateRequest
-	17, // 98: cablemesh.v1.Admin.ListClusters:output_type -> cablemesh.v1.ListClustersResponse
-	1,  // 99: cablemesh.v1.Admin.LabelCluster:output_type -> cablemesh.v1.Cluster
-	20, // 100: cablemesh.v1.Admin.RemoveCluster:output_type -> cablemesh.v1.RemoveClusterResponse
-	22, // 101: cablemesh.v1.Admin.CreateJoinToken:output_type -> cablemesh.v1.CreateJoinTokenResponse
-	40, // 102: cablemesh.v1.Admin.ApplyPolicies:output_type -> cablemesh.v1.ApplyPoliciesResponse
-	42, // 103: cablemesh.v1.Admin.DeletePolicies:output_type -> cablemesh.v1.DeletePoliciesResponse
-	44, // 104: cablemesh.v1.Admin.ListPolicies:output_type -> cablemesh.v1.ListPoliciesResponse
-	46, // 105: cablemesh.v1.Admin.ExplainConnection:output_type -> cablemesh.v1.ExplainConnectionResponse
-	48, // 106: cablemesh.v1.Admin.ListServices:output_type -> cablemesh.v1.ListServicesResponse
-	30, // 107: cablemesh.v1.Admin.RevokeNode:output_type -> cablemesh.v1.RevokeNodeResponse
-	32, // 108: cablemesh.v1.Admin.ListCertificates:output_type -> cablemesh.v1.ListCertificatesResponse
-	36, // 109: cablemesh.v1.Admin.RenewAdminCertificate:output_type -> cablemesh.v1.RenewCertificateResponse
-	34, // 110: cablemesh.v1.Admin.RotateCA:output_type -> cablemesh.v1.RotateCAResponse
-	50, // 111: cablemesh.v1.Agent.Join:output_type -> cablemesh.v1.JoinResponse
-	52, // 112: cablemesh.v1.Agent.RegisterEndpoint:output_type -> cablemesh.v1.RegisterEndpointResponse
-	54, // 113: cablemesh.v1.Agent.Heartbeat:output_type -> cablemesh.v1.HeartbeatResponse
-	56, // 114: cablemesh.v1.Agent.Watch:output_type -> cablemesh.v1.WatchResponse
-	58, // 115: cablemesh.v1.Agent.SetExports:output_type -> cablemesh.v1.SetExportsResponse
-	60, // 116: cablemesh.v1.Agent.SetClusterPolicies:output_type -> cablemesh.v1.SetClusterPoliciesResponse
-	36, // 117: cablemesh.v1.Agent.RenewCertificate:output_type -> cablemesh.v1.RenewCertificateResponse
-	38, // 118: cablemesh.v1.Agent.IssueIngressCertificate:output_type -> cablemesh.v1.IssueIngressCertificateResponse
-	98, // [98:119] is the sub-list for method output_type
-	77, // [77:98] is the sub-list for method input_type
-	77, // [77:77] is the sub-list for extension type_name
-	77, // [77:77] is the sub-list for extension extendee
-	0,  // [0:77] is the sub-list for field type_name
+	67,  // 0: cablemesh.v1.Cluster.labels:type_name -> cablemesh.v1.Cluster.LabelsEntry
+	75,  // 1: cablemesh.v1.Cluster.joined_at:type_name -> google.protobuf.Timestamp
+	68,  // 2: cablemesh.v1.Endpoint.cable_ports:type_name -> cablemesh.v1.Endpoint.CablePortsEntry
+	75,  // 3: cablemesh.v1.Endpoint.last_heartbeat:type_name -> google.protobuf.Timestamp
+	75,  // 4: cablemesh.v1.Endpoint.lease_expires:type_name -> google.protobuf.Timestamp
+	69,  // 5: cablemesh.v1.Endpoint.cable_attributes:type_name -> cablemesh.v1.Endpoint.CableAttributesEntry
+	70,  // 6: cablemesh.v1.CableAttributes.values:type_name -> cablemesh.v1.CableAttributes.ValuesEntry
+	1,   // 7: cablemesh.v1.Resource.cluster:type_name -> cablemesh.v1.Cluster
+	2,   // 8: cablemesh.v1.Resource.endpoint:type_name -> cablemesh.v1.Endpoint
+	5,   // 9: cablemesh.v1.Resource.policy:type_name -> cablemesh.v1.Policy
+	9,   // 10: cablemesh.v1.Resource.service_export:type_name -> cablemesh.v1.ServiceExport
+	10,  // 11: cablemesh.v1.Resource.service_vip:type_name -> cablemesh.v1.ServiceVIP
+	25,  // 12: cablemesh.v1.Resource.node_certificate:type_name -> cablemesh.v1.NodeCertificate
+	0,   // 13: cablemesh.v1.Event.type:type_name -> cablemesh.v1.Event.Type
+	4,   // 14: cablemesh.v1.Event.resource:type_name -> cablemesh.v1.Resource
+	7,   // 15: cablemesh.v1.ServiceExport.ports:type_name -> cablemesh.v1.ServicePort
+	71,  // 16: cablemesh.v1.ServiceExport.labels:type_name -> cablemesh.v1.ServiceExport.LabelsEntry
+	8,   // 17: cablemesh.v1.ServiceExport.endpoints:type_name -> cablemesh.v1.ServiceEndpoint
+	75,  // 18: cablemesh.v1.ServiceExport.created:type_name -> google.protobuf.Timestamp
+	75,  // 19: cablemesh.v1.ServiceVIP.allocated:type_name -> google.protobuf.Timestamp
+	8,   // 20: cablemesh.v1.ImportedCluster.endpoints:type_name -> cablemesh.v1.ServiceEndpoint
+	7,   // 21: cablemesh.v1.ImportedCluster.ports:type_name -> cablemesh.v1.ServicePort
+	72,  // 22: cablemesh.v1.ImportedCluster.labels:type_name -> cablemesh.v1.ImportedCluster.LabelsEntry
+	13,  // 23: cablemesh.v1.ImportedCluster.ingresses:type_name -> cablemesh.v1.GatewayIngress
+	7,   // 24: cablemesh.v1.GatewayIngress.ports:type_name -> cablemesh.v1.ServicePort
+	7,   // 25: cablemesh.v1.ServiceImport.ports:type_name -> cablemesh.v1.ServicePort
+	12,  // 26: cablemesh.v1.ServiceImport.clusters:type_name -> cablemesh.v1.ImportedCluster
+	11,  // 27: cablemesh.v1.ServiceImport.conflicts:type_name -> cablemesh.v1.ServiceConflict
+	14,  // 28: cablemesh.v1.ServiceImports.imports:type_name -> cablemesh.v1.ServiceImport
+	1,   // 29: cablemesh.v1.ListClustersResponse.clusters:type_name -> cablemesh.v1.Cluster
+	2,   // 30: cablemesh.v1.ListClustersResponse.endpoints:type_name -> cablemesh.v1.Endpoint
+	73,  // 31: cablemesh.v1.LabelClusterRequest.set:type_name -> cablemesh.v1.LabelClusterRequest.SetEntry
+	1,   // 32: cablemesh.v1.RemoveClusterResponse.cluster:type_name -> cablemesh.v1.Cluster
+	74,  // 33: cablemesh.v1.CreateJoinTokenRequest.labels:type_name -> cablemesh.v1.CreateJoinTokenRequest.LabelsEntry
+	1,   // 34: cablemesh.v1.CreateJoinTokenResponse.cluster:type_name -> cablemesh.v1.Cluster
+	75,  // 35: cablemesh.v1.CreateJoinTokenResponse.expires:type_name -> google.protobuf.Timestamp
+	75,  // 36: cablemesh.v1.JoinTokenRecord.expires:type_name -> google.protobuf.Timestamp
+	75,  // 37: cablemesh.v1.JoinTokenRecord.created:type_name -> google.protobuf.Timestamp
+	75,  // 38: cablemesh.v1.IssuedCertificate.not_before:type_name -> google.protobuf.Timestamp
+	75,  // 39: cablemesh.v1.IssuedCertificate.not_after:type_name -> google.protobuf.Timestamp
+	24,  // 40: cablemesh.v1.NodeCertificate.certificates:type_name -> cablemesh.v1.IssuedCertificate
+	75,  // 41: cablemesh.v1.NodeCertificate.revoked_at:type_name -> google.protobuf.Timestamp
+	75,  // 42: cablemesh.v1.MeshAddressClaim.claimed:type_name -> google.protobuf.Timestamp
+	75,  // 43: cablemesh.v1.CAInfo.not_before:type_name -> google.protobuf.Timestamp
+	75,  // 44: cablemesh.v1.CAInfo.not_after:type_name -> google.protobuf.Timestamp
+	75,  // 45: cablemesh.v1.CAInfo.trusted_until:type_name -> google.protobuf.Timestamp
+	75,  // 46: cablemesh.v1.CABundle.previous_trusted_until:type_name -> google.protobuf.Timestamp
+	25,  // 47: cablemesh.v1.RevokeNodeResponse.node:type_name -> cablemesh.v1.NodeCertificate
+	25,  // 48: cablemesh.v1.ListCertificatesResponse.nodes:type_name -> cablemesh.v1.NodeCertificate
+	27,  // 49: cablemesh.v1.ListCertificatesResponse.cas:type_name -> cablemesh.v1.CAInfo
+	24,  // 50: cablemesh.v1.ListCertificatesResponse.admin:type_name -> cablemesh.v1.IssuedCertificate
+	27,  // 51: cablemesh.v1.RotateCAResponse.cas:type_name -> cablemesh.v1.CAInfo
+	75,  // 52: cablemesh.v1.RenewCertificateResponse.not_after:type_name -> google.protobuf.Timestamp
+	28,  // 53: cablemesh.v1.RenewCertificateResponse.ca:type_name -> cablemesh.v1.CABundle
+	75,  // 54: cablemesh.v1.IssueIngressCertificateResponse.not_after:type_name -> google.protobuf.Timestamp
+	5,   // 55: cablemesh.v1.ApplyPoliciesRequest.policies:type_name -> cablemesh.v1.Policy
+	5,   // 56: cablemesh.v1.ApplyPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
+	5,   // 57: cablemesh.v1.ListPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
+	14,  // 58: cablemesh.v1.ListServicesResponse.imports:type_name -> cablemesh.v1.ServiceImport
+	9,   // 59: cablemesh.v1.ListServicesResponse.exports:type_name -> cablemesh.v1.ServiceExport
+	1,   // 60: cablemesh.v1.JoinResponse.cluster:type_name -> cablemesh.v1.Cluster
+	75,  // 61: cablemesh.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
+	28,  // 62: cablemesh.v1.JoinResponse.ca:type_name -> cablemesh.v1.CABundle
+	2,   // 63: cablemesh.v1.RegisterEndpointRequest.endpoint:type_name -> cablemesh.v1.Endpoint
+	2,   // 64: cablemesh.v1.RegisterEndpointResponse.endpoint:type_name -> cablemesh.v1.Endpoint
+	75,  // 65: cablemesh.v1.RegisterEndpointResponse.broker_time:type_name -> google.protobuf.Timestamp
+	75,  // 66: cablemesh.v1.HeartbeatResponse.lease_expires:type_name -> google.protobuf.Timestamp
+	75,  // 67: cablemesh.v1.HeartbeatResponse.broker_time:type_name -> google.protobuf.Timestamp
+	6,   // 68: cablemesh.v1.WatchResponse.events:type_name -> cablemesh.v1.Event
+	15,  // 69: cablemesh.v1.WatchResponse.imports:type_name -> cablemesh.v1.ServiceImports
+	28,  // 70: cablemesh.v1.WatchResponse.ca:type_name -> cablemesh.v1.CABundle
+	9,   // 71: cablemesh.v1.SetExportsRequest.exports:type_name -> cablemesh.v1.ServiceExport
+	9,   // 72: cablemesh.v1.SetExportsResponse.exports:type_name -> cablemesh.v1.ServiceExport
+	11,  // 73: cablemesh.v1.SetExportsResponse.conflicts:type_name -> cablemesh.v1.ServiceConflict
+	5,   // 74: cablemesh.v1.SetClusterPoliciesRequest.policies:type_name -> cablemesh.v1.Policy
+	5,   // 75: cablemesh.v1.SetClusterPoliciesResponse.policies:type_name -> cablemesh.v1.Policy
+	75,  // 76: cablemesh.v1.LinkReport.last_handshake:type_name -> google.protobuf.Timestamp
+	75,  // 77: cablemesh.v1.LinkReport.reported_at:type_name -> google.protobuf.Timestamp
+	61,  // 78: cablemesh.v1.ReportLinksRequest.links:type_name -> cablemesh.v1.LinkReport
+	75,  // 79: cablemesh.v1.NodeLinkReports.reported_at:type_name -> google.protobuf.Timestamp
+	61,  // 80: cablemesh.v1.NodeLinkReports.links:type_name -> cablemesh.v1.LinkReport
+	65,  // 81: cablemesh.v1.ListLinkReportsResponse.nodes:type_name -> cablemesh.v1.NodeLinkReports
+	75,  // 82: cablemesh.v1.ListLinkReportsResponse.broker_time:type_name -> google.protobuf.Timestamp
+	3,   // 83: cablemesh.v1.Endpoint.CableAttributesEntry.value:type_name -> cablemesh.v1.CableAttributes
+	16,  // 84: cablemesh.v1.Admin.ListClusters:input_type -> cablemesh.v1.ListClustersRequest
+	18,  // 85: cablemesh.v1.Admin.LabelCluster:input_type -> cablemesh.v1.LabelClusterRequest
+	19,  // 86: cablemesh.v1.Admin.RemoveCluster:input_type -> cablemesh.v1.RemoveClusterRequest
+	21,  // 87: cablemesh.v1.Admin.CreateJoinToken:input_type -> cablemesh.v1.CreateJoinTokenRequest
+	39,  // 88: cablemesh.v1.Admin.ApplyPolicies:input_type -> cablemesh.v1.ApplyPoliciesRequest
+	41,  // 89: cablemesh.v1.Admin.DeletePolicies:input_type -> cablemesh.v1.DeletePoliciesRequest
+	43,  // 90: cablemesh.v1.Admin.ListPolicies:input_type -> cablemesh.v1.ListPoliciesRequest
+	45,  // 91: cablemesh.v1.Admin.ExplainConnection:input_type -> cablemesh.v1.ExplainConnectionRequest
+	47,  // 92: cablemesh.v1.Admin.ListServices:input_type -> cablemesh.v1.ListServicesRequest
+	29,  // 93: cablemesh.v1.Admin.RevokeNode:input_type -> cablemesh.v1.RevokeNodeRequest
+	31,  // 94: cablemesh.v1.Admin.ListCertificates:input_type -> cablemesh.v1.ListCertificatesRequest
+	35,  // 95: cablemesh.v1.Admin.RenewAdminCertificate:input_type -> cablemesh.v1.RenewCertificateRequest
+	33,  // 96: cablemesh.v1.Admin.RotateCA:input_type -> cablemesh.v1.RotateCARequest
+	64,  // 97: cablemesh.v1.Admin.ListLinkReports:input_type -> cablemesh.v1.ListLinkReportsRequest
+	49,  // 98: cablemesh.v1.Agent.Join:input_type -> cablemesh.v1.JoinRequest
+	51,  // 99: cablemesh.v1.Agent.RegisterEndpoint:input_type -> cablemesh.v1.RegisterEndpointRequest
+	53,  // 100: cablemesh.v1.Agent.Heartbeat:input_type -> cablemesh.v1.HeartbeatRequest
+	55,  // 101: cablemesh.v1.Agent.Watch:input_type -> cablemesh.v1.WatchRequest
+	57,  // 102: cablemesh.v1.Agent.SetExports:input_type -> cablemesh.v1.SetExportsRequest
+	59,  // 103: cablemesh.v1.Agent.SetClusterPolicies:input_type -> cablemesh.v1.SetClusterPoliciesRequest
+	35,  // 104: cablemesh.v1.Agent.RenewCertificate:input_type -> cablemesh.v1.RenewCertificateRequest
+	37,  // 105: cablemesh.v1.Agent.IssueIngressCertificate:input_type -> cablemesh.v1.IssueIngressCertificateRequest
+	62,  // 106: cablemesh.v1.Agent.ReportLinks:input_type -> cablemesh.v1.ReportLinksRequest
+	17,  // 107: cablemesh.v1.Admin.ListClusters:output_type -> cablemesh.v1.ListClustersResponse
+	1,   // 108: cablemesh.v1.Admin.LabelCluster:output_type -> cablemesh.v1.Cluster
+	20,  // 109: cablemesh.v1.Admin.RemoveCluster:output_type -> cablemesh.v1.RemoveClusterResponse
+	22,  // 110: cablemesh.v1.Admin.CreateJoinToken:output_type -> cablemesh.v1.CreateJoinTokenResponse
+	40,  // 111: cablemesh.v1.Admin.ApplyPolicies:output_type -> cablemesh.v1.ApplyPoliciesResponse
+	42,  // 112: cablemesh.v1.Admin.DeletePolicies:output_type -> cablemesh.v1.DeletePoliciesResponse
+	44,  // 113: cablemesh.v1.Admin.ListPolicies:output_type -> cablemesh.v1.ListPoliciesResponse
+	46,  // 114: cablemesh.v1.Admin.ExplainConnection:output_type -> cablemesh.v1.ExplainConnectionResponse
+	48,  // 115: cablemesh.v1.Admin.ListServices:output_type -> cablemesh.v1.ListServicesResponse
+	30,  // 116: cablemesh.v1.Admin.RevokeNode:output_type -> cablemesh.v1.RevokeNodeResponse
+	32,  // 117: cablemesh.v1.Admin.ListCertificates:output_type -> cablemesh.v1.ListCertificatesResponse
+	36,  // 118: cablemesh.v1.Admin.RenewAdminCertificate:output_type -> cablemesh.v1.RenewCertificateResponse
+	34,  // 119: cablemesh.v1.Admin.RotateCA:output_type -> cablemesh.v1.RotateCAResponse
+	66,  // 120: cablemesh.v1.Admin.ListLinkReports:output_type -> cablemesh.v1.ListLinkReportsResponse
+	50,  // 121: cablemesh.v1.Agent.Join:output_type -> cablemesh.v1.JoinResponse
+	52,  // 122: cablemesh.v1.Agent.RegisterEndpoint:output_type -> cablemesh.v1.RegisterEndpointResponse
+	54,  // 123: cablemesh.v1.Agent.Heartbeat:output_type -> cablemesh.v1.HeartbeatResponse
+	56,  // 124: cablemesh.v1.Agent.Watch:output_type -> cablemesh.v1.WatchResponse
+	58,  // 125: cablemesh.v1.Agent.SetExports:output_type -> cablemesh.v1.SetExportsResponse
+	60,  // 126: cablemesh.v1.Agent.SetClusterPolicies:output_type -> cablemesh.v1.SetClusterPoliciesResponse
+	36,  // 127: cablemesh.v1.Agent.RenewCertificate:output_type -> cablemesh.v1.RenewCertificateResponse
+	38,  // 128: cablemesh.v1.Agent.IssueIngressCertificate:output_type -> cablemesh.v1.IssueIngressCertificateResponse
+	63,  // 129: cablemesh.v1.Agent.ReportLinks:output_type -> cablemesh.v1.ReportLinksResponse
+	107, // [107:130] is the sub-list for method output_type
+	84,  // [84:107] is the sub-list for method input_type
+	84,  // [84:84] is the sub-list for extension type_name
+	84,  // [84:84] is the sub-list for extension extendee
+	0,   // [0:84] is the sub-list for field type_name
 }
 
 func init() { file_cablemesh_proto_init() }
@@ -4805,7 +5376,7 @@ func file_cablemesh_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cablemesh_proto_rawDesc), len(file_cablemesh_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   68,
+			NumMessages:   74,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

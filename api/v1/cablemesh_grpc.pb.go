@@ -37,6 +37,7 @@ const (
 	Admin_ListCertificates_FullMethodName      = "/cablemesh.v1.Admin/ListCertificates"
 	Admin_RenewAdminCertificate_FullMethodName = "/cablemesh.v1.Admin/RenewAdminCertificate"
 	Admin_RotateCA_FullMethodName              = "/cablemesh.v1.Admin/RotateCA"
+	Admin_ListLinkReports_FullMethodName       = "/cablemesh.v1.Admin/ListLinkReports"
 )
 
 // AdminClient is the client API for Admin service.
@@ -65,6 +66,10 @@ type AdminClient interface {
 	// RotateCA creates a new mesh CA (new certificates come from it; both are trusted until the
 	// overlap ends), or with finish ends the overlap now.
 	RotateCA(ctx context.Context, in *RotateCARequest, opts ...grpc.CallOption) (*RotateCAResponse, error)
+	// ListLinkReports returns the latest link report of every gateway (ReportLinks), a page at a
+	// time: soft state, kept in memory (and, on etcd, under a lease) and gone when the gateway
+	// stops reporting. Optional: an older broker answers Unimplemented.
+	ListLinkReports(ctx context.Context, in *ListLinkReportsRequest, opts ...grpc.CallOption) (*ListLinkReportsResponse, error)
 }
 
 type adminClient struct {
@@ -205,6 +210,16 @@ func (c *adminClient) RotateCA(ctx context.Context, in *RotateCARequest, opts ..
 	return out, nil
 }
 
+func (c *adminClient) ListLinkReports(ctx context.Context, in *ListLinkReportsRequest, opts ...grpc.CallOption) (*ListLinkReportsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListLinkReportsResponse)
+	err := c.cc.Invoke(ctx, Admin_ListLinkReports_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -231,6 +246,10 @@ type AdminServer interface {
 	// RotateCA creates a new mesh CA (new certificates come from it; both are trusted until the
 	// overlap ends), or with finish ends the overlap now.
 	RotateCA(context.Context, *RotateCARequest) (*RotateCAResponse, error)
+	// ListLinkReports returns the latest link report of every gateway (ReportLinks), a page at a
+	// time: soft state, kept in memory (and, on etcd, under a lease) and gone when the gateway
+	// stops reporting. Optional: an older broker answers Unimplemented.
+	ListLinkReports(context.Context, *ListLinkReportsRequest) (*ListLinkReportsResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -279,6 +298,9 @@ func (UnimplementedAdminServer) RenewAdminCertificate(context.Context, *RenewCer
 }
 func (UnimplementedAdminServer) RotateCA(context.Context, *RotateCARequest) (*RotateCAResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RotateCA not implemented")
+}
+func (UnimplementedAdminServer) ListLinkReports(context.Context, *ListLinkReportsRequest) (*ListLinkReportsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListLinkReports not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -535,6 +557,24 @@ func _Admin_RotateCA_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_ListLinkReports_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListLinkReportsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ListLinkReports(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ListLinkReports_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ListLinkReports(ctx, req.(*ListLinkReportsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -594,6 +634,10 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "RotateCA",
 			Handler:    _Admin_RotateCA_Handler,
 		},
+		{
+			MethodName: "ListLinkReports",
+			Handler:    _Admin_ListLinkReports_Handler,
+		},
 	},
 	Streams:  []grpc.StreamDesc{},
 	Metadata: "cablemesh.proto",
@@ -608,6 +652,7 @@ const (
 	Agent_SetClusterPolicies_FullMethodName      = "/cablemesh.v1.Agent/SetClusterPolicies"
 	Agent_RenewCertificate_FullMethodName        = "/cablemesh.v1.Agent/RenewCertificate"
 	Agent_IssueIngressCertificate_FullMethodName = "/cablemesh.v1.Agent/IssueIngressCertificate"
+	Agent_ReportLinks_FullMethodName             = "/cablemesh.v1.Agent/ReportLinks"
 )
 
 // AgentClient is the client API for Agent service.
@@ -631,6 +676,10 @@ type AgentClient interface {
 	// agent. The certificate cannot authenticate anyone at the broker. Optional: an older broker
 	// answers Unimplemented, and the agent then serves no ingress certificate.
 	IssueIngressCertificate(ctx context.Context, in *IssueIngressCertificateRequest, opts ...grpc.CallOption) (*IssueIngressCertificateResponse, error)
+	// ReportLinks: a gateway's view of its links to the remote clusters (state, driver, RTT), for
+	// the mesh-wide views (cablectl links --all). Optional both ways: an older broker answers
+	// Unimplemented and the agent stops reporting; an older agent never calls it.
+	ReportLinks(ctx context.Context, in *ReportLinksRequest, opts ...grpc.CallOption) (*ReportLinksResponse, error)
 }
 
 type agentClient struct {
@@ -730,6 +779,16 @@ func (c *agentClient) IssueIngressCertificate(ctx context.Context, in *IssueIngr
 	return out, nil
 }
 
+func (c *agentClient) ReportLinks(ctx context.Context, in *ReportLinksRequest, opts ...grpc.CallOption) (*ReportLinksResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReportLinksResponse)
+	err := c.cc.Invoke(ctx, Agent_ReportLinks_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServer is the server API for Agent service.
 // All implementations must embed UnimplementedAgentServer
 // for forward compatibility.
@@ -751,6 +810,10 @@ type AgentServer interface {
 	// agent. The certificate cannot authenticate anyone at the broker. Optional: an older broker
 	// answers Unimplemented, and the agent then serves no ingress certificate.
 	IssueIngressCertificate(context.Context, *IssueIngressCertificateRequest) (*IssueIngressCertificateResponse, error)
+	// ReportLinks: a gateway's view of its links to the remote clusters (state, driver, RTT), for
+	// the mesh-wide views (cablectl links --all). Optional both ways: an older broker answers
+	// Unimplemented and the agent stops reporting; an older agent never calls it.
+	ReportLinks(context.Context, *ReportLinksRequest) (*ReportLinksResponse, error)
 	mustEmbedUnimplementedAgentServer()
 }
 
@@ -784,6 +847,9 @@ func (UnimplementedAgentServer) RenewCertificate(context.Context, *RenewCertific
 }
 func (UnimplementedAgentServer) IssueIngressCertificate(context.Context, *IssueIngressCertificateRequest) (*IssueIngressCertificateResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method IssueIngressCertificate not implemented")
+}
+func (UnimplementedAgentServer) ReportLinks(context.Context, *ReportLinksRequest) (*ReportLinksResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReportLinks not implemented")
 }
 func (UnimplementedAgentServer) mustEmbedUnimplementedAgentServer() {}
 func (UnimplementedAgentServer) testEmbeddedByValue()               {}
@@ -943,6 +1009,24 @@ func _Agent_IssueIngressCertificate_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Agent_ReportLinks_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReportLinksRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).ReportLinks(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_ReportLinks_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).ReportLinks(ctx, req.(*ReportLinksRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Agent_ServiceDesc is the grpc.ServiceDesc for Agent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -977,6 +1061,10 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "IssueIngressCertificate",
 			Handler:    _Agent_IssueIngressCertificate_Handler,
+		},
+		{
+			MethodName: "ReportLinks",
+			Handler:    _Agent_ReportLinks_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

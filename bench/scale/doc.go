@@ -15,12 +15,18 @@
 //	                              agent now: registers at once, honours the broker's busy
 //	                              answers with jitter, brokerclient.BusyWait, jittered
 //	                              heartbeats, brokerclient.HeartbeatDelay, compressed watch
-//	                              messages, watchzstd), delayed (the agent of 98843a3: its first
-//	                              registration up to a second later at random, no busy answers),
+//	                              messages, watchzstd, link reports of one link per remote
+//	                              cluster, reports.go), noreports (current without the
+//	                              link reports, as agents were before them), delayed (the
+//	                              agent of 98843a3: its first registration up to a second later
+//	                              at random, no busy answers),
 //	                              uncompressed (delayed without accepting zstd, as agents did
 //	                              before it) or fixed (heartbeats every interval from the
 //	                              registration, as agents did before the jitter), e.g.
-//	                              before=/tmp/old/cable-broker@delayed,after=bin/cable-broker
+//	                              before=/tmp/old/cable-broker@delayed,after=bin/cable-broker,
+//	                              or before=/tmp/main/cable-broker@noreports,after=bin/cable-broker
+//	                              for the cost of the link reports (a reporting agent against a
+//	                              broker without them makes one call, answered Unimplemented)
 //	CABLEMESH_SCALE_BROKER_ARGS   more flags for every broker, e.g. "--metrics-listen
 //	                              127.0.0.1:9465 --pprof" to profile it during a run
 //	CABLEMESH_SCALE_LABEL         the label of a build given without one (default current)

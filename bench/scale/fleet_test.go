@@ -57,17 +57,21 @@ type fleet struct {
 	firstDelay bool
 	acceptBusy bool
 	zstd       bool // the agent accepts compressed watch messages (watchzstd), as cable-agent does
-	frames     frameCache
-	dialOpts   []grpc.DialOption
-	t0         time.Time
-	probe      atomic.Pointer[probe]
-	epoch      atomic.Int32 // bumped before a broker restart: agents record their first message after it
-	ctx        context.Context
-	cancel     context.CancelFunc
-	wg         sync.WaitGroup
-	beats      beatLog
-	calls      callCounters
-	regRevMax  atomic.Uint64 // the highest revision a RegisterEndpoint answered with
+	// reports: the agent reports its links (Agent.ReportLinks), as cable-agent's linkreport
+	// does on a gateway (reports.go); linkSets are each cluster's links, shared by its agents.
+	reports   bool
+	linkSets  linkSets
+	frames    frameCache
+	dialOpts  []grpc.DialOption
+	t0        time.Time
+	probe     atomic.Pointer[probe]
+	epoch     atomic.Int32 // bumped before a broker restart: agents record their first message after it
+	ctx       context.Context
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	beats     beatLog
+	calls     callCounters
+	regRevMax atomic.Uint64 // the highest revision a RegisterEndpoint answered with
 }
 
 // callCounters count the calls of every agent by outcome.
@@ -78,6 +82,12 @@ type callCounters struct {
 	heartbeats, heartbeatErrors, heartbeatDeadlines    atomic.Int64
 	setExports, setExportsErrors, setExportsDeadlines  atomic.Int64
 	watches, watchErrors, watchSnapshots, watchResumes atomic.Int64
+	// busyWaitMs and busyWaitMaxMs sum and bound the waits the busy answers asked for
+	// (brokerclient.BusyWait: the broker's hint, jittered), in milliseconds.
+	busyWaitMs, busyWaitMaxMs atomic.Int64
+	// Link reports: calls, those the broker dropped (its rate limit), errors, Unimplemented
+	// answers (an older broker) and the bytes of the requests.
+	reports, reportsDropped, reportErrors, reportsUnimplemented, reportBytes atomic.Int64
 
 	// kinds counts the errors of calls other than deadlines, by method, code and message (its
 	// first 100 bytes): the figures say how many failed, these say why.
@@ -86,6 +96,18 @@ type callCounters struct {
 }
 
 var addrPattern = regexp.MustCompile(`[0-9]+(\.[0-9]+){3}:[0-9]+`)
+
+// busyWaited records the wait taken on one busy answer.
+func (c *callCounters) busyWaited(d time.Duration) {
+	ms := d.Milliseconds()
+	c.busyWaitMs.Add(ms)
+	for {
+		cur := c.busyWaitMaxMs.Load()
+		if ms <= cur || c.busyWaitMaxMs.CompareAndSwap(cur, ms) {
+			return
+		}
+	}
+}
 
 // failed records err, an error of method that is not a deadline.
 func (c *callCounters) failed(method string, err error) {
@@ -164,6 +186,7 @@ type simAgent struct {
 	registered          atomic.Bool
 	watchUp             atomic.Bool
 	wake                chan struct{}
+	linksUp             chan struct{} // closed once the agent is current: its links are up
 	timerMu             sync.Mutex
 	timer               *time.Timer
 
@@ -209,6 +232,7 @@ func newFleet(broker string, clusters []string, gateways int, tokenFiles []strin
 				stateDir: filepath.Join(stateBase, c+"-"+node),
 				ep:       endpointOf(c, node, ci+1, idx),
 				wake:     make(chan struct{}, 1),
+				linksUp:  make(chan struct{}),
 				eps:      make([]uint64, words),
 				cls:      make([]uint64, cwords),
 			}
@@ -302,6 +326,9 @@ func (a *simAgent) run(ctx context.Context) {
 	a.timerMu.Lock()
 	a.timer = time.AfterFunc(first, func() { a.beat(ctx, false) })
 	a.timerMu.Unlock()
+	if a.f.reports {
+		a.f.wg.Go(func() { a.reportLoop(ctx) })
+	}
 	a.watchLoop(ctx)
 }
 
@@ -372,6 +399,7 @@ func (a *simAgent) beat(ctx context.Context, redial bool) {
 	case busy:
 		// The broker answered it has no room now: again when it said, on the same connection.
 		d, err = busyWait, nil
+		a.f.calls.busyWaited(busyWait)
 	case a.f.jitter && justRegistered:
 		d = brokerclient.AfterRegistrationDelay(heartbeatInterval)
 	case a.f.jitter:
@@ -427,6 +455,22 @@ func (a *simAgent) register(ctx context.Context, ep *apiv1.Endpoint) error {
 		}
 	}
 	return nil
+}
+
+// registerUntilNotBusy registers ep, waiting on the broker's busy answers as the agent does: an
+// endpoint change the broker put off is measured from the first attempt, not missed.
+func (a *simAgent) registerUntilNotBusy(ctx context.Context, ep *apiv1.Endpoint) error {
+	for {
+		err := a.register(ctx, ep)
+		d, busy := brokerclient.BusyWait(err)
+		if !busy {
+			return err
+		}
+		a.f.calls.busyWaited(d)
+		if !retry.Sleep(ctx, d) {
+			return ctx.Err()
+		}
+	}
 }
 
 func (a *simAgent) heartbeat(ctx context.Context) error {
@@ -726,6 +770,7 @@ func (a *simAgent) apply(b []byte, now time.Time) error {
 	a.holdsAll.Store(a.epCount == a.f.n() && a.clCount == len(a.f.clusters))
 	if a.currentAt.Load() == 0 && a.epCount == a.f.n() && a.clCount == len(a.f.clusters) {
 		a.currentAt.Store(nanos)
+		close(a.linksUp)
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ package scale
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -25,6 +26,7 @@ import (
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/broker/adminconfig"
 	"github.com/cablemesh/cablemesh/broker/store/etcdtest"
+	"github.com/cablemesh/cablemesh/cablectl"
 	"github.com/cablemesh/cablemesh/internal/benchresults"
 )
 
@@ -32,7 +34,7 @@ import (
 type Result struct {
 	Label    string `json:"label"`
 	Broker   string `json:"broker"`
-	Agent    string `json:"agent"` // current, delayed, uncompressed or fixed (doc.go)
+	Agent    string `json:"agent"` // current, noreports, delayed, uncompressed or fixed (doc.go)
 	Store    string `json:"store"`
 	Clusters int    `json:"clusters"`
 	Gateways int    `json:"gateways"`
@@ -95,6 +97,12 @@ type Result struct {
 	ResumeMissing       int     `json:"resumeMissing"`
 	AfterRestartCurrent int     `json:"afterRestartCurrent"` // agents holding every endpoint after the restart
 
+	// cablectl links --all after the steady state (agents that report): its time, the pairs it
+	// listed and those both ends agree on (every pair, when every agent reported).
+	LinksAllMs    float64 `json:"linksAllMs,omitempty"`
+	LinksAllPairs int     `json:"linksAllPairs,omitempty"`
+	LinksAllAgree int     `json:"linksAllAgree,omitempty"`
+
 	// The calls of the whole run.
 	Calls map[string]int64 `json:"calls"`
 
@@ -102,7 +110,10 @@ type Result struct {
 	PeakRSSMB      float64            `json:"peakRSSMB"`
 	StartPeakRSSMB float64            `json:"startPeakRSSMB"`
 	CPUSeconds     map[string]float64 `json:"cpuSeconds"`
-	LoadAvgStart   float64            `json:"loadAvgStart"`
+	// IOMB is what the broker read and wrote through system calls (/proc/PID/io), in MB, per
+	// phase: "startRead", "startWrite" (the fleet start), "steadyRead", "steadyWrite".
+	IOMB         map[string]float64 `json:"ioMB"`
+	LoadAvgStart float64            `json:"loadAvgStart"`
 	// LoadAvgAfterStart is the 1-minute load average once the fleet is current: it covers the
 	// fleet start (this bench's own load included), which the load at the start does not.
 	LoadAvgAfterStart float64  `json:"loadAvgAfterStart"`
@@ -164,8 +175,8 @@ func builds(t *testing.T) []brokerBuild {
 			e, b.agent = p, a
 		}
 		b.path = e
-		if !slices.Contains([]string{"current", "delayed", "uncompressed", "fixed"}, b.agent) {
-			t.Fatalf("CABLEMESH_SCALE_BROKER entry %q: agent %q is not current, delayed, uncompressed nor fixed", e, b.agent)
+		if !slices.Contains([]string{"current", "noreports", "delayed", "uncompressed", "fixed"}, b.agent) {
+			t.Fatalf("CABLEMESH_SCALE_BROKER entry %q: agent %q is not current, noreports, delayed, uncompressed nor fixed", e, b.agent)
 		}
 		if _, err := os.Stat(b.path); err != nil {
 			t.Fatalf("CABLEMESH_SCALE_BROKER entry %q: %v", e, err)
@@ -311,6 +322,26 @@ func (p *brokerProc) cpu() float64 {
 	return (u + sy) / 100 // USER_HZ
 }
 
+// io is the bytes the process read and wrote through system calls so far (/proc/PID/io rchar
+// and wchar): its network traffic and its file writes (bbolt reads through mmap, not counted).
+func (p *brokerProc) io() (read, written int64) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", p.cmd.Process.Pid))
+	if err != nil {
+		return 0, 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		k, v, _ := strings.Cut(l, ":")
+		n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		switch k {
+		case "rchar":
+			read = n
+		case "wchar":
+			written = n
+		}
+	}
+	return read, written
+}
+
 // terminate stops the broker with SIGTERM (SIGKILL after 10 s) and waits for it.
 func (p *brokerProc) terminate() {
 	select {
@@ -361,12 +392,21 @@ func freePort(t *testing.T) string {
 // waitAdmin waits for the broker to write admin.yaml and answer an admin call.
 func waitAdmin(t *testing.T, p *brokerProc, dataDir string, logPath string) (apiv1.AdminClient, *grpc.ClientConn) {
 	t.Helper()
+	cl, conn, err := serving(p, dataDir, logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cl, conn
+}
+
+// serving waits up to 60 s for the broker to answer its admin API.
+func serving(p *brokerProc, dataDir string, logPath string) (apiv1.AdminClient, *grpc.ClientConn, error) {
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
 		select {
 		case <-p.done:
 			b, _ := os.ReadFile(logPath)
-			t.Fatalf("cable-broker exited: %s", tail(string(b), 20))
+			return nil, nil, fmt.Errorf("cable-broker exited: %s", tail(string(b), 20))
 		default:
 		}
 		c, err := adminconfig.Load(filepath.Join(dataDir, "admin.yaml"))
@@ -378,15 +418,14 @@ func waitAdmin(t *testing.T, p *brokerProc, dataDir string, logPath string) (api
 				_, err = cl.ListClusters(ctx, &apiv1.ListClustersRequest{})
 				cancel()
 				if err == nil {
-					return cl, conn
+					return cl, conn, nil
 				}
 				conn.Close()
 			}
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Fatalf("cable-broker did not serve within 60s")
-	return nil, nil
+	return nil, nil, errors.New("cable-broker did not serve within 60s")
 }
 
 func tail(s string, n int) string {
@@ -399,7 +438,7 @@ func tail(s string, n int) string {
 
 func runOne(t *testing.T, b brokerBuild, storeKind string, nClusters, gateways int) Result {
 	r := Result{Label: b.label, Broker: b.path, Agent: b.agent, Store: storeKind, Clusters: nClusters, Gateways: gateways,
-		Agents: nClusters * gateways, CPUSeconds: map[string]float64{}, LoadAvgStart: loadAvg()}
+		Agents: nClusters * gateways, CPUSeconds: map[string]float64{}, IOMB: map[string]float64{}, LoadAvgStart: loadAvg()}
 	steady := time.Duration(envInt(t, "CABLEMESH_SCALE_STEADY", 30)) * time.Second
 	changes := envInt(t, "CABLEMESH_SCALE_CHANGES", 5)
 	startTimeout := time.Duration(envInt(t, "CABLEMESH_SCALE_START_TIMEOUT", 240)) * time.Second
@@ -447,9 +486,10 @@ func runOne(t *testing.T, b brokerBuild, storeKind string, nClusters, gateways i
 		tokenFiles = append(tokenFiles, p)
 	}
 	f := newFleet(listen, clusters, gateways, tokenFiles, filepath.Join(dir, "agents"), b.agent != "fixed")
-	f.zstd = b.agent == "current" || b.agent == "delayed"
+	f.zstd = b.agent == "current" || b.agent == "noreports" || b.agent == "delayed"
 	f.firstDelay = b.agent == "delayed" || b.agent == "uncompressed"
-	f.acceptBusy = b.agent == "current"
+	f.acceptBusy = b.agent == "current" || b.agent == "noreports"
+	f.reports = b.agent == "current"
 	bctx, cancelAll := context.WithCancel(ctx)
 	defer cancelAll()
 
@@ -473,6 +513,7 @@ func runOne(t *testing.T, b brokerBuild, storeKind string, nClusters, gateways i
 
 	// Fleet start: every agent dials, watches and registers at once.
 	t.Logf("%s: fleet start", time.Now().Format(time.TimeOnly))
+	rd1, wr1 := bp.io()
 	f.start(bctx)
 	defer f.stop()
 	deadline := time.Now().Add(startTimeout)
@@ -521,6 +562,8 @@ func runOne(t *testing.T, b brokerBuild, storeKind string, nClusters, gateways i
 	}
 	cpu2 := bp.cpu()
 	r.CPUSeconds["start"] = cpu2 - cpu1
+	rd2, wr2 := bp.io()
+	r.IOMB["startRead"], r.IOMB["startWrite"] = float64(rd2-rd1)/1e6, float64(wr2-wr1)/1e6
 	sp, _ := bp.takePeak()
 	r.StartPeakRSSMB = float64(sp) / 1024
 
@@ -530,6 +573,8 @@ func runOne(t *testing.T, b brokerBuild, storeKind string, nClusters, gateways i
 	cpu3 := bp.cpu()
 	r.CPUSeconds["steady"] = cpu3 - cpu2
 	r.CPUSeconds["steadyPerSecond"] = (cpu3 - cpu2) / steady.Seconds()
+	rd3, wr3 := bp.io()
+	r.IOMB["steadyRead"], r.IOMB["steadyWrite"] = float64(rd3-rd2)/1e6, float64(wr3-wr2)/1e6
 	from := int(heartbeatInterval/time.Second) + int(r.StartCurrentMs/1000) + 1
 	to := int(time.Since(f.t0) / time.Second)
 	if from >= to {
@@ -545,6 +590,24 @@ func runOne(t *testing.T, b brokerBuild, storeKind string, nClusters, gateways i
 	}
 	f.beats.mu.Unlock()
 	r.HeartbeatP99Ms, r.HeartbeatMaxMs = pct(beats, 99), pct(beats, 100)
+
+	// cablectl links --all: every link report, paged, paired.
+	if f.reports {
+		cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		lt := time.Now()
+		all, err := cablectl.FetchLinksAll(cctx, admin)
+		cancel()
+		r.LinksAllMs = ms(time.Since(lt))
+		if err != nil {
+			r.Notes = append(r.Notes, fmt.Sprintf("links --all: %v", err))
+		}
+		for _, p := range all.Items {
+			r.LinksAllPairs++
+			if p.Agree && !p.Stale {
+				r.LinksAllAgree++
+			}
+		}
+	}
 
 	// Changes: policies applied by the admin, endpoints changed by their agents.
 	var pol, eps []float64
@@ -565,7 +628,7 @@ func runOne(t *testing.T, b brokerBuild, storeKind string, nClusters, gateways i
 			ep := endpointOf(a.cluster, a.node, f.clIndexOf(a.cluster)+1, a.idx)
 			ep.PrivateIp = a.ep.PrivateIp
 			ep.CablePorts["wireguard"] = uint32(52000 + i)
-			return a.register(ctx, ep)
+			return a.registerUntilNotBusy(ctx, ep)
 		})
 		eps = append(eps, lat...)
 		r.ChangesMissed += missed
@@ -584,8 +647,15 @@ func runOne(t *testing.T, b brokerBuild, storeKind string, nClusters, gateways i
 	bp.terminate()
 	bp = startBroker(t, b.path, dataDir, listen, etcdURLs, logPath)
 	tStart := time.Now()
-	admin2, aconn2 := waitAdmin(t, bp, dataDir, logPath)
-	_ = admin2
+	_, aconn2, err := serving(bp, dataDir, logPath)
+	if err != nil {
+		// The figures of the phases before stay: a broker that does not come back under the
+		// load of its fleet reconnecting fails the run, but says so beside what it measured.
+		t.Errorf("restart: %v", err)
+		r.Notes = append(r.Notes, fmt.Sprintf("restart: %v; no restart figures", err))
+		r.Calls = f.calls.snapshot()
+		return r
+	}
 	aconn.Close()
 	aconn = aconn2
 	r.RestartDownMs = ms(time.Since(tStop))
@@ -721,10 +791,12 @@ func (f *fleet) holdingAll() int {
 func (c *callCounters) snapshot() map[string]int64 {
 	return map[string]int64{
 		"joins": c.joins.Load(), "joinErrors": c.joinErrors.Load(), "joinDeadlines": c.joinDeadlines.Load(),
-		"registers": c.registers.Load(), "registerBusy": c.registerBusy.Load(), "registerErrors": c.registerErrors.Load(), "registerDeadlines": c.registerDeadlines.Load(),
+		"registers": c.registers.Load(), "registerBusy": c.registerBusy.Load(), "registerBusyWaitMs": c.busyWaitMs.Load(), "registerBusyWaitMaxMs": c.busyWaitMaxMs.Load(), "registerErrors": c.registerErrors.Load(), "registerDeadlines": c.registerDeadlines.Load(),
 		"heartbeats": c.heartbeats.Load(), "heartbeatErrors": c.heartbeatErrors.Load(), "heartbeatDeadlines": c.heartbeatDeadlines.Load(),
 		"setExports": c.setExports.Load(), "setExportsErrors": c.setExportsErrors.Load(), "setExportsDeadlines": c.setExportsDeadlines.Load(),
 		"watches": c.watches.Load(), "watchErrors": c.watchErrors.Load(), "watchSnapshots": c.watchSnapshots.Load(), "watchResumes": c.watchResumes.Load(),
+		"linkReports": c.reports.Load(), "linkReportsDropped": c.reportsDropped.Load(), "linkReportErrors": c.reportErrors.Load(),
+		"linkReportsUnimplemented": c.reportsUnimplemented.Load(), "linkReportBytes": c.reportBytes.Load(),
 	}
 }
 
@@ -797,6 +869,12 @@ func markdown(res Results) string {
 			return fmt.Sprintf("%.0f / %.0f / %.0f", r.RegisteredP50Ms, r.RegisteredP99Ms, r.RegisteredMaxMs)
 		}},
 		{"registrations answered busy (retried later)", func(r Result) string { return fmt.Sprint(r.Calls["registerBusy"]) }},
+		{"busy answers: wait taken mean / max ms", func(r Result) string {
+			if r.Calls["registerBusy"] == 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%d / %d", r.Calls["registerBusyWaitMs"]/r.Calls["registerBusy"], r.Calls["registerBusyWaitMaxMs"])
+		}},
 		{"snapshot bytes p50 / max", func(r Result) string { return fmt.Sprintf("%d / %d", r.SnapshotBytesP50, r.SnapshotBytesMax) }},
 		{"snapshot time p50 / p99 / max ms", func(r Result) string {
 			return fmt.Sprintf("%.0f / %.0f / %.0f", r.SnapshotP50Ms, r.SnapshotP99Ms, r.SnapshotMaxMs)
@@ -826,6 +904,19 @@ func markdown(res Results) string {
 		}},
 		{"broker CPU s: join / start / steady (per s) / changes", func(r Result) string {
 			return fmt.Sprintf("%.1f / %.1f / %.1f (%.2f) / %.1f", r.CPUSeconds["join"], r.CPUSeconds["start"], r.CPUSeconds["steady"], r.CPUSeconds["steadyPerSecond"], r.CPUSeconds["changes"])
+		}},
+		{"broker I/O MB read / written: fleet start; steady", func(r Result) string {
+			return fmt.Sprintf("%.1f / %.1f; %.1f / %.1f", r.IOMB["startRead"], r.IOMB["startWrite"], r.IOMB["steadyRead"], r.IOMB["steadyWrite"])
+		}},
+		{"link reports: calls / dropped (rate limit) / errors / unimplemented / MB sent", func(r Result) string {
+			return fmt.Sprintf("%d / %d / %d / %d / %.1f", r.Calls["linkReports"], r.Calls["linkReportsDropped"], r.Calls["linkReportErrors"],
+				r.Calls["linkReportsUnimplemented"], float64(r.Calls["linkReportBytes"])/1e6)
+		}},
+		{"links --all: ms / pairs / agreeing", func(r Result) string {
+			if r.LinksAllPairs == 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%.0f / %d / %d", r.LinksAllMs, r.LinksAllPairs, r.LinksAllAgree)
 		}},
 		{"calls: registers / heartbeats / watches (snapshots)", func(r Result) string {
 			return fmt.Sprintf("%d / %d / %d (%d)", r.Calls["registers"], r.Calls["heartbeats"], r.Calls["watches"], r.Calls["watchSnapshots"])

@@ -27,6 +27,21 @@ func (p *PKI) SignAgentCSR(csrPEM []byte, cluster, uid, node string, now time.Ti
 
 // IssueAgent is SignAgentCSR returning the parsed certificate too.
 func (p *PKI) IssueAgent(csrPEM []byte, cluster, uid, node string, now time.Time) ([]byte, *x509.Certificate, error) {
+	return p.IssueAgentFor(csrPEM, cluster, uid, node, now, Validity)
+}
+
+// maxBackdate is how far before now a certificate's validity starts, for clocks behind the
+// broker's.
+const maxBackdate = 5 * time.Minute
+
+// IssueAgentFor is IssueAgent with a certificate lifetime of its own (Validity: IssueAgent's).
+// The certificate is valid from a little before now (at most maxBackdate, at most a tenth of the
+// lifetime: the agent renews two thirds into the certificate's whole validity, which a backdate
+// longer than a short lifetime would put in the past) until lifetime after now.
+func (p *PKI) IssueAgentFor(csrPEM []byte, cluster, uid, node string, now time.Time, lifetime time.Duration) ([]byte, *x509.Certificate, error) {
+	if lifetime <= 0 {
+		return nil, nil, fmt.Errorf("agent certificate lifetime %s is not positive", lifetime)
+	}
 	csr, err := parseCSR(csrPEM)
 	if err != nil {
 		return nil, nil, err
@@ -37,8 +52,8 @@ func (p *PKI) IssueAgent(csrPEM []byte, cluster, uid, node string, now time.Time
 		SerialNumber: serial(),
 		Subject:      pkix.Name{CommonName: node, Organization: []string{"cablemesh:cluster:" + cluster}},
 		URIs:         []*url.URL{idURI, uidURI},
-		NotBefore:    now.Add(-5 * time.Minute),
-		NotAfter:     now.Add(Validity),
+		NotBefore:    now.Add(-min(maxBackdate, lifetime/10)),
+		NotAfter:     now.Add(lifetime),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	}

@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 
 	"k8s.io/client-go/dynamic"
@@ -27,6 +28,7 @@ import (
 	"github.com/cablemesh/cablemesh/agent/kube"
 	"github.com/cablemesh/cablemesh/agent/preflight"
 	"github.com/cablemesh/cablemesh/agent/servicedp"
+	"github.com/cablemesh/cablemesh/agent/uninstall"
 	"github.com/cablemesh/cablemesh/cable"
 	_ "github.com/cablemesh/cablemesh/cable/drivers" // registers every cable driver
 )
@@ -105,6 +107,9 @@ func run(args []string, stderr io.Writer) int {
 			opts.NodeAddresses = nw
 		}
 	}
+	uninstalled, stopUninstallCheck := uninstallCheck(log)
+	defer stopUninstallCheck()
+	opts.CleanupOnStop = uninstalled
 	a, err := agent.New(opts)
 	if err != nil {
 		fmt.Fprintln(stderr, "cable-agent:", err)
@@ -125,7 +130,16 @@ func run(args []string, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if err := a.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+	err = a.Run(ctx)
+	if !*cleanup && uninstalled() {
+		// The node's identity and cache go with the install: a later install joins anew.
+		if err := uninstall.ClearDir(cfg.StateDir); err != nil {
+			log.Error("uninstall: the state dir was not cleared", "err", err)
+		} else {
+			log.Info("uninstall: state dir cleared", "stateDir", cfg.StateDir)
+		}
+	}
+	if err != nil && !errors.Is(err, context.Canceled) {
 		log.Error("agent stopped", "err", err)
 		fmt.Fprintln(stderr, "cable-agent:", err)
 		var fe *preflight.FileError
@@ -136,6 +150,32 @@ func run(args []string, stderr io.Writer) int {
 	}
 	log.Info("agent stopped")
 	return 0
+}
+
+// uninstallCheck follows, in a pod of the agent's DaemonSets, whether the install goes away
+// (agent/uninstall) and returns the question asked as the agent stops (once; false outside a
+// pod) and what stops the watch.
+func uninstallCheck(log *slog.Logger) (uninstalled func() bool, stop func()) {
+	det, err := uninstall.FromEnvironment(os.Getenv, log.With("component", "uninstall"))
+	if err != nil {
+		log.Warn("no uninstall check: the agent keeps its node's state when it stops", "err", err)
+	}
+	if det == nil {
+		return func() bool { return false }, func() {}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { det.Run(ctx) })
+	return sync.OnceValue(func() bool {
+			ctx, cancel := context.WithTimeout(context.Background(), uninstall.CheckTimeout)
+			defer cancel()
+			v := det.Check(ctx)
+			log.Info("stopping: uninstall or restart", "uninstall", v.Uninstall, "reason", v.Reason)
+			return v.Uninstall
+		}), func() {
+			cancel()
+			wg.Wait()
+		}
 }
 
 // kubernetesSource watches the cluster's MCS ServiceExports with the in-cluster credentials (the

@@ -69,6 +69,8 @@ func run(args []string, stderr io.Writer) int {
 	dataDir := fs.String("data-dir", "", "directory for the store, the mesh CA and admin.yaml (required)")
 	listen := fs.String("listen", broker.DefaultListen, "address to serve the gRPC API on")
 	lease := fs.Duration("lease", broker.DefaultLease, "default endpoint lease; agents heartbeat within it")
+	certLifetime := fs.Duration("agent-certificate-lifetime", broker.DefaultAgentCertificateLifetime,
+		"how long the agent certificates issued from now on last, "+broker.MinAgentCertificateLifetime.String()+" to "+broker.DefaultAgentCertificateLifetime.String()+"; agents renew two thirds into it")
 	logLevel := fs.String("log-level", "info", "log level: debug | info | warn | error")
 	defaultDriver := fs.String("default-cable-driver", policy.DefaultDriver, "cable driver of the mesh default policy created at first start: "+
 		strings.Join(cable.Names(), " | ")+" (later starts keep the stored policy)")
@@ -83,6 +85,7 @@ func run(args []string, stderr io.Writer) int {
 	etcdKey := fs.String("etcd-key", "", "client key for etcd")
 	metricsListen := fs.String("metrics-listen", "", "address to serve /metrics, /healthz and /readyz on over plain HTTP, e.g. 127.0.0.1:9465 (default: none)")
 	pprof := fs.Bool("pprof", false, "also serve Go's profiles at /debug/pprof/ on --metrics-listen (they expose the process's internals: keep that address private)")
+	linkReports := fs.Duration("link-report-interval", broker.DefaultLinkReportInterval, "how often gateways send the broker their full link report (cablectl links --all; changes go at once, at most one report per node every "+broker.DefaultLinkReportMinInterval.String()+"); a report is stale after three intervals")
 	var quota admission.ExportQuota
 	fs.IntVar(&quota.Services, "max-services-per-cluster", admission.DefaultQuotaServices, "most services (namespace/name) the nodes of one cluster may export together")
 	fs.IntVar(&quota.Endpoints, "max-endpoints-per-cluster", admission.DefaultQuotaEndpoints, "most endpoints the exports of one cluster's nodes may have together")
@@ -108,8 +111,16 @@ func run(args []string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "cable-broker: --data-dir is required")
 		return 2
 	}
+	if *linkReports < time.Second {
+		fmt.Fprintf(stderr, "cable-broker: --link-report-interval %s is shorter than 1s\n", *linkReports)
+		return 2
+	}
 	if *lease < time.Second {
 		fmt.Fprintf(stderr, "cable-broker: --lease %s is shorter than 1s\n", *lease)
+		return 2
+	}
+	if err := broker.ValidateAgentCertificateLifetime(*certLifetime); err != nil {
+		fmt.Fprintf(stderr, "cable-broker: --agent-certificate-lifetime: %v\n", err)
 		return 2
 	}
 	vipRanges, err := mcs.ParseVIPRanges(*vipRange)
@@ -160,7 +171,8 @@ func run(args []string, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	srv, err := broker.New(ctx, broker.Config{DataDir: *dataDir, Listen: *listen, Lease: *lease, Logger: log, DefaultCableDriver: driver,
-		ServiceVIPRanges: vipRanges, MeshAddressRange: meshAddrs, Etcd: etcdCfg, ExportQuota: quota})
+		ServiceVIPRanges: vipRanges, MeshAddressRange: meshAddrs, Etcd: etcdCfg, ExportQuota: quota,
+		LinkReportInterval: *linkReports, AgentCertificateLifetime: *certLifetime})
 	if err != nil {
 		log.Error("start broker", "err", err)
 		return 1

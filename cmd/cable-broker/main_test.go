@@ -15,6 +15,8 @@ func TestBadUsageExitsTwoBeforeTouchingTheDataDir(t *testing.T) {
 		{"an unknown default cable driver", []string{"--data-dir", "/nonexistent/x", "--default-cable-driver", "gre"}, `default cable driver "gre" is not one of ipsec, vxlan, vxlan+ipsec, wireguard`},
 		{"no data dir", []string{"--default-cable-driver", "vxlan"}, "--data-dir is required"},
 		{"a lease under a second", []string{"--data-dir", "/nonexistent/x", "--lease", "10ms"}, "shorter than 1s"},
+		{"an agent certificate lifetime under a second", []string{"--data-dir", "/nonexistent/x", "--agent-certificate-lifetime", "500ms"}, "--agent-certificate-lifetime: agent certificate lifetime 500ms is outside 1s to 8760h0m0s"},
+		{"an agent certificate lifetime over a year", []string{"--data-dir", "/nonexistent/x", "--agent-certificate-lifetime", "9000h"}, "--agent-certificate-lifetime: agent certificate lifetime 9000h0m0s is outside 1s to 8760h0m0s"},
 		{"a VIP range that is not a CIDR", []string{"--data-dir", "/nonexistent/x", "--service-vip-range", "241.0.0.0"}, `--service-vip-range: service VIP range "241.0.0.0" is not a CIDR`},
 		{"a VIP range with host bits", []string{"--data-dir", "/nonexistent/x", "--service-vip-range", "241.0.0.1/8"}, "--service-vip-range: service VIP range \"241.0.0.1/8\" has host bits set (did you mean 241.0.0.0/8?)"},
 		{"two IPv4 VIP ranges", []string{"--data-dir", "/nonexistent/x", "--service-vip-range", "241.0.0.0/8,242.0.0.0/8"}, "--service-vip-range: service VIP range \"241.0.0.0/8,242.0.0.0/8\": give at most one IPv4 and one IPv6 CIDR"},

@@ -307,6 +307,8 @@ func TestCluster(t *testing.T) {
 			{"list", "serviceexports.multicluster.x-k8s.io", "-A"}, {"watch", "serviceimports.multicluster.x-k8s.io", "-A"},
 			{"update", "serviceexports.multicluster.x-k8s.io", "--subresource=status", "-n", "demo"},
 			{"list", "clusterconnectionpolicies.cablemesh.io"}, {"watch", "clusterconnectionpolicies.cablemesh.io"},
+			{"get", "daemonsets.apps/cable-agent", "-n", "cablemesh"}, {"watch", "daemonsets.apps/cable-agent-worker", "-n", "cablemesh"},
+			{"get", "namespaces/cablemesh"}, {"watch", "namespaces/cablemesh"},
 		}
 		refused := [][]string{
 			{"get", "secrets", "-n", "cablemesh"}, {"list", "pods", "-A"}, {"get", "configmaps", "-n", "cablemesh"},
@@ -315,6 +317,9 @@ func TestCluster(t *testing.T) {
 			{"update", "serviceexports.multicluster.x-k8s.io", "-n", "demo"},
 			{"create", "serviceimports.multicluster.x-k8s.io", "-n", "demo"},
 			{"create", "clusterconnectionpolicies.cablemesh.io"}, {"delete", "clusterconnectionpolicies.cablemesh.io"},
+			{"list", "daemonsets.apps", "-n", "cablemesh"}, {"get", "daemonsets.apps/kube-proxy", "-n", "cablemesh"},
+			{"get", "daemonsets.apps/cable-agent", "-n", "kube-system"}, {"delete", "daemonsets.apps/cable-agent", "-n", "cablemesh"},
+			{"get", "namespaces/kube-system"}, {"delete", "namespaces/cablemesh"},
 		}
 		check := func(args []string, want string) {
 			// The answer is the last line; kubectl warns first about a cluster-scoped resource.

@@ -61,7 +61,9 @@ type Replica struct {
 	Addr    netip.Addr
 	DataDir string
 	LogPath string
-	Proc    *Process
+	// Bin is the cable-broker the replica runs; "" for the mesh's (Mesh.Bin.Broker).
+	Bin  string
+	Proc *Process
 }
 
 // Address is host:port of the replica.
@@ -74,6 +76,13 @@ func (r *Replica) AdminConfig() string { return filepath.Join(r.DataDir, "admin.
 // cable-broker replicas, all started, and registers its teardown with t.Cleanup. It skips the
 // test when no etcd binary is installed.
 func NewHA(t testing.TB, members, replicas int) *HA {
+	t.Helper()
+	return NewHAOn(t, members, replicas, "")
+}
+
+// NewHAOn is NewHA whose replicas run the cable-broker at broker ("" for the mesh's): an
+// upgrade test starts the mesh on an earlier version's broker.
+func NewHAOn(t testing.TB, members, replicas int, broker string) *HA {
 	t.Helper()
 	RequireRoot(t)
 	etcdBin := etcdtest.Require(t)
@@ -108,7 +117,7 @@ func NewHA(t testing.TB, members, replicas int) *HA {
 	idx := 1
 	for i := range replicas {
 		r := &Replica{Index: i, NS: m.Prefix + "brk", Addr: netip.MustParseAddr(fmt.Sprintf("172.31.0.%d", idx)),
-			DataDir: filepath.Join(m.Dir, "broker"), LogPath: filepath.Join(m.Dir, "broker.log")}
+			DataDir: filepath.Join(m.Dir, "broker"), LogPath: filepath.Join(m.Dir, "broker.log"), Bin: broker}
 		if i > 0 {
 			r.NS = fmt.Sprintf("%sbrk%d", m.Prefix, i+1)
 			r.DataDir = filepath.Join(m.Dir, fmt.Sprintf("broker%d", i+1))
@@ -204,8 +213,12 @@ func (h *HA) StartReplica(r *Replica) {
 		h.must(os.MkdirAll(r.DataDir, 0o700))
 		h.must(os.WriteFile(filepath.Join(r.DataDir, "secret.key"), b, 0o600))
 	}
+	bin := h.Bin.Broker
+	if r.Bin != "" {
+		bin = r.Bin
+	}
 	p, err := StartProcess(fmt.Sprintf("cable-broker %d", r.Index+1), r.NS, r.LogPath,
-		h.Bin.Broker, "--data-dir", r.DataDir, "--listen", r.Address(), "--etcd-endpoints", h.EtcdEndpoints())
+		bin, "--data-dir", r.DataDir, "--listen", r.Address(), "--etcd-endpoints", h.EtcdEndpoints())
 	h.must(err)
 	h.track(p)
 	r.Proc = p

@@ -56,6 +56,9 @@ type Mesh struct {
 	BrokerAddr    netip.Addr
 	BrokerDataDir string
 	Broker        *Process
+	// BrokerArgs are more cable-broker flags; StartBroker passes them (New starts the broker
+	// without: a test that needs them sets them, then StopBroker and StartBroker).
+	BrokerArgs []string
 	// BPFFS is the mesh's bpf filesystem (see services.go).
 	BPFFS string
 
@@ -99,6 +102,9 @@ type Cluster struct {
 	Agent         *Process
 	AgentStarted  time.Time
 	underlayIndex int
+
+	// AgentBin is the cable-agent the gateway runs; "" for the mesh's (Mesh.Bin.Agent).
+	AgentBin string
 }
 
 // RequireRoot skips the test unless it runs as root.
@@ -200,7 +206,7 @@ func (m *Mesh) StartBroker() {
 		}
 	}
 	p, err := StartProcess("cable-broker", m.BrokerNS, filepath.Join(m.Dir, "broker.log"),
-		m.Bin.Broker, "--data-dir", m.BrokerDataDir, "--listen", m.BrokerAddress())
+		append([]string{m.Bin.Broker, "--data-dir", m.BrokerDataDir, "--listen", m.BrokerAddress()}, m.BrokerArgs...)...)
 	m.must(err)
 	m.track(p)
 	m.Broker = p
@@ -394,7 +400,11 @@ func (c *Cluster) WriteConfig(extra string) {
 // namespace of that host name), with extra flags (e.g. "--cleanup-on-exit"). It returns at once.
 func (c *Cluster) StartAgent(extra ...string) {
 	c.m.T.Helper()
-	argv := append([]string{c.m.Bin.Agent, "--config", c.ConfigPath}, extra...)
+	bin := c.m.Bin.Agent
+	if c.AgentBin != "" {
+		bin = c.AgentBin
+	}
+	argv := append([]string{bin, "--config", c.ConfigPath}, extra...)
 	if c.Hostname != "" {
 		// Through /proc, not hostname(1), which refuses names such as GW_1 that the kernel takes.
 		// unshare and sh exec into the agent: it stays the process the harness stops.

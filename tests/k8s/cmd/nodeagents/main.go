@@ -1,20 +1,17 @@
 // Command nodeagents adapts the output of `cablectl install kubernetes` (or `uninstall`) to the
 // clusters of tests/k8s, reading it on stdin and writing it to stdout, for `kubectl apply -f -`:
 //
-//		nodeagents [-cgroup-path PATH] [-dns-listen ADDR] [-workers]
+//		nodeagents [-cgroup-path PATH] [-dns-listen ADDR]
 //
-//	  - -cgroup-path sets the agent config's cgroupPath: on a hybrid cgroup host such as this one
+//	  - -cgroup-path sets the agent configs' cgroupPath: on a hybrid cgroup host such as this one
 //	    the node's cgroup2 is /sys/fs/cgroup/unified (cluster.sh gives every node its own there),
-//	    so the DaemonSet's mount of the host's /sys/fs/cgroup holds it at
+//	    so the DaemonSets' mount of the host's /sys/fs/cgroup holds it at
 //	    /host/sys/fs/cgroup/unified. On a node whose /sys/fs/cgroup is cgroup2 nothing changes.
 //	  - -dns-listen sets dns.listen (the clusterset.local server the test pods query).
-//	  - -workers adds the agents of the non-gateway nodes, which the install does not render: the
-//	    ConfigMap cable-agent-worker-config (the same config with gateway: false and without the
-//	    Kubernetes exports, which the gateway makes) and the DaemonSet cable-agent-worker, a copy
-//	    of cable-agent on the nodes labelled cablemesh.io/gateway=false. They route the remote
-//	    clusters' CIDRs via the cluster's gateway, as a worker agent does anywhere.
 //
-// Every other object passes through unchanged.
+// Both change the gateways' (agent.yaml) and the workers' (agent-worker.yaml) configs of the
+// ConfigMap alike: the install renders both agents itself. Every other object passes through
+// unchanged.
 package main
 
 import (
@@ -33,10 +30,7 @@ import (
 const (
 	configMapName   = "cable-agent-config"
 	configKey       = "agent.yaml"
-	daemonSetName   = "cable-agent"
-	workerName      = "cable-agent-worker"
-	workerConfigMap = "cable-agent-worker-config"
-	gatewayLabel    = "cablemesh.io/gateway"
+	workerConfigKey = "agent-worker.yaml"
 )
 
 type object = map[string]any
@@ -44,11 +38,10 @@ type object = map[string]any
 func main() {
 	cgroupPath := flag.String("cgroup-path", "", "the agent config's cgroupPath (empty: as rendered)")
 	dnsListen := flag.String("dns-listen", "", "the agent config's dns.listen (empty: as rendered)")
-	workers := flag.Bool("workers", false, "add the non-gateway nodes' agents")
 	flag.Parse()
 	objs, err := decode(os.Stdin)
 	if err == nil {
-		objs, err = adapt(objs, *cgroupPath, *dnsListen, *workers)
+		objs, err = adapt(objs, *cgroupPath, *dnsListen)
 	}
 	if err == nil {
 		err = encode(os.Stdout, objs)
@@ -101,57 +94,47 @@ func named(o object, kind, name string) bool {
 	return o["kind"] == kind && md != nil && md["name"] == name
 }
 
-func adapt(objs []object, cgroupPath, dnsListen string, workers bool) ([]object, error) {
-	var out, extra []object
+func adapt(objs []object, cgroupPath, dnsListen string) ([]object, error) {
 	for _, o := range objs {
-		switch {
-		case named(o, "ConfigMap", configMapName):
-			if data, ok := o["data"].(map[string]any); ok {
-				if _, has := data[configKey]; has {
-					cfg, err := editConfig(data, func(c object) {
-						if cgroupPath != "" {
-							c["cgroupPath"] = cgroupPath
-						}
-						if dnsListen != "" {
-							dns, _ := c["dns"].(map[string]any)
-							if dns == nil {
-								dns = map[string]any{}
-							}
-							dns["listen"] = dnsListen
-							c["dns"] = dns
-						}
-					})
-					if err != nil {
-						return nil, err
-					}
-					data[configKey] = cfg
-					if workers {
-						w, err := workerConfig(o)
-						if err != nil {
-							return nil, err
-						}
-						extra = append(extra, w)
-					}
-				}
+		if !named(o, "ConfigMap", configMapName) {
+			continue
+		}
+		data, ok := o["data"].(map[string]any)
+		if !ok {
+			continue
+		}
+		for _, key := range []string{configKey, workerConfigKey} {
+			if _, has := data[key]; !has {
+				continue
 			}
-		case named(o, "DaemonSet", daemonSetName) && workers:
-			w, err := workerDaemonSet(o)
+			cfg, err := editConfig(data, key, func(c object) {
+				if cgroupPath != "" {
+					c["cgroupPath"] = cgroupPath
+				}
+				if dnsListen != "" {
+					dns, _ := c["dns"].(map[string]any)
+					if dns == nil {
+						dns = map[string]any{}
+					}
+					dns["listen"] = dnsListen
+					c["dns"] = dns
+				}
+			})
 			if err != nil {
 				return nil, err
 			}
-			extra = append(extra, w)
+			data[key] = cfg
 		}
-		out = append(out, o)
 	}
-	return append(out, extra...), nil
+	return objs, nil
 }
 
-// editConfig applies edit to the agent config held in data[configKey] and returns it re-encoded.
-func editConfig(data map[string]any, edit func(object)) (string, error) {
-	text, _ := data[configKey].(string)
+// editConfig applies edit to the agent config held in data[key] and returns it re-encoded.
+func editConfig(data map[string]any, key string, edit func(object)) (string, error) {
+	text, _ := data[key].(string)
 	var cfg object
 	if err := yaml.Unmarshal([]byte(text), &cfg); err != nil {
-		return "", fmt.Errorf("ConfigMap %s: %s: %w", configMapName, configKey, err)
+		return "", fmt.Errorf("ConfigMap %s: %s: %w", configMapName, key, err)
 	}
 	if cfg == nil {
 		cfg = object{}
@@ -159,66 +142,4 @@ func editConfig(data map[string]any, edit func(object)) (string, error) {
 	edit(cfg)
 	b, err := yaml.Marshal(cfg)
 	return string(b), err
-}
-
-func deepCopy(o object) (object, error) {
-	b, err := yaml.Marshal(o)
-	if err != nil {
-		return nil, err
-	}
-	var c object
-	return c, yaml.Unmarshal(b, &c)
-}
-
-func workerConfig(gateway object) (object, error) {
-	w, err := deepCopy(gateway)
-	if err != nil {
-		return nil, err
-	}
-	w["metadata"].(map[string]any)["name"] = workerConfigMap
-	delete(w["metadata"].(map[string]any), "annotations")
-	data := w["data"].(map[string]any)
-	cfg, err := editConfig(data, func(c object) {
-		c["gateway"] = false
-		c["kubernetes"] = map[string]any{"enabled": false}
-	})
-	if err != nil {
-		return nil, err
-	}
-	data[configKey] = cfg
-	return w, nil
-}
-
-func workerDaemonSet(gateway object) (object, error) {
-	w, err := deepCopy(gateway)
-	if err != nil {
-		return nil, err
-	}
-	md := w["metadata"].(map[string]any)
-	md["name"] = workerName
-	if l, ok := md["labels"].(map[string]any); ok {
-		l["app.kubernetes.io/name"] = workerName
-	}
-	spec, _ := w["spec"].(map[string]any)
-	sel, _ := spec["selector"].(map[string]any)
-	ml, _ := sel["matchLabels"].(map[string]any)
-	tmpl, _ := spec["template"].(map[string]any)
-	tmd, _ := tmpl["metadata"].(map[string]any)
-	tl, _ := tmd["labels"].(map[string]any)
-	pod, _ := tmpl["spec"].(map[string]any)
-	if ml == nil || tl == nil || pod == nil {
-		return nil, fmt.Errorf("DaemonSet %s: no selector, template labels or pod spec", daemonSetName)
-	}
-	ml["app.kubernetes.io/name"] = workerName
-	tl["app.kubernetes.io/name"] = workerName
-	pod["nodeSelector"] = map[string]any{"kubernetes.io/os": "linux", gatewayLabel: "false"}
-	delete(pod, "affinity")
-	vols, _ := pod["volumes"].([]any)
-	for _, v := range vols {
-		vm, _ := v.(map[string]any)
-		if cm, ok := vm["configMap"].(map[string]any); ok && cm["name"] == configMapName {
-			cm["name"] = workerConfigMap
-		}
-	}
-	return w, nil
 }

@@ -22,6 +22,10 @@ data:
     gateway: true
     cgroupPath: /host/sys/fs/cgroup
     kubernetes: {enabled: true}
+  agent-worker.yaml: |
+    cluster: "east"
+    gateway: false
+    cgroupPath: /host/sys/fs/cgroup
 ---
 apiVersion: apps/v1
 kind: DaemonSet
@@ -38,13 +42,13 @@ spec:
       - {name: token, secret: {secretName: cable-join-token}}
 `
 
-func run(t *testing.T, in string, cgroupPath, dnsListen string, workers bool) []object {
+func run(t *testing.T, in string, cgroupPath, dnsListen string) []object {
 	t.Helper()
 	objs, err := decode(strings.NewReader(in))
 	if err != nil {
 		t.Fatal(err)
 	}
-	objs, err = adapt(objs, cgroupPath, dnsListen, workers)
+	objs, err = adapt(objs, cgroupPath, dnsListen)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,93 +72,57 @@ func find(objs []object, kind, name string) object {
 	return nil
 }
 
-func agentConfig(t *testing.T, cm object) map[string]any {
+func agentConfig(t *testing.T, cm object, key string) map[string]any {
 	t.Helper()
 	if cm == nil {
 		t.Fatal("ConfigMap missing")
 	}
 	var cfg map[string]any
-	if err := yaml.Unmarshal([]byte(cm["data"].(map[string]any)[configKey].(string)), &cfg); err != nil {
+	if err := yaml.Unmarshal([]byte(cm["data"].(map[string]any)[key].(string)), &cfg); err != nil {
 		t.Fatal(err)
 	}
 	return cfg
 }
 
 func TestWithoutFlagsOnlyTheConfigIsReencoded(t *testing.T) {
-	objs := run(t, install, "", "", false)
+	objs := run(t, install, "", "")
 	if len(objs) != 3 {
 		t.Fatalf("%d objects, want the 3 given", len(objs))
 	}
-	cfg := agentConfig(t, find(objs, "ConfigMap", configMapName))
+	cfg := agentConfig(t, find(objs, "ConfigMap", configMapName), configKey)
 	if cfg["cgroupPath"] != "/host/sys/fs/cgroup" || cfg["gateway"] != true || cfg["dns"] != nil {
 		t.Errorf("config changed without a flag: %v", cfg)
 	}
 }
 
-func TestCgroupPathAndDNSListen(t *testing.T) {
-	cfg := agentConfig(t, find(run(t, install, "/host/sys/fs/cgroup/unified", "0.0.0.0:5353", false), "ConfigMap", configMapName))
-	if cfg["cgroupPath"] != "/host/sys/fs/cgroup/unified" {
-		t.Errorf("cgroupPath %v", cfg["cgroupPath"])
+func TestCgroupPathAndDNSListenInBothConfigs(t *testing.T) {
+	objs := run(t, install, "/host/sys/fs/cgroup/unified", "0.0.0.0:53")
+	if len(objs) != 3 {
+		t.Fatalf("%d objects, want the 3 given (the install renders the workers itself)", len(objs))
 	}
-	if dns, _ := cfg["dns"].(map[string]any); dns["listen"] != "0.0.0.0:5353" {
-		t.Errorf("dns %v", cfg["dns"])
-	}
-}
-
-func TestWorkersGetADaemonSetAndConfigOfTheirOwn(t *testing.T) {
-	objs := run(t, install, "", "", true)
-	if len(objs) != 5 {
-		t.Fatalf("%d objects, want the 3 given and 2 for the workers", len(objs))
-	}
-	gw := agentConfig(t, find(objs, "ConfigMap", configMapName))
-	if gw["gateway"] != true {
-		t.Errorf("the gateways' config lost gateway: true: %v", gw)
-	}
-	w := agentConfig(t, find(objs, "ConfigMap", workerConfigMap))
-	if w["gateway"] != false || w["kubernetes"].(map[string]any)["enabled"] != false || w["cluster"] != "east" {
-		t.Errorf("worker config %v: want gateway false, no Kubernetes exports, the same cluster", w)
-	}
-	ds := find(objs, "DaemonSet", workerName)
-	if ds == nil {
-		t.Fatal("no worker DaemonSet")
-	}
-	pod := ds["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)
-	if sel := pod["nodeSelector"].(map[string]any); sel[gatewayLabel] != "false" {
-		t.Errorf("worker nodeSelector %v", sel)
-	}
-	match := ds["spec"].(map[string]any)["selector"].(map[string]any)["matchLabels"].(map[string]any)
-	if match["app.kubernetes.io/name"] != workerName {
-		t.Errorf("worker selector %v: must not select the gateways' pods", match)
-	}
-	var cmVol, secretVol bool
-	for _, v := range pod["volumes"].([]any) {
-		vm := v.(map[string]any)
-		if cm, ok := vm["configMap"].(map[string]any); ok {
-			cmVol = cm["name"] == workerConfigMap
+	for key, gateway := range map[string]bool{configKey: true, workerConfigKey: false} {
+		cfg := agentConfig(t, find(objs, "ConfigMap", configMapName), key)
+		if cfg["cgroupPath"] != "/host/sys/fs/cgroup/unified" {
+			t.Errorf("%s: cgroupPath %v", key, cfg["cgroupPath"])
 		}
-		if s, ok := vm["secret"].(map[string]any); ok {
-			secretVol = s["secretName"] == "cable-join-token"
+		if dns, _ := cfg["dns"].(map[string]any); dns["listen"] != "0.0.0.0:53" {
+			t.Errorf("%s: dns %v", key, cfg["dns"])
 		}
-	}
-	if !cmVol || !secretVol {
-		t.Errorf("worker volumes %v: want the worker ConfigMap and the same join token Secret", pod["volumes"])
-	}
-	// The gateways' DaemonSet is untouched.
-	gwPod := find(objs, "DaemonSet", daemonSetName)["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)
-	if gwPod["nodeSelector"].(map[string]any)[gatewayLabel] != "true" {
-		t.Errorf("the gateways' DaemonSet changed: %v", gwPod["nodeSelector"])
+		if cfg["gateway"] != gateway || cfg["cluster"] != "east" {
+			t.Errorf("%s: the rest changed: %v", key, cfg)
+		}
 	}
 }
 
 func TestBadInputIsAnErrorNotAPanic(t *testing.T) {
 	for _, in := range []string{
 		"kind: ConfigMap\nmetadata: {name: cable-agent-config}\ndata: {agent.yaml: '[1, 2'}\n",
-		"kind: DaemonSet\nmetadata: {name: cable-agent}\nspec: {}\n",
+		"kind: ConfigMap\nmetadata: {name: cable-agent-config}\ndata: {agent-worker.yaml: '{a'}\n",
 		"- a\n- b\n",
 	} {
 		objs, err := decode(strings.NewReader(in))
 		if err == nil {
-			_, err = adapt(objs, "", "", true)
+			_, err = adapt(objs, "/x", "")
 		}
 		if err == nil {
 			t.Errorf("%q: no error", in)
@@ -170,7 +138,7 @@ func FuzzAdapt(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if objs, err = adapt(objs, "/x", "0.0.0.0:5353", true); err == nil {
+		if objs, err = adapt(objs, "/x", "0.0.0.0:53"); err == nil {
 			var buf bytes.Buffer
 			_ = encode(&buf, objs)
 		}

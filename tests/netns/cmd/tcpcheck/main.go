@@ -3,7 +3,9 @@
 //
 //	tcpcheck serve  -listen ADDR                 echo server; prints "listening ADDR" once bound
 //	tcpcheck dial   -addr ADDR [-timeout 5s]     one connection, one echoed payload; prints "ok"
-//	tcpcheck stream -addr ADDR -duration 10s     one connection kept busy echoing for the duration;
+//	tcpcheck stream -addr ADDR -duration 10s     one connection kept busy echoing for the duration
+//	                                             (or until SIGTERM/SIGINT, which end it as the
+//	                                             duration does);
 //	                                             any error (reset, stall past -timeout) exits 1;
 //	                                             prints {"rounds","bytes","maxGapMs","gaps"}: the
 //	                                             longest time between two completed echoes, and
@@ -37,6 +39,8 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -224,7 +228,17 @@ func stream(addr string, timeout, duration, gapReport time.Duration) error {
 	start := time.Now()
 	last := start
 	end := start.Add(duration)
+	// A signal ends the stream like its duration does, for a caller that cannot tell in
+	// advance how long the stream must run.
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
 	for time.Now().Before(end) {
+		select {
+		case <-stop:
+			end = time.Now()
+			continue
+		default:
+		}
 		_, _ = rand.Read(payload)
 		if err := echo(c, payload, timeout); err != nil {
 			res.Error = fmt.Sprintf("after %d echoes: %v", res.Rounds, err)
