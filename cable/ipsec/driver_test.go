@@ -35,8 +35,8 @@ type fakeCharon struct {
 	deleteUnanswered bool
 	// terminateTimeouts are the timeouts terminate was asked for, in order.
 	terminateTimeouts []string
-	calls   []string
-	secrets []string // every "data" value that crossed, to prove where the key went
+	calls             []string
+	secrets           []string // every "data" value that crossed, to prove where the key went
 }
 
 func newFakeCharon() *fakeCharon {
