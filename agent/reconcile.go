@@ -42,7 +42,7 @@ func (a *Agent) reconcileOnce(ctx context.Context) {
 func (a *Agent) plan() *plan.Plan {
 	in := plan.Inputs{Cluster: a.cfg.Cluster, StandInNode: a.cfg.Node, Guard: a.guards.Current()}
 	if a.cfg.Gateway {
-		in.Node, in.Drivers = a.cfg.Node, a.cables.DriverSet()
+		in.Node, in.Drivers, in.Avoid = a.cfg.Node, a.cables.DriverSet(), a.cables.Avoided()
 	}
 	reg := a.ingress.Registered
 	return a.planner.Get(a.link.PlanKey(reg), in, func() (plan.Key, *brokerstate.State) { return a.link.StateCopy(reg) })

@@ -72,6 +72,7 @@ type Cables struct {
 	lastRepair    map[string]time.Time
 	lastProblems  string
 	health        *health.Manager   // nil unless a gateway with healthCheck enabled
+	failover      *failover         // the remote gateways the probes found dead; with health
 	healthReasons map[string]string // wanted connections not probed, and why
 }
 
@@ -134,6 +135,9 @@ func (c *Cables) Once(ctx context.Context, p *plan.Plan) (ran, changed bool) {
 		c.log.Warn("reconcile incomplete; retrying at the next pass", "err", err)
 	}
 	c.syncHealth(p.State, desired)
+	if f := c.failoverSet(); f != nil {
+		f.observe(p)
+	}
 	return true, len(actions) > 0
 }
 

@@ -149,6 +149,30 @@ func applyHealth(conns []statusapi.Connection, probe func(cluster string) (healt
 	return conns
 }
 
+// failoverSet is the failover of the probes in force; nil without probes.
+func (c *Cables) failoverSet() *failover {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.failover
+}
+
+// Avoided are the remote gateways (endpoint keys, sorted) this gateway's probes found dead and
+// that the plan must connect no pair to while their cluster has another (plan.Inputs.Avoid).
+func (c *Cables) Avoided() []string {
+	if f := c.failoverSet(); f != nil {
+		return f.Avoided()
+	}
+	return nil
+}
+
+// pinger is the probes' socket opener: the agent's, else ICMP.
+func (c *Cables) pinger() health.NewPinger {
+	if c.deps.NewPinger != nil {
+		return c.deps.NewPinger
+	}
+	return health.ICMPPinger
+}
+
 // SetHealth starts the gateway's probers with settings when enabled (healthCheck.enabled) and
 // none run, or stops the ones that run when not. Run calls it at start and, with false, at its
 // end; a reload that changes healthCheck.enabled calls it too (applyConfig, which then wakes
@@ -160,16 +184,27 @@ func (c *Cables) SetHealth(enabled bool, settings health.Settings) {
 	switch {
 	case enabled && m == nil && c.cfg.Gateway:
 		m = health.NewManager(settings, c.deps.NewPinger, c.deps.Metrics, c.pairLog)
+		f := newFailover(c.pairLog, underlayPinger(c.pinger()), c.trigger.Fire, underlaySettings)
 		// A pair whose probes cross the threshold leaves the service maps now, not at the
-		// next pass.
-		m.OnChange(func(string, bool) { c.deps.OnHealthChange() })
-		c.health = m
+		// next pass; when its remote gateway died, the pair moves to that cluster's next
+		// gateway (failover.go).
+		m.OnChange(func(cluster string, healthy bool) {
+			if r, ok := m.Result(cluster); ok {
+				f.tunnelChanged(c.cfg.Cluster, c.cfg.Node, r, healthy)
+			}
+			c.deps.OnHealthChange()
+		})
+		c.health, c.failover = m, f
 		c.mu.Unlock()
 	case !enabled && m != nil:
-		c.health = nil
+		f := c.failover
+		c.health, c.failover = nil, nil
 		c.mu.Unlock()
 		// Outside c.mu: Close waits for the probers, whose callbacks may take it.
 		m.Close()
+		f.Close()
+		// The pairs it moved go back to the gateways the broker state alone picks.
+		c.trigger.Fire()
 	default:
 		c.mu.Unlock()
 	}

@@ -33,6 +33,15 @@ const (
 	DefaultFailureThreshold = 3
 )
 
+// DefaultRecoveryHold is how long a gateway that went down must answer its probes without a
+// failure before traffic moves back to it, on both ends of a pair: a gateway's probes of a remote
+// gateway it failed over from, and a worker's probes of its own cluster's gateways. It is long
+// against a probe period (a flapping link does not pull traffic back and forth at every answer)
+// and short against a lease (the preferred gateway is used again long before the broker would
+// have noticed anything). Both ends hold for the same time from the same event (the gateway
+// answering again), so they move back within about one probe period of each other.
+const DefaultRecoveryHold = 5 * time.Second
+
 // Settings are the probe timing; zero fields take the defaults (see WithDefaults).
 type Settings struct {
 	Period           time.Duration
@@ -40,6 +49,11 @@ type Settings struct {
 	FailureThreshold int
 	// Window is how many of the latest samples the RTT statistics cover.
 	Window int
+	// RecoveryHold is how long a target that went down must answer without a single failure
+	// before it is usable again (Result.Usable): the hysteresis that keeps a gateway coming back
+	// from pulling traffic to itself, and away again, on every answered probe. Zero: one answer
+	// recovers it (the prober's OnChange then fires on the threshold crossing alone).
+	RecoveryHold time.Duration
 }
 
 // WithDefaults fills zero fields with the defaults.
@@ -65,6 +79,9 @@ type Target struct {
 	Node    string // the remote gateway node
 	// Source is this node's health-check address, Destination the remote endpoint's.
 	Source, Destination netip.Addr
+	// StartDown marks a target known to be down when its prober starts: it is usable
+	// (Result.Usable) only once it has answered for the recovery hold, and OnChange fires then.
+	StartDown bool
 }
 
 func (t Target) String() string {
@@ -100,6 +117,10 @@ type Result struct {
 	LastError   string
 	LastProbe   time.Time
 	LastSuccess time.Time
+	// LastDown is when the target last crossed the failure threshold (zero: never since the
+	// prober started); UpSince is the first success of the current run of successes (zero after
+	// a failure). Together they say whether a recovered target has answered for its hold.
+	LastDown, UpSince time.Time
 	// RTT holds the statistics of the window; HasRTT is false before the first success.
 	RTT    Summary
 	HasRTT bool
@@ -107,6 +128,25 @@ type Result struct {
 
 // Healthy says whether the target answers: fewer than threshold consecutive failures.
 func (r Result) Healthy(threshold int) bool { return r.ConsecutiveFailures < threshold }
+
+// Usable says whether the target may carry traffic at now: healthy, and, when it went down
+// since its prober started, answering without a failure for at least hold since. A target that
+// never went down is usable while healthy, so a prober that starts does not hold traffic back.
+func (r Result) Usable(threshold int, hold time.Duration, now time.Time) bool {
+	if !r.Healthy(threshold) {
+		return false
+	}
+	if r.LastDown.IsZero() || hold <= 0 {
+		return true
+	}
+	return !r.UpSince.IsZero() && now.Sub(r.UpSince) >= hold
+}
+
+// Holding says whether the target answers again after going down but has not answered for its
+// hold yet (Usable is false only because of the hold).
+func (r Result) Holding(threshold int, hold time.Duration, now time.Time) bool {
+	return r.Healthy(threshold) && !r.Usable(threshold, hold, now)
+}
 
 // Merge decides a connection's final state from what its device says and what its probes say.
 // It is pure. probe is nil when the connection is not probed (no health-check address on either
@@ -299,6 +339,9 @@ func (m *Manager) start(t Target) *prober {
 	ctx, cancel := context.WithCancel(m.ctx)
 	p := &prober{target: t, settings: m.settings, cancel: cancel, window: NewWindow(m.settings.Window)}
 	p.res.Target = t
+	if t.StartDown {
+		p.res.LastDown = time.Now()
+	}
 	log := m.log.With("cluster", t.Cluster, "node", t.Node)
 	onChange, subject := m.onChange, m.subject
 	m.wg.Go(func() { p.run(ctx, m.newPinger, m.obs, onChange, subject, log) })
@@ -318,7 +361,7 @@ func (p *prober) run(ctx context.Context, newPinger NewPinger, obs Observer, onC
 	}()
 	t := time.NewTicker(p.settings.Period)
 	defer t.Stop()
-	wasHealthy := true
+	wasHealthy, wasUsable := true, !p.target.StartDown
 	for {
 		var rtt time.Duration
 		var err error
@@ -338,7 +381,8 @@ func (p *prober) run(ctx context.Context, newPinger NewPinger, obs Observer, onC
 		if ctx.Err() != nil {
 			return
 		}
-		healthy := p.record(time.Now(), rtt, err)
+		now := time.Now()
+		healthy, usable := p.record(now, rtt, err)
 		if obs != nil {
 			obs.Observe(p.target.Cluster, rtt, err)
 		}
@@ -346,12 +390,16 @@ func (p *prober) run(ctx context.Context, newPinger NewPinger, obs Observer, onC
 		case wasHealthy && !healthy:
 			log.Warn(subject+" fails its health probes", "target", p.target.Destination, "failures", p.settings.FailureThreshold, "err", err)
 		case !wasHealthy && healthy:
-			log.Info(subject+" answers its health probes again", "target", p.target.Destination, "rtt", rtt)
+			log.Info(subject+" answers its health probes again", "target", p.target.Destination, "rtt", rtt, "recoveryHold", p.settings.RecoveryHold)
+		case !wasUsable && usable && p.settings.RecoveryHold > 0:
+			log.Info(subject+" has answered for its recovery hold; usable again", "target", p.target.Destination, "hold", p.settings.RecoveryHold)
 		}
-		if wasHealthy != healthy && onChange != nil {
-			onChange(p.target.Cluster, healthy)
+		// Without a hold, usable is healthy: OnChange fires on the threshold crossings. With one,
+		// it fires when the target goes down and when it has answered for the hold.
+		if wasUsable != usable && onChange != nil {
+			onChange(p.target.Cluster, usable)
 		}
-		wasHealthy = healthy
+		wasHealthy, wasUsable = healthy, usable
 		select {
 		case <-ctx.Done():
 			return
@@ -360,23 +408,36 @@ func (p *prober) run(ctx context.Context, newPinger NewPinger, obs Observer, onC
 	}
 }
 
-// record updates the result with one probe outcome and reports whether the target is healthy.
-func (p *prober) record(now time.Time, rtt time.Duration, err error) bool {
+// record updates the result with one probe outcome and reports whether the target is healthy
+// and whether it is usable (Result.Usable).
+func (p *prober) record(now time.Time, rtt time.Duration, err error) (healthy, usable bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.res.Sent++
-	p.res.LastProbe = now
+	p.res.record(now, rtt, err, p.settings.FailureThreshold, p.window)
+	return p.res.Healthy(p.settings.FailureThreshold), p.res.Usable(p.settings.FailureThreshold, p.settings.RecoveryHold, now)
+}
+
+// record adds one probe outcome at now to r; window takes the RTT of a success.
+func (r *Result) record(now time.Time, rtt time.Duration, err error, threshold int, window *Window) {
+	r.Sent++
+	r.LastProbe = now
 	if err != nil {
-		p.res.Failed++
-		p.res.ConsecutiveFailures++
-		p.res.LastError = err.Error()
-	} else {
-		p.res.ConsecutiveFailures = 0
-		p.res.LastSuccess = now
-		p.window.Add(rtt)
-		p.res.RTT, p.res.HasRTT = p.window.Summary()
+		r.Failed++
+		r.ConsecutiveFailures++
+		r.LastError = err.Error()
+		r.UpSince = time.Time{}
+		if r.ConsecutiveFailures == threshold {
+			r.LastDown = now
+		}
+		return
 	}
-	return p.res.Healthy(p.settings.FailureThreshold)
+	r.ConsecutiveFailures = 0
+	r.LastSuccess = now
+	if r.UpSince.IsZero() {
+		r.UpSince = now
+	}
+	window.Add(rtt)
+	r.RTT, r.HasRTT = window.Summary()
 }
 
 func (p *prober) result() Result {

@@ -183,3 +183,18 @@ func unwrapOp(err error) error {
 	}
 	return err
 }
+
+// RouteSource is the source address the kernel picks for packets to dst (for a probe that has
+// no configured source): connecting a UDP socket sends nothing but runs the route lookup.
+func RouteSource(dst netip.Addr) (netip.Addr, error) {
+	c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(dst, 9)))
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("no route to %s: %w", dst, err)
+	}
+	defer func() { _ = c.Close() }()
+	la, ok := c.LocalAddr().(*net.UDPAddr)
+	if !ok {
+		return netip.Addr{}, fmt.Errorf("no source address towards %s", dst)
+	}
+	return la.AddrPort().Addr().Unmap(), nil
+}

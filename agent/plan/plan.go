@@ -51,6 +51,10 @@ type Inputs struct {
 	// StandInNode is this node's name, whose endpoint takes the registration's mesh address
 	// until the watch brings it.
 	StandInNode string
+	// Avoid are remote gateway endpoints (brokerstate.EndpointKey, sorted) that this gateway's
+	// own probes found dead while the broker still lists them: each pair is connected to its
+	// cluster's next usable gateway instead (see avoiding). Nil on other nodes.
+	Avoid []string
 }
 
 // Plan is the decision for one set of inputs. It and everything it points to are read-only.
@@ -119,8 +123,10 @@ func (p *Planner) Get(key Key, in Inputs, snapshot func() (Key, *brokerstate.Sta
 	withStandIns(st, k, in.Cluster, in.StandInNode)
 	res := p.resolverLocked(st)
 	wants, problems, decisions := reconcile.DesiredAt(st, in.Cluster, in.Node, res, in.Drivers, in.Guard)
+	wants = avoiding(wants, st, in, res)
 	next := &Plan{State: st, Resolver: res, Wants: wants, Problems: problems, Decisions: decisions, key: k,
-		in: Inputs{Cluster: in.Cluster, Node: in.Node, StandInNode: in.StandInNode, Drivers: maps.Clone(in.Drivers), Guard: reconcile.Guard{Protected: slices.Clone(in.Guard.Protected)}}}
+		in: Inputs{Cluster: in.Cluster, Node: in.Node, StandInNode: in.StandInNode, Drivers: maps.Clone(in.Drivers), Guard: reconcile.Guard{Protected: slices.Clone(in.Guard.Protected)},
+			Avoid: slices.Clone(in.Avoid)}}
 	p.cur.Store(next)
 	for _, t := range p.subs {
 		t.Fire()
@@ -130,7 +136,59 @@ func (p *Planner) Get(key Key, in Inputs, snapshot func() (Key, *brokerstate.Sta
 
 func (pl *Plan) matches(key Key, in Inputs) bool {
 	return pl.key == key && pl.in.Cluster == in.Cluster && pl.in.Node == in.Node && pl.in.StandInNode == in.StandInNode &&
-		sameDrivers(pl.in.Drivers, in.Drivers) && slices.Equal(pl.in.Guard.Protected, in.Guard.Protected)
+		sameDrivers(pl.in.Drivers, in.Drivers) && slices.Equal(pl.in.Guard.Protected, in.Guard.Protected) &&
+		slices.Equal(pl.in.Avoid, in.Avoid)
+}
+
+// avoiding replaces, in wants (DesiredAt's on st), every connection to an endpoint in in.Avoid
+// by the one DesiredAt picks with the avoided endpoints left out: the next gateway of that
+// cluster in the same order (lexically smallest usable node), so the decision stays the pure
+// function of the broker state and of which gateways are avoided that the remote cluster's
+// workers follow too (routes.Plan). A pair whose every usable gateway is avoided keeps the
+// connection DesiredAt chose (no gateway is better than another then). The problems and
+// decisions stay DesiredAt's on the full state: avoiding changes which gateway carries a pair,
+// never whether it connects.
+func avoiding(wants []reconcile.Want, st *brokerstate.State, in Inputs, res *policy.Resolver) []reconcile.Want {
+	if len(in.Avoid) == 0 {
+		return wants
+	}
+	hit := false
+	for _, w := range wants {
+		if slices.Contains(in.Avoid, brokerstate.EndpointKey(w.Remote.Cluster, w.Remote.Node)) {
+			hit = true
+			break
+		}
+	}
+	if !hit {
+		return wants
+	}
+	view := *st
+	view.Endpoints = maps.Clone(st.Endpoints)
+	guard := reconcile.Guard{Protected: slices.Clone(in.Guard.Protected)}
+	for _, k := range in.Avoid {
+		if e := view.Endpoints[k]; e != nil {
+			// Its addresses stay protected from cable routes, as on the full state.
+			for _, raw := range []string{e.GetPrivateIp(), e.GetPublicIp()} {
+				if a, err := netip.ParseAddr(raw); err == nil {
+					guard.Protected = append(guard.Protected, reconcile.ProtectAddr(a, "the address "+a.Unmap().String()+" of gateway "+k))
+				}
+			}
+			delete(view.Endpoints, k)
+		}
+	}
+	alt, _, _ := reconcile.DesiredAt(&view, in.Cluster, in.Node, res, in.Drivers, guard)
+	byCluster := map[string]reconcile.Want{}
+	for _, w := range alt {
+		byCluster[w.Remote.Cluster] = w
+	}
+	out := make([]reconcile.Want, 0, len(wants))
+	for _, w := range wants {
+		if a, ok := byCluster[w.Remote.Cluster]; ok && slices.Contains(in.Avoid, brokerstate.EndpointKey(w.Remote.Cluster, w.Remote.Node)) {
+			w = a
+		}
+		out = append(out, w)
+	}
+	return out
 }
 
 // sameDrivers compares two driver sets; the errors by their text.

@@ -39,13 +39,16 @@ type Healthy func(node string) bool
 // the remote side would connect the pair to (Carriers) and that answers this node's probes.
 //
 // Why the remote side's order: a remote gateway keeps one connection per cluster, to the
-// lexically smallest usable endpoint of that cluster in the broker state (reconcile.DesiredAt),
-// and only that gateway's traffic is accepted at its end (a WireGuard peer has one key). So the
-// only gateway worth routing through is the one the remote side connects to; when it stops
-// answering, the next in the remote side's order is the one the pair moves to as soon as the
-// broker withdraws the dead one (lease expiry), and routing there at once means the worker's
-// traffic flows the moment the remote side switches, instead of one more resync later. Routing
-// via any other gateway would black-hole the traffic for good.
+// lexically smallest usable endpoint of that cluster in the broker state (reconcile.DesiredAt)
+// that its own probes have not found dead (agent/cables' failover), and only that gateway's
+// traffic is accepted at its end (a WireGuard peer has one key). So the only gateway worth
+// routing through is the one the remote side connects to; when it stops answering, the next in
+// the remote side's order is the one the pair moves to: at once when the remote gateway's probes
+// through the tunnel find it dead (the same 0.9-1.2s as this node's probes: both ends move
+// together), at the latest when the broker withdraws it (lease expiry). Routing via any other
+// gateway would black-hole the traffic for good. A gateway coming back is used again only after
+// it has answered for health.DefaultRecoveryHold (healthy is Result.Usable), the hold after
+// which the remote gateways move back to it too, so both ends return together.
 //
 // When no carrier answers the probes, the first carrier stays (a worker cut off from every
 // gateway gains nothing from flapping its routes). A pair the remote side cannot carry through
@@ -109,8 +112,9 @@ func Plan(st *brokerstate.State, local string, res *policy.Resolver, guard recon
 			case !healthy(c.Via):
 				c.Reason = "no local gateway that carries the pair answers this node's probes; keeping " + c.Via
 			case len(c.Carriers) > 0 && c.Via != c.Carriers[0]:
-				c.Reason = "gateway " + c.Carriers[0] + " does not answer this node's probes; routed via " + c.Via + ", where the pair moves when the broker withdraws " + c.Carriers[0]
-				// The remote side follows only then: say how long that may take.
+				c.Reason = "gateway " + c.Carriers[0] + " does not answer this node's probes (or has not answered for its recovery hold yet); routed via " + c.Via +
+					", where the remote gateways move the pair when their own probes find " + c.Carriers[0] + " dead, or at the latest when the broker withdraws it"
+				// The lease bounds how long a remote side that cannot probe may keep using it.
 				if e := st.Endpoints[brokerstate.EndpointKey(local, c.Carriers[0])]; e.GetLeaseSeconds() > 0 {
 					c.Reason += fmt.Sprintf(" (its lease: %ds)", e.GetLeaseSeconds())
 				}

@@ -3,7 +3,6 @@ package routes
 import (
 	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
 	"sort"
 	"strings"
@@ -17,18 +16,21 @@ import (
 )
 
 // gatewayProbeSettings are a non-gateway node's probes of its own cluster's gateways, over the
-// underlay to each gateway's private IP: an ICMP echo every 500ms, a gateway unhealthy after 3
-// unanswered in a row, so a dead gateway is passed over 1.5-2s after it died, well inside the
-// 5s an operator of Submariner or Cilium expects, and before the broker can withdraw it with the
-// shortest lease it grants (2s), so the worker never waits on the probes. Cost: 2 echoes and 2
+// underlay to each gateway's private IP: an ICMP echo every 300ms, a gateway unhealthy after 3
+// unanswered in a row, so a dead gateway is passed over 0.9-1.2s after it died, the same time the
+// remote gateways take to detect it through the tunnel (health.DefaultPeriod and threshold) and
+// move the pair to the next gateway: both ends switch together, and traffic resumes well inside
+// 2s, long before the broker withdraws the dead gateway at its lease expiry. Cost: 3.3 echoes and
 // replies of 36 bytes a second per worker and gateway (a gateway of a 1,000-node cluster answers
-// 2,000 small packets a second). The timeout equals the period so one slow answer never delays
-// the next probe.
+// 3,300 small packets a second). The timeout equals the period so one slow answer never delays
+// the next probe. A gateway that answers again is used again only after it answered for
+// health.DefaultRecoveryHold, the hold the remote gateways apply before they move back to it.
 var gatewayProbeSettings = health.Settings{
-	Period:           500 * time.Millisecond,
-	Timeout:          500 * time.Millisecond,
+	Period:           300 * time.Millisecond,
+	Timeout:          300 * time.Millisecond,
 	FailureThreshold: 3,
 	Window:           32,
+	RecoveryHold:     health.DefaultRecoveryHold,
 }
 
 // WorkerDeps are what a non-gateway node's routes take from the rest of the agent.
@@ -103,28 +105,13 @@ func (w *Worker) Start() (stop func()) {
 // gateway), then hands it to the agent's pinger (ICMP, or the tests' fake).
 func (w *Worker) gatewayPinger(t health.Target) (health.Pinger, error) {
 	if !t.Source.IsValid() {
-		src, err := sourceFor(t.Destination)
+		src, err := health.RouteSource(t.Destination)
 		if err != nil {
 			return nil, fmt.Errorf("probe gateway %s at %s: %w", t.Node, t.Destination, err)
 		}
 		t.Source = src
 	}
 	return w.deps.NewPinger(t)
-}
-
-// sourceFor is the source address the kernel picks for packets to dst: connecting a UDP socket
-// sends nothing but runs the route lookup.
-func sourceFor(dst netip.Addr) (netip.Addr, error) {
-	c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(dst, 9)))
-	if err != nil {
-		return netip.Addr{}, fmt.Errorf("no route to %s: %w", dst, err)
-	}
-	defer func() { _ = c.Close() }()
-	la, ok := c.LocalAddr().(*net.UDPAddr)
-	if !ok {
-		return netip.Addr{}, fmt.Errorf("no source address towards %s", dst)
-	}
-	return la.AddrPort().Addr().Unmap(), nil
 }
 
 // gatewayTargets are the probe targets of a non-gateway node: every gateway of its cluster in st
@@ -156,10 +143,11 @@ func (w *Worker) routes(p *plan.Plan) []Route {
 	var healthy Healthy
 	if m != nil {
 		m.Sync(gatewayTargets(st, w.cluster))
-		threshold := m.Settings().FailureThreshold
+		s := m.Settings()
+		now := time.Now()
 		healthy = func(node string) bool {
 			r, ok := m.Result(brokerstate.EndpointKey(w.cluster, node))
-			return !ok || r.Healthy(threshold)
+			return !ok || r.Usable(s.FailureThreshold, s.RecoveryHold, now)
 		}
 	}
 	out, choices := Plan(st, w.cluster, p.Resolver, p.Guard(), healthy)

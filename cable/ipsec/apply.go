@@ -7,7 +7,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/cablemesh/cablemesh/internal/nldump"
 	"github.com/vishvananda/netlink"
@@ -185,7 +187,14 @@ func (d *Driver) connect(ctx context.Context, want desiredConn, psk []byte) erro
 		if err := d.unloadConn(ctx, want.Name); err != nil {
 			return err
 		}
-		if err := d.terminate(ctx, want.Name); err != nil {
+		wait := deleteWait
+		if peerReplaced(loaded, want) {
+			// The pair moves to another gateway of the remote cluster, most often because this
+			// one died (the agent's probes found it, or the broker withdrew it): waiting for
+			// its answer to our DELETE would hold the pair down for the whole wait.
+			wait = replacedPeerDeleteWait
+		}
+		if err := d.terminateWithin(ctx, want.Name, wait); err != nil {
 			return err
 		}
 	}
@@ -276,22 +285,68 @@ func (d *Driver) unloadConn(ctx context.Context, name string) error {
 	return nil
 }
 
+// How long terminate waits for the peer to answer the DELETE before charon destroys the SAs
+// anyway (force): deleteWait in general, replacedPeerDeleteWait when the connection is loaded
+// again towards another peer (peerReplaced), which is most often dead.
+const (
+	deleteWait             = 5 * time.Second
+	replacedPeerDeleteWait = 100 * time.Millisecond
+	// goneWait bounds how long terminateWithin waits for charon to destroy SAs it forced
+	// after the DELETE went unanswered.
+	goneWait = 2 * time.Second
+)
+
+// peerReplaced says whether want goes to another peer than the connection charon holds.
+func peerReplaced(loaded map[string]any, want desiredConn) bool {
+	return loaded != nil && !sameStrings(listOf(loaded["remote_addrs"]), []string{want.RemoteAddr.String()})
+}
+
 // terminate deletes the IKE_SAs (and their CHILD_SAs) of the connection name, if any, without
-// waiting for the peer to answer (force): the peer may be gone.
+// waiting for the peer to answer longer than deleteWait (force): the peer may be gone.
 func (d *Driver) terminate(ctx context.Context, name string) error {
-	sas, err := d.client.stream(ctx, "list-sas", "list-sa", map[string]any{"ike": name, "noblock": "yes"})
-	if err != nil {
-		return fmt.Errorf("list SAs of %s: %w", name, err)
-	}
-	if len(parseSAs(sas)[name]) == 0 {
-		return nil
+	return d.terminateWithin(ctx, name, deleteWait)
+}
+
+// terminateWithin is terminate waiting at most wait for the peer's answer. charon answers a
+// terminate whose wait ran out with an error and destroys the SAs right after (force); the SAs
+// are then gone within goneWait, which this waits for, so what comes next (a connection to
+// another peer with the same traffic selectors) does not race their removal.
+func (d *Driver) terminateWithin(ctx context.Context, name string, wait time.Duration) error {
+	n, err := d.countSAs(ctx, name)
+	if err != nil || n == 0 {
+		return err
 	}
 	d.terminates.Add(1)
-	_, err = d.client.stream(ctx, "terminate", "control-log", map[string]any{"ike": name, "force": "yes", "timeout": "5000"})
-	if err != nil && !strings.Contains(err.Error(), "no matching SAs") {
-		return fmt.Errorf("terminate SAs of %s: %w", name, err)
+	_, err = d.client.stream(ctx, "terminate", "control-log", map[string]any{"ike": name, "force": "yes", "timeout": strconv.FormatInt(wait.Milliseconds(), 10)})
+	if err == nil || strings.Contains(err.Error(), "no matching SAs") {
+		return nil
 	}
-	return nil
+	// Real time, not d.now: this waits on charon's clock.
+	deadline := time.Now().Add(goneWait)
+	for {
+		n, lerr := d.countSAs(ctx, name)
+		if lerr == nil && n == 0 {
+			d.log.Info("SAs destroyed without the peer's answer to the DELETE", "name", name, "wait", wait)
+			return nil
+		}
+		if !time.Now().Before(deadline) {
+			return fmt.Errorf("terminate SAs of %s: %w", name, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("terminate SAs of %s: %w", name, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// countSAs is how many IKE_SAs of the connection name charon holds.
+func (d *Driver) countSAs(ctx context.Context, name string) (int, error) {
+	sas, err := d.client.stream(ctx, "list-sas", "list-sa", map[string]any{"ike": name, "noblock": "yes"})
+	if err != nil {
+		return 0, fmt.Errorf("list SAs of %s: %w", name, err)
+	}
+	return len(parseSAs(sas)[name]), nil
 }
 
 // listConn returns the list-conns section of the connection name, nil when charon has none.

@@ -30,8 +30,13 @@ type fakeCharon struct {
 	saState map[string]string
 	// listErr, when set, is list-sas's answer (charon down).
 	listErr error
-	calls   []string
-	secrets []string // every "data" value that crossed, to prove where the key went
+	// deleteUnanswered makes terminate answer as charon does when the peer never answers the
+	// DELETE within the timeout: an error, the SA destroyed by force all the same.
+	deleteUnanswered bool
+	// terminateTimeouts are the timeouts terminate was asked for, in order.
+	terminateTimeouts []string
+	calls             []string
+	secrets           []string // every "data" value that crossed, to prove where the key went
 }
 
 func newFakeCharon() *fakeCharon {
@@ -112,6 +117,10 @@ func (f *fakeCharon) stream(_ context.Context, cmd, event string, msg map[string
 		return out, nil
 	case "terminate":
 		delete(f.sas, ike)
+		f.terminateTimeouts = append(f.terminateTimeouts, fmt.Sprint(msg["timeout"]))
+		if f.deleteUnanswered {
+			return nil, fmt.Errorf("vici: command failed: terminating SA failed")
+		}
 		return nil, nil
 	case "initiate":
 		return nil, nil
