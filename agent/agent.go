@@ -27,7 +27,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cablemesh/cablemesh/agent/brokerlink"
-	"github.com/cablemesh/cablemesh/agent/brokerstate"
 	"github.com/cablemesh/cablemesh/agent/cables"
 	"github.com/cablemesh/cablemesh/agent/clusterpolicy"
 	"github.com/cablemesh/cablemesh/agent/config"
@@ -90,13 +89,8 @@ type Options struct {
 	// NodeAddresses follows this node's Node object on Kubernetes (kube.NodeWatcher): a
 	// gateway's endpoint takes its private IP from the Node's InternalIP when the config sets no
 	// advertiseAddress, its public IP from the ExternalIP. nil: none.
-	NodeAddresses kube.AddressSource
-	// ServiceImports, when set on a gateway, makes the agent compete for its cluster's
-	// service-imports Lease and, while it holds it, write the MCS ServiceImports and
-	// EndpointSlices of the broker's imports (agent/mcsimport). ServiceImportsNamespace is where
-	// the Lease lives (the agent's namespace).
-	ServiceImports          mcsimport.API
-	ServiceImportsNamespace string
+	NodeAddresses  kube.AddressSource
+	ServiceImports *mcsimport.Writer // a gateway's writer of the cluster's MCS ServiceImports (Kubernetes); nil: none
 }
 
 // Agent is one node's agent. Build with New, run with Run.
@@ -136,8 +130,6 @@ type Agent struct {
 	addrs  *kube.Addresses  // this node's addresses (the config's, or its Node's on Kubernetes)
 
 	linkReports *linkreport.Reporter // a gateway's links, reported to the broker
-
-	mcsImports *mcsimport.Writer // the cluster's ServiceImports, when this gateway holds the lease; nil elsewhere
 
 }
 
@@ -184,7 +176,7 @@ func New(opts Options) (*Agent, error) {
 	})
 	a.link = brokerlink.New(cfg, brokerlink.Deps{Log: a.log, Backoff: a.newBackoff, ImportSelector: a.importSelector,
 		Endpoint: a.endpoint, OnRegistered: func(ep *apiv1.Endpoint) { a.ingress.ObserveRegistered(ep) },
-		OnState: func() { a.Trigger(); a.TriggerServices(); a.triggerImports() }, OnFirstMessage: func() { a.exports.Trigger() }})
+		OnState: func() { a.Trigger(); a.TriggerServices(); opts.ServiceImports.Trigger() }, OnFirstMessage: func() { a.exports.Trigger() }})
 	a.cables = cables.New(cfg, cables.Deps{
 		Log: a.log, PairLog: a.pairLog, NewDriver: opts.Host.NewDriver, LocalNode: a.localNode, MSS: opts.Host.MSS,
 		NewPinger: opts.Host.NewPinger, Metrics: a.metrics, RepairInterval: opts.RepairInterval,
@@ -203,10 +195,7 @@ func New(opts Options) (*Agent, error) {
 	a.ready = &metrics.Readiness{Log: a.log}
 	a.linkReports = linkreport.New(linkreport.Deps{Log: a.log, Version: version.String(),
 		Links: func(ctx context.Context) []statusapi.Connection { return a.cables.Connections(ctx, a.plan()) }})
-	if opts.ServiceImports != nil && cfg.Gateway {
-		a.mcsImports = mcsimport.New(mcsimport.Deps{API: opts.ServiceImports, Identity: cfg.Node, Namespace: opts.ServiceImportsNamespace,
-			Imports: a.brokerImports, Log: a.log.With("component", "service-imports")})
-	}
+	opts.ServiceImports.Follow(a.link)
 	a.registry.MustRegister(&metrics.Collector{Status: a.Status, Probes: a.metrics})
 	a.reload = reload.New(opts.ConfigPath, cfg, reload.Options{Log: a.log, LogLevelFlag: opts.LogLevelFlag, Apply: a.applyConfig,
 		ImportsChanged: func() { a.link.ReopenWatch() }})
@@ -307,9 +296,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		wg.Go(func() { a.link.RunRegister(ctx, client) })
 		wg.Go(func() { a.linkReports.Run(ctx, client) })
 	}
-	if a.mcsImports != nil {
-		wg.Go(func() { a.mcsImports.Run(ctx) })
-	}
+	wg.Go(func() { a.opts.ServiceImports.Run(ctx) })
 	if a.opts.ConfigPath != "" {
 		wg.Go(func() { a.reload.Run(ctx, client) })
 	}
@@ -323,17 +310,4 @@ func (a *Agent) Run(ctx context.Context) error {
 // newBackoff is the wait between attempts of one broker loop, between the options' bounds.
 func (a *Agent) newBackoff() *retry.Backoff {
 	return &retry.Backoff{Min: a.opts.MinBackoff, Max: a.opts.MaxBackoff}
-}
-
-// brokerImports are the broker's imports for this cluster, and whether it sent any yet.
-func (a *Agent) brokerImports() (imps []*apiv1.ServiceImport, ok bool) {
-	a.link.Read(func(st *brokerstate.State, _ *apiv1.Cluster) { imps, ok = st.Imports, st.HasImports })
-	return imps, ok
-}
-
-// triggerImports asks the service-imports writer, if any, to reconcile.
-func (a *Agent) triggerImports() {
-	if a.mcsImports != nil {
-		a.mcsImports.Trigger()
-	}
 }

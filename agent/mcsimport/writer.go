@@ -15,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	mcsv1a1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
 
+	"github.com/cablemesh/cablemesh/agent/brokerstate"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 )
 
@@ -30,7 +31,8 @@ type Deps struct {
 	// Namespace is the agent's namespace, where the Lease lives.
 	Namespace string
 	// Imports are the broker's imports for this cluster; ok is false until the broker sent a
-	// set (the writer then changes nothing, rather than deleting every import).
+	// set (the writer then changes nothing, rather than deleting every import). Follow sets it
+	// from the agent's broker link.
 	Imports func() (imps []*apiv1.ServiceImport, ok bool)
 	Log     *slog.Logger
 	// Now is the clock; default time.Now.
@@ -72,8 +74,28 @@ func New(d Deps) *Writer {
 		election: election{api: d.API, namespace: d.Namespace, identity: d.Identity, now: d.Now}}
 }
 
+// StateReader is the agent's cached broker state (brokerlink.Link).
+type StateReader interface {
+	Read(f func(st *brokerstate.State, join *apiv1.Cluster))
+}
+
+// Follow takes the imports from src, the agent's broker link. A nil Writer (no writer on this
+// node) ignores it, as it ignores Trigger and Run, so the agent wires it without a condition.
+func (w *Writer) Follow(src StateReader) {
+	if w == nil {
+		return
+	}
+	w.deps.Imports = func() (imps []*apiv1.ServiceImport, ok bool) {
+		src.Read(func(st *brokerstate.State, _ *apiv1.Cluster) { imps, ok = st.Imports, st.HasImports })
+		return imps, ok
+	}
+}
+
 // Trigger asks for a reconcile (the broker's imports changed).
 func (w *Writer) Trigger() {
+	if w == nil {
+		return
+	}
 	select {
 	case w.trigger <- struct{}{}:
 	default:
@@ -93,6 +115,9 @@ func (w *Writer) Status() Status {
 // Run seeks or renews the lease every RenewInterval and, while it holds it, reconciles on
 // every Trigger, on becoming the leader and every Resync, until ctx ends.
 func (w *Writer) Run(ctx context.Context) {
+	if w == nil {
+		return
+	}
 	renew := time.NewTicker(RenewInterval)
 	defer renew.Stop()
 	var lastSync time.Time
@@ -157,6 +182,9 @@ func (w *Writer) reconcileLogged(ctx context.Context) {
 // the broker's imports: creates the missing, updates the changed, deletes the stale. It never
 // touches an object without Cablemesh's label. The caller must hold the lease (Run does).
 func (w *Writer) Reconcile(ctx context.Context) error {
+	if w.deps.Imports == nil {
+		return nil
+	}
 	imps, ok := w.deps.Imports()
 	if !ok {
 		return nil

@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	mcsv1a1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
 
+	"github.com/cablemesh/cablemesh/agent/brokerstate"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 )
 
@@ -436,4 +437,31 @@ func mapsKeys[V any](m map[string]V) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// stateOf is a StateReader over st.
+type stateOf struct{ st *brokerstate.State }
+
+func (s stateOf) Read(f func(*brokerstate.State, *apiv1.Cluster)) { f(s.st, nil) }
+
+func TestFollowReadsTheBrokerStateAndANilWriterIsInert(t *testing.T) {
+	var none *Writer
+	none.Follow(stateOf{brokerstate.New()})
+	none.Trigger()
+	none.Run(context.Background()) // returns at once
+
+	f := newFakeAPI("shop")
+	w := New(Deps{API: f, Identity: "gw-1", Namespace: "cablemesh", Log: quiet})
+	st := brokerstate.New()
+	w.Follow(stateOf{st})
+	if err := w.Reconcile(context.Background()); err != nil || len(f.imports) != 0 {
+		t.Fatalf("before the broker sent imports: err %v, imports %v", err, mapsKeys(f.imports))
+	}
+	st.Imports, st.HasImports = []*apiv1.ServiceImport{webImport("240.0.0.10", "east")}, true
+	if err := w.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if f.imports["shop/web"] == nil {
+		t.Errorf("the broker state's import was not written; have %v", mapsKeys(f.imports))
+	}
 }

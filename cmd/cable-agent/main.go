@@ -107,11 +107,13 @@ func run(args []string, stderr io.Writer) int {
 			}
 			opts.NodeAddresses = nw
 			// The gateways elect the cluster's writer of its MCS ServiceImports.
-			if opts.ServiceImports, err = serviceImportsAPI(); err != nil {
+			api, err := serviceImportsAPI()
+			if err != nil {
 				fmt.Fprintln(stderr, "cable-agent: kubernetes.enabled: service imports:", err)
 				return 1
 			}
-			opts.ServiceImportsNamespace = podNamespace()
+			opts.ServiceImports = mcsimport.New(mcsimport.Deps{API: api, Identity: cfg.Node, Namespace: podNamespace(),
+				Log: log.With("cluster", cfg.Cluster, "node", cfg.Node, "component", "service-imports")})
 		}
 	}
 	uninstalled, stopUninstallCheck := uninstallCheck(log)
