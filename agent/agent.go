@@ -193,7 +193,7 @@ func New(opts Options) (*Agent, error) {
 		Backoff: a.newBackoff, OnRegistered: a.Trigger})
 	a.dp = a.newDatapath()
 	a.ready = &metrics.Readiness{Log: a.log}
-	a.linkReports = linkreport.New(linkreport.Deps{Log: a.log, Version: version.String(),
+	a.linkReports = linkreport.New(linkreport.Deps{Log: a.log, Version: version.String(), Gateways: func() int { return len(a.plan().State.Endpoints) },
 		Links: func(ctx context.Context) []statusapi.Connection { return a.cables.Connections(ctx, a.plan()) }})
 	opts.ServiceImports.Follow(a.link)
 	a.registry.MustRegister(&metrics.Collector{Status: a.Status, Probes: a.metrics})

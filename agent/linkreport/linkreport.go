@@ -34,6 +34,9 @@ const (
 	// up together): the first report waits up to this long, at random, so that 5,100 gateways
 	// send about 250 a second rather than all within a few seconds.
 	firstSpread = DefaultSummaryInterval / 3
+	// perGatewaySpread is the spread per gateway of the mesh (Deps.Gateways), up to firstSpread:
+	// 250 first reports a second at most, and a small mesh reports at once (3 gateways: 12ms).
+	perGatewaySpread = 4 * time.Millisecond
 	// callTimeout bounds one report.
 	callTimeout = 10 * time.Second
 )
@@ -48,6 +51,9 @@ type Deps struct {
 	Log *slog.Logger
 	// Links returns the gateway's connection rows as the status shows them.
 	Links func(context.Context) []statusapi.Connection
+	// Gateways is how many gateway endpoints the mesh has (the fleet whose first reports are
+	// spread); nil: as many as spread the first report over the whole firstSpread.
+	Gateways func() int
 	// Version is the agent's build.
 	Version string
 	// Now is the clock; default time.Now.
@@ -202,13 +208,17 @@ func (r *Reporter) answered(ctx context.Context, req *apiv1.ReportLinksRequest, 
 	return r.checkInterval(), false
 }
 
-// firstWait is how long the first report still waits (firstSpread at most, drawn at random
-// when the first link is seen).
+// firstWait is how long the first report still waits (drawn at random when the first link is
+// seen, over perGatewaySpread per gateway of the mesh, firstSpread at most).
 func (r *Reporter) firstWait(now time.Time) time.Duration {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.firstAt.IsZero() {
-		r.firstAt = now.Add(rand.N(r.spread + 1))
+		spread := r.spread
+		if r.deps.Gateways != nil {
+			spread = min(spread, time.Duration(r.deps.Gateways())*perGatewaySpread)
+		}
+		r.firstAt = now.Add(rand.N(spread + 1))
 	}
 	return r.firstAt.Sub(now)
 }

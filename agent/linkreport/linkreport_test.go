@@ -221,3 +221,27 @@ func TestTheFirstReportWaitsAtMostTheSpread(t *testing.T) {
 		t.Fatalf("reports %v after the first wait, want the first, full", f.b.reqs)
 	}
 }
+
+// The first report's spread follows the mesh's size: a gateway of a small mesh reports at once
+// (an operator's `cablectl links --all` shows it), one of a large fleet waits its turn.
+func TestTheFirstReportSpreadFollowsTheMeshSize(t *testing.T) {
+	for _, tc := range []struct {
+		gateways int
+		max      time.Duration
+	}{{3, 3 * perGatewaySpread}, {5100, firstSpread}, {100000, firstSpread}} {
+		worst := time.Duration(0)
+		for i := 0; i < 200; i++ {
+			f := newFixture()
+			f.r.spread = firstSpread
+			f.r.deps.Gateways = func() int { return tc.gateways }
+			f.conns = []statusapi.Connection{conn("b", "connected")}
+			worst = max(worst, f.r.firstWait(f.now))
+		}
+		if worst > tc.max {
+			t.Errorf("%d gateways: first report waited up to %v, want at most %v", tc.gateways, worst, tc.max)
+		}
+		if tc.gateways >= 5100 && worst < firstSpread/2 {
+			t.Errorf("%d gateways: first reports all within %v, want them spread over %v", tc.gateways, worst, firstSpread)
+		}
+	}
+}
