@@ -13,7 +13,7 @@ NETNS_TIMEOUT ?= 40m
 # kernel fails instead of skipping.
 VM_TIMEOUT ?= 45m
 
-.PHONY: all build deps deps-demo deps-test deps-bench test lint check-bpf unit-test netns-test vm-test k8s-test demo demo-down k8s-demo k8s-demo-down deps-k8s bench bench-services bench-dns bench-scale bench-xds bench-ingress bench-start bench-cables fuzz generate docs fmt vet clean
+.PHONY: all build deps deps-demo deps-test deps-bench test lint check-bpf unit-test netns-test vm-test k8s-test demo demo-down k8s-demo k8s-demo-down deps-k8s bench bench-services bench-dns bench-scale bench-xds bench-ingress bench-start bench-cables bench-soak fuzz generate docs fmt vet clean
 
 all: build
 
@@ -150,6 +150,12 @@ bench-start: deps-bench build
 bench-cables: deps-bench build
 	$(GO) build -o $(BIN)/wireguard-go golang.zx2c4.com/wireguard
 	BENCH_RUN='^TestCables$$' ./bench/throughput.sh
+
+# A mesh under faults for CABLEMESH_SOAK_MINUTES (20) minutes, seeded by CABLEMESH_SOAK_SEED: four
+# clusters, two broker replicas on three etcd members, pings on every pair, policy and export writes,
+# killed brokers, agents, charon, etcd members and downed underlay links (root); bench/results/soak-<date>.*.
+bench-soak: deps-bench build
+	CABLEMESH_BIN=$(abspath $(BIN)) $(GO) test -tags bench -run '^TestSoak$$' -v -count=1 -timeout 120m ./bench/soak/
 
 # Fuzz every fuzz target of the module (scripts/fuzz.sh finds them) for FUZZTIME each (not part
 # of make test).
