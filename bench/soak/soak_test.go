@@ -376,6 +376,7 @@ func TestSoak(t *testing.T) {
 		time.Sleep(time.Duration(rng.Int63n(int64(faultEvery / 2))))
 		f := inject(t, h, rng, clusters, kinds[n%len(kinds)])
 		res.Faults = append(res.Faults, f)
+		res.Notes = append(res.Notes, supervise(h, clusters)...)
 		next := start.Add(time.Duration(n+1) * faultEvery)
 		if d := time.Until(next); d > 0 {
 			time.Sleep(d)
@@ -445,6 +446,27 @@ func TestSoak(t *testing.T) {
 	if len(res.WritesLost) > 0 || len(res.DuplicateIDs) > 0 || len(res.DuplicateVIPs) > 0 {
 		t.Errorf("lost writes %v, duplicate cluster IDs %v, duplicate VIPs %v", res.WritesLost, res.DuplicateIDs, res.DuplicateVIPs)
 	}
+}
+
+// supervise restarts, as a service manager would, every agent that exited, and returns what it
+// saw: an exit is a defect of its own (the log says why), not a fault the soak injected.
+func supervise(h *harness.HA, clusters []*harness.Cluster) []string {
+	var out []string
+	for _, c := range clusters {
+		ok, code := c.Agent.Exited()
+		if !ok {
+			continue
+		}
+		sockets := harness.Run(h.Ctx, "ip", "netns", "exec", c.GwNS, "ss", "-ulpnH")
+		links := harness.Run(h.Ctx, "ip", "-n", c.GwNS, "-d", "link", "show", "cbl-wg0")
+		h.Logf("soak: agent %s exited (code %d); its namespace's UDP sockets:\n%s\ncbl-wg0: %s\nlog tail:\n%s",
+			c.Name, code, sockets.Stdout, strings.TrimSpace(links.Stdout+links.Stderr), c.Agent.LogTail(12))
+		lines := strings.Split(strings.TrimSpace(c.Agent.LogTail(1)), "\n")
+		out = append(out, fmt.Sprintf("%s: agent %s exited (code %d) and was started again: %s",
+			time.Now().UTC().Format("15:04:05"), c.Name, code, lines[len(lines)-1]))
+		c.StartAgent()
+	}
+	return out
 }
 
 // inject makes one fault of kind on a target chosen with rng and returns once it is undone.
@@ -591,34 +613,39 @@ func isVIPKey(k string) bool {
 	return k == "vip" || k == "vips" || k == "clustersetip" || k == "clustersetips"
 }
 
-// duplicates walks a JSON document and returns the values of the keys keep accepts that occur
-// more than once (list values count each element).
+// duplicates walks a JSON document and returns the values of the keys keep accepts that belong
+// to more than one named object (an object's identity is its namespace/name fields): a VIP listed
+// twice for the same service is not a duplicate, one listed for two services is.
 func duplicates(doc string, keep func(string) bool) []string {
 	var v any
 	if json.Unmarshal([]byte(doc), &v) != nil {
 		return []string{"unreadable: " + doc}
 	}
-	seen := map[string]int{}
+	owners := map[string]map[string]bool{}
 	var walk func(any)
 	walk = func(v any) {
 		switch x := v.(type) {
 		case map[string]any:
+			id := fmt.Sprintf("%v/%v", x["namespace"], x["name"])
 			for k, e := range x {
-				if keep(k) {
-					switch y := e.(type) {
-					case []any:
-						for _, z := range y {
-							seen[fmt.Sprint(z)]++
-						}
-					case nil:
-					default:
-						if s := fmt.Sprint(y); s != "" && s != "0" {
-							seen[s]++
-						}
-					}
+				if !keep(k) {
+					walk(e)
 					continue
 				}
-				walk(e)
+				vals := []any{e}
+				if l, ok := e.([]any); ok {
+					vals = l
+				}
+				for _, z := range vals {
+					s := fmt.Sprint(z)
+					if z == nil || s == "" || s == "0" {
+						continue
+					}
+					if owners[s] == nil {
+						owners[s] = map[string]bool{}
+					}
+					owners[s][id] = true
+				}
 			}
 		case []any:
 			for _, e := range x {
@@ -628,9 +655,9 @@ func duplicates(doc string, keep func(string) bool) []string {
 	}
 	walk(v)
 	var out []string
-	for k, n := range seen {
-		if n > 1 {
-			out = append(out, fmt.Sprintf("%s (%d times)", k, n))
+	for val, ids := range owners {
+		if len(ids) > 1 {
+			out = append(out, fmt.Sprintf("%s (%d owners)", val, len(ids)))
 		}
 	}
 	sort.Strings(out)
