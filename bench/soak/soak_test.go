@@ -500,7 +500,13 @@ func inject(t *testing.T, h *harness.HA, rng *rand.Rand, clusters []*harness.Clu
 		}
 		f.Note = fmt.Sprintf("killed pid %v", pids)
 		if err := harness.WaitFor(60*time.Second, 200*time.Millisecond, func() (bool, string) {
-			return len(charonPIDs(c.GwNS)) > 0, "no charon yet"
+			// A new pid: the killed one may linger as a zombie until reaped.
+			for _, pid := range charonPIDs(c.GwNS) {
+				if !slices.Contains(pids, pid) {
+					return true, ""
+				}
+			}
+			return false, "no new charon yet"
 		}); err != nil {
 			f.Note += "; not restarted within 60 s"
 			t.Errorf("charon of %s not restarted within 60 s:\n%s", c.Name, c.Agent.LogTail(30))
