@@ -9,8 +9,6 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -69,44 +67,13 @@ type restClient struct {
 
 // NewClient is the Client of the API server rc reaches.
 func NewClient(rc *rest.Config) (Client, error) {
-	scheme := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, discoveryv1.AddToScheme, mcsv1a1.Install} {
-		if err := add(scheme); err != nil {
-			return nil, fmt.Errorf("kubernetes client scheme: %w", err)
-		}
-	}
-	// ListOptions and the other option types encode as query parameters of any version.
-	metav1.AddToGroupVersion(scheme, schema.GroupVersion{Version: "v1"})
-	codecs := serializer.NewCodecFactory(scheme)
-	hc, err := rest.HTTPClientFor(rc)
+	g, err := NewRESTGroups(rc, []func(*runtime.Scheme) error{corev1.AddToScheme, discoveryv1.AddToScheme, mcsv1a1.Install},
+		corev1.SchemeGroupVersion, discoveryv1.SchemeGroupVersion, mcsv1a1.SchemeGroupVersion)
 	if err != nil {
-		return nil, fmt.Errorf("kubernetes HTTP client: %w", err)
+		return nil, fmt.Errorf("kubernetes %w", err)
 	}
-	group := func(apiPath string, gv schema.GroupVersion) (*rest.RESTClient, error) {
-		cfg := rest.CopyConfig(rc)
-		cfg.APIPath = apiPath
-		cfg.GroupVersion = &gv
-		cfg.NegotiatedSerializer = codecs.WithoutConversion()
-		if cfg.UserAgent == "" {
-			cfg.UserAgent = rest.DefaultKubernetesUserAgent()
-		}
-		c, err := rest.RESTClientForConfigAndClient(cfg, hc)
-		if err != nil {
-			return nil, fmt.Errorf("kubernetes client of %s: %w", gv, err)
-		}
-		return c, nil
-	}
-	c := &restClient{params: runtime.NewParameterCodec(scheme)}
-	if c.core, err = group("/api", corev1.SchemeGroupVersion); err != nil {
-		return nil, err
-	}
-	if c.discovery, err = group("/apis", discoveryv1.SchemeGroupVersion); err != nil {
-		return nil, err
-	}
-	if c.mcs, err = group("/apis", mcsv1a1.SchemeGroupVersion); err != nil {
-		return nil, err
-	}
-	return c, nil
+	return &restClient{core: g.For(corev1.SchemeGroupVersion), discovery: g.For(discoveryv1.SchemeGroupVersion),
+		mcs: g.For(mcsv1a1.SchemeGroupVersion), params: g.Params}, nil
 }
 
 // resource lists and watches resource of c across all namespaces (or cluster-wide), into list,

@@ -9,10 +9,10 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/client-go/rest"
 	mcsv1a1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
+
+	"github.com/cablemesh/cablemesh/agent/kube"
 )
 
 // API is what the writer reads and writes on the API server. Errors are the API server's, so
@@ -47,46 +47,13 @@ type restAPI struct {
 
 // NewAPI is the API of the API server rc reaches.
 func NewAPI(rc *rest.Config) (API, error) {
-	scheme := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, discoveryv1.AddToScheme, mcsv1a1.Install, coordinationv1.AddToScheme} {
-		if err := add(scheme); err != nil {
-			return nil, fmt.Errorf("service imports client scheme: %w", err)
-		}
-	}
-	metav1.AddToGroupVersion(scheme, schema.GroupVersion{Version: "v1"})
-	codecs := serializer.NewCodecFactory(scheme)
-	hc, err := rest.HTTPClientFor(rc)
+	g, err := kube.NewRESTGroups(rc, []func(*runtime.Scheme) error{corev1.AddToScheme, discoveryv1.AddToScheme, mcsv1a1.Install, coordinationv1.AddToScheme},
+		corev1.SchemeGroupVersion, discoveryv1.SchemeGroupVersion, mcsv1a1.SchemeGroupVersion, coordinationv1.SchemeGroupVersion)
 	if err != nil {
-		return nil, fmt.Errorf("kubernetes HTTP client: %w", err)
+		return nil, fmt.Errorf("service imports: kubernetes %w", err)
 	}
-	group := func(apiPath string, gv schema.GroupVersion) (*rest.RESTClient, error) {
-		cfg := rest.CopyConfig(rc)
-		cfg.APIPath = apiPath
-		cfg.GroupVersion = &gv
-		cfg.NegotiatedSerializer = codecs.WithoutConversion()
-		if cfg.UserAgent == "" {
-			cfg.UserAgent = rest.DefaultKubernetesUserAgent()
-		}
-		c, err := rest.RESTClientForConfigAndClient(cfg, hc)
-		if err != nil {
-			return nil, fmt.Errorf("kubernetes client of %s: %w", gv, err)
-		}
-		return c, nil
-	}
-	a := &restAPI{params: runtime.NewParameterCodec(scheme)}
-	if a.core, err = group("/api", corev1.SchemeGroupVersion); err != nil {
-		return nil, err
-	}
-	if a.discovery, err = group("/apis", discoveryv1.SchemeGroupVersion); err != nil {
-		return nil, err
-	}
-	if a.mcs, err = group("/apis", mcsv1a1.SchemeGroupVersion); err != nil {
-		return nil, err
-	}
-	if a.coordination, err = group("/apis", coordinationv1.SchemeGroupVersion); err != nil {
-		return nil, err
-	}
-	return a, nil
+	return &restAPI{core: g.For(corev1.SchemeGroupVersion), discovery: g.For(discoveryv1.SchemeGroupVersion),
+		mcs: g.For(mcsv1a1.SchemeGroupVersion), coordination: g.For(coordinationv1.SchemeGroupVersion), params: g.Params}, nil
 }
 
 func (a *restAPI) ListServiceImports(ctx context.Context, selector string) ([]mcsv1a1.ServiceImport, error) {

@@ -9,10 +9,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
+
+	"github.com/cablemesh/cablemesh/agent/kube"
 )
 
 // restClient is the Client of an API server: REST clients of core/v1 and apps/v1 with a scheme
@@ -24,40 +24,12 @@ type restClient struct {
 
 // NewClient is the Client of the API server rc reaches.
 func NewClient(rc *rest.Config) (Client, error) {
-	scheme := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, appsv1.AddToScheme} {
-		if err := add(scheme); err != nil {
-			return nil, fmt.Errorf("uninstall check: client scheme: %w", err)
-		}
-	}
-	metav1.AddToGroupVersion(scheme, schema.GroupVersion{Version: "v1"})
-	codecs := serializer.NewCodecFactory(scheme)
-	hc, err := rest.HTTPClientFor(rc)
+	g, err := kube.NewRESTGroups(rc, []func(*runtime.Scheme) error{corev1.AddToScheme, appsv1.AddToScheme},
+		corev1.SchemeGroupVersion, appsv1.SchemeGroupVersion)
 	if err != nil {
-		return nil, fmt.Errorf("uninstall check: HTTP client: %w", err)
+		return nil, fmt.Errorf("uninstall check: %w", err)
 	}
-	group := func(apiPath string, gv schema.GroupVersion) (*rest.RESTClient, error) {
-		cfg := rest.CopyConfig(rc)
-		cfg.APIPath = apiPath
-		cfg.GroupVersion = &gv
-		cfg.NegotiatedSerializer = codecs.WithoutConversion()
-		if cfg.UserAgent == "" {
-			cfg.UserAgent = rest.DefaultKubernetesUserAgent()
-		}
-		c, err := rest.RESTClientForConfigAndClient(cfg, hc)
-		if err != nil {
-			return nil, fmt.Errorf("uninstall check: client of %s: %w", gv, err)
-		}
-		return c, nil
-	}
-	c := &restClient{params: runtime.NewParameterCodec(scheme)}
-	if c.core, err = group("/api", corev1.SchemeGroupVersion); err != nil {
-		return nil, err
-	}
-	if c.apps, err = group("/apis", appsv1.SchemeGroupVersion); err != nil {
-		return nil, err
-	}
-	return c, nil
+	return &restClient{core: g.For(corev1.SchemeGroupVersion), apps: g.For(appsv1.SchemeGroupVersion), params: g.Params}, nil
 }
 
 func (c *restClient) resource(rc *rest.RESTClient, resource, namespace string, newList func() runtime.Object) Resource {
