@@ -37,7 +37,7 @@ func TestInstallKubernetesAgainstARealBroker(t *testing.T) {
 		t.Errorf("no warning about a loopback broker address on stderr: %q", stderr)
 	}
 	m := docsByKind(t, out)
-	if len(m["Secret"]) != 1 || len(m["DaemonSet"]) != 2 || len(m["CustomResourceDefinition"]) != 3 || len(m["ClusterRole"]) != 1 {
+	if len(m["Secret"]) != 1 || len(m["DaemonSet"]) != 2 || len(m["CustomResourceDefinition"]) != 3 || len(m["ClusterRole"]) != 2 {
 		t.Fatalf("output lacks objects: %d Secret, %d DaemonSet, %d CRD, %d ClusterRole", len(m["Secret"]), len(m["DaemonSet"]), len(m["CustomResourceDefinition"]), len(m["ClusterRole"]))
 	}
 	data := m["Secret"][0]["data"].(map[string]any)[deploy.SecretKey].(string)
@@ -153,8 +153,9 @@ func TestUninstallKubernetes(t *testing.T) {
 	if len(m["CustomResourceDefinition"]) != 0 {
 		t.Errorf("uninstall deletes the CRDs without --include-crds")
 	}
-	if len(m["DaemonSet"]) != 2 || len(m["Namespace"]) != 1 || len(m["ClusterRole"]) != 1 || len(m["ClusterRoleBinding"]) != 1 ||
-		len(m["Role"]) != 1 || len(m["RoleBinding"]) != 1 || len(m["Secret"]) != 1 {
+	// The agent's grants and the service-import writer's (cablemesh-service-imports).
+	if len(m["DaemonSet"]) != 2 || len(m["Namespace"]) != 1 || len(m["ClusterRole"]) != 2 || len(m["ClusterRoleBinding"]) != 2 ||
+		len(m["Role"]) != 2 || len(m["RoleBinding"]) != 2 || len(m["Secret"]) != 1 {
 		t.Errorf("uninstall leaves objects behind: %v", deploy.SortedKinds(flatten(m)))
 	}
 	// The DaemonSets go first, while the agents can still read them; the namespace last.
