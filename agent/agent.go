@@ -130,7 +130,6 @@ type Agent struct {
 	addrs  *kube.Addresses  // this node's addresses (the config's, or its Node's on Kubernetes)
 
 	linkReports *linkreport.Reporter // a gateway's links, reported to the broker
-
 }
 
 // New checks options; it creates nothing.

@@ -47,6 +47,7 @@ func (a *Agent) plan() *plan.Plan {
 	reg := a.ingress.Registered
 	return a.planner.Get(a.link.PlanKey(reg), in, func() (plan.Key, *brokerstate.State) { return a.link.StateCopy(reg) })
 }
+func (a *Agent) Plan() *plan.Plan { return a.plan() } // the published plan, for the components cmd/cable-agent builds
 
 // cleanupTimeout bounds the teardown of Options.CleanupOnExit.
 const cleanupTimeout = 30 * time.Second

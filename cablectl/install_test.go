@@ -37,7 +37,7 @@ func TestInstallKubernetesAgainstARealBroker(t *testing.T) {
 		t.Errorf("no warning about a loopback broker address on stderr: %q", stderr)
 	}
 	m := docsByKind(t, out)
-	if len(m["Secret"]) != 1 || len(m["DaemonSet"]) != 2 || len(m["CustomResourceDefinition"]) != 3 || len(m["ClusterRole"]) != 2 {
+	if len(m["Secret"]) != 1 || len(m["DaemonSet"]) != 2 || len(m["CustomResourceDefinition"]) != 4 || len(m["ClusterRole"]) != 3 {
 		t.Fatalf("output lacks objects: %d Secret, %d DaemonSet, %d CRD, %d ClusterRole", len(m["Secret"]), len(m["DaemonSet"]), len(m["CustomResourceDefinition"]), len(m["ClusterRole"]))
 	}
 	data := m["Secret"][0]["data"].(map[string]any)[deploy.SecretKey].(string)
@@ -153,8 +153,9 @@ func TestUninstallKubernetes(t *testing.T) {
 	if len(m["CustomResourceDefinition"]) != 0 {
 		t.Errorf("uninstall deletes the CRDs without --include-crds")
 	}
-	// The agent's grants and the service-import writer's (cablemesh-service-imports).
-	if len(m["DaemonSet"]) != 2 || len(m["Namespace"]) != 1 || len(m["ClusterRole"]) != 2 || len(m["ClusterRoleBinding"]) != 2 ||
+	// The agent's grants, the service-import writer's (cablemesh-service-imports) and the status
+	// writer's (cablemesh-kube-status).
+	if len(m["DaemonSet"]) != 2 || len(m["Namespace"]) != 1 || len(m["ClusterRole"]) != 3 || len(m["ClusterRoleBinding"]) != 3 ||
 		len(m["Role"]) != 2 || len(m["RoleBinding"]) != 2 || len(m["Secret"]) != 1 {
 		t.Errorf("uninstall leaves objects behind: %v", deploy.SortedKinds(flatten(m)))
 	}
@@ -167,7 +168,7 @@ func TestUninstallKubernetes(t *testing.T) {
 		t.Errorf("uninstall prints a Secret's data")
 	}
 	out, _, err = runCmd(t, "", "uninstall", "kubernetes", "--cluster", "east", "--include-crds")
-	if err != nil || len(docsByKind(t, out)["CustomResourceDefinition"]) != 3 {
+	if err != nil || len(docsByKind(t, out)["CustomResourceDefinition"]) != 4 {
 		t.Errorf("--include-crds: %v, %d CRDs", err, len(docsByKind(t, out)["CustomResourceDefinition"]))
 	}
 	if _, _, err := runCmd(t, "", "uninstall", "kubernetes"); err == nil || !isClusterUsageErr(err) {

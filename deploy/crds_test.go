@@ -66,6 +66,7 @@ func internalCRD(t *testing.T, c *apiextensionsv1.CustomResourceDefinition) *api
 
 var crdFiles = []string{
 	"cablemesh.io_clusterconnectionpolicies.yaml",
+	"cablemesh.io_clusterlinks.yaml",
 	"multicluster.x-k8s.io_serviceexports.yaml",
 	"multicluster.x-k8s.io_serviceimports.yaml",
 }

@@ -170,8 +170,8 @@ func memberCluster(t *testing.T) manifests {
 	t.Helper()
 	m := sortObjects(t, decodeDir(t, "daemonset"))
 	if len(m.namespaces) != 1 || len(m.serviceAccounts) != 1 || len(m.configMaps) != 1 || len(m.daemonSets) != 2 ||
-		len(m.clusterRoles) != 2 || len(m.bindings) != 2 || len(m.roles) != 2 || len(m.roleBindings) != 2 || len(m.crds) != 3 {
-		t.Fatalf("want one Namespace, ServiceAccount, ConfigMap, two DaemonSets, two ClusterRoles, ClusterRoleBindings, Roles, RoleBindings (the agent's, the service-imports writer's) and 3 CRDs; have %d, %d, %d, %d, %d, %d, %d, %d, %d",
+		len(m.clusterRoles) != 3 || len(m.bindings) != 3 || len(m.roles) != 2 || len(m.roleBindings) != 2 || len(m.crds) != 4 {
+		t.Fatalf("want one Namespace, ServiceAccount, ConfigMap, two DaemonSets, three ClusterRoles and ClusterRoleBindings (the agent's, the service-imports writer's, the status writer's), two Roles and RoleBindings and 4 CRDs; have %d, %d, %d, %d, %d, %d, %d, %d, %d",
 			len(m.namespaces), len(m.serviceAccounts), len(m.configMaps), len(m.daemonSets), len(m.clusterRoles), len(m.bindings), len(m.roles), len(m.roleBindings), len(m.crds))
 	}
 	return m
@@ -194,7 +194,7 @@ func installed(t *testing.T, v AgentValues) manifests {
 	}
 	m := sortObjects(t, decodeStream(t, "install output", out))
 	if len(m.daemonSets) != 2 || m.daemonSets[0].Name != DaemonSetName || m.daemonSets[1].Name != WorkerDaemonSetName ||
-		len(m.configMaps) == 0 || m.configMaps[0].Name != ConfigMapName || len(m.clusterRoles) != 2 || len(m.roles) != 2 {
+		len(m.configMaps) == 0 || m.configMaps[0].Name != ConfigMapName || len(m.clusterRoles) != 3 || len(m.roles) != 2 {
 		t.Fatalf("install output lacks the DaemonSets, ConfigMap, ClusterRole or Role: %q", SortedKinds(mustDocs(t, out)))
 	}
 	return m
@@ -301,6 +301,7 @@ func TestMemberClusterManifests(t *testing.T) {
 			checkAgentDaemonSet(t, m)
 			checkAgentRBAC(t, m)
 			checkServiceImportsRBAC(t, m)
+			checkKubeStatusRBAC(t, m)
 		})
 	}
 }
@@ -520,6 +521,23 @@ func checkServiceImportsRBAC(t *testing.T, m manifests) {
 	}
 	if nsBinding.Namespace != namespace || nsBinding.RoleRef.Name != nsRole.Name || len(nsBinding.Subjects) != 1 || nsBinding.Subjects[0].Name != m.serviceAccounts[0].Name {
 		t.Errorf("RoleBinding does not bind %s to the agent's service account: %+v", nsRole.Name, nsBinding)
+	}
+}
+
+// checkKubeStatusRBAC: the status writer keeps the ClusterLinks and writes the policies' status,
+// nothing else.
+func checkKubeStatusRBAC(t *testing.T, m manifests) {
+	role, binding := m.clusterRoles[2], m.bindings[2]
+	exp := grants(t, []rbacv1.PolicyRule{
+		{APIGroups: []string{"cablemesh.io"}, Resources: []string{"clusterlinks"}, Verbs: []string{"list", "create", "update", "delete"}},
+		{APIGroups: []string{"cablemesh.io"}, Resources: []string{"clusterconnectionpolicies/status"}, Verbs: []string{"update"}},
+	})
+	if got := grants(t, role.Rules); role.Name != "cablemesh-kube-status" || !slices.Equal(got, exp) {
+		t.Errorf("ClusterRole %s grants\n%v\nwant exactly\n%v", role.Name, got, exp)
+	}
+	if binding.RoleRef.Kind != "ClusterRole" || binding.RoleRef.Name != role.Name || len(binding.Subjects) != 1 ||
+		binding.Subjects[0].Name != m.serviceAccounts[0].Name || binding.Subjects[0].Namespace != namespace {
+		t.Errorf("ClusterRoleBinding does not bind %s to the agent's service account: %+v", role.Name, binding)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 
 	"google.golang.org/protobuf/proto"
 
@@ -192,7 +193,8 @@ func dedupeEndpoints(eps []*apiv1.ServiceEndpoint) []*apiv1.ServiceEndpoint {
 	return out
 }
 
-// ConflictsOf returns the conflicts of cluster's exports in imports.
+// ConflictsOf returns the conflicts of cluster's exports in imports, each message prefixed with
+// the service's key and ": " (ConflictService splits it again).
 func ConflictsOf(cluster string, imports []*apiv1.ServiceImport) []*apiv1.ServiceConflict {
 	var out []*apiv1.ServiceConflict
 	for _, imp := range imports {
@@ -205,4 +207,19 @@ func ConflictsOf(cluster string, imports []*apiv1.ServiceImport) []*apiv1.Servic
 		}
 	}
 	return out
+}
+
+// ConflictService splits a conflict message of ConflictsOf into the service's key
+// (namespace/name) and the reason. ok is false when message does not start with a key and ": "
+// (a broker that words its conflicts otherwise): the caller then cannot tell the service.
+func ConflictService(message string) (key, reason string, ok bool) {
+	key, reason, found := strings.Cut(message, ": ")
+	if !found {
+		return "", "", false
+	}
+	ns, name, found := strings.Cut(key, "/")
+	if !found || ns == "" || name == "" || strings.ContainsAny(name, "/ ") || strings.ContainsAny(ns, " ") {
+		return "", "", false
+	}
+	return key, reason, true
 }

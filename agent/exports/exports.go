@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -50,6 +51,12 @@ type Source interface {
 	Run(ctx context.Context, onChange func([]*apiv1.ServiceExport)) error
 }
 
+// ConflictSink is a Source that also wants the broker's conflicts of this cluster's exports
+// after every sync (Kubernetes writes them as the ServiceExports' Conflict condition).
+type ConflictSink interface {
+	SetConflicts([]statusapi.ServiceConflict)
+}
+
 // ErrExportRefused is wrapped by the runtime export errors that are not bad input: the export is
 // defined elsewhere (409) or not at all (404).
 var ErrExportRefused = errors.New("export refused")
@@ -70,6 +77,8 @@ type Exports struct {
 	version, synced uint64
 	sync            statusapi.ExportSync
 	loop            syncloop.Loop
+	// sink, when the running source is a ConflictSink, hears the conflicts of every sync.
+	sink atomic.Pointer[ConflictSink]
 }
 
 // Deps are what the exports take from the rest of the agent.
@@ -433,6 +442,9 @@ func (x *Exports) send(ctx context.Context, client apiv1.AgentClient, set []*api
 	}
 	x.synced = version
 	x.sync = statusapi.ExportSync{Revision: resp.GetRevision(), LastSync: &now, Conflicts: conflicts}
+	if sink := x.sink.Load(); sink != nil {
+		(*sink).SetConflicts(slices.Clone(conflicts))
+	}
 	x.log.Debug("exports sent to the broker", "exports", len(set), "revision", resp.GetRevision(), "conflicts", len(conflicts))
 	return nil
 }
@@ -440,6 +452,15 @@ func (x *Exports) send(ctx context.Context, client apiv1.AgentClient, set []*api
 // RunSource runs the Kubernetes source until ctx ends, restarting it with backoff when it
 // fails.
 func (x *Exports) RunSource(ctx context.Context, src Source) {
+	if sink, ok := src.(ConflictSink); ok {
+		x.sink.Store(&sink)
+		x.mu.Lock()
+		conflicts, synced := slices.Clone(x.sync.Conflicts), x.sync.LastSync != nil
+		x.mu.Unlock()
+		if synced {
+			sink.SetConflicts(conflicts)
+		}
+	}
 	syncloop.RunSource(ctx, x.log, "Kubernetes export source", x.deps.Backoff(), func(ctx context.Context) error {
 		return src.Run(ctx, x.setKube)
 	})

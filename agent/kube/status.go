@@ -36,3 +36,22 @@ func withCondition(se *mcsv1a1.ServiceExport, want metav1.Condition) *mcsv1a1.Se
 	meta.SetStatusCondition(&out.Status.Conditions, want)
 	return out
 }
+
+// hasConditions reports whether se carries every one of want.
+func hasConditions(se *mcsv1a1.ServiceExport, want []metav1.Condition) bool {
+	for _, c := range want {
+		if !hasCondition(se, c) {
+			return false
+		}
+	}
+	return true
+}
+
+// withConditions is a copy of se that carries every one of want (as withCondition).
+func withConditions(se *mcsv1a1.ServiceExport, want []metav1.Condition) *mcsv1a1.ServiceExport {
+	out := se.DeepCopy()
+	for _, c := range want {
+		meta.SetStatusCondition(&out.Status.Conditions, c)
+	}
+	return out
+}

@@ -25,6 +25,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/cablemesh/cablemesh/agent/statusapi"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/internal/syncloop"
 	"github.com/cablemesh/cablemesh/mcs"
@@ -88,12 +89,17 @@ type Watcher struct {
 	delivered bool
 	verdicts  map[string]Validity     // last verdict per ServiceExport, to log changes only
 	written   map[string]pendingWrite // status writes the cache has not shown yet
+
+	// The broker's conflicts of this cluster's exports, by service (SetConflicts).
+	conflictsMu    sync.Mutex
+	conflicts      map[string][]statusapi.ServiceConflict
+	conflictsKnown bool
 }
 
-// pendingWrite is a Valid condition written on top of the ServiceExport of resourceVersion rv.
+// pendingWrite is the conditions written on top of the ServiceExport of resourceVersion rv.
 type pendingWrite struct {
-	rv   string
-	cond metav1.Condition
+	rv    string
+	conds []metav1.Condition
 }
 
 // New returns a Watcher over the ServiceExports (multicluster.x-k8s.io/v1alpha1) of every
@@ -382,22 +388,26 @@ func (w *Watcher) logVerdict(key string, v Validity) {
 	}
 }
 
-// updateStatus writes v as se's Valid condition unless se carries it already or the cache has not
-// yet shown the Watcher's own write of it.
+// updateStatus writes v as se's Valid condition and, for a valid export once the broker has
+// answered, its Conflict condition, unless se carries them already or the cache has not yet shown
+// the Watcher's own write of them.
 func (w *Watcher) updateStatus(ctx context.Context, se *mcsv1a1.ServiceExport, v Validity) error {
 	key := mcs.Key(se.Namespace, se.Name)
-	want := validCondition(v, se.Generation)
-	if hasCondition(se, want) {
+	want := []metav1.Condition{validCondition(v, se.Generation)}
+	if c, known := w.conflictCondition(key, se.Generation); known && v.Valid {
+		want = append(want, c)
+	}
+	if hasConditions(se, want) {
 		delete(w.written, key)
 		return nil
 	}
-	if p, ok := w.written[key]; ok && p.rv == se.ResourceVersion && reflect.DeepEqual(p.cond, want) {
+	if p, ok := w.written[key]; ok && p.rv == se.ResourceVersion && reflect.DeepEqual(p.conds, want) {
 		return nil
 	}
-	err := w.client.UpdateServiceExportStatus(ctx, withCondition(se, want))
+	err := w.client.UpdateServiceExportStatus(ctx, withConditions(se, want))
 	switch {
 	case err == nil:
-		w.written[key] = pendingWrite{rv: se.ResourceVersion, cond: want}
+		w.written[key] = pendingWrite{rv: se.ResourceVersion, conds: want}
 		return nil
 	case apierrors.IsNotFound(err), apierrors.IsConflict(err):
 		return nil // deleted or changed meanwhile: its event brings another pass

@@ -26,6 +26,7 @@ import (
 	"github.com/cablemesh/cablemesh/agent/config"
 	"github.com/cablemesh/cablemesh/agent/exports"
 	"github.com/cablemesh/cablemesh/agent/kube"
+	"github.com/cablemesh/cablemesh/agent/kubestatus"
 	"github.com/cablemesh/cablemesh/agent/mcsimport"
 	"github.com/cablemesh/cablemesh/agent/preflight"
 	"github.com/cablemesh/cablemesh/agent/servicedp"
@@ -91,6 +92,7 @@ func run(args []string, stderr io.Writer) int {
 	slog.SetDefault(log)
 
 	opts := agent.Options{Config: cfg, Log: log, CleanupOnExit: *cleanup, ConfigPath: *configPath, LogLevel: lv, LogLevelFlag: *logLevel}
+	var statusWriter *kubestatus.Writer // the cluster's ClusterLinks and policies' status; nil: none
 	if cfg.Kubernetes.Enabled {
 		src, err := kubernetesSource(cfg, log)
 		if err != nil {
@@ -114,6 +116,11 @@ func run(args []string, stderr io.Writer) int {
 			}
 			opts.ServiceImports = mcsimport.New(mcsimport.Deps{API: api, Identity: cfg.Node, Namespace: podNamespace(),
 				Log: log.With("cluster", cfg.Cluster, "node", cfg.Node, "component", "service-imports")})
+			// The same writer (the Lease's holder) keeps the ClusterLinks and the policies' status.
+			if statusWriter, err = kubeStatusWriter(cfg, opts.ServiceImports, log); err != nil {
+				fmt.Fprintln(stderr, "cable-agent: kubernetes.enabled: status:", err)
+				return 1
+			}
 		}
 	}
 	uninstalled, stopUninstallCheck := uninstallCheck(log)
@@ -137,9 +144,14 @@ func run(args []string, stderr io.Writer) int {
 		}
 		a.SetClusterPolicySource(&clusterpolicy.KubeSource{Client: dc, Cluster: cfg.Cluster, Log: log.With("component", "clusterpolicies")})
 	}
+	statusWriter.Follow(a)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	var writers sync.WaitGroup
+	writers.Go(func() { statusWriter.Run(ctx) })
 	err = a.Run(ctx)
+	stop()
+	writers.Wait()
 	if !*cleanup && uninstalled() {
 		// The node's identity and cache go with the install: a later install joins anew.
 		if err := uninstall.ClearDir(cfg.StateDir); err != nil {
@@ -209,6 +221,22 @@ func serviceImportsAPI() (mcsimport.API, error) {
 		return nil, fmt.Errorf("in-cluster Kubernetes config: %w", err)
 	}
 	return mcsimport.NewAPI(rc)
+}
+
+// kubeStatusWriter writes the cluster's ClusterLinks and its ClusterConnectionPolicies' status
+// with the in-cluster credentials while si, the service-imports writer, holds the cluster's Lease.
+func kubeStatusWriter(cfg *config.Config, si *mcsimport.Writer, log *slog.Logger) (*kubestatus.Writer, error) {
+	rc, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("in-cluster Kubernetes config: %w", err)
+	}
+	dc, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("the Kubernetes client: %w", err)
+	}
+	return kubestatus.New(kubestatus.Deps{API: kubestatus.NewAPI(dc), Cluster: cfg.Cluster, Node: cfg.Node,
+		Leader: func() bool { return si.Status().Leader },
+		Log:    log.With("cluster", cfg.Cluster, "node", cfg.Node, "component", "kube-status")}), nil
 }
 
 // podNamespace is the agent's namespace ($POD_NAMESPACE, from the downward API), cablemesh

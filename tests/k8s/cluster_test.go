@@ -314,6 +314,9 @@ func TestCluster(t *testing.T) {
 			{"update", "serviceimports.multicluster.x-k8s.io", "--subresource=status", "-n", "demo"},
 			{"create", "endpointslices.discovery.k8s.io", "-n", "demo"}, {"delete", "endpointslices.discovery.k8s.io", "-n", "demo"},
 			{"update", "leases.coordination.k8s.io/cablemesh-service-imports", "-n", "cablemesh"}, {"create", "leases.coordination.k8s.io", "-n", "cablemesh"},
+			// The status writer (17-rbac-kubestatus.yaml).
+			{"list", "clusterlinks.cablemesh.io"}, {"create", "clusterlinks.cablemesh.io"}, {"update", "clusterlinks.cablemesh.io"},
+			{"delete", "clusterlinks.cablemesh.io"}, {"update", "clusterconnectionpolicies.cablemesh.io", "--subresource=status"},
 		}
 		refused := [][]string{
 			{"get", "secrets", "-n", "cablemesh"}, {"list", "pods", "-A"}, {"get", "configmaps", "-n", "cablemesh"},
@@ -322,6 +325,7 @@ func TestCluster(t *testing.T) {
 			{"update", "leases.coordination.k8s.io/kube-controller-manager", "-n", "cablemesh"}, {"create", "leases.coordination.k8s.io", "-n", "kube-system"},
 			{"patch", "serviceimports.multicluster.x-k8s.io", "-n", "demo"},
 			{"create", "clusterconnectionpolicies.cablemesh.io"}, {"delete", "clusterconnectionpolicies.cablemesh.io"},
+			{"update", "clusterconnectionpolicies.cablemesh.io"}, {"patch", "clusterlinks.cablemesh.io"}, {"watch", "clusterlinks.cablemesh.io"},
 			{"list", "daemonsets.apps", "-n", "cablemesh"}, {"get", "daemonsets.apps/kube-proxy", "-n", "cablemesh"},
 			{"get", "daemonsets.apps/cable-agent", "-n", "kube-system"}, {"delete", "daemonsets.apps/cable-agent", "-n", "cablemesh"},
 			{"get", "namespaces/kube-system"}, {"delete", "namespaces/cablemesh"},
