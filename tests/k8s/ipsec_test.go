@@ -1,0 +1,196 @@
+package k8s
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// ipsecPolicy is a ClusterConnectionPolicy applied in east that moves every pair of east (here:
+// east-west, the only one) to the ipsec cable, above the mesh default's wireguard.
+const ipsecPolicy = `apiVersion: cablemesh.io/v1alpha1
+kind: ClusterConnectionPolicy
+metadata:
+  name: east-ipsec
+  labels: {cablemesh.io/origin: cluster}
+spec:
+  clusterSelector: {}
+  priority: 10
+  cableDriver: {name: ipsec}
+`
+
+// gatewayView is what `cablectl status -o json` on a gateway's socket says of its drivers and of
+// its connection to one remote cluster.
+type gatewayView struct {
+	Drivers     []driverState `json:"drivers"`
+	Connections []struct {
+		Cluster string `json:"cluster"`
+		Driver  string `json:"driver"`
+		State   string `json:"state"`
+		Message string `json:"message"`
+		RxBytes uint64 `json:"rxBytes"`
+		TxBytes uint64 `json:"txBytes"`
+	} `json:"connections"`
+}
+
+func (m *mesh) gatewayView(c string) (gatewayView, error) {
+	var v gatewayView
+	sock := filepath.Join(m.dir, c, "nodes", "gw", "run", "cablemesh", "agent.sock")
+	out, err := exec.Command(filepath.Join(m.bin, "cablectl"), "status", "--socket", sock, "-o", "json").Output()
+	if err != nil {
+		return v, fmt.Errorf("cablectl status --socket %s: %w", sock, err)
+	}
+	return v, json.Unmarshal(out, &v)
+}
+
+type driverState struct {
+	Name  string `json:"name"`
+	Error string `json:"error"`
+}
+
+// connection is c's gateway's view of its connection to remote: driver, state, CHILD_SA bytes.
+func (m *mesh) connection(c, remote string) (driver, state string, rx, tx uint64, err error) {
+	v, err := m.gatewayView(c)
+	if err != nil {
+		return "", "", 0, 0, err
+	}
+	for _, cn := range v.Connections {
+		if cn.Cluster == remote {
+			return cn.Driver, cn.State, cn.RxBytes, cn.TxBytes, nil
+		}
+	}
+	return "", "", 0, 0, fmt.Errorf("%s's gateway has no connection to %s", c, remote)
+}
+
+// nodeRoute is `ip route get DST` in node's network namespace of cluster c.
+func (m *mesh) nodeRoute(c, node, dst string) (string, error) {
+	out, err := exec.Command("ip", "-n", "ck8-"+c+"-"+node, "route", "get", dst).CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+// TestIPsecCable: the agent's image carries charon, so every gateway runs the ipsec driver (the
+// install's default cableDrivers); a ClusterConnectionPolicy applied in east moves the east-west
+// pair from the default wireguard to ipsec, both gateways connect it (cablectl status and the
+// ClusterLinks say ipsec, connected), and pod-to-pod traffic crosses the IPsec SAs (their byte
+// counters grow, and the gateway routes west's pod through charon's table 220).
+func TestIPsecCable(t *testing.T) {
+	requireStage(t)
+	m := upMesh(t)
+	m.mustKC("west", westApps, "apply", "-f", "-")
+	m.mustKC("east", eastApps, "apply", "-f", "-")
+
+	for _, c := range []string{"east", "west"} {
+		v, err := m.gatewayView(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		i := slices.IndexFunc(v.Drivers, func(d driverState) bool { return d.Name == "ipsec" })
+		if i < 0 || v.Drivers[i].Error != "" {
+			t.Fatalf("%s's gateway does not run the ipsec driver: %+v (agent log: %s)", c, v.Drivers, m.agentLogTail(c, 30))
+		}
+	}
+
+	m.mustKC("west", "", "-n", "demo", "wait", "--for", "condition=Available", "deploy/web", "--timeout", "120s")
+	m.mustKC("east", "", "-n", "demo", "wait", "--for", "condition=Ready", "pod", "--all", "--timeout", "120s")
+	webIP := strings.TrimSpace(m.mustKC("west", "", "-n", "demo", "get", "pod", "-l", "app=web", "-o", "jsonpath={.items[0].status.podIP}"))
+	if a, err := netip.ParseAddr(webIP); err != nil || !netip.MustParsePrefix("10.2.0.0/16").Contains(a) {
+		t.Fatalf("west's web pod IP %q is not in west's pod CIDR 10.2.0.0/16", webIP)
+	}
+	// The pair starts on the mesh default (wireguard) and carries traffic.
+	waitFor(t, 60*time.Second, "client-gw -> west's web over the default cable", func() error {
+		_, _, err := m.call("east", "client-gw", webIP+":80")
+		return err
+	})
+	if d, _, _, _, err := m.connection("east", "west"); err != nil || d != "wireguard" {
+		t.Fatalf("before the policy east-west is on %q (%v), want the default wireguard", d, err)
+	}
+
+	applied := time.Now()
+	m.mustKC("east", ipsecPolicy, "apply", "-f", "-")
+	t.Cleanup(func() {
+		_, _ = m.kc("east", "", "delete", "clusterconnectionpolicy", "east-ipsec", "--ignore-not-found")
+	})
+	for _, c := range [][2]string{{"east", "west"}, {"west", "east"}} {
+		local, remote := c[0], c[1]
+		waitFor(t, 120*time.Second, local+"'s gateway connected to "+remote+" over ipsec", func() error {
+			d, st, _, _, err := m.connection(local, remote)
+			if err != nil || d != "ipsec" || st != "connected" {
+				return fmt.Errorf("driver %q, state %q (%v)", d, st, err)
+			}
+			return nil
+		})
+		t.Logf("%s's gateway: %s over ipsec, connected %v after the policy was applied", local, remote, time.Since(applied).Round(time.Millisecond))
+	}
+	connected := time.Since(applied)
+
+	// Pod to pod, from east's gateway and worker, and back from west.
+	for _, pod := range []string{"client-gw", "client-worker"} {
+		var answer string
+		d := waitFor(t, 60*time.Second, pod+" -> "+webIP+" over ipsec", func() (err error) {
+			answer, _, err = m.call("east", pod, webIP+":80")
+			return err
+		})
+		if answer != "hello from west" {
+			t.Errorf("%s -> %s answered %q, want %q", pod, webIP, answer, "hello from west")
+		}
+		t.Logf("%s -> west's pod %s over ipsec: %q (after %v)", pod, webIP, answer, d.Round(time.Millisecond))
+	}
+	eastIP := strings.TrimSpace(m.mustKC("east", "", "-n", "demo", "get", "pod", "client-worker", "-o", "jsonpath={.status.podIP}"))
+	webPod := strings.TrimSpace(m.mustKC("west", "", "-n", "demo", "get", "pod", "-l", "app=web", "-o", "jsonpath={.items[0].metadata.name}"))
+	if answer, _, err := m.call("west", webPod, eastIP+":80"); err != nil || answer != "hello from east worker" {
+		t.Errorf("west's %s -> east's worker pod %s: %q, %v; want %q", webPod, eastIP, answer, err, "hello from east worker")
+	}
+
+	// The traffic crosses the SAs: east's gateway routes west's pod by charon's table 220 (through
+	// ipsec0 where ESP runs in charon, as on this kernel), and a stream from west's pod grows both
+	// CHILD_SA counters.
+	route, err := m.nodeRoute("east", "gw", webIP)
+	if err != nil || !strings.Contains(route, "table 220") {
+		t.Errorf("east's gateway routes %s by %q (%v), want charon's table 220", webIP, route, err)
+	}
+	t.Logf("east's gateway: ip route get %s: %s", webIP, route)
+	_, _, rx0, tx0, err := m.connection("east", "west")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := m.kc("east", "", "-n", "demo", "exec", "client-worker", "--", "/probe", "stream", "-for", "5s", webIP+":81")
+	if err != nil {
+		t.Fatalf("probe stream from east's worker to %s:81: %v: %s", webIP, err, out)
+	}
+	t.Logf("stream from west's pod for 5 s: %s", strings.TrimSpace(out))
+	var rx1, tx1 uint64
+	waitFor(t, 30*time.Second, "east's CHILD_SA counters to count the stream", func() error {
+		var err error
+		if _, _, rx1, tx1, err = m.connection("east", "west"); err != nil {
+			return err
+		}
+		if rx1 <= rx0 || tx1 <= tx0 {
+			return fmt.Errorf("rx %d -> %d, tx %d -> %d bytes", rx0, rx1, tx0, tx1)
+		}
+		return nil
+	})
+	t.Logf("east's CHILD_SA with west: rx %d -> %d, tx %d -> %d bytes", rx0, rx1, tx0, tx1)
+
+	out = m.mustKC("east", "", "get", "clusterlinks")
+	t.Logf("east: kubectl get clusterlinks\n%s", out)
+	waitFor(t, 60*time.Second, "east's ClusterLink west: ipsec, connected", func() error {
+		out, err := m.kc("east", "", "get", "clusterlink", "west", "-o", "jsonpath={.status.driver} {.status.state}")
+		if strings.TrimSpace(out) != "ipsec connected" || err != nil {
+			return fmt.Errorf("driver, state: %q (%v)", out, err)
+		}
+		return nil
+	})
+	t.Logf("time to connect over ipsec after the policy was applied: %v (both gateways)", connected.Round(time.Millisecond))
+}
+
+// agentLogTail is the last n lines of the gateway agent's log in cluster c, for failures.
+func (m *mesh) agentLogTail(c string, n int) string {
+	out, _ := m.kc(c, "", "-n", "cablemesh", "logs", "ds/cable-agent", "--tail", fmt.Sprint(n))
+	return out
+}
