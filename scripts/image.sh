@@ -44,14 +44,23 @@ charon_rootfs() {
 			[[ -f $dir$lib ]] || install -D -m 0755 "$(readlink -f "$lib")" "$dir$lib"
 		done
 	done
-	# /run is where the launcher mounts charon's private tmpfs (its pid file path is compiled in).
-	mkdir -p "$dir/run"
+	# glibc loads libgcc_s at run time (no ldd can see it) for pthread_cancel, which charon calls
+	# when it stops: without it charon aborts on SIGTERM instead of removing its SAs and routes.
+	lib=$(ldd /bin/sh | awk '$1 == "libc.so.6" {print $3}')
+	lib=${lib%/*}/libgcc_s.so.1
+	[[ -f $lib ]] || { echo "image: $lib is missing (Debian: libgcc-s1)" >&2; return 1; }
+	install -D -m 0755 "$(readlink -f "$lib")" "$dir$lib"
+	# /run is where the launcher mounts charon's private tmpfs; charon's pid file path is compiled
+	# in as /var/run/charon.pid, which is /run's on Debian (charon exits when it cannot write it).
+	mkdir -p "$dir/run" "$dir/var"
+	ln -s /run "$dir/var/run"
 	# Every library they need resolves inside DIR: their dynamic loader says so there (root only:
 	# chroot), and charon runs.
 	if [[ $(id -u) == 0 ]]; then
-		local listing
+		local listing loader
+		loader=$(ldd /bin/sh | awk '$1 ~ /^\// {print $1}')
 		for f in "${elfs[@]}"; do
-			if ! listing=$(chroot "$dir" /lib64/ld-linux-x86-64.so.2 --list "$f" 2>&1) || [[ $listing == *"not found"* ]]; then
+			if ! listing=$(chroot "$dir" "$loader" --list "$f" 2>&1) || [[ $listing == *"not found"* ]]; then
 				echo "image: $f lacks a library inside the image's file tree: $listing" >&2
 				return 1
 			fi
