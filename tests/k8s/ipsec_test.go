@@ -187,6 +187,65 @@ func TestIPsecCable(t *testing.T) {
 		return nil
 	})
 	t.Logf("time to connect over ipsec after the policy was applied: %v (both gateways)", connected.Round(time.Millisecond))
+	rss := exec.Command(filepath.Join(m.root, "tests", "k8s", "cluster.sh"), "rss", "east")
+	rss.Env = append(rss.Environ(), "CABLEMESH_K8S_DIR="+m.dir)
+	rssOut, _ := rss.CombinedOutput()
+	t.Logf("resident memory of east with the ipsec cable up (charon is its own line):\n%s", rssOut)
+
+	m.restartGatewayUnderStream(t, webIP)
+}
+
+// restartGatewayUnderStream restarts east's gateway agent (kubectl rollout restart) while east's
+// worker pod reads a counter stream from west's pod over the ipsec cable. charon lives in the
+// agent pod's PID namespace and ends with it (docs/ipsec-kubernetes.md), as wireguard-go does
+// where the kernel has no WireGuard: the new pod starts a new charon, which negotiates the pair
+// again. TCP retransmits across the gap: nothing may be lost and the stream must not reconnect.
+func (m *mesh) restartGatewayUnderStream(t *testing.T, webIP string) {
+	const streamFor = 60 * time.Second
+	type result struct {
+		out string
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, err := m.kc("east", "", "-n", "demo", "exec", "client-worker", "--", "/probe", "stream", "-for", streamFor.String(), webIP+":81")
+		done <- result{out, err}
+	}()
+	time.Sleep(5 * time.Second)
+	start := time.Now()
+	m.mustKC("east", "", "-n", "cablemesh", "rollout", "restart", "ds/cable-agent")
+	m.mustKC("east", "", "-n", "cablemesh", "rollout", "status", "ds/cable-agent", "--timeout", "120s")
+	rolled := time.Since(start)
+	d := waitFor(t, 90*time.Second, "east's new gateway agent connected to west over ipsec", func() error {
+		d, st, _, _, err := m.connection("east", "west")
+		if err != nil || d != "ipsec" || st != "connected" {
+			return fmt.Errorf("driver %q, state %q (%v)", d, st, err)
+		}
+		return nil
+	})
+	t.Logf("rollout restart of east's gateway agent done in %v; ipsec connected again %v later", rolled.Round(time.Millisecond), d.Round(time.Millisecond))
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("probe stream: %v\n%s", r.err, r.out)
+	}
+	var rep struct {
+		LongestStallMs int64    `json:"longestStallMs"`
+		Reconnects     int      `json:"reconnects"`
+		Received       uint64   `json:"received"`
+		Lost           uint64   `json:"lost"`
+		Errors         []string `json:"errors"`
+	}
+	if err := json.Unmarshal([]byte(r.out[strings.LastIndex(strings.TrimSpace(r.out), "\n")+1:]), &rep); err != nil {
+		t.Fatalf("probe stream printed %q: %v", r.out, err)
+	}
+	t.Logf("stream over %v across the restart: %d counters received, longest stall %d ms, %d reconnects, errors %v",
+		streamFor, rep.Received, rep.LongestStallMs, rep.Reconnects, rep.Errors)
+	if rep.Reconnects != 0 || rep.Lost != 0 {
+		t.Errorf("the stream broke across the gateway's restart: %d reconnects, %d counters lost (errors %v)", rep.Reconnects, rep.Lost, rep.Errors)
+	}
+	if answer, _, err := m.call("east", "client-worker", webIP+":80"); err != nil || answer != "hello from west" {
+		t.Errorf("client-worker -> %s after the restart: %q, %v", webIP, answer, err)
+	}
 }
 
 // agentLogTail is the last n lines of the gateway agent's log in cluster c, for failures.
