@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -68,6 +69,38 @@ func (m *mesh) connection(c, remote string) (driver, state string, rx, tx uint64
 	return "", "", 0, 0, fmt.Errorf("%s's gateway has no connection to %s", c, remote)
 }
 
+// waitIPsec waits until local's gateway has its connection to remote up over ipsec; when it does
+// not come up in time it fails with what both gateways say of it: the connection's message, the
+// tail of each charon's log and of each gateway agent's log.
+func (m *mesh) waitIPsec(t *testing.T, within time.Duration, local, remote string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	var last string
+	for time.Since(start) < within {
+		v, err := m.gatewayView(local)
+		last = fmt.Sprint(err)
+		if err == nil {
+			last = "no connection to " + remote
+			for _, cn := range v.Connections {
+				if cn.Cluster == remote {
+					if cn.Driver == "ipsec" && cn.State == "connected" {
+						return time.Since(start)
+					}
+					last = fmt.Sprintf("driver %q, state %q: %s", cn.Driver, cn.State, cn.Message)
+				}
+			}
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	for _, c := range []string{local, remote} {
+		charonLog, _ := os.ReadFile(filepath.Join(m.dir, c, "nodes", "gw", "var-lib", "cablemesh", "ipsec", "charon.log"))
+		t.Logf("%s's charon.log (tail):\n%s", c, tail(string(charonLog), 40))
+		t.Logf("%s's gateway agent log (tail):\n%s", c, m.agentLogTail(c, 40))
+	}
+	t.Fatalf("%s's gateway connected to %s over ipsec: not after %v: %s", local, remote, within, last)
+	return 0
+}
+
 // nodeRoute is `ip route get DST` in node's network namespace of cluster c.
 func (m *mesh) nodeRoute(c, node, dst string) (string, error) {
 	out, err := exec.Command("ip", "-n", "ck8-"+c+"-"+node, "route", "get", dst).CombinedOutput()
@@ -118,13 +151,7 @@ func TestIPsecCable(t *testing.T) {
 	})
 	for _, c := range [][2]string{{"east", "west"}, {"west", "east"}} {
 		local, remote := c[0], c[1]
-		waitFor(t, 120*time.Second, local+"'s gateway connected to "+remote+" over ipsec", func() error {
-			d, st, _, _, err := m.connection(local, remote)
-			if err != nil || d != "ipsec" || st != "connected" {
-				return fmt.Errorf("driver %q, state %q (%v)", d, st, err)
-			}
-			return nil
-		})
+		m.waitIPsec(t, 120*time.Second, local, remote)
 		t.Logf("%s's gateway: %s over ipsec, connected %v after the policy was applied", local, remote, time.Since(applied).Round(time.Millisecond))
 	}
 	connected := time.Since(applied)
@@ -216,13 +243,7 @@ func (m *mesh) restartGatewayUnderStream(t *testing.T, webIP string) {
 	m.mustKC("east", "", "-n", "cablemesh", "rollout", "restart", "ds/cable-agent")
 	m.mustKC("east", "", "-n", "cablemesh", "rollout", "status", "ds/cable-agent", "--timeout", "120s")
 	rolled := time.Since(start)
-	d := waitFor(t, 90*time.Second, "east's new gateway agent connected to west over ipsec", func() error {
-		d, st, _, _, err := m.connection("east", "west")
-		if err != nil || d != "ipsec" || st != "connected" {
-			return fmt.Errorf("driver %q, state %q (%v)", d, st, err)
-		}
-		return nil
-	})
+	d := m.waitIPsec(t, 90*time.Second, "east", "west")
 	t.Logf("rollout restart of east's gateway agent done in %v; ipsec connected again %v later", rolled.Round(time.Millisecond), d.Round(time.Millisecond))
 	r := <-done
 	if r.err != nil {
