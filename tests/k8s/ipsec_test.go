@@ -150,6 +150,18 @@ func TestIPsecCable(t *testing.T) {
 		t.Fatalf("before the policy east-west is on %q (%v), want the default wireguard", d, err)
 	}
 
+	// kernel-libipsec also routes the replies of the cluster's services (its service CIDR is a
+	// local traffic selector too), and needs a gateway address inside that CIDR as well, which no
+	// node has with kube-proxy in iptables mode. The service CIDR's last address is never given
+	// to a Service (the allocator leaves out the network and broadcast addresses): each gateway
+	// holds it as a /32 (docs/ipsec-kubernetes.md).
+	for i, c := range []string{"east", "west"} {
+		addr := fmt.Sprintf("10.96.%d.255/32", i+1)
+		if out, err := exec.Command("ip", "-n", "ck8-"+c+"-gw", "addr", "add", addr, "dev", "eth0").CombinedOutput(); err != nil {
+			t.Fatalf("ip addr add %s on %s's gateway: %v: %s", addr, c, err, out)
+		}
+	}
+
 	applied := time.Now()
 	m.mustKC("east", ipsecPolicy, "apply", "-f", "-")
 	t.Cleanup(func() {
