@@ -294,6 +294,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.cfg.Gateway {
 		wg.Go(func() { a.link.RunRegister(ctx, client) })
 		wg.Go(func() { a.linkReports.Run(ctx, client) })
+		wg.Go(func() { a.cables.WatchHealthCheckIP(ctx, func() { a.link.Reregister(ctx, client) }) })
 	}
 	wg.Go(func() { a.opts.ServiceImports.Run(ctx) })
 	if a.opts.ConfigPath != "" {

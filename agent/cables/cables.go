@@ -74,6 +74,8 @@ type Cables struct {
 	health        *health.Manager   // nil unless a gateway with healthCheck enabled
 	failover      *failover         // the remote gateways the probes found dead; with health
 	healthReasons map[string]string // wanted connections not probed, and why
+	// publishedHealthIP is the health_check_ip of the last endpoint built (WatchHealthCheckIP).
+	publishedHealthIP netip.Addr
 }
 
 // New returns the cables of cfg (the start-up config); Start builds the drivers.

@@ -33,9 +33,13 @@ func (c *Cables) Endpoint(in EndpointInputs) *apiv1.Endpoint {
 		ep.CablePorts[d.Name()] = uint32(le.Port)
 		ep.SetAttributes(d.Name(), le.Attributes)
 	}
-	if ip := HealthCheckIP(in.PodCIDRs, in.Addrs); ip.IsValid() {
+	ip := HealthCheckIP(in.PodCIDRs, in.Addrs)
+	if ip.IsValid() {
 		ep.HealthCheckIp = ip.String()
 	}
+	c.mu.Lock()
+	c.publishedHealthIP = ip
+	c.mu.Unlock()
 	return ep
 }
 
