@@ -73,8 +73,7 @@ func InterfaceAddrs() []netip.Addr {
 	return out
 }
 
-// HealthSettings are cfg's probe settings (defaults already applied by config).
-func HealthSettings(cfg *config.Config) health.Settings {
-	h := cfg.HealthCheck
+// HealthSettings are h's probe settings (defaults already applied by config).
+func HealthSettings(h config.HealthCheck) health.Settings {
 	return health.Settings{Period: h.Period, Timeout: h.Timeout, FailureThreshold: h.FailureThreshold, Window: h.Window}.WithDefaults()
 }
