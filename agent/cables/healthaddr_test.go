@@ -49,7 +49,7 @@ func TestAHealthCheckAddressThatAppearsLaterRegistersTheEndpointAgain(t *testing
 		return out
 	}
 	pods := []netip.Prefix{netip.MustParsePrefix("10.9.0.0/24")}
-	c := New(&config.Config{}, Deps{Log: slog.Default(), LocalPodCIDRs: func() []netip.Prefix { return pods }, InterfaceAddrs: addrs})
+	c := New(config.Static{}, Deps{Log: slog.Default(), LocalPodCIDRs: func() []netip.Prefix { return pods }, InterfaceAddrs: addrs})
 	if ep := c.Endpoint(EndpointInputs{Cluster: "east", Node: "gw", PodCIDRs: pods, Addrs: addrs()}); ep.HealthCheckIp != "" {
 		t.Fatalf("health_check_ip %q before the bridge has an address", ep.HealthCheckIp)
 	}
