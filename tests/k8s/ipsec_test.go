@@ -232,10 +232,6 @@ func TestIPsecCable(t *testing.T) {
 		return nil
 	})
 	t.Logf("time to connect over ipsec after the policy was applied: %v (both gateways)", connected.Round(time.Millisecond))
-	rss := exec.Command(filepath.Join(m.root, "tests", "k8s", "cluster.sh"), "rss", "east")
-	rss.Env = append(rss.Environ(), "CABLEMESH_K8S_DIR="+m.dir)
-	rssOut, _ := rss.CombinedOutput()
-	t.Logf("resident memory of east with the ipsec cable up (charon is its own line):\n%s", rssOut)
 
 	m.restartGatewayUnderStream(t, webIP)
 }
