@@ -31,8 +31,9 @@ var indirectAllowed = map[string]string{
 	"tests/k8s/cluster_test.go kc":                            "kubectl, built by tests/k8s/build.sh",
 	"tests/k8s/crosscluster_test.go nodeLeftovers":            "tests/k8s/cluster.sh nodeexec, the project's own script (it runs find, of findutils, on the node)",
 	"tests/k8s/crosscluster_test.go script":                   "scripts/k8s-demo.sh and k8s-demo-down.sh, the project's own scripts",
-	"tests/k8s/crosscluster_test.go upMesh":                   "tests/k8s/cluster.sh (rss), the project's own script",
+	"tests/k8s/crosscluster_test.go upMeshApps":               "tests/k8s/cluster.sh (rss), the project's own script",
 	"tests/k8s/crosscluster_test.go kc":                       "kubectl, built by tests/k8s/build.sh",
+	"tests/k8s/clusterdns_test.go clusterDNS":                 "tests/k8s/coredns/cluster-dns.sh, the project's own script",
 	"tests/netns/xdsguard_test.go fetchSecretAs":              "xdsgrpc, built from tests/netns/cmd",
 }
 

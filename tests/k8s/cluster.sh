@@ -204,6 +204,8 @@ go_image_archive() {
 	export STORAGE_DRIVER=${STORAGE_DRIVER:-vfs} BUILDAH_ISOLATION=${BUILDAH_ISOLATION:-chroot}
 	ctr=$(buildah from scratch)
 	buildah copy --chmod 0755 "$ctr" "$tmp/$name" "/$name" >/dev/null
+	# The probe also answers to /call (make k8s-demo's `kubectl exec client -- /call HOST:PORT`).
+	[[ $name != probe ]] || buildah copy --chmod 0755 "$ctr" "$tmp/$name" /call >/dev/null
 	buildah config --entrypoint "[\"/$name\"]" --cmd '' "$ctr"
 	buildah commit --quiet "$ctr" "docker-archive:$out.tmp:$image" >/dev/null
 	buildah rm "$ctr" >/dev/null
