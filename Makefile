@@ -119,9 +119,11 @@ bench: deps-bench build
 bench-services: deps-bench build
 	BENCH_RUN='^TestServices$$' ./bench/throughput.sh
 
-# The agent's DNS server against dnsmasq serving the same names, dnsperf as the load (no root).
+# The agent's DNS server against dnsmasq and CoreDNS (tests/k8s/coredns/build.sh, cached in
+# /var/cache/cablemesh/coredns) serving the same names, dnsperf as the load (no root).
 bench-dns: deps-bench
-	$(GO) test -tags bench -run '^TestDNS$$' -v -count=1 -timeout 30m ./bench/dns/
+	dir=$$(./tests/k8s/coredns/build.sh) && CABLEMESH_COREDNS=$$dir/coredns \
+		$(GO) test -tags bench -run '^TestDNS$$' -v -count=1 -timeout 30m ./bench/dns/
 
 # The broker under a fleet of simulated agents starting at once (no root): 1,000 and 5,000 agents,
 # bbolt and etcd; results in bench/results/scale-<date>.*. Knobs: CABLEMESH_SCALE_* (bench/scale/doc.go).

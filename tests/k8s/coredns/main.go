@@ -15,6 +15,7 @@ import (
 
 	// The plugins a Corefile of this build may use. The order in which they run is
 	// dnsserver.Directives (upstream's plugin.cfg order), not this list.
+	_ "github.com/coredns/coredns/plugin/bind"
 	_ "github.com/coredns/coredns/plugin/cache"
 	_ "github.com/coredns/coredns/plugin/errors"
 	_ "github.com/coredns/coredns/plugin/file"
