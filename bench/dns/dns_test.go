@@ -848,7 +848,7 @@ func markdown(res Result) string {
 	if res.CoreDNS != "" {
 		fmt.Fprintf(&b, "Second anchor: %s (file plugin).\n\n", res.CoreDNS)
 	}
-	fmt.Fprintf(&b, "Zone: %d services (%d names). %d runs of %ds per profile, server and mode, interleaved. Command: `%s`\n\n",
+	fmt.Fprintf(&b, "Zone: %d services (%d names). %d run(s) of %ds per profile, server and mode, interleaved. Command: `%s`\n\n",
 		res.Services, res.ZoneNames, res.Rounds, res.RunSeconds, res.Command)
 	for _, p := range res.Profiles {
 		fmt.Fprintf(&b, "## %s\n\ndnsmasq serves %s.\n\n", p.Name, p.Dnsmasq)

@@ -6,8 +6,9 @@
 // syntax and the plugins' code are upstream's, unchanged.
 //
 // The multicluster zone (clusterset.local from the MCS API's ServiceImports) is the
-// kubernetes plugin's own `multicluster` option, which CoreDNS has carried in its tree since
-// the external github.com/coredns/multicluster plugin was folded into it.
+// kubernetes plugin's own `multicluster` option, in CoreDNS v1.15.0's tree. The separate
+// github.com/coredns/multicluster plugin module is not served by the Go module proxy, so it
+// is not used.
 package main
 
 import (
