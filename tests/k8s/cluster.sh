@@ -507,6 +507,10 @@ route_pod_cidrs() {
 			[[ -n $cidr ]] || die "node $C-$m has no pod CIDR"
 			ip -n "ck8-$C-$n" route replace "$cidr" via "$(node_ip "$(node_index "$m")")"
 		done
+		# The control plane answers pods too (CoreDNS's kubernetes plugin calls the API server
+		# through the kubernetes Service from its pod address; kube-proxy does not masquerade it).
+		cidr=$(kubectl_admin get node "$C-$n" -o jsonpath='{.spec.podCIDR}')
+		in_cp ip route replace "$cidr" via "$(node_ip "$(node_index "$n")")"
 	done
 }
 
