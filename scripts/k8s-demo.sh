@@ -211,9 +211,14 @@ done
 # operators; then the demo's workload (unless CABLEMESH_K8S_DEMO_APPS=0: the k8s tests bring
 # their own).
 i=1
+dns_pids=()
 for c in "${CLUSTERS[@]}"; do
-	"$ROOT/tests/k8s/coredns/cluster-dns.sh" "$c" "$i" forward
+	"$ROOT/tests/k8s/coredns/cluster-dns.sh" "$c" "$i" forward &
+	dns_pids+=($!)
 	i=$((i + 1))
+done
+for p in "${dns_pids[@]}"; do
+	wait "$p" || die "cluster DNS did not come up (tests/k8s/coredns/cluster-dns.sh)"
 done
 if [[ ${CABLEMESH_K8S_DEMO_APPS:-1} != 0 ]]; then
 	for c in "${CLUSTERS[@]}"; do
