@@ -79,8 +79,11 @@ func tail(s string, n int) string {
 
 func (m *mesh) script(name string) (string, error) {
 	cmd := exec.Command(filepath.Join(m.root, "scripts", name))
-	cmd.Env = append(os.Environ(), "CABLEMESH_K8S_DIR="+m.dir, "CABLEMESH_BIN="+m.bin,
-		"CABLEMESH_K8S_DEMO_APPS="+map[bool]string{false: "0", true: "1"}[m.demoApps])
+	apps := "0"
+	if m.demoApps {
+		apps = "1"
+	}
+	cmd.Env = append(os.Environ(), "CABLEMESH_K8S_DIR="+m.dir, "CABLEMESH_BIN="+m.bin, "CABLEMESH_K8S_DEMO_APPS="+apps)
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }
