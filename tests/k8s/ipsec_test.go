@@ -222,8 +222,7 @@ func TestIPsecCable(t *testing.T) {
 	})
 	t.Logf("east's CHILD_SA with west: rx %d -> %d, tx %d -> %d bytes", rx0, rx1, tx0, tx1)
 
-	out = m.mustKC("east", "", "get", "clusterlinks")
-	t.Logf("east: kubectl get clusterlinks\n%s", out)
+	// The ClusterLink follows within the status writer's rate limit.
 	waitFor(t, 60*time.Second, "east's ClusterLink west: ipsec, connected", func() error {
 		out, err := m.kc("east", "", "get", "clusterlink", "west", "-o", "jsonpath={.status.driver} {.status.state}")
 		if strings.TrimSpace(out) != "ipsec connected" || err != nil {
@@ -231,6 +230,7 @@ func TestIPsecCable(t *testing.T) {
 		}
 		return nil
 	})
+	t.Logf("east: kubectl get clusterlinks\n%s", m.mustKC("east", "", "get", "clusterlinks"))
 	t.Logf("time to connect over ipsec after the policy was applied: %v (both gateways)", connected.Round(time.Millisecond))
 
 	m.restartGatewayUnderStream(t, webIP)
