@@ -65,7 +65,22 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer, when set, gets the server's Prometheus metrics (cablemesh_dns_*).
 	Registerer prometheus.Registerer
+	// BindRetry is how long Start keeps trying to listen while the address is in use, with
+	// backoff, logging every failure: an agent started again right after it was killed finds
+	// its predecessor's sockets still open until that process is gone. Default:
+	// DefaultBindRetry; negative: fail at the first "address already in use".
+	BindRetry time.Duration
 }
+
+// DefaultBindRetry is Config.BindRetry's default: far longer than a killed process takes to
+// release its sockets, short enough that an address held by something else is reported soon.
+const DefaultBindRetry = 15 * time.Second
+
+// Backoff of the bind retries: from firstBindRetry, doubling up to maxBindRetryWait.
+const (
+	firstBindRetry   = 20 * time.Millisecond
+	maxBindRetryWait = time.Second
+)
 
 // Server is the agent's clusterset.local DNS server: a thin shell over Answer. It answers
 // from the zone of the last Update, swapped atomically, so queries never wait for an update
@@ -100,7 +115,8 @@ type Server struct {
 }
 
 const (
-	stateNew = iota
+	stateNew      = iota
+	stateStarting // Start is waiting for the address (Config.BindRetry)
 	stateStarted
 	stateStopped
 )
@@ -131,6 +147,9 @@ func NewServer(cfg Config) (*Server, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.BindRetry == 0 {
+		cfg.BindRetry = DefaultBindRetry
 	}
 	if len(cfg.NSAddrs) == 0 && !ap.Addr().IsUnspecified() {
 		cfg.NSAddrs = []netip.Addr{ap.Addr()}
@@ -356,16 +375,53 @@ func listenUDPAndTCP(addr string) (net.PacketConn, net.Listener, error) {
 	}
 }
 
+// listen is listenUDPAndTCP on cfg.Listen, tried again with backoff while the address is in use,
+// for up to cfg.BindRetry or until Shutdown.
+func (s *Server) listen() (net.PacketConn, net.Listener, error) {
+	giveUp := time.Now().Add(s.cfg.BindRetry)
+	wait := firstBindRetry
+	for tries := 1; ; tries++ {
+		pc, ln, err := listenUDPAndTCP(s.cfg.Listen)
+		if err == nil || !errors.Is(err, syscall.EADDRINUSE) {
+			return pc, ln, err
+		}
+		if time.Now().Add(wait).After(giveUp) {
+			return nil, nil, fmt.Errorf("%w (still in use after %d tries over %s)", err, tries, s.cfg.BindRetry)
+		}
+		s.log.Warn("dns server: address in use, retrying; an agent killed just before may still hold it while it exits",
+			"addr", s.cfg.Listen, "try", tries, "retryIn", wait, "err", err)
+		select {
+		case <-s.ctx.Done():
+			return nil, nil, fmt.Errorf("dns server: shut down while waiting for %s: %w", s.cfg.Listen, err)
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, maxBindRetryWait)
+	}
+}
+
 // Start listens on cfg.Listen over UDP and TCP (the same port) and serves in the background
-// until Shutdown.
+// until Shutdown. While the address is in use it retries for Config.BindRetry.
 func (s *Server) Start() error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.state != stateNew {
+		s.mu.Unlock()
 		return errors.New("dns server: already started (a server starts once)")
 	}
-	pc, ln, err := listenUDPAndTCP(s.cfg.Listen)
+	s.state = stateStarting
+	s.mu.Unlock()
+	// Not under mu: a Shutdown meanwhile cancels s.ctx, which ends the retries.
+	pc, ln, err := s.listen()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err == nil && s.state != stateStarting {
+		pc.Close()
+		ln.Close()
+		err = errors.New("dns server: shut down while starting")
+	}
 	if err != nil {
+		if s.state == stateStarting {
+			s.state = stateStopped
+		}
 		return err
 	}
 	s.addr = pc.LocalAddr().(*net.UDPAddr).AddrPort()
