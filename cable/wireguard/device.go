@@ -202,10 +202,12 @@ func openDevice(log *slog.Logger, name string, mtu int) (wgDevice, error) {
 	}
 }
 
-// removeLeftoverTUN deletes l, a TUN link with this device's name, unless a live process still
-// serves the name's UAPI socket (another agent in this mount namespace: its device is not ours
-// to take). A userspace device's TUN link goes with the process that opened it, but not at once:
-// an agent started again right after a SIGKILL finds it still there.
+// removeLeftoverTUN deletes l, a TUN link with this device's name, unless a live process serves
+// the name's UAPI socket in this mount namespace (an agent run with CABLEMESH_WG_ISOLATED=0: its
+// device is not ours to take; an isolated agent's socket is private, and the name in this
+// network namespace is the agent's own). A userspace device's TUN link goes with the process
+// that holds it, but not at once: an agent started again right after a kill finds it still there
+// while its predecessor exits.
 func removeLeftoverTUN(log *slog.Logger, l netlink.Link) error {
 	name := l.Attrs().Name
 	if uapiServed(name) {

@@ -22,11 +22,13 @@ import (
 const (
 	// restartAfterKill is how soon after the old agent is stopped the new one starts.
 	restartAfterKill = 30 * time.Millisecond
-	// oldAgentLingers is how long the old agent still holds its TUN link, its UAPI socket and its
-	// DNS sockets after the new one started. A SIGKILLed agent releases them as it exits, which
-	// takes a few ms on an idle machine but far longer under load (the soak saw a new agent
-	// meet both); the test makes it certain: the old agent is stopped (SIGSTOP), the new one
-	// started, and the old one SIGKILLed oldAgentLingers later.
+	// oldAgentLingers is how long the old agent still holds its TUN link and its DNS sockets
+	// after the new one started. Where the kernel has no WireGuard the agent is two processes
+	// (wireguard.RunIsolated: the one started, and its child in a mount namespace of its own,
+	// which holds everything); a supervisor sees the first one gone while the child is still
+	// exiting, the longer the more loaded the node (the soak met both leftovers 30 ms after the
+	// kill). The test makes it certain: the old agent is stopped (SIGSTOP), the new one started,
+	// and the old one SIGKILLed oldAgentLingers later.
 	oldAgentLingers = 1500 * time.Millisecond
 	// wgRestartOutage bounds the stop of a ping across a wireguard pair whose gateway agent is
 	// killed and started again at once: the new agent replaces the dead one's TUN link,
