@@ -39,11 +39,11 @@ func (noMSS) Remove() error         { return nil }
 
 // newRetryCables builds cables running wireguard (the flaky driver) and vxlan.
 func newRetryCables(wg *flakyDriver, ready func(context.Context)) *Cables {
-	cfg := &config.Config{CableDrivers: []string{"wireguard", "vxlan"}, ResyncInterval: time.Minute}
+	live := config.Live{CableDrivers: []string{"wireguard", "vxlan"}}
 	vx := fakedriver.NewNamed("vxlan", 4789)
 	log := slog.New(slog.DiscardHandler)
-	return New(cfg, Deps{Log: log, PairLog: log, MSS: noMSS{}, LocalNode: func() cable.LocalNode { return cable.LocalNode{} },
-		OnDriverReady: ready,
+	return New(config.Static{ResyncInterval: time.Minute, Gateway: true}, Deps{Log: log, PairLog: log, MSS: noMSS{}, LocalNode: func() cable.LocalNode { return cable.LocalNode{} },
+		OnDriverReady: ready, Live: func() config.Live { return live },
 		NewDriver: func(name string, _ cable.LocalNode, _ cable.Settings) (cable.Driver, error) {
 			if name == "wireguard" {
 				return wg, nil
