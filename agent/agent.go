@@ -22,7 +22,6 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -130,8 +129,6 @@ type Agent struct {
 	addrs  *kube.Addresses  // this node's addresses (the config's, or its Node's on Kubernetes)
 
 	linkReports *linkreport.Reporter // a gateway's links, reported to the broker
-
-	brokerClient atomic.Pointer[apiv1.AgentClient] // set once Run has dialled the broker
 }
 
 // New checks options; it creates nothing.
@@ -184,7 +181,7 @@ func New(opts Options) (*Agent, error) {
 		Log: a.log, PairLog: a.pairLog, NewDriver: opts.Host.NewDriver, LocalNode: a.localNode, MSS: opts.Host.MSS,
 		NewPinger: opts.Host.NewPinger, Metrics: a.metrics, RepairInterval: opts.RepairInterval,
 		LocalPodCIDRs: a.link.LocalPodCIDRs, InterfaceAddrs: opts.Host.InterfaceAddrs, OnHealthChange: a.TriggerServices, Live: a.liveConfig,
-		OnDriverReady: a.driverReady,
+		OnDriverReady: func(ctx context.Context) { a.Trigger(); a.link.ReregisterNow(ctx) },
 	})
 	a.worker = routes.NewWorker(cfg.Cluster, routes.WorkerDeps{Log: a.log, PairLog: a.pairLog, NewPinger: opts.Host.NewPinger,
 		Apply: opts.Host.ApplyRoutes, OnChange: a.Trigger})
@@ -280,7 +277,6 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	defer closeConn()
-	a.brokerClient.Store(&client)
 
 	var wg sync.WaitGroup
 	wg.Go(func() { a.cables.Run(ctx, a.reconcileOnce) })

@@ -108,16 +108,6 @@ func (a *Agent) nodeAddressesChanged(ctx context.Context, client apiv1.AgentClie
 	a.link.Reregister(ctx, client)
 }
 
-// driverReady follows a cable driver that initialised on a retry: the endpoint is registered
-// again with it (the broker publishes only running drivers; before the broker was dialled the
-// first registration carries it) and a pass connects its pairs.
-func (a *Agent) driverReady(ctx context.Context) {
-	a.Trigger()
-	if c := a.brokerClient.Load(); c != nil {
-		a.link.Reregister(ctx, *c)
-	}
-}
-
 // endpoint is this gateway's record for the broker (cables.Cables.Endpoint).
 func (a *Agent) endpoint() *apiv1.Endpoint {
 	private, public := a.addrs.Endpoint() // the config's, or the Node's on Kubernetes

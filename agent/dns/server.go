@@ -10,7 +10,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	mdns "github.com/miekg/dns"
@@ -75,12 +74,6 @@ type Config struct {
 // DefaultBindRetry is Config.BindRetry's default: far longer than a killed process takes to
 // release its sockets, short enough that an address held by something else is reported soon.
 const DefaultBindRetry = 15 * time.Second
-
-// Backoff of the bind retries: from firstBindRetry, doubling up to maxBindRetryWait.
-const (
-	firstBindRetry   = 20 * time.Millisecond
-	maxBindRetryWait = time.Second
-)
 
 // Server is the agent's clusterset.local DNS server: a thin shell over Answer. It answers
 // from the zone of the last Update, swapped atomically, so queries never wait for an update
@@ -347,57 +340,6 @@ func (s *Server) isLocal(addr netip.Addr) bool {
 
 // Zone returns the zone the server answers from, nil before the first Update.
 func (s *Server) Zone() *Zone { return s.zone.Load() }
-
-// anyPortTries is how many UDP ports listenUDPAndTCP tries when any port will do: the TCP port
-// of the same number may be taken (by any TCP socket, a connection's ephemeral port too).
-const anyPortTries = 10
-
-// listenUDPAndTCP listens on addr over UDP and over TCP on the same port. With port 0, TCP takes
-// the port UDP was given, and another one is tried when that TCP port is taken.
-func listenUDPAndTCP(addr string) (net.PacketConn, net.Listener, error) {
-	tries := 1
-	if _, port, err := net.SplitHostPort(addr); err == nil && port == "0" {
-		tries = anyPortTries
-	}
-	for i := 1; ; i++ {
-		pc, err := net.ListenPacket("udp", addr)
-		if err != nil {
-			return nil, nil, fmt.Errorf("dns server: listen udp %s: %w", addr, err)
-		}
-		ln, err := net.Listen("tcp", pc.LocalAddr().String())
-		if err == nil {
-			return pc, ln, nil
-		}
-		pc.Close()
-		if i >= tries || !errors.Is(err, syscall.EADDRINUSE) {
-			return nil, nil, fmt.Errorf("dns server: listen tcp %s: %w", pc.LocalAddr(), err)
-		}
-	}
-}
-
-// listen is listenUDPAndTCP on cfg.Listen, tried again with backoff while the address is in use,
-// for up to cfg.BindRetry or until Shutdown.
-func (s *Server) listen() (net.PacketConn, net.Listener, error) {
-	giveUp := time.Now().Add(s.cfg.BindRetry)
-	wait := firstBindRetry
-	for tries := 1; ; tries++ {
-		pc, ln, err := listenUDPAndTCP(s.cfg.Listen)
-		if err == nil || !errors.Is(err, syscall.EADDRINUSE) {
-			return pc, ln, err
-		}
-		if time.Now().Add(wait).After(giveUp) {
-			return nil, nil, fmt.Errorf("%w (still in use after %d tries over %s)", err, tries, s.cfg.BindRetry)
-		}
-		s.log.Warn("dns server: address in use, retrying; an agent killed just before may still hold it while it exits",
-			"addr", s.cfg.Listen, "try", tries, "retryIn", wait, "err", err)
-		select {
-		case <-s.ctx.Done():
-			return nil, nil, fmt.Errorf("dns server: shut down while waiting for %s: %w", s.cfg.Listen, err)
-		case <-time.After(wait):
-		}
-		wait = min(2*wait, maxBindRetryWait)
-	}
-}
 
 // Start listens on cfg.Listen over UDP and TCP (the same port) and serves in the background
 // until Shutdown. While the address is in use it retries for Config.BindRetry.
