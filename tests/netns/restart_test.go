@@ -31,10 +31,12 @@ const (
 	// and the old one SIGKILLed oldAgentLingers later.
 	oldAgentLingers = 1500 * time.Millisecond
 	// wgRestartOutage bounds the stop of a ping across a wireguard pair whose gateway agent is
-	// killed and started again at once: the new agent replaces the dead one's TUN link,
-	// rebuilds the device with the same key and peers, and the first packet handshakes again.
-	// Measured 0.6-1.6 s on a loaded 2-CPU VM (load 5-11); the old agent gave up on wireguard
-	// (a leftover TUN link) and then exited (DNS address in use): no recovery at all.
+	// killed and started again at once, counted from the moment the old agent stops: the new
+	// agent replaces the old one's TUN link, retries its Init while the old one still holds the
+	// UDP port, rebuilds the device with the same key and peers, and the first packet handshakes
+	// again. Measured 2.48-2.68 s on a 2-CPU VM at load 2-17, about 1 s after the old agent died
+	// (oldAgentLingers); the agent before these fixes gave up on wireguard (a leftover TUN link)
+	// and then exited (DNS address in use): no recovery at all.
 	wgRestartOutage = 10 * time.Second
 	// charonRestartOutage bounds the stop of a ping across an ipsec pair when either end's
 	// charon is SIGKILLed: the agent starts charon again (about 1 s: its supervisor polls every
