@@ -57,6 +57,9 @@ const (
 	ifWorkers      = `{{- if .Values.workers.enabled }}`
 	tplElse        = `{{- else }}`
 	tplEnd         = `{{- end }}`
+	// gatewaySelector is the gateways' node selector: gateway.nodeSelector, or the default when
+	// empty (a default in values.yaml would be merged with, not replaced by, the operator's).
+	gatewaySelector = `include "cablemesh.gatewayNodeSelector" . | fromJson`
 )
 
 // chartDefaults are the chart's default values, read from the templates so that the chart's
@@ -128,9 +131,7 @@ func HelmChart() (map[string][]byte, error) {
 		"templates/NOTES.txt": func(chartDefaults) ([]byte, error) {
 			return []byte(notesTxt), nil
 		},
-		"templates/_checks.tpl": func(chartDefaults) ([]byte, error) {
-			return []byte(checksTpl), nil
-		},
+		"templates/_helpers.tpl": helpersTpl,
 	} {
 		b, err := f(d)
 		if err != nil {
@@ -216,7 +217,7 @@ func placeValues(o Object, p *placeholders, d chartDefaults) error {
 		if _, ok := pod["affinity"]; ok {
 			return errors.New("the gateways' pod has a node affinity, which the chart's gateway.nodeSelector cannot make")
 		}
-		pod["nodeSelector"] = p.block(`mergeOverwrite (dict "kubernetes.io/os" "linux") .Values.gateway.nodeSelector`)
+		pod["nodeSelector"] = p.block(`mergeOverwrite (dict "kubernetes.io/os" "linux") (` + gatewaySelector + `)`)
 		return placePodValues(pod, p, d)
 	case "DaemonSet/" + WorkerDaemonSetName:
 		pod := nested(o, "spec", "template", "spec")
@@ -225,7 +226,7 @@ func placeValues(o Object, p *placeholders, d chartDefaults) error {
 			"nodeAffinity:",
 			"  requiredDuringSchedulingIgnoredDuringExecution:",
 			"    nodeSelectorTerms:",
-			"      {{- range $key, $value := .Values.gateway.nodeSelector }}",
+			"      {{- range $key, $value := "+gatewaySelector+" }}",
 			"      - matchExpressions:",
 			"          - key: {{ $key | toJson }}",
 			"            operator: NotIn",
