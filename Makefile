@@ -76,6 +76,7 @@ K8S_TEST_DIR ?= /tmp/cablemesh-k8s-test
 k8s-test: build
 	./scripts/install-deps.sh k8s
 	K8S_BUILD_JOBS=$${K8S_BUILD_JOBS:-2} ./tests/k8s/build.sh >/dev/null
+	./tests/helm/build.sh >/dev/null
 	rc=0; (cd tests/k8s && CABLEMESH_K8S=1 CABLEMESH_K8S_TEST_DIR=$(K8S_TEST_DIR) CABLEMESH_BIN=$(BIN) \
 		$(GO) test -v -count=1 -timeout $(K8S_TIMEOUT) . ./cmd/...) || rc=$$?; \
 		./scripts/k8s-test-cleanup.sh $(K8S_TEST_DIR); exit $$rc
