@@ -14,7 +14,7 @@ c=$1 i=$2
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BIN=${CABLEMESH_BIN:-$ROOT/bin}
 STATE=${CABLEMESH_K8S_DIR:?}
-: "${BROKER:?BROKER (host:port) is k8s-demo.sh\'s broker address}"
+: "${BROKER:?BROKER: the broker address (host:port) of k8s-demo.sh}"
 ADMIN=$STATE/broker/admin.yaml
 kc=$STATE/$c/kubeconfig
 KUBECTL=${K8S_BIN:?}/kubectl
