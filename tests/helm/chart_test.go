@@ -233,6 +233,23 @@ func TestChartOnlyValues(t *testing.T) {
 			t.Errorf("workers.enabled false: %d objects, want %d (one less)", len(objs), len(base)-1)
 		}
 	})
+	t.Run("an empty gateway selector is the default one, a given one replaces it", func(t *testing.T) {
+		v := defaultValues()
+		v["gateway"] = map[string]any{"nodeSelector": map[string]any{}}
+		objs, err := helmTemplate(t, v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sameObjects(t, objs, base)
+		v["gateway"] = map[string]any{"nodeSelector": map[string]any{"role": "edge"}}
+		if objs, err = helmTemplate(t, v); err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]string{"kubernetes.io/os": "linux", "role": "edge"}
+		if got := daemonSet(t, objs, deploy.DaemonSetName).Spec.Template.Spec.NodeSelector; !maps.Equal(got, want) {
+			t.Errorf("gateway.nodeSelector {role: edge}: the gateways' nodeSelector %v, want %v (the default label replaced)", got, want)
+		}
+	})
 	t.Run("existing Secret with another key", func(t *testing.T) {
 		v := defaultValues()
 		v["joinToken"] = map[string]any{"existingSecret": "east-token", "key": "token"}
