@@ -95,11 +95,10 @@ type Options struct {
 
 // Agent is one node's agent. Build with New, run with Run.
 type Agent struct {
-	// cfg is what a reload never changes; start the config the agent started with, handed to
-	// the components; what a reload changes is read from liveConfig.
-	cfg   config.Static
-	start *config.Config
-	opts  Options
+	// cfg is what a reload never changes, handed to the components; what a reload changes is
+	// the reloader's (liveConfig), and opts.Config is cleared once split into the two.
+	cfg  config.Static
+	opts Options
 	// cleanupDecision answers, once, whether stopping removes what the agent made.
 	cleanupDecision func() bool
 	// log carries this node's identity (cluster, node); pairLog carries it as localCluster and
@@ -150,13 +149,12 @@ func New(opts Options) (*Agent, error) {
 	if opts.RepairInterval == 0 {
 		opts.RepairInterval = DefaultRepairInterval
 	}
-	cfg := opts.Config
+	cfg := opts.Config.Static()
 	if cfg.Kubernetes.Enabled && opts.Kubernetes == nil {
 		return nil, errors.New("agent: kubernetes.enabled is set but no Kubernetes export source was given")
 	}
 	a := &Agent{
-		cfg:             cfg.Static(),
-		start:           cfg,
+		cfg:             cfg,
 		opts:            opts,
 		cleanupDecision: newCleanupDecision(opts),
 		log:             opts.Log.With("cluster", cfg.Cluster, "node", cfg.Node),
@@ -165,6 +163,9 @@ func New(opts Options) (*Agent, error) {
 		registry:        prometheus.NewRegistry(),
 		planner:         plan.New(opts.Log.With("cluster", cfg.Cluster, "node", cfg.Node)),
 	}
+	a.reload = reload.New(opts.ConfigPath, opts.Config, reload.Options{Log: a.log, LogLevelFlag: opts.LogLevelFlag, Apply: a.applyConfig,
+		ImportsChanged: func() { a.link.ReopenWatch() }})
+	a.opts.Config = nil
 	var src kube.AddressSource
 	if cfg.Gateway {
 		src = opts.NodeAddresses
@@ -173,13 +174,13 @@ func New(opts Options) (*Agent, error) {
 	a.guards = plan.NewGuards(func() plan.GuardSources {
 		return plan.GuardSources{Broker: cfg.Broker, Advertise: a.addrs.Private(), Log: a.log, LookupHost: opts.Host.LookupHost, Underlay: opts.Host.Underlay}
 	})
-	a.link = brokerlink.New(cfg, brokerlink.Deps{Log: a.log, Backoff: a.newBackoff, ImportSelector: a.importSelector,
+	a.link = brokerlink.New(cfg, brokerlink.Deps{Log: a.log, Backoff: a.newBackoff, Live: a.liveConfig,
 		Endpoint: a.endpoint, OnRegistered: func(ep *apiv1.Endpoint) { a.ingress.ObserveRegistered(ep) },
 		OnState: func() { a.Trigger(); a.TriggerServices(); opts.ServiceImports.Trigger() }, OnFirstMessage: func() { a.exports.Trigger() }})
 	a.cables = cables.New(cfg, cables.Deps{
 		Log: a.log, PairLog: a.pairLog, NewDriver: opts.Host.NewDriver, LocalNode: a.localNode, MSS: opts.Host.MSS,
 		NewPinger: opts.Host.NewPinger, Metrics: a.metrics, RepairInterval: opts.RepairInterval,
-		LocalPodCIDRs: a.link.LocalPodCIDRs, InterfaceAddrs: opts.Host.InterfaceAddrs, OnHealthChange: a.TriggerServices,
+		LocalPodCIDRs: a.link.LocalPodCIDRs, InterfaceAddrs: opts.Host.InterfaceAddrs, OnHealthChange: a.TriggerServices, Live: a.liveConfig,
 	})
 	a.worker = routes.NewWorker(cfg.Cluster, routes.WorkerDeps{Log: a.log, PairLog: a.pairLog, NewPinger: opts.Host.NewPinger,
 		Apply: opts.Host.ApplyRoutes, OnChange: a.Trigger})
@@ -196,8 +197,6 @@ func New(opts Options) (*Agent, error) {
 		Links: func(ctx context.Context) []statusapi.Connection { return a.cables.Connections(ctx, a.plan()) }})
 	opts.ServiceImports.Follow(a.link)
 	a.registry.MustRegister(&metrics.Collector{Status: a.Status, Probes: a.metrics})
-	a.reload = reload.New(opts.ConfigPath, cfg, reload.Options{Log: a.log, LogLevelFlag: opts.LogLevelFlag, Apply: a.applyConfig,
-		ImportsChanged: func() { a.link.ReopenWatch() }})
 	return a, nil
 }
 
@@ -208,7 +207,7 @@ func New(opts Options) (*Agent, error) {
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.stop()
 	defer a.link.Close()
-	if err := preflight.Run(a.start, a.log); err != nil {
+	if err := preflight.Run(a.cfg, a.liveConfig().JoinTokenFile, a.log); err != nil {
 		return err
 	}
 	if err := a.exports.Load(); err != nil {
@@ -236,7 +235,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		a.cables.ClampMSS()
 		// The probers; a reload may start or stop them (cables.SetHealth).
-		a.cables.SetHealth(a.liveConfig().HealthCheck.IsEnabled(), cables.HealthSettings(a.liveConfig()))
+		a.cables.SetHealth(a.liveConfig().HealthCheck.IsEnabled(), cables.HealthSettings(a.liveConfig().HealthCheck))
 		defer a.cables.SetHealth(false, health.Settings{})
 	} else {
 		defer a.worker.Start()()
@@ -284,16 +283,17 @@ func (a *Agent) Run(ctx context.Context) error {
 	wg.Go(func() { a.link.RunWatch(ctx, client) })
 	wg.Go(func() { a.exports.Run(ctx, client) })
 	wg.Go(func() { a.link.RunCertificates(ctx, client) })
-	if a.cfg.IngressXDSListen != "" {
+	if a.cfg.Ingress.XDS.Listen != "" {
 		wg.Go(func() { a.ingress.RunCertificate(ctx, client) })
 	}
 	wg.Go(func() { a.clusterPolicies.Run(ctx, client) })
-	if a.cfg.KubernetesExportsEnabled {
+	if a.cfg.Kubernetes.Enabled {
 		wg.Go(func() { a.exports.RunSource(ctx, a.opts.Kubernetes) })
 	}
 	if a.cfg.Gateway {
 		wg.Go(func() { a.link.RunRegister(ctx, client) })
 		wg.Go(func() { a.linkReports.Run(ctx, client) })
+		wg.Go(func() { a.cables.WatchHealthCheckIP(ctx, func() { a.link.Reregister(ctx, client) }) })
 	}
 	wg.Go(func() { a.opts.ServiceImports.Run(ctx) })
 	if a.opts.ConfigPath != "" {

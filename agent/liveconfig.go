@@ -10,25 +10,25 @@ import (
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 )
 
-// liveConfig is the config in force (reload.Reloader.Live).
-func (a *Agent) liveConfig() *config.Config { return a.reload.Live() }
+// liveConfig is the live part of the config in force (reload.Reloader.Live).
+func (a *Agent) liveConfig() config.Live { return a.reload.Live() }
 
 // ReloadConfig reads the config file and applies it, or refuses it whole.
 func (a *Agent) ReloadConfig(ctx context.Context, client apiv1.AgentClient) {
 	a.reload.Reload(ctx, client)
 }
 
-// applyConfig applies plan, the live changes from cur to next, touching only what changed.
-func (a *Agent) applyConfig(ctx context.Context, client apiv1.AgentClient, cur, next *config.Config, plan config.ReloadPlan) {
+// applyConfig applies plan, the live changes in next, touching only what changed.
+func (a *Agent) applyConfig(ctx context.Context, client apiv1.AgentClient, next config.Live, plan config.ReloadPlan) {
 	if plan.LogLevel && a.opts.LogLevel != nil {
 		a.opts.LogLevel.Set(next.SlogLevel())
 	}
 	if plan.Health {
 		// healthCheck.enabled starts or stops the probers; the other settings go to the ones
 		// that run.
-		a.cables.SetHealth(next.HealthCheck.IsEnabled(), cables.HealthSettings(next))
+		a.cables.SetHealth(next.HealthCheck.IsEnabled(), cables.HealthSettings(next.HealthCheck))
 		if m := a.cables.Health(); m != nil {
-			m.SetSettings(cables.HealthSettings(next))
+			m.SetSettings(cables.HealthSettings(next.HealthCheck))
 		}
 		// Without probes a pair they held out of the service maps comes back.
 		a.TriggerServices()

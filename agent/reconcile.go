@@ -114,6 +114,3 @@ func (a *Agent) endpoint() *apiv1.Endpoint {
 	return a.cables.Endpoint(cables.EndpointInputs{Cluster: a.cfg.Cluster, Node: a.cfg.Node, Private: private, Public: public,
 		Subnets: a.link.LocalSubnets(), PodCIDRs: a.link.LocalPodCIDRs(), Addrs: a.opts.Host.InterfaceAddrs()})
 }
-
-// importSelector is the imports.selector in force (reload.go swaps the config).
-func (a *Agent) importSelector() string { return a.liveConfig().Imports.EffectiveSelector() }

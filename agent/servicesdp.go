@@ -16,7 +16,7 @@ import (
 // newDatapath is the services datapath (DNS, the socket load balancer, the counters); Run
 // starts it. Until then it answers status, triggers and reloads with nothing.
 func (a *Agent) newDatapath() *servicedp.Datapath {
-	return servicedp.New(a.start, servicedp.Deps{
+	return servicedp.New(a.cfg, servicedp.Deps{
 		Log: a.log, Registry: a.registry, Live: a.liveConfig, LocalCluster: a.link.LocalCluster,
 		InterfaceAddrs: a.opts.Host.InterfaceAddrs, OpenLB: a.opts.Host.OpenLB, OpenCounters: a.opts.Host.OpenCounters,
 		ListLinks: a.opts.Host.ListLinks, Plan: a.plan, Observe: a.cables.Observe,
@@ -30,7 +30,7 @@ func (a *Agent) TriggerServices() { a.dp.Trigger() }
 // servicesStatus is the services section of the status document.
 func (a *Agent) servicesStatus() *statusapi.Services {
 	out := &statusapi.Services{
-		ImportSelector: a.importSelector(),
+		ImportSelector: a.liveConfig().Imports.EffectiveSelector(),
 		ImportsKnown:   a.plan().State.HasImports,
 		Imports:        []statusapi.ServiceImport{},
 	}

@@ -57,7 +57,7 @@ func (c *registerClient) RegisterEndpoint(ctx context.Context, req *apiv1.Regist
 
 func runRegisterLoop(t *testing.T, c *registerClient) time.Time {
 	t.Helper()
-	a := New(&config.Config{Cluster: "east", Node: "gw1", Gateway: true, HeartbeatInterval: 10 * time.Second, LeaseSeconds: 30}, Deps{
+	a := New(config.Static{Cluster: "east", Node: "gw1", Gateway: true, HeartbeatInterval: 10 * time.Second, LeaseSeconds: 30}, Deps{
 		Log: slog.New(slog.DiscardHandler), Backoff: func() *retry.Backoff { return &retry.Backoff{Min: time.Second, Max: 15 * time.Second} },
 		Endpoint: func() *apiv1.Endpoint { return &apiv1.Endpoint{Cluster: "east", Node: "gw1"} }, OnRegistered: func(*apiv1.Endpoint) {},
 	})

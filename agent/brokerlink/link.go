@@ -32,8 +32,9 @@ import (
 type Deps struct {
 	Log     *slog.Logger
 	Backoff func() *retry.Backoff
-	// ImportSelector is the imports.selector in force (a reload reopens the watch with it).
-	ImportSelector func() string
+	// Live is the live config in force: its imports.selector (a reload reopens the watch with
+	// it) and its joinTokenFile (read before the first join).
+	Live func() config.Live
 	// Endpoint is this gateway's endpoint as it registers it; OnRegistered sees the broker's
 	// answer (the mesh address it allocated).
 	Endpoint     func() *apiv1.Endpoint
@@ -46,7 +47,7 @@ type Deps struct {
 
 // Link is the component. Build with New; Start before the loops.
 type Link struct {
-	cfg  *config.Config // as at start: broker, cluster, node, stateDir, gateway, timers
+	cfg  config.Static // broker, cluster, node, stateDir, gateway, timers
 	deps Deps
 	log  *slog.Logger
 
@@ -71,8 +72,8 @@ type Link struct {
 	watch       watchState
 }
 
-// New returns the link of cfg (the start-up config).
-func New(cfg *config.Config, deps Deps) *Link {
+// New returns the link of cfg.
+func New(cfg config.Static, deps Deps) *Link {
 	return &Link{cfg: cfg, deps: deps, log: deps.Log, state: brokerstate.New(), certs: certState{refusedCh: make(chan struct{})},
 		saver: brokerstate.NewSaver(cfg.StateDir, brokerstate.DefaultSaveInterval, deps.Log)}
 }

@@ -20,10 +20,11 @@ import (
 // identity loads the agent's certificate or joins to get one. Transient failures (broker not
 // up yet) are retried with backoff; a refusal or a wrong broker ends the agent.
 func (l *Link) identity(ctx context.Context) (*brokerclient.Identity, error) {
+	token := l.deps.Live().JoinTokenFile
 	id, err := brokerclient.LoadIdentity(l.cfg.StateDir)
 	if err == nil {
-		if _, serr := os.Stat(l.cfg.JoinTokenFile); l.cfg.JoinTokenFile != "" && serr == nil {
-			l.log.Info("the node has joined: the join token file is no longer needed and can be deleted", "joinTokenFile", l.cfg.JoinTokenFile)
+		if _, serr := os.Stat(token); token != "" && serr == nil {
+			l.log.Info("the node has joined: the join token file is no longer needed and can be deleted", "joinTokenFile", token)
 		}
 		return id, nil
 	}
@@ -35,14 +36,14 @@ func (l *Link) identity(ctx context.Context) (*brokerclient.Identity, error) {
 	for {
 		id, cl, err := brokerclient.Join(ctx, brokerclient.JoinParams{
 			Broker: l.cfg.Broker, Cluster: l.cfg.Cluster, Node: l.cfg.Node,
-			TokenFile: l.cfg.JoinTokenFile, StateDir: l.cfg.StateDir,
+			TokenFile: token, StateDir: l.cfg.StateDir,
 		})
 		if err == nil {
 			l.mu.Lock()
 			l.joinCluster = cl
 			l.mu.Unlock()
 			l.log.Info("joined the broker; certificate stored", "stateDir", l.cfg.StateDir, "clusterID", cl.GetId(), "certificateNotAfter", id.Leaf.NotAfter.UTC().Format(time.RFC3339))
-			l.log.Info("the join token file is no longer needed and can be deleted: the agent now uses its certificate in stateDir", "joinTokenFile", l.cfg.JoinTokenFile)
+			l.log.Info("the join token file is no longer needed and can be deleted: the agent now uses its certificate in stateDir", "joinTokenFile", token)
 			return id, nil
 		}
 		if brokerclient.Permanent(err) {
@@ -73,7 +74,7 @@ func (l *Link) watchLoop(ctx context.Context, client apiv1.AgentClient) {
 			continue
 		}
 		if errors.Is(err, errWatchReopen) {
-			l.log.Info("watch reopened for the new imports.selector", "selector", l.deps.ImportSelector())
+			l.log.Info("watch reopened for the new imports.selector", "selector", l.deps.Live().Imports.EffectiveSelector())
 			continue
 		}
 		if got {
@@ -133,7 +134,7 @@ func (l *Link) watchOnce(ctx context.Context, client apiv1.AgentClient) (got boo
 		}
 	}()
 	since := l.watchSince()
-	stream, err := client.Watch(ctx, &apiv1.WatchRequest{SinceRevision: since, WantImports: true, ImportSelector: l.deps.ImportSelector(),
+	stream, err := client.Watch(ctx, &apiv1.WatchRequest{SinceRevision: since, WantImports: true, ImportSelector: l.deps.Live().Imports.EffectiveSelector(),
 		AcceptEncodings: []string{watchzstd.Name}})
 	if err != nil {
 		return false, l.watchErr(moved, reopened, fmt.Errorf("open watch: %w", err))

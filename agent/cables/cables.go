@@ -51,11 +51,14 @@ type Deps struct {
 	InterfaceAddrs func() []netip.Addr
 	// OnHealthChange is called when a pair's health flips (the services follow).
 	OnHealthChange func()
+	// Live is the live config in force: Start builds the drivers it lists with their blocks (a
+	// reload hands a new one to Rebuild and SetHealth).
+	Live func() config.Live
 }
 
 // Cables is the component. Build with New.
 type Cables struct {
-	cfg     *config.Config // as at start: cluster, node, cableDrivers, resyncInterval
+	cfg     config.Static // cluster, node, gateway, resyncInterval
 	deps    Deps
 	log     *slog.Logger
 	pairLog *slog.Logger
@@ -74,10 +77,12 @@ type Cables struct {
 	health        *health.Manager   // nil unless a gateway with healthCheck enabled
 	failover      *failover         // the remote gateways the probes found dead; with health
 	healthReasons map[string]string // wanted connections not probed, and why
+	// publishedHealthIP is the health_check_ip of the last endpoint built (WatchHealthCheckIP).
+	publishedHealthIP netip.Addr
 }
 
-// New returns the cables of cfg (the start-up config); Start builds the drivers.
-func New(cfg *config.Config, deps Deps) *Cables {
+// New returns the cables of cfg; Start builds the drivers.
+func New(cfg config.Static, deps Deps) *Cables {
 	if deps.NewDriver == nil {
 		deps.NewDriver = cable.New
 	}

@@ -51,8 +51,9 @@ func (c *Cables) DriverSet() reconcile.Drivers {
 // in the kernel) is logged loudly and left out: the node does not publish it, and pairs the
 // policies put on it report why.
 func (c *Cables) Start(ctx context.Context) error {
-	for _, name := range c.cfg.CableDrivers {
-		d, err := c.BuildDriver(name, c.cfg)
+	live := c.deps.Live()
+	for _, name := range live.CableDrivers {
+		d, err := c.BuildDriver(name, live)
 		if err != nil {
 			return err
 		}
@@ -99,12 +100,12 @@ func initDrivers(ctx context.Context, drivers []cable.Driver) []error {
 	return errs
 }
 
-// BuildDriver builds driver name with cfg's block for it (the config in force at start, or a
+// BuildDriver builds driver name with live's block for it (the config in force at start, or a
 // reloaded one); it touches nothing on the host.
-func (c *Cables) BuildDriver(name string, cfg *config.Config) (cable.Driver, error) {
+func (c *Cables) BuildDriver(name string, live config.Live) (cable.Driver, error) {
 	node := c.deps.LocalNode()
 	node.Log = c.pairLog // the driver adds its own "driver" key (cable.LocalNode.Logger)
-	d, err := c.deps.NewDriver(name, node, cfg.Drivers[name])
+	d, err := c.deps.NewDriver(name, node, live.Drivers[name])
 	if err == nil && d.Name() != name {
 		err = fmt.Errorf("got a driver named %q", d.Name())
 	}

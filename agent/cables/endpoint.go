@@ -33,9 +33,13 @@ func (c *Cables) Endpoint(in EndpointInputs) *apiv1.Endpoint {
 		ep.CablePorts[d.Name()] = uint32(le.Port)
 		ep.SetAttributes(d.Name(), le.Attributes)
 	}
-	if ip := HealthCheckIP(in.PodCIDRs, in.Addrs); ip.IsValid() {
+	ip := HealthCheckIP(in.PodCIDRs, in.Addrs)
+	if ip.IsValid() {
 		ep.HealthCheckIp = ip.String()
 	}
+	c.mu.Lock()
+	c.publishedHealthIP = ip
+	c.mu.Unlock()
 	return ep
 }
 
@@ -69,8 +73,7 @@ func InterfaceAddrs() []netip.Addr {
 	return out
 }
 
-// HealthSettings are cfg's probe settings (defaults already applied by config).
-func HealthSettings(cfg *config.Config) health.Settings {
-	h := cfg.HealthCheck
+// HealthSettings are h's probe settings (defaults already applied by config).
+func HealthSettings(h config.HealthCheck) health.Settings {
 	return health.Settings{Period: h.Period, Timeout: h.Timeout, FailureThreshold: h.FailureThreshold, Window: h.Window}.WithDefaults()
 }

@@ -21,7 +21,7 @@ import (
 // The host is reconciled by no one while this runs: the current reconciler is retired first
 // (waiting for a pass in flight), so no pass uses a driver being torn down, and the agent has no
 // reconciler until the new one is in place (a pass then does nothing; the caller triggers one).
-func (c *Cables) Rebuild(ctx context.Context, next *config.Config, names []string) {
+func (c *Cables) Rebuild(ctx context.Context, next config.Live, names []string) {
 	// Build the new drivers before anything changes: building validates and touches nothing.
 	fresh := map[string]cable.Driver{}
 	errs := map[string]error{}
@@ -127,16 +127,16 @@ func inConfigOrder(drivers []cable.Driver, names []string) []cable.Driver {
 	return out
 }
 
-// RebuildRunning builds every running driver again with cfg (this node's address moved: the
-// drivers take it at build), and clamps the MSS on their links.
-func (c *Cables) RebuildRunning(ctx context.Context, cfg *config.Config) {
+// RebuildRunning builds every running driver again with live, the config in force (this node's
+// address moved: the drivers take it at build), and clamps the MSS on their links.
+func (c *Cables) RebuildRunning(ctx context.Context, live config.Live) {
 	var names []string
 	for _, d := range c.Running() {
 		names = append(names, d.Name())
 	}
 	slices.Sort(names)
 	if len(names) > 0 {
-		c.Rebuild(ctx, cfg, names)
+		c.Rebuild(ctx, live, names)
 		c.ClampMSS()
 	}
 }

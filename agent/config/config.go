@@ -479,20 +479,7 @@ func Prefixes(cidrs []string) []netip.Prefix {
 }
 
 // SlogLevel is LogLevel as a slog level; a value Validate would refuse reads as info.
-func (c *Config) SlogLevel() slog.Level {
-	switch c.LogLevel {
-	case "debug":
-		return slog.LevelDebug
-	case "warn":
-		return slog.LevelWarn
-	case "error":
-		return slog.LevelError
-	}
-	return slog.LevelInfo
-}
+func (c *Config) SlogLevel() slog.Level { return c.Live().SlogLevel() }
 
 // AdvertiseAddr returns the parsed advertise address (invalid when unset).
-func (c *Config) AdvertiseAddr() netip.Addr {
-	a, _ := netip.ParseAddr(c.AdvertiseAddress)
-	return a
-}
+func (c *Config) AdvertiseAddr() netip.Addr { return c.Static().AdvertiseAddr() }

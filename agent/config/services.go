@@ -189,15 +189,7 @@ type Kubernetes struct {
 }
 
 // ExportsProto returns the config's exports, normalised (Validate has accepted them).
-func (c *Config) ExportsProto() []*apiv1.ServiceExport {
-	out := make([]*apiv1.ServiceExport, 0, len(c.Exports))
-	for i, e := range c.Exports {
-		if p, err := NormalizeExport(fmt.Sprintf("exports[%d]", i), e); err == nil {
-			out = append(out, p)
-		}
-	}
-	return out
-}
+func (c *Config) ExportsProto() []*apiv1.ServiceExport { return c.Live().ExportsProto() }
 
 // applyServicesDefaults fills the services fields' defaults.
 func (c *Config) applyServicesDefaults() {

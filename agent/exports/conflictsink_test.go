@@ -49,7 +49,7 @@ func (conflictBroker) SetExports(context.Context, *apiv1.SetExportsRequest, ...g
 }
 
 func TestAConflictSinkSourceHearsEverySyncsConflicts(t *testing.T) {
-	x := New(&config.Config{Cluster: "east", Node: "n1"}, Deps{Log: slog.New(slog.DiscardHandler),
+	x := New(config.Static{Cluster: "east", Node: "n1"}, Deps{Log: slog.New(slog.DiscardHandler), Live: func() config.Live { return config.Live{} },
 		Backoff: func() *retry.Backoff { return &retry.Backoff{Min: time.Millisecond, Max: time.Millisecond} }})
 	src := &sinkSource{}
 	ctx, cancel := context.WithCancel(context.Background())

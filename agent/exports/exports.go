@@ -65,7 +65,7 @@ var ErrExportRefused = errors.New("export refused")
 // guards the fields below it; Deps.Scope and Deps.Live are called with it held (their locks come
 // after it), Deps.OnChange too (it only fires triggers).
 type Exports struct {
-	cfg  *config.Config // as at start: cluster, node, stateDir
+	cfg  config.Static // cluster, node, stateDir
 	deps Deps
 	log  *slog.Logger
 
@@ -84,8 +84,9 @@ type Exports struct {
 // Deps are what the exports take from the rest of the agent.
 type Deps struct {
 	Log *slog.Logger
-	// Live is the config in force (to name an export of the config file by its index).
-	Live func() *config.Config
+	// Live is the live config in force: its exports at New (a reload hands new ones to
+	// ApplyConfig), and to name an export of the config file by its index.
+	Live func() config.Live
 	// Scope is where this cluster's endpoints may be (false: not known yet, nothing is checked).
 	Scope func() (mcs.EndpointScope, bool)
 	// Stamp stamps the ingress ports on the exports sent (gateway mode).
@@ -106,10 +107,10 @@ type Link interface {
 	RefusedForGood(err error, gen uint64) bool
 }
 
-// New returns the exports of cfg (the start-up config) with the config file's own; Load reads
-// the runtime ones.
-func New(cfg *config.Config, deps Deps) *Exports {
-	return &Exports{cfg: cfg, deps: deps, log: deps.Log, config: cfg.ExportsProto(), runtime: map[string]*apiv1.ServiceExport{}}
+// New returns the exports of cfg with the config file's own (those in force); Load reads the
+// runtime ones.
+func New(cfg config.Static, deps Deps) *Exports {
+	return &Exports{cfg: cfg, deps: deps, log: deps.Log, config: deps.Live().ExportsProto(), runtime: map[string]*apiv1.ServiceExport{}}
 }
 
 // Load reads the runtime exports of the state dir; a file that cannot be read ends the agent.
@@ -125,7 +126,7 @@ func (x *Exports) Load() error {
 }
 
 // ApplyConfig takes the exports of a reloaded config file.
-func (x *Exports) ApplyConfig(next *config.Config) {
+func (x *Exports) ApplyConfig(next config.Live) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	x.config = next.ExportsProto()
@@ -375,8 +376,8 @@ func (x *Exports) DeleteExport(namespace, name string) error {
 var errNoSuchExport = errors.New("no runtime export of that name on this node")
 
 // configIndex is the index of c in the config file's exports (i when the lists agree).
-func configIndex(cfg *config.Config, c *apiv1.ServiceExport, i int) int {
-	for j, e := range cfg.Exports {
+func configIndex(live config.Live, c *apiv1.ServiceExport, i int) int {
+	for j, e := range live.Exports {
 		if e.Namespace == c.Namespace && e.Name == c.Name {
 			return j
 		}

@@ -45,15 +45,15 @@ type Deps struct {
 // Locks: ingress.mu and mesh.mu each guard their struct; they are never held together, and no
 // other lock is taken under them.
 type Gateway struct {
-	cfg     *config.Config // as at start: a reload refuses to change ingress and gateway
+	cfg     config.Static // a reload refuses to change ingress and gateway
 	deps    Deps
 	log     *slog.Logger
 	ingress ingressState
 	mesh    meshState
 }
 
-// New returns the ingress of cfg (the start-up config).
-func New(cfg *config.Config, deps Deps) *Gateway {
+// New returns the ingress of cfg.
+func New(cfg config.Static, deps Deps) *Gateway {
 	if deps.MeshLink == nil {
 		deps.MeshLink = kernelMeshLink{}
 	}

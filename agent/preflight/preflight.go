@@ -36,12 +36,12 @@ func (e *FileError) Error() string {
 
 func (e *FileError) Unwrap() error { return e.Err }
 
-// CheckFiles checks the files cfg names before the agent creates anything: stateDir must be a
-// directory, or not exist yet below directories; its files must be safe from other local users
-// (checkStateDirPermissions); and when it holds no agent certificate (the node has not joined),
-// joinTokenFile must be set and hold a join token of cfg's cluster. It reads, never writes. Its
-// errors are *FileError.
-func CheckFiles(cfg *config.Config) error {
+// CheckFiles checks the files the config names before the agent creates anything: stateDir must
+// be a directory, or not exist yet below directories; its files must be safe from other local
+// users (checkStateDirPermissions); and when it holds no agent certificate (the node has not
+// joined), joinTokenFile (the live one, read only before the first join) must be set and hold a
+// join token of cfg's cluster. It reads, never writes. Its errors are *FileError.
+func CheckFiles(cfg config.Static, joinTokenFile string) error {
 	if err := checkStateDir(cfg.StateDir); err != nil {
 		return err
 	}
@@ -52,12 +52,12 @@ func CheckFiles(cfg *config.Config) error {
 	if !errors.Is(err, fs.ErrNotExist) {
 		return nil // joined (or unreadable: loading the identity says why)
 	}
-	tokenErr := func(err error) error { return &FileError{Field: "joinTokenFile", Path: cfg.JoinTokenFile, Err: err} }
-	if cfg.JoinTokenFile == "" {
+	tokenErr := func(err error) error { return &FileError{Field: "joinTokenFile", Path: joinTokenFile, Err: err} }
+	if joinTokenFile == "" {
 		return tokenErr(fmt.Errorf("is required on first start: stateDir %s holds no agent certificate (%s) yet, so the node must join with a token (cablectl cluster join-token)",
 			cfg.StateDir, brokerclient.CertFile))
 	}
-	raw, err := os.ReadFile(cfg.JoinTokenFile)
+	raw, err := os.ReadFile(joinTokenFile)
 	if err != nil {
 		return tokenErr(fmt.Errorf("cannot read the join token the node needs to join (stateDir holds no agent certificate yet): %w", err))
 	}
@@ -108,14 +108,15 @@ func TokenFileProblem(path string) string {
 		path, fi.Mode().Perm())
 }
 
-// Run checks, as the agent starts, the files cfg names (CheckFiles), warns about a join token
-// file others can read, and tightens a state directory others can write to (TightenStateDir).
-func Run(cfg *config.Config, log *slog.Logger) error {
-	if err := CheckFiles(cfg); err != nil {
+// Run checks, as the agent starts, the files the config names (CheckFiles), warns about a join
+// token file others can read, and tightens a state directory others can write to
+// (TightenStateDir).
+func Run(cfg config.Static, joinTokenFile string, log *slog.Logger) error {
+	if err := CheckFiles(cfg, joinTokenFile); err != nil {
 		return err
 	}
-	if p := TokenFileProblem(cfg.JoinTokenFile); p != "" {
-		log.Warn("JOIN TOKEN FILE IS READABLE BY OTHERS: "+p, "joinTokenFile", cfg.JoinTokenFile)
+	if p := TokenFileProblem(joinTokenFile); p != "" {
+		log.Warn("JOIN TOKEN FILE IS READABLE BY OTHERS: "+p, "joinTokenFile", joinTokenFile)
 	}
 	w, err := TightenStateDir(cfg.StateDir, os.Geteuid())
 	if err != nil {

@@ -67,28 +67,26 @@ type Reloader struct {
 	refHash  string
 }
 
-// Live is the config in force: the file the agent started with, or the last one a reload
-// applied. The fields a reload refuses to change are the same in both, so code that reads only
-// those may keep reading the start-up config.
-func (r *Reloader) Live() *config.Config {
+// Live is the live part of the config in force: the file the agent started with, or the last
+// one a reload applied. What a reload refuses to change is the start-up config's Static part.
+func (r *Reloader) Live() config.Live {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.cur == nil {
-		return r.cfg
+		return r.cfg.Live()
 	}
-	return r.cur
+	return r.cur.Live()
 }
 
-// init records the config the agent starts with as revision 1 (hash of the file it was
-// loaded from, when there is one).
 // Options shape a Reloader.
 type Options struct {
 	Log *slog.Logger
 	// LogLevelFlag is a level given on the command line: it wins over the file's logLevel.
 	LogLevelFlag string
-	// Apply applies what changed between cur and next (plan): each component takes its live
-	// settings. client is the broker connection (nil before there is one).
-	Apply func(ctx context.Context, client apiv1.AgentClient, cur, next *config.Config, plan config.ReloadPlan)
+	// Apply applies what changed (plan) in next, the live part of the new config: each
+	// component takes its live settings. client is the broker connection (nil before there is
+	// one).
+	Apply func(ctx context.Context, client apiv1.AgentClient, next config.Live, plan config.ReloadPlan)
 	// ImportsChanged is called once a new imports.selector is in force.
 	ImportsChanged func()
 }
@@ -105,6 +103,8 @@ func New(path string, cfg *config.Config, opts Options) *Reloader {
 func (r *Reloader) Lock()   { r.applyMu.Lock() }
 func (r *Reloader) Unlock() { r.applyMu.Unlock() }
 
+// init records the config the agent starts with as revision 1 (hash of the file it was
+// loaded from, when there is one).
 func (r *Reloader) init() {
 	r.cur = r.cfg
 	r.revision = 1
@@ -267,7 +267,7 @@ func (r *Reloader) Reload(ctx context.Context, client apiv1.AgentClient) {
 		r.setRefused(hash, rs)
 		return
 	}
-	r.opts.Apply(ctx, client, cur, next, plan)
+	r.opts.Apply(ctx, client, next.Live(), plan)
 	r.mu.Lock()
 	r.cur, r.hash, r.seen = next, hash, hash
 	r.revision++

@@ -64,8 +64,9 @@ const servicesResync = 2 * time.Second
 type Deps struct {
 	Log      *slog.Logger
 	Registry prometheus.Registerer
-	// Live is the config in force (dns.upstream, dns.allowClients and the CIDRs follow a reload).
-	Live func() *config.Config
+	// Live is the live config in force (dns.upstream, dns.ttl and dns.allowClients follow a
+	// reload).
+	Live func() config.Live
 	// LocalCluster is this node's cluster record (its CIDRs are DNS clients); nil until known.
 	LocalCluster func() *apiv1.Cluster
 	// InterfaceAddrs lists this node's addresses (DNS clients too).
@@ -84,7 +85,7 @@ type Deps struct {
 // Datapath is the services datapath. Its fields are guarded by mu, except the components
 // themselves, which Start sets once before the loop starts.
 type Datapath struct {
-	cfg     *config.Config // as at start: dns.listen, the pin dir, the map sizes, gateway
+	cfg     config.Static // dns.listen, the pin dir, the map sizes, gateway
 	deps    Deps
 	log     *slog.Logger
 	trigger syncloop.Trigger
@@ -114,8 +115,8 @@ type Datapath struct {
 	refused      map[string]string
 }
 
-// New returns the services datapath of cfg (the start-up config); Start opens it.
-func New(cfg *config.Config, deps Deps) *Datapath {
+// New returns the services datapath of cfg; Start opens it.
+func New(cfg config.Static, deps Deps) *Datapath {
 	if deps.OpenLB == nil {
 		deps.OpenLB = openLB
 	}
@@ -165,9 +166,10 @@ func linkIndexes() (map[string]int, error) {
 func (d *Datapath) Start(ctx context.Context) error {
 	// dnsErr is set by applyServices (under d.mu) when an update leaves records out.
 	if d.cfg.DNS.Listen != "" {
+		live := d.deps.Live().DNS
 		s, err := dns.NewServer(dns.Config{
-			Listen: d.cfg.DNS.Listen, Upstreams: d.cfg.DNS.Upstream, TTL: time.Duration(d.cfg.DNS.TTL) * time.Second,
-			Clients: d.dnsClients(d.cfg), LocalAddrs: d.nodeAddrs, Logger: d.log, Registerer: d.deps.Registry,
+			Listen: d.cfg.DNS.Listen, Upstreams: live.Upstream, TTL: time.Duration(live.TTL) * time.Second,
+			Clients: d.dnsClients(live), LocalAddrs: d.nodeAddrs, Logger: d.log, Registerer: d.deps.Registry,
 		})
 		if err == nil {
 			err = s.Start()
@@ -280,9 +282,9 @@ func (d *Datapath) nodeAddrs() ([]netip.Addr, error) { return d.deps.InterfaceAd
 
 // dnsClients are the prefixes the DNS server answers besides loopback and the node's own
 // addresses: the cluster's pod and service CIDRs (the config's and the broker's record both:
-// the config's may name this node's share only) and dns.allowClients, sorted and unique.
-func (d *Datapath) dnsClients(cfg *config.Config) []netip.Prefix {
-	cidrs := slices.Concat(cfg.PodCIDRs, cfg.ServiceCIDRs, cfg.DNS.AllowClients)
+// the config's may name this node's share only) and live's dns.allowClients, sorted and unique.
+func (d *Datapath) dnsClients(live config.LiveDNS) []netip.Prefix {
+	cidrs := slices.Concat(d.cfg.PodCIDRs, d.cfg.ServiceCIDRs, live.AllowClients)
 	if c := d.deps.LocalCluster(); c != nil {
 		cidrs = slices.Concat(cidrs, c.GetPodCidrs(), c.GetServiceCidrs())
 	}
@@ -310,7 +312,7 @@ func (d *Datapath) applyServices(ctx context.Context, plan services.Plan) {
 	}
 	if d.dns != nil {
 		// The cluster's CIDRs may have arrived with this state (first join, a CIDR change).
-		if clients := d.dnsClients(d.deps.Live()); !slices.Equal(clients, d.dns.Clients()) {
+		if clients := d.dnsClients(d.deps.Live().DNS); !slices.Equal(clients, d.dns.Clients()) {
 			d.dns.SetClients(clients)
 			d.log.Info("dns clients changed", "clients", clients)
 		}

@@ -22,7 +22,7 @@ func (d *Datapath) DNS() *dns.Server {
 // ApplyConfig is the datapath's part of a live config change: the DNS server takes the reloaded
 // upstreams, TTL and clients, and serves its records again with the new TTL. The load balancer
 // and the counters have no live setting.
-func (d *Datapath) ApplyConfig(next *config.Config) {
+func (d *Datapath) ApplyConfig(next config.Live) {
 	if d == nil {
 		return
 	}
@@ -34,7 +34,7 @@ func (d *Datapath) ApplyConfig(next *config.Config) {
 		d.log.Error("dns settings not applied", "err", err)
 		return
 	}
-	d.dns.SetClients(d.dnsClients(next))
+	d.dns.SetClients(d.dnsClients(next.DNS))
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.dnsUpdated {

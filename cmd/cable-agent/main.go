@@ -81,7 +81,7 @@ func run(args []string, stderr io.Writer) int {
 			return 2
 		}
 	}
-	if err := preflight.CheckFiles(cfg); err != nil {
+	if err := preflight.CheckFiles(cfg.Static(), cfg.JoinTokenFile); err != nil {
 		fmt.Fprintln(stderr, "cable-agent: agent config "+*configPath+":", err)
 		return 2
 	}
@@ -280,7 +280,7 @@ func prepareBPFFS(args []string, stderr io.Writer) {
 		return
 	}
 	cfg, err := config.Load(*configPath)
-	if err != nil || preflight.CheckFiles(cfg) != nil {
+	if err != nil || preflight.CheckFiles(cfg.Static(), cfg.JoinTokenFile) != nil {
 		return
 	}
 	_ = os.Setenv(bpffsPreparedEnv, "1")

@@ -110,7 +110,7 @@ func TestKubeStatus(t *testing.T) {
 			}
 		}
 		if rtt == "" {
-			t.Logf("%s's gateway has no probe samples of %s after 60 s (no health-check address): the ClusterLink shows no latency", local, remote)
+			t.Errorf("%s's gateway has no probe samples of %s after 60 s: the ClusterLink shows no latency", local, remote)
 		} else {
 			waitFor(t, 60*time.Second, local+"'s ClusterLink "+remote+" with the probes' latency", func() error {
 				out, err := m.kc(local, "", "get", "clusterlink", remote, "-o", "jsonpath={.status.latencyP50} {.status.latencyP99}")
