@@ -68,7 +68,8 @@ vm-test: build
 
 # Real Kubernetes (tests/k8s, a Go module of its own; root): installs the k8s profile, builds the
 # Kubernetes binaries once per machine into /var/cache/cablemesh/k8s (cold: about 14 minutes on 2
-# idle cores, K8S_BUILD_JOBS packages at a time; then reused), and runs TestCluster and
+# idle cores, K8S_BUILD_JOBS packages at a time; then reused) and CoreDNS into
+# /var/cache/cablemesh/coredns (tests/k8s/coredns/build.sh: about 3 minutes cold), and runs TestCluster and
 # TestCrossCluster (two clusters, the broker, the agents as pods, traffic across the cable). The
 # clusters live under K8S_TEST_DIR; whatever a failed or timed-out run left there is removed.
 K8S_TIMEOUT ?= 40m
@@ -76,6 +77,7 @@ K8S_TEST_DIR ?= /tmp/cablemesh-k8s-test
 k8s-test: build
 	./scripts/install-deps.sh k8s
 	K8S_BUILD_JOBS=$${K8S_BUILD_JOBS:-2} ./tests/k8s/build.sh >/dev/null
+	./tests/k8s/coredns/build.sh image >/dev/null
 	./tests/helm/build.sh >/dev/null
 	rc=0; (cd tests/k8s && CABLEMESH_K8S=1 CABLEMESH_K8S_TEST_DIR=$(K8S_TEST_DIR) CABLEMESH_BIN=$(BIN) \
 		$(GO) test -v -count=1 -timeout $(K8S_TIMEOUT) . ./cmd/...) || rc=$$?; \
@@ -120,9 +122,11 @@ bench: deps-bench build
 bench-services: deps-bench build
 	BENCH_RUN='^TestServices$$' ./bench/throughput.sh
 
-# The agent's DNS server against dnsmasq serving the same names, dnsperf as the load (no root).
+# The agent's DNS server against dnsmasq and CoreDNS (tests/k8s/coredns/build.sh, cached in
+# /var/cache/cablemesh/coredns) serving the same names, dnsperf as the load (no root).
 bench-dns: deps-bench
-	$(GO) test -tags bench -run '^TestDNS$$' -v -count=1 -timeout 30m ./bench/dns/
+	dir=$$(./tests/k8s/coredns/build.sh) && CABLEMESH_COREDNS=$$dir/coredns \
+		$(GO) test -tags bench -run '^TestDNS$$' -v -count=1 -timeout 30m ./bench/dns/
 
 # The broker under a fleet of simulated agents starting at once (no root): 1,000 and 5,000 agents,
 # bbolt and etcd; results in bench/results/scale-<date>.*. Knobs: CABLEMESH_SCALE_* (bench/scale/doc.go).

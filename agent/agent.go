@@ -181,6 +181,7 @@ func New(opts Options) (*Agent, error) {
 		Log: a.log, PairLog: a.pairLog, NewDriver: opts.Host.NewDriver, LocalNode: a.localNode, MSS: opts.Host.MSS,
 		NewPinger: opts.Host.NewPinger, Metrics: a.metrics, RepairInterval: opts.RepairInterval,
 		LocalPodCIDRs: a.link.LocalPodCIDRs, InterfaceAddrs: opts.Host.InterfaceAddrs, OnHealthChange: a.TriggerServices, Live: a.liveConfig,
+		OnDriverReady: func(ctx context.Context) { a.Trigger(); a.link.ReregisterNow(ctx) },
 	})
 	a.worker = routes.NewWorker(cfg.Cluster, routes.WorkerDeps{Log: a.log, PairLog: a.pairLog, NewPinger: opts.Host.NewPinger,
 		Apply: opts.Host.ApplyRoutes, OnChange: a.Trigger})

@@ -314,6 +314,36 @@ func TestADriverThatCannotStartIsNotPublishedAndItsPairsSayWhy(t *testing.T) {
 	}
 }
 
+// A driver whose Init failed at start is retried; once it runs, the endpoint is registered again
+// with it and its pairs connect.
+func TestADriverThatInitialisesOnARetryIsPublishedAndConnects(t *testing.T) {
+	b := multiBroker(t)
+	b.UpsertPolicy(policyRecord(t, eastWestOn("vxlan"), false))
+	cfg := testConfig(t, b, true)
+	f := newFleet("wireguard", "vxlan")
+	f["vxlan"].SetInitErr(errors.New("link cbl-x exists with type tuntap"))
+	logs := &syncBuffer{}
+	startFleet(t, cfg, f, logs, nil)
+	defer func() {
+		if t.Failed() {
+			t.Logf("agent log:\n%s", logs.String())
+		}
+	}()
+	eventually(t, "endpoint registered without vxlan", func() bool {
+		ep := b.Endpoint("east", "east-gw1")
+		return ep != nil && slices.Equal(ep.GetDrivers(), []string{"wireguard"})
+	})
+	f["vxlan"].SetInitErr(nil)
+	eventually(t, "endpoint registered again with vxlan", func() bool {
+		ep := b.Endpoint("east", "east-gw1")
+		return ep != nil && slices.Contains(ep.GetDrivers(), "vxlan") && ep.GetCablePorts()["vxlan"] != 0
+	})
+	eventually(t, "west connected over vxlan", func() bool { return connectedClusters(f["vxlan"]) == "west" })
+	if !strings.Contains(logs.String(), "initialisation failed; retrying") {
+		t.Error("the retry was not logged")
+	}
+}
+
 func TestAnUnhealthyConnectionIsReassertedAtMostOncePerInterval(t *testing.T) {
 	b := multiBroker(t)
 	west := remoteEndpoint("west", "w1", "127.0.0.12", "S1dFU1Qta2V5")

@@ -54,6 +54,10 @@ export STORAGE_DRIVER=${STORAGE_DRIVER:-vfs} BUILDAH_ISOLATION=${BUILDAH_ISOLATI
 buildah push --quiet cablemesh/cable-agent:v0.1.0 \
 	"docker-archive:$STATE/images/cable-agent.tar:docker.io/cablemesh/cable-agent:v0.1.0" >/dev/null
 
+say "CoreDNS (tests/k8s/coredns/build.sh: reused from the cache, or built: about 3 minutes cold) and its image"
+COREDNS_DIR=$("$ROOT/tests/k8s/coredns/build.sh" image)
+ln -sf "$COREDNS_DIR/coredns.tar" "$STATE/images/coredns.tar"
+
 say "underlay $UL (172.29.0.0/24) and cable-broker at $BROKER (namespace $BRK_NS)"
 ip link add "$UL" type bridge
 ip addr add 172.29.0.1/24 dev "$UL"
@@ -109,6 +113,58 @@ for c in "${CLUSTERS[@]}"; do
 	i=$((i + 1))
 done
 
+# demo_apps CLUSTER: make demo's workload in namespace demo: web answering "hello from CLUSTER"
+# and exported, and two pods of the probe image to call from, one on each node (their /call
+# resolves through the pod's resolv.conf, i.e. cluster DNS).
+demo_apps() {
+	local c=$1 pod node gw
+	cat <<YAML
+apiVersion: v1
+kind: Namespace
+metadata: {name: demo}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: demo}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      containers:
+      - name: web
+        image: docker.io/cablemesh/k8s-probe:test
+        imagePullPolicy: Never
+        args: [serve, -text, hello from $c]
+        readinessProbe: {tcpSocket: {port: 80}, periodSeconds: 1}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: demo}
+spec:
+  selector: {app: web}
+  ports: [{name: http, port: 80, protocol: TCP}]
+---
+apiVersion: multicluster.x-k8s.io/v1alpha1
+kind: ServiceExport
+metadata: {name: web, namespace: demo}
+YAML
+	for pod in client client-worker; do
+		if [[ $pod == client ]]; then node=$c-gw gw=true; else node=$c-worker gw=false; fi
+		cat <<YAML
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: $pod, namespace: demo}
+spec:
+  nodeSelector: {cablemesh.io/gateway: "$gw"}
+  containers:
+  - {name: client, image: docker.io/cablemesh/k8s-probe:test, imagePullPolicy: Never, args: [serve, -text, "$pod of $c on $node"]}
+YAML
+	done
+}
+
 agent_ready() {
 	local kc=$STATE/$1/kubeconfig
 	[[ $("$KUBECTL" --kubeconfig "$kc" -n cablemesh get pods -l 'app.kubernetes.io/name in (cable-agent,cable-agent-worker)' \
@@ -155,6 +211,30 @@ for c in "${CLUSTERS[@]}"; do
 	done
 done
 
+# Cluster DNS: CoreDNS forwarding clusterset.local to the agents, as docs/services.md tells
+# operators; then the demo's workload (unless CABLEMESH_K8S_DEMO_APPS=0: the k8s tests bring
+# their own).
+i=1
+dns_pids=()
+for c in "${CLUSTERS[@]}"; do
+	"$ROOT/tests/k8s/coredns/cluster-dns.sh" "$c" "$i" forward &
+	dns_pids+=($!)
+	i=$((i + 1))
+done
+for p in "${dns_pids[@]}"; do
+	wait "$p" || die "cluster DNS did not come up (tests/k8s/coredns/cluster-dns.sh)"
+done
+if [[ ${CABLEMESH_K8S_DEMO_APPS:-1} != 0 ]]; then
+	for c in "${CLUSTERS[@]}"; do
+		say "cluster $c: namespace demo: web (exported), client on $c-gw, client-worker on $c-worker"
+		demo_apps "$c" | "$KUBECTL" --kubeconfig "$STATE/$c/kubeconfig" apply -f - >/dev/null
+	done
+	for c in "${CLUSTERS[@]}"; do
+		"$KUBECTL" --kubeconfig "$STATE/$c/kubeconfig" -n demo wait --for condition=Ready pod --all --timeout 120s >/dev/null ||
+			die "the demo pods of $c are not Ready after 120s"
+	done
+fi
+
 for c in "${CLUSTERS[@]}"; do
 	echo
 	echo "== kubectl --kubeconfig $STATE/$c/kubeconfig get nodes,pods -A -o wide"
@@ -172,7 +252,9 @@ The Kubernetes demo is up after $((SECONDS - start))s (state and logs in $STATE)
   west kubeconfig:    $STATE/west/kubeconfig
   broker admin:       $ADMIN   (cablectl --config $ADMIN ...)
   kubectl:            $KUBECTL
-Try:  $KUBECTL --kubeconfig $STATE/east/kubeconfig -n cablemesh logs ds/cable-agent
+Try:  $KUBECTL --kubeconfig $STATE/east/kubeconfig -n demo exec client -- /call web.demo.svc.clusterset.local:80
+      $KUBECTL --kubeconfig $STATE/east/kubeconfig -n demo exec client-worker -- /call web.demo.svc.clusterset.local:80
+      $KUBECTL --kubeconfig $STATE/east/kubeconfig -n cablemesh logs ds/cable-agent
       $ROOT/tests/k8s/cluster.sh nodeexec east gw ip addr
 Tear it down with:  make k8s-demo-down
 EOF

@@ -16,6 +16,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cablemesh/cablemesh/agent/brokerclient"
@@ -59,6 +60,9 @@ type Link struct {
 	conn    *brokerConn
 	redial  func() // makes the broker connection retry now
 	clock   brokerClock
+	// client is the client Dial made, for ReregisterNow from outside the link's loops (which
+	// may run before Dial).
+	client atomic.Pointer[apiv1.AgentClient]
 
 	mu          sync.Mutex
 	state       *brokerstate.State
@@ -124,7 +128,9 @@ func (l *Link) Dial() (apiv1.AgentClient, func(), error) {
 	// Our loops pace the retries (watch backoff, heartbeat interval); gRPC's own reconnect
 	// backoff would otherwise add its wait on top and delay the resync after an outage.
 	l.redial = l.conn.ResetConnectBackoff
-	return apiv1.NewAgentClient(l.conn), func() { _ = l.conn.Close() }, nil
+	client := apiv1.NewAgentClient(l.conn)
+	l.client.Store(&client)
+	return client, func() { _ = l.conn.Close() }, nil
 }
 
 // Read calls f with the cached state and the Join answer's cluster record, under the link's
@@ -247,6 +253,14 @@ func (l *Link) Reregister(ctx context.Context, client apiv1.AgentClient) {
 		}
 	}
 	l.log.Warn("endpoint not re-registered after a driver change; the broker publishes the old ports until the next registration", "err", err)
+}
+
+// ReregisterNow is Reregister with the client Dial made; before Dial it does nothing (the first
+// registration carries what changed).
+func (l *Link) ReregisterNow(ctx context.Context) {
+	if c := l.client.Load(); c != nil {
+		l.Reregister(ctx, *c)
+	}
 }
 
 // RunWatch, RunRegister and RunCertificates are the link's loops; each returns when ctx ends or

@@ -54,6 +54,10 @@ type Deps struct {
 	// Live is the live config in force: Start builds the drivers it lists with their blocks (a
 	// reload hands a new one to Rebuild and SetHealth).
 	Live func() config.Live
+	// OnDriverReady is called after a driver whose Init had failed initialised on a retry
+	// (initretry.go) and runs: the agent registers its endpoint again (the broker publishes only
+	// running drivers) and reconciles. Optional.
+	OnDriverReady func(ctx context.Context)
 }
 
 // Cables is the component. Build with New.
@@ -67,7 +71,15 @@ type Cables struct {
 	// really does, for the reload's tests.
 	repairEvery atomic.Int64
 
+	// driversMu serialises the drivers' Init retries with Rebuild: neither touches a driver
+	// the other is initialising or tearing down. Taken before mu, never under it.
+	driversMu sync.Mutex
+	// retries are the running Init retries (initretry.go), under retryCtx until stopRetries.
+	retries sync.WaitGroup
+
 	mu            sync.Mutex
+	retryCtx      context.Context
+	cancelRetries context.CancelFunc
 	built         []cable.Driver    // every driver built, in config order; closed by Close
 	running       []cable.Driver    // the built drivers whose Init succeeded, in config order
 	driverErrs    reconcile.Drivers // every configured driver: nil, or why it does not run

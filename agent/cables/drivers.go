@@ -48,9 +48,11 @@ func (c *Cables) DriverSet() reconcile.Drivers {
 // Start builds every configured driver through the registry, with the config's block
 // for it, then initialises each. A driver that cannot be built is a configuration error and ends
 // the agent before anything is created; one whose Init fails (strongSwan not installed, no VXLAN
-// in the kernel) is logged loudly and left out: the node does not publish it, and pairs the
-// policies put on it report why.
+// in the kernel, a link of a killed predecessor not yet gone) is logged loudly and left out
+// until a retry with backoff initialises it (initretry.go): meanwhile the node does not publish
+// it, and pairs the policies put on it report why.
 func (c *Cables) Start(ctx context.Context) error {
+	c.startRetries(ctx)
 	live := c.deps.Live()
 	for _, name := range live.CableDrivers {
 		d, err := c.BuildDriver(name, live)
@@ -83,6 +85,11 @@ func (c *Cables) Start(ctx context.Context) error {
 	c.running, c.driverErrs = running, errs
 	c.reconciler = reconcile.NewReconciler(running, c.pairLog)
 	c.mu.Unlock()
+	for i, d := range built {
+		if initErrs[i] != nil {
+			c.retryInit(d, initErrs[i])
+		}
+	}
 	return nil
 }
 
@@ -155,6 +162,7 @@ func (c *Cables) ClampMSS() {
 
 // Close closes every driver built, as the agent stops.
 func (c *Cables) Close() {
+	c.stopRetries()
 	for _, d := range c.builtDrivers() {
 		if err := d.Close(); err != nil {
 			c.log.Error("cable driver did not close cleanly", "driver", d.Name(), "err", err)
@@ -165,6 +173,7 @@ func (c *Cables) Close() {
 // Cleanup removes every link, route and socket the drivers made (Cleanup, also of a driver whose
 // Init failed: it may hold what an earlier run made) and the MSS clamp.
 func (c *Cables) Cleanup(ctx context.Context) {
+	c.stopRetries()
 	for _, d := range c.builtDrivers() {
 		if err := d.Cleanup(ctx); err != nil {
 			c.log.Error("cable driver cleanup failed", "driver", d.Name(), "err", err)

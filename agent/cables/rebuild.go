@@ -22,6 +22,8 @@ import (
 // (waiting for a pass in flight), so no pass uses a driver being torn down, and the agent has no
 // reconciler until the new one is in place (a pass then does nothing; the caller triggers one).
 func (c *Cables) Rebuild(ctx context.Context, next config.Live, names []string) {
+	c.driversMu.Lock()
+	defer c.driversMu.Unlock()
 	// Build the new drivers before anything changes: building validates and touches nothing.
 	fresh := map[string]cable.Driver{}
 	errs := map[string]error{}
@@ -73,8 +75,10 @@ func (c *Cables) Rebuild(ctx context.Context, next config.Live, names []string) 
 		kept = append(kept, d) // built: closed when Run ends, even if Init fails
 		if err := d.Init(ctx); err != nil {
 			errs[n] = err
-			c.log.Error("CABLE DRIVER UNAVAILABLE: initialisation failed after a config change; this node will not offer it and pairs that need it stay down",
+			c.log.Error("CABLE DRIVER UNAVAILABLE: initialisation failed after a config change; this node will not offer it and pairs that need it stay down until a retry succeeds",
 				"driver", n, "err", err)
+			// Retried once this Rebuild is done (it holds driversMu).
+			defer c.retryInit(d, err)
 			continue
 		}
 		changed[n] = d

@@ -10,7 +10,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	mdns "github.com/miekg/dns"
@@ -65,7 +64,16 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer, when set, gets the server's Prometheus metrics (cablemesh_dns_*).
 	Registerer prometheus.Registerer
+	// BindRetry is how long Start keeps trying to listen while the address is in use, with
+	// backoff, logging every failure: an agent started again right after it was killed finds
+	// its predecessor's sockets still open until that process is gone. Default:
+	// DefaultBindRetry; negative: fail at the first "address already in use".
+	BindRetry time.Duration
 }
+
+// DefaultBindRetry is Config.BindRetry's default: far longer than a killed process takes to
+// release its sockets, short enough that an address held by something else is reported soon.
+const DefaultBindRetry = 15 * time.Second
 
 // Server is the agent's clusterset.local DNS server: a thin shell over Answer. It answers
 // from the zone of the last Update, swapped atomically, so queries never wait for an update
@@ -100,7 +108,8 @@ type Server struct {
 }
 
 const (
-	stateNew = iota
+	stateNew      = iota
+	stateStarting // Start is waiting for the address (Config.BindRetry)
 	stateStarted
 	stateStopped
 )
@@ -131,6 +140,9 @@ func NewServer(cfg Config) (*Server, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.BindRetry == 0 {
+		cfg.BindRetry = DefaultBindRetry
 	}
 	if len(cfg.NSAddrs) == 0 && !ap.Addr().IsUnspecified() {
 		cfg.NSAddrs = []netip.Addr{ap.Addr()}
@@ -329,43 +341,29 @@ func (s *Server) isLocal(addr netip.Addr) bool {
 // Zone returns the zone the server answers from, nil before the first Update.
 func (s *Server) Zone() *Zone { return s.zone.Load() }
 
-// anyPortTries is how many UDP ports listenUDPAndTCP tries when any port will do: the TCP port
-// of the same number may be taken (by any TCP socket, a connection's ephemeral port too).
-const anyPortTries = 10
-
-// listenUDPAndTCP listens on addr over UDP and over TCP on the same port. With port 0, TCP takes
-// the port UDP was given, and another one is tried when that TCP port is taken.
-func listenUDPAndTCP(addr string) (net.PacketConn, net.Listener, error) {
-	tries := 1
-	if _, port, err := net.SplitHostPort(addr); err == nil && port == "0" {
-		tries = anyPortTries
-	}
-	for i := 1; ; i++ {
-		pc, err := net.ListenPacket("udp", addr)
-		if err != nil {
-			return nil, nil, fmt.Errorf("dns server: listen udp %s: %w", addr, err)
-		}
-		ln, err := net.Listen("tcp", pc.LocalAddr().String())
-		if err == nil {
-			return pc, ln, nil
-		}
-		pc.Close()
-		if i >= tries || !errors.Is(err, syscall.EADDRINUSE) {
-			return nil, nil, fmt.Errorf("dns server: listen tcp %s: %w", pc.LocalAddr(), err)
-		}
-	}
-}
-
 // Start listens on cfg.Listen over UDP and TCP (the same port) and serves in the background
-// until Shutdown.
+// until Shutdown. While the address is in use it retries for Config.BindRetry.
 func (s *Server) Start() error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.state != stateNew {
+		s.mu.Unlock()
 		return errors.New("dns server: already started (a server starts once)")
 	}
-	pc, ln, err := listenUDPAndTCP(s.cfg.Listen)
+	s.state = stateStarting
+	s.mu.Unlock()
+	// Not under mu: a Shutdown meanwhile cancels s.ctx, which ends the retries.
+	pc, ln, err := s.listen()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err == nil && s.state != stateStarting {
+		pc.Close()
+		ln.Close()
+		err = errors.New("dns server: shut down while starting")
+	}
 	if err != nil {
+		if s.state == stateStarting {
+			s.state = stateStopped
+		}
 		return err
 	}
 	s.addr = pc.LocalAddr().(*net.UDPAddr).AddrPort()

@@ -285,6 +285,62 @@ func startDnsmasq(t *testing.T, dir, conf, hosts string, port int) string {
 	return addr
 }
 
+// coreDNSEnv names the CoreDNS binary (tests/k8s/coredns/build.sh's; make bench-dns sets it).
+const coreDNSEnv = "CABLEMESH_COREDNS"
+
+// coreDNSZone is the agent's zone as an RFC 1035 zone file (SOA first), for CoreDNS's file
+// plugin: the same records the agent answers from.
+func coreDNSZone(z *agentdns.Zone) string {
+	var b strings.Builder
+	for _, rr := range z.RRs() {
+		// The file plugin refuses serial 0 (it takes it for "not loaded yet"); the bench's
+		// zone is built with the initial serial 0, and no question asks for the SOA.
+		if soa, ok := rr.(*mdns.SOA); ok && soa.Serial == 0 {
+			soa.Serial = 1
+		}
+		b.WriteString(rr.String())
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// startCoreDNS runs CoreDNS serving the agent's zone from a zone file (the file plugin, no
+// cache, nothing else in the server block) and returns its address.
+func startCoreDNS(t *testing.T, bin, dir string, z *agentdns.Zone, port int) string {
+	t.Helper()
+	zone := filepath.Join(dir, "clusterset.local.zone")
+	if err := os.WriteFile(zone, []byte(coreDNSZone(z)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	corefile := filepath.Join(dir, "Corefile")
+	conf := fmt.Sprintf("clusterset.local:%d {\n    bind 127.0.0.1\n    file %s clusterset.local\n}\n", port, zone)
+	if err := os.WriteFile(corefile, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var logs strings.Builder
+	cmd := exec.Command(bin, "-conf", corefile, "-quiet")
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+	})
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	if err := waitAnswers(addr); err != nil {
+		t.Fatalf("%v\n%s", err, logs.String())
+	}
+	return addr
+}
+
+// coreDNSVersion is the first line of `coredns -version` ("CoreDNS-1.15.0").
+func coreDNSVersion(bin string) string {
+	out, _ := exec.Command(bin, "-version").Output()
+	line, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
+	return line
+}
+
 // canonical is an answer as comparable text: rcode, then the answer records without TTL,
 // lower case, sorted.
 func canonical(m *mdns.Msg) string {
@@ -300,8 +356,8 @@ func canonical(m *mdns.Msg) string {
 }
 
 // compare asks both servers every distinct question and returns the ones they answer
-// differently.
-func compare(qs []question, a, b string) (checked int, diffs []string, err error) {
+// differently (a is the agent, b the server named bName).
+func compare(qs []question, a, b, bName string) (checked int, diffs []string, err error) {
 	c := &mdns.Client{Timeout: 2 * time.Second}
 	seen := map[question]bool{}
 	for _, q := range qs {
@@ -320,7 +376,7 @@ func compare(qs []question, a, b string) (checked int, diffs []string, err error
 		}
 		checked++
 		if ca, cb := canonical(ra), canonical(rb); ca != cb {
-			diffs = append(diffs, fmt.Sprintf("%s %s: agent %s; dnsmasq %s", q.Name, mdns.TypeToString[q.Qtype], ca, cb))
+			diffs = append(diffs, fmt.Sprintf("%s %s: agent %s; %s %s", q.Name, mdns.TypeToString[q.Qtype], ca, bName, cb))
 		}
 	}
 	return checked, diffs, nil
@@ -547,6 +603,11 @@ type Profile struct {
 	QPSRatioMax    float64        `json:"qpsRatioAgentToDnsmasqMax"`
 	P99RatioMax    float64        `json:"p99RatioAgentToDnsmasqMax"`
 	P99RatioFixed  float64        `json:"p99RatioAgentToDnsmasqFixed"`
+	// CoreDNS, when it ran: its answers compared with the agent's, and the agent's p99 over
+	// CoreDNS's at each fixed rate ("fixed 2000 qps": ratio).
+	CoreDNSQuestionsCheck int                `json:"coreDNSDistinctQuestionsCompared,omitempty"`
+	CoreDNSAnswerDiffs    []string           `json:"coreDNSAnswerDifferences,omitempty"`
+	P99RatioCoreDNSFixed  map[string]float64 `json:"p99RatioAgentToCoreDNSFixed,omitempty"`
 }
 
 // Result is what bench/results/dns-<date>.json holds.
@@ -563,6 +624,8 @@ type Result struct {
 	RunSeconds    int       `json:"runSeconds"`
 	Rounds        int       `json:"rounds"`
 	FixedRate     int       `json:"fixedRateQps"`
+	FixedRates    []int     `json:"fixedRatesQps"`
+	CoreDNS       string    `json:"coreDNS,omitempty"`
 	Services      int       `json:"services"`
 	ZoneNames     int       `json:"zoneNames"`
 	Profiles      []Profile `json:"profiles"`
@@ -581,6 +644,27 @@ func dnsperfVersion() string {
 	return "(unknown version)"
 }
 
+// fixedRates are the paced rates (queries/s): DNS_BENCH_RATES, a comma-separated list (default
+// 2000,20000), or DNS_BENCH_RATE alone.
+func fixedRates() ([]int, error) {
+	spec := os.Getenv("DNS_BENCH_RATES")
+	if spec == "" {
+		spec = os.Getenv("DNS_BENCH_RATE")
+	}
+	if spec == "" {
+		return []int{2000, 20000}, nil
+	}
+	var rates []int
+	for _, f := range strings.Split(spec, ",") {
+		r, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || r <= 0 {
+			return nil, fmt.Errorf("DNS_BENCH_RATES: %q is not a positive number of queries per second", f)
+		}
+		rates = append(rates, r)
+	}
+	return rates, nil
+}
+
 // TestDNS measures queries per second and latency of the agent's DNS server and of dnsmasq
 // serving the same names, interleaved run by run, and writes bench/results/dns-<date>.*.
 func TestDNS(t *testing.T) {
@@ -588,8 +672,17 @@ func TestDNS(t *testing.T) {
 		t.Skip("dnsmasq is not installed (Debian: dnsmasq-base); it is the anchor of this benchmark")
 	}
 	secs := benchresults.EnvInt("DNS_BENCH_SECONDS", 10)
-	rounds := benchresults.EnvInt("DNS_BENCH_ROUNDS", 3)
-	rate := benchresults.EnvInt("DNS_BENCH_RATE", 2000)
+	rounds := benchresults.EnvInt("DNS_BENCH_ROUNDS", 1)
+	rates, err := fixedRates()
+	if err != nil {
+		t.Fatal(err)
+	}
+	coreDNS := os.Getenv(coreDNSEnv)
+	if coreDNS != "" {
+		if _, err := os.Stat(coreDNS); err != nil {
+			t.Fatalf("%s=%q: %v (tests/k8s/coredns/build.sh prints its directory)", coreDNSEnv, coreDNS, err)
+		}
+	}
 
 	svcs := benchServices()
 	z, err := agentdns.BuildZone(svcs, agentdns.ZoneOptions{})
@@ -605,13 +698,22 @@ func TestDNS(t *testing.T) {
 		Anchor:        benchresults.FirstLine("dnsmasq", "--version"),
 		RunSeconds:    secs,
 		Rounds:        rounds,
-		FixedRate:     rate,
+		FixedRate:     rates[0],
+		FixedRates:    rates,
 		Services:      len(svcs),
 		ZoneNames:     z.Names(),
 		Command:       "go test -tags bench -run '^TestDNS$' -v -count=1 -timeout 30m ./bench/dns/",
 	}
 	agentAddr := startAgentDNS(t)
 	t.Logf("agent dns at %s", agentAddr)
+	coreDNSAddr := ""
+	if coreDNS != "" {
+		res.CoreDNS = coreDNSVersion(coreDNS)
+		coreDNSAddr = startCoreDNS(t, coreDNS, t.TempDir(), z, freePort(t))
+		t.Logf("%s at %s", res.CoreDNS, coreDNSAddr)
+	} else {
+		t.Logf("%s is not set: no CoreDNS anchor (make bench-dns sets it)", coreDNSEnv)
+	}
 
 	profiles := []struct {
 		name, dnsmasq string
@@ -639,12 +741,21 @@ func TestDNS(t *testing.T) {
 		t.Logf("%s: dnsmasq at %s", prof.name, dnsmasqAddr)
 
 		// Both must give the same answers before their speeds mean anything.
-		p.QuestionsCheck, p.AnswerDiffs, err = compare(qs, agentAddr, dnsmasqAddr)
+		p.QuestionsCheck, p.AnswerDiffs, err = compare(qs, agentAddr, dnsmasqAddr, "dnsmasq")
 		if err != nil {
 			t.Fatal(err)
 		}
 		if len(p.AnswerDiffs) > 0 {
 			t.Errorf("%s: %d of %d questions answered differently, e.g. %s", prof.name, len(p.AnswerDiffs), p.QuestionsCheck, p.AnswerDiffs[0])
+		}
+		if coreDNSAddr != "" {
+			p.CoreDNSQuestionsCheck, p.CoreDNSAnswerDiffs, err = compare(qs, agentAddr, coreDNSAddr, "coredns")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(p.CoreDNSAnswerDiffs) > 0 {
+				t.Errorf("%s: CoreDNS answered %d of %d questions differently, e.g. %s", prof.name, len(p.CoreDNSAnswerDiffs), p.CoreDNSQuestionsCheck, p.CoreDNSAnswerDiffs[0])
+			}
 		}
 
 		var gen loadgen = goLoad{queries: packQueries(qs)}
@@ -655,16 +766,26 @@ func TestDNS(t *testing.T) {
 			res.LoadGenerator = "Go: 16 UDP sockets, one query outstanding each"
 		}
 		servers := []struct{ name, addr string }{{"agent", agentAddr}, {"dnsmasq", dnsmasqAddr}}
+		if coreDNSAddr != "" {
+			servers = append(servers, struct{ name, addr string }{"coredns", coreDNSAddr})
+		}
 		modes := []struct {
 			name string
 			rate int
-		}{{"max", 0}, {fmt.Sprintf("fixed %d qps", rate), rate}}
+		}{{"max", 0}}
+		for _, rate := range rates {
+			modes = append(modes, struct {
+				name string
+				rate int
+			}{fmt.Sprintf("fixed %d qps", rate), rate})
+		}
 		series := map[string]*Series{}
 		for _, mode := range modes {
 			for round := 1; round <= rounds; round++ {
 				order := servers
 				if round%2 == 0 { // alternate who goes first
-					order = []struct{ name, addr string }{servers[1], servers[0]}
+					order = slices.Clone(servers)
+					slices.Reverse(order)
 				}
 				for _, srv := range order {
 					r, err := gen.run(srv.addr, time.Duration(secs)*time.Second, mode.rate)
@@ -698,6 +819,12 @@ func TestDNS(t *testing.T) {
 		p.QPSRatioMax = maxA.MedianQPS / maxD.MedianQPS
 		p.P99RatioMax = maxA.MedianP99Ms / maxD.MedianP99Ms
 		p.P99RatioFixed = fixA.MedianP99Ms / fixD.MedianP99Ms
+		if coreDNSAddr != "" {
+			p.P99RatioCoreDNSFixed = map[string]float64{}
+			for _, mode := range modes[1:] {
+				p.P99RatioCoreDNSFixed[mode.name] = series["agent/"+mode.name].MedianP99Ms / series["coredns/"+mode.name].MedianP99Ms
+			}
+		}
 		res.Profiles = append(res.Profiles, p)
 	}
 	res.LoadAvgAfter = benchresults.LoadAvg()
@@ -707,17 +834,21 @@ func TestDNS(t *testing.T) {
 		"max: as fast as the load generator goes with 64 queries outstanding, so its latency is mostly queueing; fixed: a paced rate, so its latency is closer to the servers' own.",
 		"Both servers answer the same names from the agent's zone. Answers were compared question by question before the runs (rcode and answer section; TTLs and the authority section, where dnsmasq puts no SOA, not compared).",
 		"dnsmasq keeps srv-host records in a list it walks on every query, so thousands of them slow every answer (full zone); from a hosts file its addresses are hashed (addresses only), which is its best case.",
-		"Runs are interleaved: in every round both servers run back to back, and the one that goes first alternates.",
+		"Runs are interleaved: in every round the servers run back to back, and the order reverses every other round.",
+		"CoreDNS (built from github.com/coredns/coredns by tests/k8s/coredns/build.sh) serves the agent's zone as a zone file with its file plugin alone (no cache plugin, GOMAXPROCS default), on loopback like the others; its answers were compared with the agent's the same way.",
 	}
 	benchresults.Save(t, filepath.Join("..", "results"), "dns", res, markdown(res))
 }
 
 func markdown(res Result) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "# clusterset.local DNS: agent vs dnsmasq (%s)\n\n", res.Date)
+	fmt.Fprintf(&b, "# clusterset.local DNS: agent vs dnsmasq and CoreDNS (%s)\n\n", res.Date)
 	fmt.Fprintf(&b, "Kernel %s, %d CPUs, %s; load average before %q, after %q. Anchor: %s. Load: %s.\n\n",
 		res.Kernel, res.CPUs, res.GoVersion, res.LoadAvgBefore, res.LoadAvgAfter, res.Anchor, res.LoadGenerator)
-	fmt.Fprintf(&b, "Zone: %d services (%d names). %d runs of %ds per profile, server and mode, interleaved. Command: `%s`\n\n",
+	if res.CoreDNS != "" {
+		fmt.Fprintf(&b, "Second anchor: %s (file plugin).\n\n", res.CoreDNS)
+	}
+	fmt.Fprintf(&b, "Zone: %d services (%d names). %d run(s) of %ds per profile, server and mode, interleaved. Command: `%s`\n\n",
 		res.Services, res.ZoneNames, res.Rounds, res.RunSeconds, res.Command)
 	for _, p := range res.Profiles {
 		fmt.Fprintf(&b, "## %s\n\ndnsmasq serves %s.\n\n", p.Name, p.Dnsmasq)
@@ -746,7 +877,18 @@ func markdown(res Result) string {
 			fmt.Fprintf(&b, "| %s | %s | %s | **%.0f** | %.3f | **%.3f** | %s | %d |\n", s.Mode, s.Server, strings.Join(runs, ", "),
 				s.MedianQPS, s.MedianP50Ms, s.MedianP99Ms, strings.Join(p99s, ", "), s.LostTotal)
 		}
-		fmt.Fprintf(&b, "\nAgent / dnsmasq: max qps ratio **%.2f**, max p99 ratio %.2f, fixed-rate p99 ratio **%.2f**.\n\n", p.QPSRatioMax, p.P99RatioMax, p.P99RatioFixed)
+		fmt.Fprintf(&b, "\nAgent / dnsmasq: max qps ratio **%.2f**, max p99 ratio %.2f, fixed-rate p99 ratio **%.2f** (at %d qps).\n\n", p.QPSRatioMax, p.P99RatioMax, p.P99RatioFixed, res.FixedRate)
+		if p.CoreDNSQuestionsCheck > 0 {
+			fmt.Fprintf(&b, "Agent / CoreDNS: %d distinct questions compared, %d differences; fixed-rate p99 ratio", p.CoreDNSQuestionsCheck, len(p.CoreDNSAnswerDiffs))
+			for _, r := range res.FixedRates {
+				mode := fmt.Sprintf("fixed %d qps", r)
+				fmt.Fprintf(&b, " **%.2f** at %d qps;", p.P99RatioCoreDNSFixed[mode], r)
+			}
+			b.WriteString("\n\n")
+			for _, d := range p.CoreDNSAnswerDiffs[:min(len(p.CoreDNSAnswerDiffs), 20)] {
+				fmt.Fprintf(&b, "- %s\n", d)
+			}
+		}
 		if len(p.AnswerDiffs) > 0 {
 			b.WriteString("Differences:\n\n")
 			for _, d := range p.AnswerDiffs[:min(len(p.AnswerDiffs), 20)] {

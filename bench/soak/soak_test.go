@@ -61,6 +61,12 @@ type Fault struct {
 	Target string  `json:"target"`
 	Back   float64 `json:"backAfterSeconds"`
 	Note   string  `json:"note,omitempty"`
+	// LongestGap is the longest stop of any pair's ping that began in this fault's window (from
+	// its start to the next fault's), and GapPair that pair: what the fault cost the traffic.
+	LongestGap float64 `json:"longestPairGapSeconds"`
+	GapPair    string  `json:"gapPair,omitempty"`
+
+	at time.Time
 }
 
 // Result is what bench/results/soak-<date>.json holds.
@@ -402,6 +408,9 @@ func TestSoak(t *testing.T) {
 	res.DuplicateVIPs = duplicates(h.Cablectl("service", "list", "-o", "json").Stdout, isVIPKey)
 
 	for _, p := range pairs {
+		attributeGaps(res.Faults, p.key(), harness.ReplyTimes(pingers[p.key()]), end)
+	}
+	for _, p := range pairs {
 		replies := harness.ReplyTimes(pingers[p.key()])
 		pr := PairResult{Pair: p.key()}
 		var last time.Time
@@ -448,6 +457,31 @@ func TestSoak(t *testing.T) {
 	}
 }
 
+// gapSlack is how long before a fault the last reply of the gap it caused may come (the reply
+// to the ping sent just before).
+const gapSlack = 2 * pingEvery
+
+// attributeGaps charges each gap between two replies of pair to the fault in whose window (its
+// start to the next fault's, or end) the gap began, keeping per fault the longest.
+func attributeGaps(faults []Fault, pair string, replies []time.Time, end time.Time) {
+	for i := range faults {
+		from := faults[i].at.Add(-gapSlack)
+		until := end
+		if i+1 < len(faults) {
+			until = faults[i+1].at.Add(-gapSlack)
+		}
+		for j := 1; j < len(replies); j++ {
+			began := replies[j-1]
+			if began.Before(from) || !began.Before(until) {
+				continue
+			}
+			if g := replies[j].Sub(began).Seconds(); g > faults[i].LongestGap {
+				faults[i].LongestGap, faults[i].GapPair = g, pair
+			}
+		}
+	}
+}
+
 // supervise restarts, as a service manager would, every agent that exited, and returns what it
 // saw: an exit is a defect of its own (the log says why), not a fault the soak injected.
 func supervise(h *harness.HA, clusters []*harness.Cluster) []string {
@@ -473,7 +507,7 @@ func supervise(h *harness.HA, clusters []*harness.Cluster) []string {
 func inject(t *testing.T, h *harness.HA, rng *rand.Rand, clusters []*harness.Cluster, kind string) Fault {
 	t.Helper()
 	at := time.Now()
-	f := Fault{At: at.UTC().Format("15:04:05.000"), Kind: kind}
+	f := Fault{At: at.UTC().Format("15:04:05.000"), Kind: kind, at: at}
 	switch kind {
 	case "broker":
 		r := h.Replicas[rng.Intn(len(h.Replicas))]
@@ -696,9 +730,23 @@ func writeResults(t *testing.T, res Result) {
 	for _, n := range names {
 		fmt.Fprintf(&b, "| %s | %.0f |\n", n, res.NotCurrent[n])
 	}
-	fmt.Fprintf(&b, "\n## Faults (%d)\n\n| at (UTC) | kind | target | undone after (s) | note |\n|---|---|---|---|---|\n", len(res.Faults))
+	fmt.Fprintf(&b, "\n## Per kind of fault: the longest pair outage it caused\n\n| kind | faults | longest pair gap (s) | pair | fault at (UTC) |\n|---|---|---|---|---|\n")
+	for _, k := range []string{"broker", "agent", "charon", "link", "etcd"} {
+		n, worst := 0, Fault{}
+		for _, f := range res.Faults {
+			if f.Kind != k {
+				continue
+			}
+			n++
+			if f.LongestGap >= worst.LongestGap {
+				worst = f
+			}
+		}
+		fmt.Fprintf(&b, "| %s | %d | %.2f | %s | %s |\n", k, n, worst.LongestGap, worst.GapPair, worst.At)
+	}
+	fmt.Fprintf(&b, "\n## Faults (%d)\n\n| at (UTC) | kind | target | undone after (s) | longest pair gap begun before the next fault (s) | pair | note |\n|---|---|---|---|---|---|---|\n", len(res.Faults))
 	for _, f := range res.Faults {
-		fmt.Fprintf(&b, "| %s | %s | %s | %.1f | %s |\n", f.At, f.Kind, f.Target, f.Back, f.Note)
+		fmt.Fprintf(&b, "| %s | %s | %s | %.1f | %.2f | %s | %s |\n", f.At, f.Kind, f.Target, f.Back, f.LongestGap, f.GapPair, f.Note)
 	}
 	b.WriteString("\n")
 	for _, n := range res.Notes {

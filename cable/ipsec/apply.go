@@ -247,7 +247,7 @@ func (d *Driver) connect(ctx context.Context, want desiredConn, psk []byte) erro
 	case old != nil:
 		// The connection and its SAs stay, and so does the keeper's schedule.
 		lc.loadedAt = old.loadedAt
-		lc.nextInitiate, lc.initBackoff, lc.up = old.nextInitiate, old.initBackoff, old.up
+		lc.nextInitiate, lc.initBackoff, lc.up, lc.rejoin = old.nextInitiate, old.initBackoff, old.up, old.rejoin
 	default:
 		// Held by charon from an earlier agent run: taken over as it is. The keeper looks at its
 		// SAs on its own clock and initiates only if it has none.
@@ -391,8 +391,10 @@ func (d *Driver) sharedIDs(ctx context.Context) ([]string, error) {
 	return listOf(resp["keys"]), nil
 }
 
-// replay loads every connection and key again into a restarted charon. It runs on the
-// supervisor's goroutine.
+// replay loads every connection and key again into a restarted charon and has every one of them
+// initiated at once, whatever this end's role (scheduleRejoin; the keeper is kicked at the end),
+// so the pairs are up again within a round trip of the restart rather than when the peers' dead
+// peer detection gives up on the old charon. It runs on the supervisor's goroutine.
 func (d *Driver) replay(ctx context.Context, p *charonProcess) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -410,8 +412,8 @@ func (d *Driver) replay(ctx context.Context, p *charonProcess) {
 			continue
 		}
 		c.loadedAt = d.now()
-		c.scheduleAfterLoad(c.loadedAt)
-		d.log.Info("connection reloaded after charon restart", "cluster", c.want.Cluster, "name", name)
+		c.scheduleRejoin(c.loadedAt)
+		d.log.Info("connection reloaded after charon restart", "cluster", c.want.Cluster, "name", name, "initiator", c.want.Initiator)
 	}
 	d.kick()
 }

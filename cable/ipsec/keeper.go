@@ -96,7 +96,7 @@ func (d *Driver) keep(ctx context.Context) time.Duration {
 	wait := keepEvery
 	initiator := false
 	for _, c := range d.conns {
-		initiator = initiator || c.want.Initiator
+		initiator = initiator || c.initiates()
 	}
 	if !initiator {
 		return wait
@@ -111,10 +111,14 @@ func (d *Driver) keep(ctx context.Context) time.Duration {
 	sas := parseSAs(evs)
 	now := d.now()
 	for name, c := range d.conns {
-		if !c.want.Initiator {
+		if !c.initiates() {
 			continue
 		}
 		due := keepAction(c, sas[name], now)
+		if c.up && c.rejoin {
+			c.rejoin = false
+			d.log.Info("connection up again after the charon restart", "cluster", c.want.Cluster, "name", name)
+		}
 		if due.initiate {
 			d.initiates.Add(1)
 			if _, err := d.client.stream(ctx, "initiate", "control-log", map[string]any{"child": name, "ike": name, "timeout": "-1"}); err != nil {
@@ -158,6 +162,20 @@ func keepAction(c *loadedConn, sas []ikeSA, now time.Time) keepDecision {
 	// trip), and above all to see the IKE_SA established, so that a later delete by the peer is
 	// taken for what it is (lossGrace) and not for one more refusal.
 	return keepDecision{initiate: true, after: firstInitRetry}
+}
+
+// initiates reports whether the keeper initiates c: this end is the pair's initiator, or a
+// restarted charon has to rejoin the peer (loadedConn.rejoin).
+func (c *loadedConn) initiates() bool { return c.want.Initiator || c.rejoin }
+
+// scheduleRejoin sets the keeper's schedule for a connection loaded into a restarted charon:
+// the initiator's start_action sends an IKE_SA_INIT at once (scheduleAfterLoad); a responder is
+// marked to rejoin and is initiated by the keeper now, not after firstInitRetry.
+func (c *loadedConn) scheduleRejoin(now time.Time) {
+	c.scheduleAfterLoad(now)
+	if !c.want.Initiator {
+		c.rejoin, c.nextInitiate = true, time.Time{}
+	}
 }
 
 // scheduleAfterLoad sets the keeper's schedule for a connection charon has just loaded: charon's

@@ -188,3 +188,57 @@ func TestKeepActionDecidesFromTheSAs(t *testing.T) {
 		})
 	}
 }
+
+// A charon restarted under a responder gets its connections back and initiates each at once,
+// until an IKE_SA is up: the peer still holds one with the dead charon and would otherwise wait
+// for its dead peer detection. Once up, the responder goes back to only responding.
+func TestRestartedResponderInitiatesUntilUp(t *testing.T) {
+	var logs bytes.Buffer
+	d, f := newTestDriver(t, &logs)
+	ctx := context.Background()
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	now := start
+	d.now = func() time.Time { return now }
+	r := testRemote()
+	r.Address = netip.MustParseAddr("10.0.0.0") // 10.0.0.0 < 10.0.0.1: the peer initiates
+	if err := d.Connect(ctx, r, nil); err != nil {
+		t.Fatal(err)
+	}
+	d.keep(ctx)
+	if got := f.count("initiate"); got != 0 {
+		t.Fatalf("the responder initiated %d times before any restart", got)
+	}
+
+	// charon restarts: it lost every connection; the supervisor replays them.
+	p := &charonProcess{}
+	d.charon.Store(p)
+	clear(f.conns)
+	d.replay(ctx, p)
+	if _, ok := f.conns["cbl-west"]; !ok {
+		t.Fatalf("replay did not load the connection again; calls %v", f.calls)
+	}
+	if wait := d.keep(ctx); f.count("initiate") != 1 || wait > firstInitRetry {
+		t.Fatalf("right after the replay: %d initiates, next look in %s; want 1 at once and a look within %s", f.count("initiate"), wait, firstInitRetry)
+	}
+	// The peer refused (it had not noticed yet): initiated again after the backoff.
+	now = now.Add(firstInitRetry)
+	d.keep(ctx)
+	if got := f.count("initiate"); got != 2 {
+		t.Fatalf("%d initiates %s after a refused one, want 2", got, firstInitRetry)
+	}
+	// Up: from now on the peer's role again; a lost IKE_SA is the peer's to restart.
+	f.sas["cbl-west"] = true
+	now = now.Add(time.Second)
+	d.keep(ctx)
+	delete(f.sas, "cbl-west")
+	for range 3 {
+		now = now.Add(time.Minute)
+		d.keep(ctx)
+	}
+	if got := f.count("initiate"); got != 2 {
+		t.Errorf("the responder initiated %d times after its IKE_SA was up and went, want still 2", got)
+	}
+	if !bytes.Contains(logs.Bytes(), []byte("up again after the charon restart")) {
+		t.Errorf("no log line saying the connection is up again:\n%s", logs.String())
+	}
+}

@@ -20,6 +20,12 @@ type loadedConn struct {
 	nextInitiate time.Time
 	initBackoff  time.Duration
 	up           bool
+	// rejoin makes the keeper initiate this connection although this end only responds, until
+	// an IKE_SA is up: set when a restarted charon is given the connection again. The peer's
+	// charon still holds an IKE_SA with the dead one and, until its dead peer detection gives
+	// up (about 35 s), neither initiates nor sees anything wrong; a new IKE_SA from this end
+	// replaces the stale one at once (unique=replace).
+	rejoin bool
 }
 
 // forget drops the connection name and wipes its key. Called with d.mu held.

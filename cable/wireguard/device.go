@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.zx2c4.com/wireguard/conn"
@@ -163,37 +164,82 @@ func (u *userDevice) serve(log *slog.Logger) {
 
 // openDevice creates (or, for a kernel device left by an earlier agent run, adopts) the link.
 // It tries the kernel first; when the kernel has no WireGuard it runs wireguard-go in-process.
+// The link name is the agent's own: a userspace device's TUN link left by an agent that died
+// (or is still being torn down after a SIGKILL) is removed and the device made afresh.
 func openDevice(log *slog.Logger, name string, mtu int) (wgDevice, error) {
 	la := netlink.NewLinkAttrs()
 	la.Name = name
 	la.MTU = mtu
-	err := netlink.LinkAdd(&netlink.Wireguard{LinkAttrs: la})
-	switch {
-	case err == nil:
-		log.Info("created kernel wireguard link")
-		return &kernelDevice{name: name}, nil
-	case errors.Is(err, syscall.EEXIST):
-		l, lerr := netlink.LinkByName(name)
-		if lerr != nil {
-			return nil, fmt.Errorf("link %s exists but cannot be read: %w", name, lerr)
-		}
-		if l.Type() == "wireguard" {
-			// A kernel device survives agent restarts: adopt it, so tunnels do not flap.
-			log.Info("adopted existing kernel wireguard link")
+	for replaced := false; ; replaced = true {
+		err := netlink.LinkAdd(&netlink.Wireguard{LinkAttrs: la})
+		switch {
+		case err == nil:
+			log.Info("created kernel wireguard link")
 			return &kernelDevice{name: name}, nil
+		case errors.Is(err, syscall.EEXIST):
+			l, lerr := netlink.LinkByName(name)
+			if isLinkNotFound(lerr) {
+				continue // gone meanwhile (a dead agent's TUN link torn down): create it now
+			}
+			if lerr != nil {
+				return nil, fmt.Errorf("link %s exists but cannot be read: %w", name, lerr)
+			}
+			if l.Type() == "wireguard" {
+				// A kernel device survives agent restarts: adopt it, so tunnels do not flap.
+				log.Info("adopted existing kernel wireguard link")
+				return &kernelDevice{name: name}, nil
+			}
+			if l.Type() != "tuntap" || replaced {
+				return nil, fmt.Errorf("link %s exists with type %q, not wireguard (another process or an earlier device holds the name)", name, l.Type())
+			}
+			if err := removeLeftoverTUN(log, l); err != nil {
+				return nil, err
+			}
+			continue
 		}
-		return nil, fmt.Errorf("link %s exists with type %q, not wireguard (another process or an earlier device holds the name)", name, l.Type())
+		log.Info("kernel has no wireguard, using wireguard-go in-process", "err", err)
+		return openUserDevice(log, name, mtu)
 	}
-	log.Info("kernel has no wireguard, using wireguard-go in-process", "err", err)
-	return openUserDevice(log, name, mtu)
+}
+
+// removeLeftoverTUN deletes l, a TUN link with this device's name, unless a live process serves
+// the name's UAPI socket in this mount namespace (an agent run with CABLEMESH_WG_ISOLATED=0: its
+// device is not ours to take; an isolated agent's socket is private, and the name in this
+// network namespace is the agent's own). A userspace device's TUN link goes with the process
+// that holds it, but not at once: an agent started again right after a kill finds it still there
+// while its predecessor exits.
+func removeLeftoverTUN(log *slog.Logger, l netlink.Link) error {
+	name := l.Attrs().Name
+	if uapiServed(name) {
+		return fmt.Errorf("link %s exists with type tuntap and its UAPI socket %s is served by a live process: another agent holds the name", name, UAPISocketPath(name))
+	}
+	log.Warn("removing the userspace wireguard TUN link left by an earlier run", "link", name, "ifindex", l.Attrs().Index)
+	if err := netlink.LinkDel(l); err != nil && !isLinkNotFound(err) && !errors.Is(err, syscall.ENODEV) {
+		return fmt.Errorf("remove the TUN link %s left by an earlier run: %w", name, err)
+	}
+	return nil
+}
+
+// uapiServed reports whether a process answers on the UAPI socket of the device named iface.
+func uapiServed(iface string) bool {
+	c, err := net.DialTimeout("unix", UAPISocketPath(iface), time.Second)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
+
+func isLinkNotFound(err error) bool {
+	var nf netlink.LinkNotFoundError
+	return errors.As(err, &nf)
 }
 
 func openUserDevice(log *slog.Logger, name string, mtu int) (_ wgDevice, err error) {
 	sock := UAPISocketPath(name)
 	// A socket file left by a process that died is stale; one that answers belongs to a live
 	// device (possibly in another network namespace sharing this mount namespace).
-	if c, derr := net.Dial("unix", sock); derr == nil {
-		c.Close()
+	if uapiServed(name) {
 		return nil, fmt.Errorf("UAPI socket %s is served by another process: interface name %s is taken in this mount namespace (run the agent through wireguard.RunIsolated or pick another interface)", sock, name)
 	}
 	if rerr := os.Remove(sock); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {

@@ -15,6 +15,8 @@ import (
 // programs found first with exec.LookPath (of a literal the scan sees). Key: file and function.
 var indirectAllowed = map[string]string{
 	"bench/dns/dns_test.go startAgentDNS":                     "the test binary itself (os.Args[0])",
+	"bench/dns/dns_test.go startCoreDNS":                      "CoreDNS, built by tests/k8s/coredns/build.sh",
+	"bench/dns/dns_test.go coreDNSVersion":                    "CoreDNS, built by tests/k8s/coredns/build.sh",
 	"bench/scale/scale_test.go startBroker":                   "the cable-broker the bench builds",
 	"cmd/cablectl/main_test.go TestExitCodes":                 "the test binary itself (os.Args[0]) running main",
 	"broker/store/etcdtest/etcdtest.go Start":                 `etcd, from exec.LookPath("etcd")`,
@@ -31,8 +33,9 @@ var indirectAllowed = map[string]string{
 	"tests/k8s/cluster_test.go kc":                            "kubectl, built by tests/k8s/build.sh",
 	"tests/k8s/crosscluster_test.go nodeLeftovers":            "tests/k8s/cluster.sh nodeexec, the project's own script (it runs find, of findutils, on the node)",
 	"tests/k8s/crosscluster_test.go script":                   "scripts/k8s-demo.sh and k8s-demo-down.sh, the project's own scripts",
-	"tests/k8s/crosscluster_test.go upMesh":                   "tests/k8s/cluster.sh (rss), the project's own script",
+	"tests/k8s/crosscluster_test.go upMeshApps":               "tests/k8s/cluster.sh (rss), the project's own script",
 	"tests/k8s/crosscluster_test.go kc":                       "kubectl, built by tests/k8s/build.sh",
+	"tests/k8s/clusterdns_test.go clusterDNS":                 "tests/k8s/coredns/cluster-dns.sh, the project's own script",
 	"tests/netns/xdsguard_test.go fetchSecretAs":              "xdsgrpc, built from tests/netns/cmd",
 	"tests/k8s/helm_test.go helmBin":                          "tests/helm/build.sh, the project's own script",
 	"tests/k8s/helm_test.go helm":                             "helm, built from helm.sh/helm by tests/helm/build.sh",

@@ -204,6 +204,8 @@ go_image_archive() {
 	export STORAGE_DRIVER=${STORAGE_DRIVER:-vfs} BUILDAH_ISOLATION=${BUILDAH_ISOLATION:-chroot}
 	ctr=$(buildah from scratch)
 	buildah copy --chmod 0755 "$ctr" "$tmp/$name" "/$name" >/dev/null
+	# The probe also answers to /call (make k8s-demo's `kubectl exec client -- /call HOST:PORT`).
+	[[ $name != probe ]] || buildah copy --chmod 0755 "$ctr" "$tmp/$name" /call >/dev/null
 	buildah config --entrypoint "[\"/$name\"]" --cmd '' "$ctr"
 	buildah commit --quiet "$ctr" "docker-archive:$out.tmp:$image" >/dev/null
 	buildah rm "$ctr" >/dev/null
@@ -505,6 +507,10 @@ route_pod_cidrs() {
 			[[ -n $cidr ]] || die "node $C-$m has no pod CIDR"
 			ip -n "ck8-$C-$n" route replace "$cidr" via "$(node_ip "$(node_index "$m")")"
 		done
+		# The control plane answers pods too (CoreDNS's kubernetes plugin calls the API server
+		# through the kubernetes Service from its pod address; kube-proxy does not masquerade it).
+		cidr=$(kubectl_admin get node "$C-$n" -o jsonpath='{.spec.podCIDR}')
+		in_cp ip route replace "$cidr" via "$(node_ip "$(node_index "$n")")"
 	done
 }
 

@@ -21,12 +21,21 @@ type mesh struct {
 	dir     string // CABLEMESH_K8S_DIR
 	bin     string // the project's binaries
 	kubectl string
+	// demoApps keeps k8s-demo.sh's own demo workload (namespace demo); the tests that apply
+	// their own turn it off.
+	demoApps bool
 }
 
 // The demo's fixed names: a second demo on the machine would collide with them.
 const underlayBridge = "ck8ul"
 
 func upMesh(t *testing.T) *mesh {
+	t.Helper()
+	return upMeshApps(t, false)
+}
+
+// upMeshApps is upMesh with, when demoApps, make k8s-demo's own workload in namespace demo.
+func upMeshApps(t *testing.T, demoApps bool) *mesh {
 	t.Helper()
 	root, err := filepath.Abs("../..")
 	if err != nil {
@@ -44,7 +53,7 @@ func upMesh(t *testing.T) *mesh {
 	if _, err := os.Stat("/sys/class/net/" + underlayBridge); err == nil {
 		t.Fatalf("bridge %s exists: make k8s-demo is running on this machine (make k8s-demo-down first)", underlayBridge)
 	}
-	m := &mesh{t: t, root: root, dir: stateDir(t), bin: bin, kubectl: filepath.Join(k8sBin(t), "kubectl")}
+	m := &mesh{t: t, root: root, dir: stateDir(t), bin: bin, kubectl: filepath.Join(k8sBin(t), "kubectl"), demoApps: demoApps}
 	t.Cleanup(m.down)
 	start := time.Now()
 	if out, err := m.script("k8s-demo.sh"); err != nil {
@@ -70,7 +79,11 @@ func tail(s string, n int) string {
 
 func (m *mesh) script(name string) (string, error) {
 	cmd := exec.Command(filepath.Join(m.root, "scripts", name))
-	cmd.Env = append(os.Environ(), "CABLEMESH_K8S_DIR="+m.dir, "CABLEMESH_BIN="+m.bin)
+	apps := "0"
+	if m.demoApps {
+		apps = "1"
+	}
+	cmd.Env = append(os.Environ(), "CABLEMESH_K8S_DIR="+m.dir, "CABLEMESH_BIN="+m.bin, "CABLEMESH_K8S_DEMO_APPS="+apps)
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }

@@ -200,6 +200,13 @@ func (d *Driver) Remove(cluster string) {
 
 func (c Call) String() string { return fmt.Sprintf("%s %s", c.Op, c.Cluster) }
 
+// SetInitErr sets what Init returns from now on (nil: it succeeds), while the driver may be in use.
+func (d *Driver) SetInitErr(err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.InitErr = err
+}
+
 // SetHandshake sets the last handshake every connection reports.
 func (d *Driver) SetHandshake(t time.Time) {
 	d.mu.Lock()

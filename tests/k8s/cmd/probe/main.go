@@ -6,6 +6,9 @@
 //	probe call [-dns ADDR] [-timeout D] HOST:PORT
 //	    resolves HOST (through the DNS server ADDR when given, else the pod's resolver),
 //	    connects and prints what the server answered.
+//	call [-dns ADDR] [-timeout D] HOST:PORT
+//	    the same as probe call: the image has this binary also at /call, so a demo pod is
+//	    asked `kubectl exec POD -- /call HOST:PORT`.
 //	probe stream [-for D] HOST:PORT
 //	    reads the counter stream for D, reconnecting when the connection breaks, and prints one
 //	    JSON object: the longest stall (no byte received), how many times it reconnected, the
@@ -25,11 +28,20 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"time"
 )
 
 func main() {
+	// Invoked as /call (the same binary under a second name), it is `probe call`.
+	if filepath.Base(os.Args[0]) == "call" {
+		if err := call(os.Args[1:]); err != nil {
+			fmt.Fprintln(os.Stderr, "call:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if len(os.Args) < 2 {
 		fmt.Fprintln(os.Stderr, "usage: probe serve|call|stream ...")
 		os.Exit(2)
