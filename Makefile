@@ -50,9 +50,11 @@ check-bpf:
 		{ echo "bpf/: the committed objects are not what the C sources compile to; run make generate and commit" >&2; exit 1; }; \
 	else echo "check-bpf: clang not installed, committed eBPF objects not rebuilt"; fi
 
-# Unit tests: everything except the end-to-end tests under tests/netns.
+# Unit tests: everything except the end-to-end tests under tests/netns; then the Helm chart with
+# Helm's own packages (tests/helm, a module of its own so nothing else depends on Helm).
 unit-test:
 	pkgs=$$($(GO) list ./... | grep -v -e '/tests/netns' -e '/tests/vm$$' -e '/tests/brokerchurn$$'); $(GO) test -count=1 $$pkgs
+	cd tests/helm && $(GO) test -count=1 .
 
 # End-to-end tests with the real binaries in network namespaces (need root; they skip otherwise),
 # and those on loopback that need no root (tests/brokerchurn).
@@ -76,6 +78,7 @@ k8s-test: build
 	./scripts/install-deps.sh k8s
 	K8S_BUILD_JOBS=$${K8S_BUILD_JOBS:-2} ./tests/k8s/build.sh >/dev/null
 	./tests/k8s/coredns/build.sh image >/dev/null
+	./tests/helm/build.sh >/dev/null
 	rc=0; (cd tests/k8s && CABLEMESH_K8S=1 CABLEMESH_K8S_TEST_DIR=$(K8S_TEST_DIR) CABLEMESH_BIN=$(BIN) \
 		$(GO) test -v -count=1 -timeout $(K8S_TIMEOUT) . ./cmd/...) || rc=$$?; \
 		./scripts/k8s-test-cleanup.sh $(K8S_TEST_DIR); exit $$rc

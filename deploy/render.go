@@ -365,7 +365,7 @@ func renderAgentConfig(text string, v AgentValues, gateway bool) (string, error)
 		if strings.Contains(text, "\ningress:") {
 			return "", errors.New("the agent config template already has an ingress block")
 		}
-		text = strings.TrimSuffix(text, "\n") + "\ningress: {mode: envoy, xds: {listen: " + EnvoyXDSSocket + "}}\n"
+		text = strings.TrimSuffix(text, "\n") + "\n" + ingressEnvoyLine + "\n"
 	}
 	return text, nil
 }
@@ -456,6 +456,8 @@ func renderWorkerDaemonSet(o Object, v AgentValues) error {
 // The Envoy ingress (AgentValues.IngressEnvoy): the agent serves xDS on a unix socket in
 // /run/cablemesh, which the Envoy container mounts too.
 const (
+	// ingressEnvoyLine is what the gateways' agent config gets with the Envoy ingress.
+	ingressEnvoyLine = "ingress: {mode: envoy, xds: {listen: " + EnvoyXDSSocket + "}}"
 	EnvoyConfigMap   = "cable-envoy-bootstrap"
 	EnvoyXDSSocket   = "/run/cablemesh/xds.sock"
 	envoyAdminListen = "127.0.0.1:9901"
@@ -466,15 +468,7 @@ const (
 // install renders (the same xds.Bootstrap). Its node id is a placeholder: each pod's Envoy is
 // started with --service-node <node>-ingress, which overrides it.
 func envoyBootstrap(v AgentValues) (Object, error) {
-	b, err := xds.Bootstrap(xds.BootstrapOptions{NodeID: "ingress", NodeCluster: v.Cluster, Network: "unix", Address: EnvoyXDSSocket, AdminAddress: envoyAdminListen})
-	if err != nil {
-		return nil, err
-	}
-	js, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(b)
-	if err != nil {
-		return nil, err
-	}
-	y, err := yaml.JSONToYAML(js)
+	y, err := envoyBootstrapText(jsonText(v.Cluster))
 	if err != nil {
 		return nil, err
 	}
@@ -486,8 +480,35 @@ func envoyBootstrap(v AgentValues) (Object, error) {
 			"namespace": Namespace,
 			"labels":    map[string]any{"app.kubernetes.io/name": "cable-agent", "app.kubernetes.io/part-of": "cablemesh", ClusterLabel: v.Cluster},
 		},
-		"data": map[string]any{"envoy.yaml": string(y)},
+		"data": map[string]any{"envoy.yaml": y},
 	}, nil
+}
+
+// bootstrapClusterMark stands for the cluster's name while the bootstrap is marshalled: the name
+// then goes in as a JSON string (as the agent config's values do), so its text is the same whoever
+// renders it (cablectl here, the Helm chart with toJson) and a cluster named "123" stays a string.
+const bootstrapClusterMark = "cablemesh-bootstrap-cluster-mark"
+
+// envoyBootstrapText is Envoy's bootstrap as YAML text with clusterYAML (a YAML scalar) as its
+// node's cluster.
+func envoyBootstrapText(clusterYAML string) (string, error) {
+	b, err := xds.Bootstrap(xds.BootstrapOptions{NodeID: "ingress", NodeCluster: bootstrapClusterMark, Network: "unix", Address: EnvoyXDSSocket, AdminAddress: envoyAdminListen})
+	if err != nil {
+		return "", err
+	}
+	js, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(b)
+	if err != nil {
+		return "", err
+	}
+	y, err := yaml.JSONToYAML(js)
+	if err != nil {
+		return "", err
+	}
+	line := "cluster: " + bootstrapClusterMark + "\n"
+	if n := bytes.Count(y, []byte(line)); n != 1 {
+		return "", fmt.Errorf("deploy: Envoy's bootstrap names its node's cluster %d times, want once", n)
+	}
+	return string(bytes.Replace(y, []byte(line), []byte("cluster: "+clusterYAML+"\n"), 1)), nil
 }
 
 func envoyContainer(v AgentValues) map[string]any {

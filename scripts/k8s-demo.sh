@@ -189,9 +189,13 @@ for c in "${CLUSTERS[@]}"; do
 	say "cluster $c: cablectl install kubernetes ... | nodeagents ${NODEAGENTS_ARGS[*]} | kubectl apply -f -"
 	"$KUBECTL" --kubeconfig "$kc" label node "$c-gw" cablemesh.io/gateway=true
 	"$KUBECTL" --kubeconfig "$kc" label node "$c-worker" cablemesh.io/gateway=false
-	"$BIN/cablectl" --config "$ADMIN" install kubernetes --cluster "$c" --pod-cidr "10.$i.0.0/16" \
-		--service-cidr "10.96.$i.0/24" --agent-broker "$BROKER" | "$STATE/nodeagents" "${NODEAGENTS_ARGS[@]}" |
-		"$KUBECTL" --kubeconfig "$kc" apply -f -
+	if [[ " ${CABLEMESH_K8S_HELM:-} " == *" $c "* ]]; then # installed with the Helm chart instead (TestHelm)
+		BROKER=$BROKER "$ROOT/tests/k8s/helm-install.sh" "$c" "$i"
+	else
+		"$BIN/cablectl" --config "$ADMIN" install kubernetes --cluster "$c" --pod-cidr "10.$i.0.0/16" \
+			--service-cidr "10.96.$i.0/24" --agent-broker "$BROKER" | "$STATE/nodeagents" "${NODEAGENTS_ARGS[@]}" |
+			"$KUBECTL" --kubeconfig "$kc" apply -f -
+	fi
 	i=$((i + 1))
 done
 for c in "${CLUSTERS[@]}"; do

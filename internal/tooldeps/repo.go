@@ -36,7 +36,7 @@ func StageOf(file string) string {
 		return "bench"
 	case file == "scripts/demo.sh", file == "scripts/demo-down.sh":
 		return "demo"
-	case strings.HasPrefix(file, "tests/k8s/"), strings.HasPrefix(file, "scripts/k8s-"):
+	case strings.HasPrefix(file, "tests/k8s/"), strings.HasPrefix(file, "scripts/k8s-"), file == "tests/helm/build.sh":
 		return "k8s"
 	case file == "scripts/image.sh":
 		return "image"

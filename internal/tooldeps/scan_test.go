@@ -37,6 +37,8 @@ var indirectAllowed = map[string]string{
 	"tests/k8s/crosscluster_test.go kc":                       "kubectl, built by tests/k8s/build.sh",
 	"tests/k8s/clusterdns_test.go clusterDNS":                 "tests/k8s/coredns/cluster-dns.sh, the project's own script",
 	"tests/netns/xdsguard_test.go fetchSecretAs":              "xdsgrpc, built from tests/netns/cmd",
+	"tests/k8s/helm_test.go helmBin":                          "tests/helm/build.sh, the project's own script",
+	"tests/k8s/helm_test.go helm":                             "helm, built from helm.sh/helm by tests/helm/build.sh",
 }
 
 // notPrograms are names the scan finds that are meant not to exist.
