@@ -389,16 +389,7 @@ func TestCrossCluster(t *testing.T) {
 		// The stream goes through the VIP (socket load balancer at connect) to west's pod, from
 		// east's worker pod: both the gateways' agents and the workers' agents are restarted.
 		const streamFor = 60 * time.Second
-		type result struct {
-			out string
-			err error
-		}
-		done := make(chan result, 1)
-		go func() {
-			out, err := m.kc("east", "", "-n", "demo", "exec", "client-worker", "--", "/probe", "stream", "-for", streamFor.String(), webIP+":81")
-			done <- result{out, err}
-		}()
-		time.Sleep(5 * time.Second)
+		stream := m.startStream(t, streamFor, webIP+":81")
 		start := time.Now()
 		for _, c := range []string{"east", "west"} {
 			m.mustKC(c, "", "-n", "cablemesh", "rollout", "restart", "ds/cable-agent", "ds/cable-agent-worker")
@@ -413,20 +404,7 @@ func TestCrossCluster(t *testing.T) {
 		if rolled > streamFor-10*time.Second {
 			t.Errorf("the rollout took %v: the %v stream (started 5 s before it) did not cover it", rolled, streamFor)
 		}
-		r := <-done
-		if r.err != nil {
-			t.Fatalf("probe stream: %v\n%s", r.err, r.out)
-		}
-		var rep struct {
-			LongestStallMs int64    `json:"longestStallMs"`
-			Reconnects     int      `json:"reconnects"`
-			Received       uint64   `json:"received"`
-			Lost           uint64   `json:"lost"`
-			Errors         []string `json:"errors"`
-		}
-		if err := json.Unmarshal([]byte(r.out[strings.LastIndex(strings.TrimSpace(r.out), "\n")+1:]), &rep); err != nil {
-			t.Fatalf("probe stream printed %q: %v", r.out, err)
-		}
+		rep := stream()
 		t.Logf("stream over %v: %d counters received, longest stall %d ms, %d reconnects, errors %v", streamFor, rep.Received, rep.LongestStallMs, rep.Reconnects, rep.Errors)
 		// What a restart loses: routes, eBPF pins and the state dir outlive the pod, but where the
 		// kernel has no WireGuard (this one) the tunnel is wireguard-go in the agent's process

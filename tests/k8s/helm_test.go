@@ -28,15 +28,6 @@ func (m *mesh) helm(helm, c string, args ...string) (string, error) {
 	return string(out), err
 }
 
-// streamReport is what `probe stream` prints last.
-type streamReport struct {
-	LongestStallMs int64    `json:"longestStallMs"`
-	Reconnects     int      `json:"reconnects"`
-	Received       uint64   `json:"received"`
-	Lost           uint64   `json:"lost"`
-	Errors         []string `json:"errors"`
-}
-
 // TestHelm: east is installed with the chart deploy/helm/cablemesh (`helm install`, by
 // tests/k8s/helm-install.sh through k8s-demo.sh), west with cablectl; the agents of both come
 // up Ready on every node and carry traffic across the cable; `helm upgrade` with a changed value
@@ -99,18 +90,7 @@ func TestHelm(t *testing.T) {
 			return m.mustKC("east", "", "-n", "cablemesh", "get", "ds", "cable-agent", "cable-agent-worker", "-o", "jsonpath={.items[*].metadata.generation}")
 		}
 		before := gens()
-		done := make(chan struct {
-			out string
-			err error
-		}, 1)
-		go func() {
-			out, err := m.kc("east", "", "-n", "demo", "exec", "client-worker", "--", "/probe", "stream", "-for", streamFor.String(), webIP+":81")
-			done <- struct {
-				out string
-				err error
-			}{out, err}
-		}()
-		time.Sleep(5 * time.Second)
+		stream := m.startStream(t, streamFor, webIP+":81")
 		start := time.Now()
 		// A changed value every operator changes: the agent's resources (both DaemonSets' pods).
 		args := append([]string{"upgrade", "cablemesh", filepath.Join(root, "deploy", "helm", "cablemesh"),
@@ -135,14 +115,7 @@ func TestHelm(t *testing.T) {
 		if rolled > streamFor-10*time.Second {
 			t.Errorf("the rollout took %v: the %v stream (started 5 s before it) did not cover it", rolled, streamFor)
 		}
-		r := <-done
-		if r.err != nil {
-			t.Fatalf("probe stream: %v\n%s", r.err, r.out)
-		}
-		var rep streamReport
-		if err := json.Unmarshal([]byte(r.out[strings.LastIndex(strings.TrimSpace(r.out), "\n")+1:]), &rep); err != nil {
-			t.Fatalf("probe stream printed %q: %v", r.out, err)
-		}
+		rep := stream()
 		t.Logf("stream over %v: %d counters received, longest stall %d ms, %d reconnects, errors %v", streamFor, rep.Received, rep.LongestStallMs, rep.Reconnects, rep.Errors)
 		if rep.Reconnects != 0 || rep.Lost != 0 {
 			t.Errorf("the stream broke during the upgrade: %d reconnects, %d counters lost (errors %v)", rep.Reconnects, rep.Lost, rep.Errors)

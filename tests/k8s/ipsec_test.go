@@ -243,36 +243,14 @@ func TestIPsecCable(t *testing.T) {
 // again. TCP retransmits across the gap: nothing may be lost and the stream must not reconnect.
 func (m *mesh) restartGatewayUnderStream(t *testing.T, webIP string) {
 	const streamFor = 60 * time.Second
-	type result struct {
-		out string
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		out, err := m.kc("east", "", "-n", "demo", "exec", "client-worker", "--", "/probe", "stream", "-for", streamFor.String(), webIP+":81")
-		done <- result{out, err}
-	}()
-	time.Sleep(5 * time.Second)
+	stream := m.startStream(t, streamFor, webIP+":81")
 	start := time.Now()
 	m.mustKC("east", "", "-n", "cablemesh", "rollout", "restart", "ds/cable-agent")
 	m.mustKC("east", "", "-n", "cablemesh", "rollout", "status", "ds/cable-agent", "--timeout", "120s")
 	rolled := time.Since(start)
 	d := m.waitIPsec(t, 90*time.Second, "east", "west")
 	t.Logf("rollout restart of east's gateway agent done in %v; ipsec connected again %v later", rolled.Round(time.Millisecond), d.Round(time.Millisecond))
-	r := <-done
-	if r.err != nil {
-		t.Fatalf("probe stream: %v\n%s", r.err, r.out)
-	}
-	var rep struct {
-		LongestStallMs int64    `json:"longestStallMs"`
-		Reconnects     int      `json:"reconnects"`
-		Received       uint64   `json:"received"`
-		Lost           uint64   `json:"lost"`
-		Errors         []string `json:"errors"`
-	}
-	if err := json.Unmarshal([]byte(r.out[strings.LastIndex(strings.TrimSpace(r.out), "\n")+1:]), &rep); err != nil {
-		t.Fatalf("probe stream printed %q: %v", r.out, err)
-	}
+	rep := stream()
 	t.Logf("stream over %v across the restart: %d counters received, longest stall %d ms, %d reconnects, errors %v",
 		streamFor, rep.Received, rep.LongestStallMs, rep.Reconnects, rep.Errors)
 	if rep.Reconnects != 0 || rep.Lost != 0 {
