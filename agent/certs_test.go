@@ -14,6 +14,7 @@ import (
 	"github.com/cablemesh/cablemesh/agent/internal/fakedriver"
 	"github.com/cablemesh/cablemesh/agent/internal/testbroker"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
+	"github.com/cablemesh/cablemesh/internal/syncbuf"
 )
 
 // readCert is the agent certificate in stateDir.
@@ -54,7 +55,7 @@ func pemBlocks(t *testing.T, path string) int {
 
 // joinedAndConnected starts an agent against b and waits until it joined, connected west and
 // north, and heartbeats.
-func joinedAndConnected(t *testing.T, b *testbroker.Broker, logs *syncBuffer) (*running, *fakedriver.Driver, string) {
+func joinedAndConnected(t *testing.T, b *testbroker.Broker, logs *syncbuf.Buffer) (*running, *fakedriver.Driver, string) {
 	t.Helper()
 	cfg := testConfig(t, b, true)
 	d := fakedriver.New()
@@ -73,7 +74,7 @@ func joinedAndConnected(t *testing.T, b *testbroker.Broker, logs *syncBuffer) (*
 // go on with the new certificate, without a restart and without touching its tunnels.
 func TestTheAgentRenewsItsCertificateTwoThirdsIntoItsLifetime(t *testing.T) {
 	b := newBroker(t, testbroker.Options{CertLifetime: 3 * time.Second})
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	r, d, stateDir := joinedAndConnected(t, b, logs)
 	first := readCert(t, stateDir)
 	d.Calls()
@@ -118,7 +119,7 @@ func TestTheAgentRenewsItsCertificateTwoThirdsIntoItsLifetime(t *testing.T) {
 // rotation finished (the broker serves with the new CA only) it still reaches the broker.
 func TestACARotationRenewsAtOnceAndSurvivesItsFinish(t *testing.T) {
 	b := newBroker(t)
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	_, d, stateDir := joinedAndConnected(t, b, logs)
 	first := readCert(t, stateDir)
 	d.Calls()
@@ -167,7 +168,7 @@ func TestACARotationRenewsAtOnceAndSurvivesItsFinish(t *testing.T) {
 // join again.
 func TestARevokedCertificateStopsTheCallsAndKeepsTheTunnels(t *testing.T) {
 	b := newBroker(t)
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	r, d, _ := joinedAndConnected(t, b, logs)
 	d.Calls()
 	if err := b.Revoke("east", "east-gw1"); err != nil {

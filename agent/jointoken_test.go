@@ -12,6 +12,7 @@ import (
 
 	"github.com/cablemesh/cablemesh/agent/brokerclient"
 	"github.com/cablemesh/cablemesh/agent/internal/fakedriver"
+	"github.com/cablemesh/cablemesh/internal/syncbuf"
 )
 
 // TestAJoinTokenFileOthersCanReadIsWarnedAbout: a token file readable by
@@ -23,7 +24,7 @@ func TestAJoinTokenFileOthersCanReadIsWarnedAbout(t *testing.T) {
 	if err := os.Chmod(cfg.JoinTokenFile, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	startAgentWith(t, cfg, fakedriver.New(), func(o *Options) {
 		o.Log = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	})
@@ -53,7 +54,7 @@ func TestAJoinTokenFileOthersCanReadIsWarnedAbout(t *testing.T) {
 func TestATokenFileOnlyTheAgentCanReadIsNotWarnedAbout(t *testing.T) {
 	b := newBroker(t)
 	cfg := testConfig(t, b, true)
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	startAgentWith(t, cfg, fakedriver.New(), func(o *Options) { o.Log = slog.New(slog.NewTextHandler(logs, nil)) })
 	eventually(t, "the agent joined and says the token can be deleted", func() bool { return lineWith(logs.String(), "can be deleted") != "" })
 	if l := lineWith(logs.String(), "readable by others"); l != "" {

@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,26 +22,9 @@ import (
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/cable"
+	"github.com/cablemesh/cablemesh/internal/syncbuf"
 	"github.com/cablemesh/cablemesh/policy"
 )
-
-// syncBuffer is a log sink tests read while the agent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func policyRecord(t *testing.T, p policy.ClusterConnectionPolicy, isDefault bool) *apiv1.Policy {
 	t.Helper()
@@ -120,7 +102,7 @@ func newFleet(names ...string) fleet {
 	return f
 }
 
-func startFleet(t *testing.T, cfg *config.Config, f fleet, logs *syncBuffer, mod func(*Options)) *running {
+func startFleet(t *testing.T, cfg *config.Config, f fleet, logs *syncbuf.Buffer, mod func(*Options)) *running {
 	t.Helper()
 	cfg.CableDrivers = slices.Sorted(func(yield func(string) bool) {
 		for n := range f {
@@ -167,7 +149,7 @@ func TestAPolicyChangeMovesAPairBetweenDrivers(t *testing.T) {
 	b := multiBroker(t)
 	cfg := testConfig(t, b, true)
 	f := newFleet("wireguard", "vxlan")
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	startFleet(t, cfg, f, logs, nil)
 
 	eventually(t, "north and west on wireguard", func() bool {
@@ -291,7 +273,7 @@ func TestADriverThatCannotStartIsNotPublishedAndItsPairsSayWhy(t *testing.T) {
 	cfg := testConfig(t, b, true)
 	f := newFleet("wireguard", "ipsec")
 	f["ipsec"].InitErr = errors.New("charon: no such file")
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	startFleet(t, cfg, f, logs, nil)
 	eventually(t, "endpoint registered", func() bool { return b.Endpoint("east", "east-gw1") != nil })
 	if ep := b.Endpoint("east", "east-gw1"); !slices.Equal(ep.GetDrivers(), []string{"wireguard"}) || ep.GetCablePorts()["ipsec"] != 0 {
@@ -322,7 +304,7 @@ func TestADriverThatInitialisesOnARetryIsPublishedAndConnects(t *testing.T) {
 	cfg := testConfig(t, b, true)
 	f := newFleet("wireguard", "vxlan")
 	f["vxlan"].SetInitErr(errors.New("link cbl-x exists with type tuntap"))
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	startFleet(t, cfg, f, logs, nil)
 	defer func() {
 		if t.Failed() {

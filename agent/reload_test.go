@@ -29,6 +29,7 @@ import (
 	"github.com/cablemesh/cablemesh/agent/reload"
 	"github.com/cablemesh/cablemesh/agent/statusapi"
 	"github.com/cablemesh/cablemesh/cable"
+	"github.com/cablemesh/cablemesh/internal/syncbuf"
 )
 
 // The agent tests build no real driver, and the fakes registered as wireguard and vxlan take no
@@ -158,7 +159,7 @@ func TestAReloadAppliesOnlyWhatChangedAndRefusesTheClusterName(t *testing.T) {
 	b := multiBroker(t)
 	westOnReloadVX(t, b)
 	base := testConfig(t, b, true)
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	r, cfg, path, bl := startReloadAgent(t, reloadConfigText(b, base, bothDrivers, "reload-vx: {port: 4789}\nhealthCheck: {period: 1s}\n"), func(o *Options) {
 		o.Log = slog.New(slog.NewTextHandler(logs, nil))
 	})
@@ -510,7 +511,7 @@ func TestADeletedConfigFileKeepsTheRunningConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	r := startAgentWith(t, cfg, fakedriver.New(), func(o *Options) {
 		o.ConfigPath = path
 		o.Log = slog.New(slog.NewTextHandler(logs, nil))

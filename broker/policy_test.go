@@ -12,33 +12,15 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 
 	"google.golang.org/grpc/codes"
 
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/broker/admission"
+	"github.com/cablemesh/cablemesh/internal/syncbuf"
 	"github.com/cablemesh/cablemesh/policy"
 )
-
-// syncBuffer is a bytes.Buffer the broker's goroutines may log into while a test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // policiesFromYAML decodes YAML the way cablectl does and returns the API form of each policy.
 func policiesFromYAML(t *testing.T, y string) []*apiv1.Policy {
@@ -126,7 +108,7 @@ func TestTheDefaultPolicyIsCreatedAtFirstStartAndKeptAfterwards(t *testing.T) {
 	}
 	b.stop()
 
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	b = startBroker(t, dir, brokerOpts{defaultDriver: "ipsec", logTo: logs, durable: true})
 	if _, pols, _ := b.policies(); pols["default"].Spec.CableDriver.Name != "vxlan" {
 		t.Fatalf("a restart with another driver replaced the stored default: %+v", pols["default"])
@@ -136,7 +118,7 @@ func TestTheDefaultPolicyIsCreatedAtFirstStartAndKeptAfterwards(t *testing.T) {
 	}
 	b.stop()
 
-	logs = &syncBuffer{}
+	logs = &syncbuf.Buffer{}
 	b = startBroker(t, dir, brokerOpts{logTo: logs, durable: true})
 	if strings.Contains(logs.String(), "differs") {
 		t.Fatalf("a restart without the flag warned about it:\n%s", logs)
@@ -409,7 +391,7 @@ func clusterPSKs(evs []*apiv1.Event) map[string][]byte {
 
 func TestEachAgentGetsThePSKsOfItsOwnPairsOnly(t *testing.T) {
 	dir := t.TempDir()
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	b := startBroker(t, dir, brokerOpts{logTo: logs})
 	tokens := map[string]string{}
 	for i, c := range []string{"east", "west", "north"} {

@@ -15,6 +15,7 @@ import (
 
 	apiv1 "github.com/cablemesh/cablemesh/api/v1"
 	"github.com/cablemesh/cablemesh/broker/store"
+	"github.com/cablemesh/cablemesh/internal/syncbuf"
 	"github.com/cablemesh/cablemesh/mcs"
 )
 
@@ -300,7 +301,7 @@ func TestAVIPOutsideAChangedRangeIsKeptAndANewFamilyIsAdded(t *testing.T) {
 	addr := m.addr
 	m.stop()
 
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	ranges := []netip.Prefix{netip.MustParsePrefix("242.0.0.0/16"), netip.MustParsePrefix("fd00:241::/112")}
 	// The VIP range moves onto the default mesh address range, which moves out of its way.
 	b2 := startBroker(t, dir, brokerOpts{addr: addr, durable: true, vipRanges: ranges, logTo: logs, meshRange: netip.MustParsePrefix("243.0.0.0/16")})

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/cablemesh/cablemesh/agent/statusapi"
+	"github.com/cablemesh/cablemesh/internal/syncbuf"
 )
 
 func TestCompletionScripts(t *testing.T) {
@@ -101,24 +102,6 @@ func TestEveryCommandThatPrintsDataTakesOutput(t *testing.T) {
 	walk(NewRoot())
 }
 
-// syncBuffer is a bytes.Buffer safe for the watch goroutine and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func TestWatchRedrawsOnlyOnChange(t *testing.T) {
 	frames := []string{"A\n", "A\n", "A\n", "B\n", "B\n", "!", "C\n"}
 	for _, format := range []string{"table", "json"} {
@@ -139,7 +122,7 @@ func TestWatchRedrawsOnlyOnChange(t *testing.T) {
 			}
 			return []byte(f), nil
 		}
-		var out syncBuffer
+		var out syncbuf.Buffer
 		done := make(chan error, 1)
 		go func() { done <- watchStatus(ctx, &out, format, 5*time.Millisecond, render) }()
 		select {

@@ -1,35 +1,17 @@
 package dns
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	mdns "github.com/miekg/dns"
+
+	"github.com/cablemesh/cablemesh/internal/syncbuf"
 )
-
-// lockedBuffer is a log sink the server's goroutines and the test share.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // holdPort takes a loopback UDP port (as a predecessor that is still exiting would) and returns
 // its address.
@@ -43,7 +25,7 @@ func holdPort(t *testing.T) (net.PacketConn, string) {
 	return pc, pc.LocalAddr().String()
 }
 
-func newBindServer(t *testing.T, addr string, retry time.Duration, logs *lockedBuffer) *Server {
+func newBindServer(t *testing.T, addr string, retry time.Duration, logs *syncbuf.Buffer) *Server {
 	t.Helper()
 	s, err := NewServer(Config{Listen: addr, BindRetry: retry, Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	if err != nil {
@@ -60,7 +42,7 @@ func newBindServer(t *testing.T, addr string, retry time.Duration, logs *lockedB
 // A server whose address is still held retries, logging why, and listens once it is released.
 func TestStartWaitsForAnAddressInUse(t *testing.T) {
 	held, addr := holdPort(t)
-	var logs lockedBuffer
+	var logs syncbuf.Buffer
 	s := newBindServer(t, addr, 10*time.Second, &logs)
 	released := make(chan time.Time, 1)
 	go func() {
@@ -95,7 +77,7 @@ func TestStartGivesUpOnAnAddressInUse(t *testing.T) {
 		retry   time.Duration
 		atLeast time.Duration
 	}{{retry: 400 * time.Millisecond, atLeast: 200 * time.Millisecond}, {retry: -1}} {
-		var logs lockedBuffer
+		var logs syncbuf.Buffer
 		s := newBindServer(t, addr, tc.retry, &logs)
 		t0 := time.Now()
 		err := s.Start()
@@ -115,7 +97,7 @@ func TestStartGivesUpOnAnAddressInUse(t *testing.T) {
 // A Shutdown while Start waits for the address ends the wait; the server never listens.
 func TestShutdownEndsTheBindRetry(t *testing.T) {
 	_, addr := holdPort(t)
-	var logs lockedBuffer
+	var logs syncbuf.Buffer
 	s := newBindServer(t, addr, time.Minute, &logs)
 	errc := make(chan error, 1)
 	go func() { errc <- s.Start() }()

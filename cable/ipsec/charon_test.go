@@ -1,35 +1,17 @@
 package ipsec
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/cablemesh/cablemesh/internal/syncbuf"
 )
-
-// lockedBuffer is a bytes.Buffer safe for the follower's goroutine and the test.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 func appendTo(t *testing.T, path, text string) {
 	t.Helper()
@@ -49,7 +31,7 @@ func appendTo(t *testing.T, path, text string) {
 // picks up the new one from its start.
 func TestFollowPassesCharonsLinesOnAcrossARestart(t *testing.T) {
 	dir := t.TempDir()
-	var out lockedBuffer
+	var out syncbuf.Buffer
 	p := &charonProcess{charonPaths: charonPaths{logFile: filepath.Join(dir, logFile)}, log: slog.New(slog.NewTextHandler(&out, nil))}
 	appendTo(t, p.logFile, "logged while no agent ran\n")
 	ctx, cancel := context.WithCancel(context.Background())
@@ -90,7 +72,7 @@ func TestFollowPassesCharonsLinesOnAcrossARestart(t *testing.T) {
 // empty (charon appends to it, so it carries on at its start); no line is lost on the way.
 func TestFollowMovesABigLogAside(t *testing.T) {
 	dir := t.TempDir()
-	var out lockedBuffer
+	var out syncbuf.Buffer
 	p := &charonProcess{charonPaths: charonPaths{logFile: filepath.Join(dir, logFile)}, log: slog.New(slog.NewTextHandler(&out, nil))}
 	if err := rotateLog(p.logFile); err != nil {
 		t.Fatal(err)
