@@ -148,6 +148,29 @@ type agentStatus struct {
 		Hash     string `json:"hash"`
 		Refused  any    `json:"refused"`
 	} `json:"config"`
+	Drivers     []driverState     `json:"drivers"`
+	Connections []connectionState `json:"connections"`
+}
+
+type driverState struct {
+	Name  string `json:"name"`
+	Error string `json:"error"`
+}
+
+// connectionState is a gateway's row for its connection to one remote cluster.
+type connectionState struct {
+	Cluster string `json:"cluster"`
+	Driver  string `json:"driver"`
+	State   string `json:"state"`
+	Message string `json:"message"`
+	RxBytes uint64 `json:"rxBytes"`
+	TxBytes uint64 `json:"txBytes"`
+	RTT     *struct {
+		P50Ms float64 `json:"p50Ms"`
+	} `json:"rtt"`
+	Health *struct {
+		Samples int `json:"samples"`
+	} `json:"health"`
 }
 
 // nodeLeftovers lists what Cablemesh left on node of cluster c: cbl-* links, routes to the other

@@ -1,7 +1,6 @@
 package k8s
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
@@ -26,34 +25,8 @@ spec:
   cableDriver: {name: ipsec}
 `
 
-// gatewayView is what `cablectl status -o json` on a gateway's socket says of its drivers and of
-// its connection to one remote cluster.
-type gatewayView struct {
-	Drivers     []driverState `json:"drivers"`
-	Connections []struct {
-		Cluster string `json:"cluster"`
-		Driver  string `json:"driver"`
-		State   string `json:"state"`
-		Message string `json:"message"`
-		RxBytes uint64 `json:"rxBytes"`
-		TxBytes uint64 `json:"txBytes"`
-	} `json:"connections"`
-}
-
-func (m *mesh) gatewayView(c string) (gatewayView, error) {
-	var v gatewayView
-	sock := filepath.Join(m.dir, c, "nodes", "gw", "run", "cablemesh", "agent.sock")
-	out, err := exec.Command(filepath.Join(m.bin, "cablectl"), "status", "--socket", sock, "-o", "json").Output()
-	if err != nil {
-		return v, fmt.Errorf("cablectl status --socket %s: %w", sock, err)
-	}
-	return v, json.Unmarshal(out, &v)
-}
-
-type driverState struct {
-	Name  string `json:"name"`
-	Error string `json:"error"`
-}
+// gatewayView is what `cablectl status -o json` on cluster c's gateway says (drivers, connections).
+func (m *mesh) gatewayView(c string) (agentStatus, error) { return m.agentStatus(c, "gw") }
 
 // connection is c's gateway's view of its connection to remote: driver, state, CHILD_SA bytes.
 func (m *mesh) connection(c, remote string) (driver, state string, rx, tx uint64, err error) {

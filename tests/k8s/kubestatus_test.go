@@ -1,10 +1,7 @@
 package k8s
 
 import (
-	"encoding/json"
 	"fmt"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -36,24 +33,9 @@ spec:
 // gatewayRTT is the p50 round-trip time to remote that the gateway of cluster c measures
 // (cablectl status on its socket), "" without samples.
 func (m *mesh) gatewayRTT(c, remote string) (string, error) {
-	sock := filepath.Join(m.dir, c, "nodes", "gw", "run", "cablemesh", "agent.sock")
-	out, err := exec.Command(filepath.Join(m.bin, "cablectl"), "status", "--socket", sock, "-o", "json").Output()
+	st, err := m.gatewayView(c)
 	if err != nil {
-		return "", fmt.Errorf("cablectl status --socket %s: %w", sock, err)
-	}
-	var st struct {
-		Connections []struct {
-			Cluster string `json:"cluster"`
-			RTT     *struct {
-				P50Ms float64 `json:"p50Ms"`
-			} `json:"rtt"`
-			Health *struct {
-				Samples int `json:"samples"`
-			} `json:"health"`
-		} `json:"connections"`
-	}
-	if err := json.Unmarshal(out, &st); err != nil {
-		return "", fmt.Errorf("cablectl status: %w", err)
+		return "", err
 	}
 	for _, cn := range st.Connections {
 		if cn.Cluster == remote && cn.RTT != nil && cn.Health != nil && cn.Health.Samples > 0 {
