@@ -15,6 +15,16 @@ type streamReport struct {
 	Received       uint64   `json:"received"`
 	Lost           uint64   `json:"lost"`
 	Errors         []string `json:"errors"`
+	// LongestStallEnd is when the longest stall ended, by the probe's clock (the machine's).
+	LongestStallEnd time.Time `json:"longestStallEnd"`
+}
+
+// longestStall is the window of the longest stall; zero times when the probe did not say.
+func (r streamReport) longestStall() (from, to time.Time) {
+	if r.LongestStallEnd.IsZero() {
+		return time.Time{}, time.Time{}
+	}
+	return r.LongestStallEnd.Add(-time.Duration(r.LongestStallMs) * time.Millisecond), r.LongestStallEnd
 }
 
 // startStream runs `/probe stream` for d from east's worker pod to addr (west's pod, across the
@@ -53,6 +63,20 @@ func parseStreamReport(out string) (streamReport, error) {
 		return rep, fmt.Errorf("probe stream printed %q: %w", out, err)
 	}
 	return rep, nil
+}
+
+func TestParseStreamReportReadsTheStallWindow(t *testing.T) {
+	rep, err := parseStreamReport(`{"longestStallMs":1500,"longestStallEnd":"2026-11-28T14:20:03.5Z"}` + "\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	from, to := rep.longestStall()
+	if want := time.Date(2026, 11, 28, 14, 20, 2, 0, time.UTC); !from.Equal(want) || !to.Equal(want.Add(1500*time.Millisecond)) {
+		t.Errorf("stall window %v - %v, want it to start at %v and last 1.5 s", from, to, want)
+	}
+	if rep, err := parseStreamReport(`{"longestStallMs":20}` + "\n"); err != nil || !rep.LongestStallEnd.IsZero() {
+		t.Errorf("a report without the stall's end (an older probe): %+v, %v", rep, err)
+	}
 }
 
 func TestParseStreamReportReadsTheLastLine(t *testing.T) {

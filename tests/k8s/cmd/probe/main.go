@@ -177,6 +177,9 @@ type streamReport struct {
 	Lost     uint64   `json:"lost"`
 	Duration int64    `json:"durationMs"`
 	Errors   []string `json:"errors,omitempty"`
+	// LongestStallEnd is when the longest stall ended (RFC 3339, ns): the test lines it up with
+	// what happened to the agents meanwhile (every pod of the machine reads the same clock).
+	LongestStallEnd string `json:"longestStallEnd,omitempty"`
 }
 
 func stream(args []string) error {
@@ -222,6 +225,7 @@ func stream(args []string) error {
 			now := time.Now()
 			if stall := now.Sub(last).Milliseconds(); stall > rep.LongestStallMs {
 				rep.LongestStallMs = stall
+				rep.LongestStallEnd = now.UTC().Format(time.RFC3339Nano)
 			}
 			last = now
 			if n := binary.BigEndian.Uint64(buf[:]); n > want {
@@ -235,6 +239,7 @@ func stream(args []string) error {
 	}
 	if stall := time.Since(last).Milliseconds(); stall > rep.LongestStallMs {
 		rep.LongestStallMs = stall
+		rep.LongestStallEnd = time.Now().UTC().Format(time.RFC3339Nano)
 	}
 	rep.Duration = time.Since(start).Milliseconds()
 	return json.NewEncoder(os.Stdout).Encode(rep)
