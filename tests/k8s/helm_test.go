@@ -303,17 +303,25 @@ func (r *rollRecorder) observe(at time.Time, ev podWatchEvent) {
 	}
 }
 
-// agentLogMarks are the agent log lines a timeline shows, by the text they contain; the first
-// line that has it counts.
-var agentLogMarks = []struct{ contains, what string }{
-	{`msg="stopping: uninstall or restart"`, "agent: shutdown asks uninstall or restart"},
-	{`msg="userspace wireguard device closed`, "agent: wireguard-go device closed"},
-	{`msg="agent stopped"`, "agent: stopped (last line)"},
-	{`msg="kernel has no wireguard`, "agent: wireguard-go device created"},
-	{`msg="wireguard ready"`, "agent: wireguard driver ready"},
-	{`msg="peer configured`, "agent: wireguard peer configured"},
-	{`msg="no handshake yet: sent a fresh initiation"`, "agent: first fresh initiation (nudge)"},
-	{`msg="agent ready"`, "agent: ready (reconciled from its cache)"},
+// agentLogMarks are the agent log lines a timeline shows, by the texts they contain (all of
+// them); the first line that has them counts.
+var agentLogMarks = []struct {
+	contains []string
+	what     string
+}{
+	{[]string{`msg="stopping: uninstall or restart"`}, "agent: shutdown asks uninstall or restart"},
+	{[]string{`msg="userspace wireguard device closed`}, "agent: wireguard-go device closed"},
+	{[]string{`msg="agent stopped"`}, "agent: stopped (last line)"},
+	{[]string{`msg="node addresses from the Node object"`}, "agent: node addresses from the Node"},
+	{[]string{`msg="kernel has no wireguard`}, "agent: wireguard-go device created"},
+	{[]string{`msg="wireguard ready"`}, "agent: wireguard driver initialised"},
+	{[]string{`msg="cable driver ready"`, "driver=ipsec"}, "agent: ipsec driver ready (charon up)"},
+	{[]string{`msg="cable driver ready"`, "driver=vxlan"}, "agent: vxlan driver ready"},
+	{[]string{`msg="cable driver ready"`, "driver=wireguard"}, "agent: wireguard driver ready (every driver initialised)"},
+	{[]string{`msg="services load balancer ready"`}, "agent: services load balancer ready"},
+	{[]string{`msg="peer configured`}, "agent: wireguard peer configured"},
+	{[]string{`msg="no handshake yet: sent a fresh initiation"`}, "agent: first fresh initiation (nudge)"},
+	{[]string{`msg="agent ready"`}, "agent: ready (reconciled from its cache)"},
 }
 
 // logMarks reads a `kubectl logs --timestamps` output: its first line, and the marks above.
@@ -333,13 +341,22 @@ func logMarks(prefix, out string) []rollEvent {
 			evs = append(evs, rollEvent{At: at, What: prefix + "first log line"})
 		}
 		for _, mk := range agentLogMarks {
-			if !found[mk.what] && strings.Contains(text, mk.contains) {
+			if !found[mk.what] && containsAll(text, mk.contains) {
 				found[mk.what] = true
 				evs = append(evs, rollEvent{At: at, What: prefix + mk.what})
 			}
 		}
 	}
 	return evs
+}
+
+func containsAll(s string, subs []string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
 }
 
 // finish stops the recording and returns every event, the new pod's log marks and its first
