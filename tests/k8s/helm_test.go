@@ -551,9 +551,10 @@ func TestLogMarksFindTheFirstOfEachMark(t *testing.T) {
 	out := "2026-11-28T14:20:00.100000000Z time=x level=INFO msg=\"agent ready\" gateway=true\n" +
 		"not a stamped line\n" +
 		"2026-11-28T14:20:00.200000000Z time=x level=INFO msg=\"userspace wireguard device closed: its tunnels are down\"\n" +
-		"2026-11-28T14:20:00.300000000Z time=x level=INFO msg=\"agent ready\" gateway=true\n"
+		"2026-11-28T14:20:00.300000000Z time=x level=INFO msg=\"agent ready\" gateway=true\n" +
+		"2026-11-28T14:20:00.400000000Z time=x level=INFO msg=\"cable driver ready\" cluster=east driver=vxlan\n"
 	evs := logMarks("old ", out)
-	want := []string{"old first log line", "old agent: ready (reconciled from its cache)", "old agent: wireguard-go device closed"}
+	want := []string{"old first log line", "old agent: ready (reconciled from its cache)", "old agent: wireguard-go device closed", "old agent: vxlan driver ready"}
 	if len(evs) != len(want) {
 		t.Fatalf("marks %+v, want %v", evs, want)
 	}
