@@ -3,6 +3,8 @@ package wireguard
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
@@ -36,11 +38,15 @@ func (d *Driver) initDevice() error {
 			return err
 		}
 	}
+	restore := map[string]storedConn{}
 	for _, cluster := range forget {
 		// Its peer died with an earlier process (a userspace device): adding it again is a
 		// reconnect, not a new pair (see handshake.go).
 		if k, err := wgtypes.ParseKey(d.conns[cluster].PublicKey); err == nil {
 			d.reconnect[k] = true
+		}
+		if d.dev.Kind() == KindUserspace {
+			restore[cluster] = d.conns[cluster]
 		}
 		delete(d.conns, cluster)
 	}
@@ -66,10 +72,33 @@ func (d *Driver) initDevice() error {
 	if err := d.applyRoutes(link.Link, route.Plan{Delete: staleRoutes(existing, d.conns)}); err != nil {
 		return err
 	}
+	d.restorePeers(restore)
 	if len(forget) > 0 {
 		return connections(d.dir).Save(d.conns)
 	}
 	return nil
+}
+
+// restorePeers adds again, at once, the peers an earlier process had connected on its userspace
+// device (which died with it), as that process's Connect made them. The pair then carries
+// traffic again as soon as this device is up, without waiting for the agent's first reconcile,
+// which comes only once every cable driver has initialised (charon's start, for one) and the
+// services datapath is loaded; that reconcile finds the peer in place, or changes it as the plan
+// in force says. A peer that cannot be restored (a record of an older agent, without endpoint)
+// waits for that reconcile, as before.
+func (d *Driver) restorePeers(restore map[string]storedConn) {
+	for _, cluster := range slices.Sorted(maps.Keys(restore)) {
+		want, err := desiredFromStored(cluster, restore[cluster], d.cfg.Keepalive)
+		if err != nil {
+			d.log.Debug("peer of the previous run not restored: the first reconcile adds it", "cluster", cluster, "err", err)
+			continue
+		}
+		d.log.Info("restoring the previous run's peer at once (it died with that process's device)", "cluster", cluster, "node", want.Node, "peer", want.PublicKey.String())
+		if err := d.connect(want); err != nil {
+			d.log.Warn("peer of the previous run not restored: the first reconcile adds it", "cluster", cluster, "err", err)
+			delete(d.conns, cluster)
+		}
+	}
 }
 
 // connect makes the device hold want's peer (read back: the device may silently disagree, e.g.

@@ -290,10 +290,11 @@ func (d *Driver) Close() error {
 func (d *Driver) release() error {
 	var errs []error
 	if d.dev != nil && d.dev.Kind() == KindUserspace {
-		errs = append(errs, d.dev.Close())
-		// The moment the tunnels stop: a restart's stall runs from here to the next agent's
+		// The tunnels stop here: a restart's stall runs from this line to the next agent's
 		// first handshake (docs/helm.md has a timeline).
-		d.log.Info("userspace wireguard device closed: its tunnels are down until a device is up again")
+		d.log.Info("closing the userspace wireguard device: its tunnels are down until a device is up again")
+		errs = append(errs, d.dev.Close())
+		d.log.Info("userspace wireguard device closed")
 	}
 	errs = append(errs, d.host.Close())
 	d.dev, d.initialised = nil, false

@@ -615,3 +615,81 @@ func TestCloseStopsTheHandshakeWatcher(t *testing.T) {
 		t.Errorf("watcher still registered after Close")
 	}
 }
+
+// restartedUserspace is a driver on a fresh userspace device (no peers, no routes, as after the
+// process that held the previous one ended) over the state directory where an earlier run stored
+// b: its key k, endpoint, subnets and device kind. d's watcher is stopped (the test steps it).
+func restartedUserspace(t *testing.T, initiator bool, rec func(k wgtypes.Key) storedConn) (d *Driver, h *fakeHost, dev *fakeDevice, k wgtypes.Key) {
+	t.Helper()
+	d, h, dev, _ = handshakeDriver(t, KindUserspace)
+	k = remoteKey(t, d, initiator)
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := connections(d.dir).Save(map[string]storedConn{"b": rec(k)}); err != nil {
+		t.Fatal(err)
+	}
+	h.changes = nil
+	if err := d.Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	d.stopWatcher()
+	return d, h, dev, k
+}
+
+func fullRecord(k wgtypes.Key) storedConn {
+	return storedConn{Node: "gw", PublicKey: k.String(), Endpoint: "10.0.0.2:51820", Subnets: pfx("10.2.0.0/16"), RemoteKind: KindUserspace}
+}
+
+func TestAUserspaceDeviceGetsThePreviousRunsPeerBackAtInit(t *testing.T) {
+	d, h, _, k := restartedUserspace(t, false, fullRecord)
+	if len(h.dev.Peers) != 1 {
+		t.Fatalf("peers after Init: %+v, want b's restored", h.dev.Peers)
+	}
+	p := h.dev.Peers[0]
+	if p.PublicKey != k || p.Endpoint == nil || p.Endpoint.String() != "10.0.0.2:51820" || p.PersistentKeepaliveInterval != DefaultKeepalive ||
+		len(p.AllowedIPs) != 1 || p.AllowedIPs[0].String() != "10.2.0.0/16" {
+		t.Errorf("restored peer %+v, want b's key, endpoint 10.0.0.2:51820, keepalive %v, allowed 10.2.0.0/16", p, DefaultKeepalive)
+	}
+	if len(h.routes) != 1 || h.routes[0].Dst != pfx("10.2.0.0/16")[0] {
+		t.Errorf("routes after Init %+v, want 10.2.0.0/16 over the link", h.routes)
+	}
+	stored, err := connections(d.dir).Load()
+	if err != nil || !storedEqual(stored["b"], fullRecord(k)) {
+		t.Errorf("connections.json after Init: %+v %v, want b as it was", stored, err)
+	}
+	// The agent's first reconcile, asking for the same pair, finds it in place.
+	h.changes = nil
+	if err := d.Connect(context.Background(), remoteOfKind(k, KindUserspace), nil); err != nil {
+		t.Fatal(err)
+	}
+	if len(h.changes) != 0 {
+		t.Errorf("Connect of the restored pair changed %q, want nothing", h.changes)
+	}
+}
+
+func TestARestoredPeerOfAnAssistedInitiatorIsNudged(t *testing.T) {
+	d, h, _, k := restartedUserspace(t, true, fullRecord)
+	d.mu.Lock()
+	act := d.watch.step(d.now().Add(time.Second), h.dev.Peers)
+	d.mu.Unlock()
+	if len(act.Nudge) != 1 || act.Nudge[0] != k {
+		t.Errorf("nudged %v a second after Init without a handshake, want b's key %v: the restored peer must get fresh initiations, not wait for WireGuard's own retry", act.Nudge, k)
+	}
+}
+
+func TestARecordWithoutEndpointWaitsForTheFirstReconcile(t *testing.T) {
+	// What an older agent stored: no endpoint, no device kind.
+	d, h, _, k := restartedUserspace(t, false, func(k wgtypes.Key) storedConn {
+		return storedConn{Node: "gw", PublicKey: k.String(), Subnets: pfx("10.2.0.0/16")}
+	})
+	if len(h.dev.Peers) != 0 || len(h.routes) != 0 {
+		t.Errorf("Init restored %+v, routes %+v from a record without endpoint", h.dev.Peers, h.routes)
+	}
+	if err := d.Connect(context.Background(), remoteOfKind(k, KindUserspace), nil); err != nil {
+		t.Fatal(err)
+	}
+	if len(h.dev.Peers) != 1 || h.dev.Peers[0].Endpoint == nil {
+		t.Errorf("after the reconcile's Connect: %+v, want b's peer with its endpoint", h.dev.Peers)
+	}
+}

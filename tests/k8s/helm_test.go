@@ -310,7 +310,9 @@ var agentLogMarks = []struct {
 	what     string
 }{
 	{[]string{`msg="stopping: uninstall or restart"`}, "agent: shutdown asks uninstall or restart"},
-	{[]string{`msg="userspace wireguard device closed`}, "agent: wireguard-go device closed"},
+	{[]string{`msg="closing the userspace wireguard device`}, "agent: wireguard-go device closing"},
+	{[]string{`msg="userspace wireguard device closed"`}, "agent: wireguard-go device closed"},
+	{[]string{`msg="restoring the previous run's peer`}, "agent: wireguard peer of the previous run restored"},
 	{[]string{`msg="agent stopped"`}, "agent: stopped (last line)"},
 	{[]string{`msg="node addresses from the Node object"`}, "agent: node addresses from the Node"},
 	{[]string{`msg="kernel has no wireguard`}, "agent: wireguard-go device created"},
@@ -550,7 +552,7 @@ func (m *mesh) helmRollUnderStream(t *testing.T, helm, root, webIP, cpu, driver 
 func TestLogMarksFindTheFirstOfEachMark(t *testing.T) {
 	out := "2026-11-28T14:20:00.100000000Z time=x level=INFO msg=\"agent ready\" gateway=true\n" +
 		"not a stamped line\n" +
-		"2026-11-28T14:20:00.200000000Z time=x level=INFO msg=\"userspace wireguard device closed: its tunnels are down\"\n" +
+		"2026-11-28T14:20:00.200000000Z time=x level=INFO msg=\"userspace wireguard device closed\"\n" +
 		"2026-11-28T14:20:00.300000000Z time=x level=INFO msg=\"agent ready\" gateway=true\n" +
 		"2026-11-28T14:20:00.400000000Z time=x level=INFO msg=\"cable driver ready\" cluster=east driver=vxlan\n"
 	evs := logMarks("old ", out)
