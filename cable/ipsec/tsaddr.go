@@ -76,3 +76,14 @@ func lastAddr(p netip.Prefix) netip.Addr {
 	a, _ := netip.AddrFromSlice(b)
 	return a
 }
+
+// keptTSAddresses are the addresses the driver may keep on TSAddressDevice for subnets: the last
+// address of each that could get one (see wantedTSAddresses), whether or not a node address now
+// lies in it.
+func keptTSAddresses(subnets []netip.Prefix) map[netip.Addr]bool {
+	out := map[netip.Addr]bool{}
+	for _, a := range wantedTSAddresses(subnets, nil) {
+		out[a.Addr] = true
+	}
+	return out
+}

@@ -34,12 +34,14 @@ func (d *Driver) localSubnets(extra ...desiredConn) []netip.Prefix {
 	return out
 }
 
-// ensureTSAddresses makes TSAddressDevice hold exactly the addresses wantedTSAddresses decides
-// for the local subnets of the driver's connections (and of extra): it adds what is missing
-// (creating the device when it is gone), removes what is no longer wanted (a subnet no longer
-// local, or one a node address now covers), and deletes the device when nothing is wanted. It
-// logs each address it adds or removes, once. A no-op without kernel-libipsec. Called with d.mu
-// held.
+// ensureTSAddresses makes TSAddressDevice hold the addresses wantedTSAddresses decides for the
+// local subnets of the driver's connections (and of extra): it adds what is missing (creating the
+// device when it is gone), removes the addresses of subnets no longer local, and deletes the
+// device when it holds nothing wanted. An address stays while its subnet is local even when a
+// node address now lies in the subnet too (cni0's, once a pod runs on the node): charon's routes
+// may carry it as their source, and the kernel deletes a route whose source address goes, which
+// charon does not put back until the CHILD_SA is installed again. It logs each address it adds
+// or removes, once. A no-op without kernel-libipsec. Called with d.mu held.
 func (d *Driver) ensureTSAddresses(extra ...desiredConn) error {
 	if !d.needsTSAddresses() {
 		return nil
@@ -48,8 +50,10 @@ func (d *Driver) ensureTSAddresses(extra ...desiredConn) error {
 	if err != nil {
 		return fmt.Errorf("traffic-selector addresses: %w", err)
 	}
-	want := wantedTSAddresses(d.localSubnets(extra...), held)
-	if len(want) == 0 {
+	subnets := d.localSubnets(extra...)
+	want := wantedTSAddresses(subnets, held)
+	keep := keptTSAddresses(subnets)
+	if len(want) == 0 && !slices.ContainsFunc(ours, func(a netip.Addr) bool { return keep[a] }) {
 		if ours == nil {
 			return nil
 		}
@@ -72,7 +76,7 @@ func (d *Driver) ensureTSAddresses(extra ...desiredConn) error {
 			"address", a.Prefix().String(), "subnet", a.Subnet.String(), "device", TSAddressDevice)
 	}
 	for _, a := range ours {
-		if slices.ContainsFunc(want, func(w tsAddress) bool { return w.Addr == a }) {
+		if keep[a] {
 			continue
 		}
 		p := netip.PrefixFrom(a, a.BitLen())
@@ -80,7 +84,7 @@ func (d *Driver) ensureTSAddresses(extra ...desiredConn) error {
 			errs = append(errs, fmt.Errorf("remove address %s from %s: %w", p, TSAddressDevice, err))
 			continue
 		}
-		d.log.Info("removed a traffic-selector address: its subnet is no longer local, or a node address now lies in it", "address", p.String(), "device", TSAddressDevice)
+		d.log.Info("removed a traffic-selector address: its subnet is no longer local", "address", p.String(), "device", TSAddressDevice)
 	}
 	return errors.Join(errs...)
 }

@@ -80,3 +80,17 @@ func TestLastAddr(t *testing.T) {
 		}
 	}
 }
+
+// An address stays while its subnet is local, even once a node address lies in the subnet
+// (charon's routes may carry it as their source); it goes with the subnet.
+func TestKeptTSAddresses(t *testing.T) {
+	subnets := []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("10.96.0.0/12"), netip.MustParsePrefix("100.64.0.7/32")}
+	kept := keptTSAddresses(subnets)
+	want := map[netip.Addr]bool{netip.MustParseAddr("10.244.255.255"): true, netip.MustParseAddr("10.111.255.255"): true}
+	if !reflect.DeepEqual(kept, want) {
+		t.Errorf("keptTSAddresses(%v) = %v, want %v", subnets, kept, want)
+	}
+	if got := wantedTSAddresses(subnets, []netip.Addr{netip.MustParseAddr("10.244.1.1")}); len(got) != 1 || !kept[got[0].Addr] {
+		t.Errorf("wanted %v: each wanted address must be kept", got)
+	}
+}

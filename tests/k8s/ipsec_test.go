@@ -91,10 +91,11 @@ func TestIPsecCable(t *testing.T) {
 	m.mustKC("west", westApps, "apply", "-f", "-")
 	m.mustKC("east", eastApps, "apply", "-f", "-")
 	// With ESP in charon (kernel-libipsec, as on this kernel) charon installs a CHILD_SA only
-	// when the gateway holds an address inside its local traffic selectors (the pod CIDR): here
-	// the CNI bridge's, which exists once a pod runs on the node. east's gateway runs client-gw;
-	// west's gets a pod too (docs/ipsec-kubernetes.md).
-	m.mustKC("west", westGatewayPod, "apply", "-f", "-")
+	// when the gateway holds an address inside every local traffic selector: the pod CIDR and
+	// the service CIDR. The driver gives the gateway one where it holds none (cm-ipsec-ts,
+	// docs/ipsec-kubernetes.md). east's gateway runs client-gw, so it holds a pod-CIDR address
+	// (cni0's) and gets only a service-CIDR one; west's runs no pod, has no cni0 address, and
+	// gets both.
 
 	for _, c := range []string{"east", "west"} {
 		v, err := m.gatewayView(c)
@@ -108,7 +109,6 @@ func TestIPsecCable(t *testing.T) {
 	}
 
 	m.mustKC("west", "", "-n", "demo", "wait", "--for", "condition=Available", "deploy/web", "--timeout", "120s")
-	m.mustKC("west", "", "-n", "demo", "wait", "--for", "condition=Ready", "pod/server-gw", "--timeout", "120s")
 	m.mustKC("east", "", "-n", "demo", "wait", "--for", "condition=Ready", "pod", "--all", "--timeout", "120s")
 	webIP := strings.TrimSpace(m.mustKC("west", "", "-n", "demo", "get", "pod", "-l", "app=web", "-o", "jsonpath={.items[0].status.podIP}"))
 	if a, err := netip.ParseAddr(webIP); err != nil || !netip.MustParsePrefix("10.2.0.0/16").Contains(a) {
@@ -123,18 +123,6 @@ func TestIPsecCable(t *testing.T) {
 		t.Fatalf("before the policy east-west is on %q (%v), want the default wireguard", d, err)
 	}
 
-	// kernel-libipsec also routes the replies of the cluster's services (its service CIDR is a
-	// local traffic selector too), and needs a gateway address inside that CIDR as well, which no
-	// node has with kube-proxy in iptables mode. The service CIDR's last address is never given
-	// to a Service (the allocator leaves out the network and broadcast addresses): each gateway
-	// holds it as a /32 (docs/ipsec-kubernetes.md).
-	for i, c := range []string{"east", "west"} {
-		addr := fmt.Sprintf("10.96.%d.255/32", i+1)
-		if out, err := exec.Command("ip", "-n", "ck8-"+c+"-gw", "addr", "add", addr, "dev", "eth0").CombinedOutput(); err != nil {
-			t.Fatalf("ip addr add %s on %s's gateway: %v: %s", addr, c, err, out)
-		}
-	}
-
 	applied := time.Now()
 	m.mustKC("east", ipsecPolicy, "apply", "-f", "-")
 	t.Cleanup(func() {
@@ -146,6 +134,7 @@ func TestIPsecCable(t *testing.T) {
 		t.Logf("%s's gateway: %s over ipsec, connected %v after the policy was applied", local, remote, time.Since(applied).Round(time.Millisecond))
 	}
 	connected := time.Since(applied)
+	m.checkTSAddresses(t)
 
 	// Pod to pod, from east's gateway and worker, and back from west.
 	for _, pod := range []string{"client-gw", "client-worker"} {
@@ -231,6 +220,40 @@ func (m *mesh) restartGatewayUnderStream(t *testing.T, webIP string) {
 	}
 	if answer, _, err := m.call("east", "client-worker", webIP+":80"); err != nil || answer != "hello from west" {
 		t.Errorf("client-worker -> %s after the restart: %q, %v", webIP, answer, err)
+	}
+}
+
+// tsAddresses are the addresses the ipsec driver must have given each gateway on cm-ipsec-ts:
+// the last address of every local subnet the gateway holds none in. east's gateway runs a pod
+// (cni0 holds an address of east's pod CIDR 10.1.0.0/16), west's does not.
+var tsAddresses = map[string][]string{
+	"east": {"10.96.1.255/32"},
+	"west": {"10.2.255.255/32", "10.96.2.255/32"},
+}
+
+// checkTSAddresses checks that each gateway holds exactly its tsAddresses on cm-ipsec-ts, and
+// logs the routes charon installed with them (their source address).
+func (m *mesh) checkTSAddresses(t *testing.T) {
+	t.Helper()
+	for _, c := range []string{"east", "west"} {
+		ns := "ck8-" + c + "-gw"
+		out, err := exec.Command("ip", "-n", ns, "-4", "-o", "addr", "show", "dev", "cm-ipsec-ts").CombinedOutput()
+		if err != nil {
+			t.Errorf("%s's gateway: ip addr show dev cm-ipsec-ts: %v: %s", c, err, out)
+			continue
+		}
+		var got []string
+		for _, f := range strings.Fields(string(out)) {
+			if strings.Contains(f, "/") && !strings.Contains(f, ":") {
+				got = append(got, f)
+			}
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, tsAddresses[c]) {
+			t.Errorf("%s's gateway holds %v on cm-ipsec-ts, want %v:\n%s", c, got, tsAddresses[c], out)
+		}
+		routes, _ := exec.Command("ip", "-n", ns, "route", "show", "table", "220").CombinedOutput()
+		t.Logf("%s's gateway: cm-ipsec-ts holds %v; table 220:\n%s", c, got, routes)
 	}
 }
 
