@@ -24,7 +24,8 @@
 // CHILD_SA, the same reasoning as the wireguard driver's route src); with the MTU and advmss of
 // kernel-netlink's mtu and mss settings, which the driver computes for the ESP overhead. When
 // the CHILD_SA goes, charon removes its routes; when charon stops (Cleanup), ipsec0, the rule and
-// all routes go with it.
+// all routes go with it. kernel-libipsec refuses a CHILD_SA whose local traffic selector holds no
+// node address, so with it the driver gives the node one (tsaddr.go).
 //
 // Pre-shared keys (RemoteEndpoint.PreSharedKey) reach charon only in the VICI load-shared
 // message. They are never written to a file, passed in an environment variable or logged; the
