@@ -23,7 +23,8 @@ const tsDevice = "cm-ipsec-ts"
 // ("unable to install IPsec policies (SPD) in kernel"), and the IKE_SA stays up alone. The
 // driver gives the node one: the service CIDR's last address, a /32 on cm-ipsec-ts, and none in
 // the pod subnet, where the node holds an address already. It keeps the address when someone
-// deletes it or charon restarts, and Cleanup removes it.
+// deletes it or charon restarts, removes it when no connection has the subnet any more
+// (Disconnect), and Cleanup removes it.
 func TestLocalSubnetWithoutNodeAddress(t *testing.T) {
 	_, a, b := newPairWith(t, true)
 	a.Start(t)
@@ -93,6 +94,17 @@ func TestLocalSubnetWithoutNodeAddress(t *testing.T) {
 	waitTSAddr(t, a, svcAddr[a], 10*time.Second)
 	nstest.PingOK(t, a.NS, b.pod)
 	nstest.PingOK(t, b.NS, a.pod)
+
+	// a disconnects: its service CIDR is no longer a local subnet of any connection, so the
+	// address goes, and the device with it.
+	a.Signal(t, syscall.SIGHUP)
+	waitStatus(t, a, "no connection after Disconnect", 10*time.Second, func(s Status) bool { return s.Disconnected && len(s.Connections) == 0 })
+	if out, err := nstest.Run("ip", "-n", a.NS, "link", "show", tsDevice); err == nil {
+		t.Errorf("%s: %s still exists after the only connection's Disconnect:\n%s", a.NS, tsDevice, out)
+	}
+	if !strings.Contains(tsAddrs(t, b), "inet "+svcAddr[b]+"/32 ") {
+		t.Errorf("%s: %s lost %s although its connection is still loaded", b.NS, tsDevice, svcAddr[b])
+	}
 
 	for _, n := range []*node{a, b} {
 		checkCleanedUp(t, n)
