@@ -13,7 +13,7 @@ NETNS_TIMEOUT ?= 40m
 # kernel fails instead of skipping.
 VM_TIMEOUT ?= 45m
 
-.PHONY: all build deps deps-demo deps-test deps-bench test lint check-bpf unit-test netns-test vm-test k8s-test demo demo-down k8s-demo k8s-demo-down deps-k8s bench bench-services bench-dns bench-scale bench-xds bench-ingress bench-start bench-cables bench-soak fuzz generate docs fmt vet clean
+.PHONY: all build deps deps-demo deps-test deps-bench test lint check-bpf unit-test netns-test vm-test k8s-test demo demo-down k8s-demo k8s-demo-down deps-k8s bench bench-services bench-dns bench-scale bench-xds bench-ingress bench-start bench-cables bench-counters bench-soak fuzz generate docs fmt vet clean
 
 all: build
 
@@ -116,6 +116,7 @@ bench: deps-bench build
 	$(MAKE) bench-xds
 	$(MAKE) bench-ingress
 	$(MAKE) bench-cables
+	$(MAKE) bench-counters
 
 # Services (root): connect latency and request/response rate through a VIP vs the same backend
 # directly, and failover time over 10 trials; results in bench/results/services-<date>.*.
@@ -157,6 +158,12 @@ bench-start: deps-bench build
 bench-cables: deps-bench build
 	$(GO) build -o $(BIN)/wireguard-go golang.zx2c4.com/wireguard
 	BENCH_RUN='^TestCables$$' ./bench/throughput.sh
+
+# The tcx counter program's cost per packet (root): BPF_PROG_TEST_RUN against a no-op anchor, on
+# its per-CPU cache's hit and miss paths; CABLEMESH_COUNTERS_BASELINE=<an older counters_bpfel.o>
+# adds that build's program. Results in bench/results/counters-<date>.*.
+bench-counters: deps-bench
+	$(GO) test -tags bench -run '^TestCounterProgram$$' -v -count=1 -timeout 10m ./bench/
 
 # A mesh under faults for CABLEMESH_SOAK_MINUTES (20) minutes, seeded by CABLEMESH_SOAK_SEED: four
 # clusters, two broker replicas on three etcd members, pings on every pair, policy and export writes,

@@ -53,6 +53,8 @@ import (
 //	                          runs, every round, with one piece of the agent's path off at a time
 //	                          (probes, counters, clamp) and all three off: see cables_ablate_test.go
 //	CABLEMESH_CABLES_SETTLE_MS  pause after a cable moves to its driver, before its runs (2000)
+//	CABLEMESH_CABLES_PIN      "C,S": iperf3 -A C,S (client on CPU C, server on CPU S) in every
+//	                          run; default none, the scheduler places them
 //	CABLEMESH_CABLES_PERF     1: perf record -a (cpu-clock) during every one-stream run; the report,
 //	                          by command and symbol, goes into the JSON (profile)
 //
@@ -218,7 +220,8 @@ func TestCables(t *testing.T) {
 	res.LoadAvg[0] = loadAvg()
 	idle0, total0 := cpuTimes()
 	for r := range rounds {
-		for i, p := range paths {
+		for _, i := range roundOrder(len(paths), r) {
+			p := paths[i]
 			if p.driver != "" {
 				switchDriver(t, m, cables, p.driver)
 				if _, seen := res.Installed[p.driver]; !seen {
@@ -256,9 +259,38 @@ func TestCables(t *testing.T) {
 	}
 	res.Date = time.Now().UTC().Format(time.RFC3339)
 	res.Kernel, res.CPUs, res.Revision = kernelRelease(), runtime.NumCPU(), gitRevision()
-	res.Command = fmt.Sprintf("CABLEMESH_CABLES_ROUNDS=%d CABLEMESH_CABLES_SECONDS=%d CABLEMESH_CABLES_ABLATE=%s make bench-cables", rounds, secs, strings.Join(ablate, ","))
+	res.Command = cablesCommand(rounds, secs)
 	res.Notes = cablesNotes()
 	writeCablesResults(t, res)
+}
+
+// cablesCommand is the command line that repeats this run: make bench-cables with the rounds and
+// seconds it used and every other CABLEMESH_CABLES_ knob that was set.
+func cablesCommand(rounds, secs int) string {
+	knobs := []string{fmt.Sprintf("CABLEMESH_CABLES_ROUNDS=%d", rounds), fmt.Sprintf("CABLEMESH_CABLES_SECONDS=%d", secs)}
+	for _, kv := range os.Environ() {
+		name, value, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, "CABLEMESH_CABLES_") && name != "CABLEMESH_CABLES_ROUNDS" && name != "CABLEMESH_CABLES_SECONDS" && value != "" {
+			knobs = append(knobs, name+"="+value)
+		}
+	}
+	slices.Sort(knobs[2:])
+	return strings.Join(knobs, " ") + " make bench-cables"
+}
+
+// roundOrder is the order of the paths in round r (from 0): as listed in even rounds, reversed in
+// odd ones. Whatever drifts during a round (the load the bench itself builds, a neighbour's
+// work, the page cache) then falls on every path alike, first and last in turn, instead of
+// always on the paths listed last.
+func roundOrder(n, r int) []int {
+	order := make([]int, n)
+	for i := range order {
+		order[i] = i
+		if r%2 == 1 {
+			order[i] = n - 1 - i
+		}
+	}
+	return order
 }
 
 func envList(name string) []string {
@@ -442,8 +474,12 @@ func iperfStreams(t *testing.T, m *harness.Mesh, name, fromNS, toNS string, serv
 	var r harness.Result
 	for range 20 { // the server may need a moment to listen
 		time.Sleep(200 * time.Millisecond)
-		r = harness.RunTimeout(m.Ctx, time.Duration(secs)*time.Second+60*time.Second, "ip", "netns", "exec", fromNS, "iperf3", "-c", server.String(),
-			"-p", fmt.Sprint(iperfPort), "-t", strconv.Itoa(secs), "-P", strconv.Itoa(streams), "-J")
+		args := []string{"netns", "exec", fromNS, "iperf3", "-c", server.String(),
+			"-p", fmt.Sprint(iperfPort), "-t", strconv.Itoa(secs), "-P", strconv.Itoa(streams), "-J"}
+		if pin := os.Getenv("CABLEMESH_CABLES_PIN"); pin != "" {
+			args = append(args, "-A", pin)
+		}
+		r = harness.RunTimeout(m.Ctx, time.Duration(secs)*time.Second+60*time.Second, "ip", args...)
 		if r.Err == nil || !strings.Contains(r.Stdout+r.Stderr, "Connection refused") {
 			break
 		}
@@ -602,7 +638,7 @@ func (pp *perfProfile) report(t *testing.T, m *harness.Mesh) string {
 func cablesNotes() []string {
 	return []string{
 		"Every path runs pod to pod through two gateways over the same underlay veths and bridge; each path has its own pair of pod namespaces. The hand-made tunnels and plain run between two gateways that run no agent (built by the same harness code as the clusters' gateways).",
-		"Rounds interleave every path, one stream then four; the cable paths move the pair to their driver first (a policy, as make bench's TestDrivers does) and wait until both agents report it connected.",
+		"Rounds interleave every path, one stream then four, in the listed order in odd rounds and in reverse in even ones (so a drift during a round falls on every path alike); the cable paths move the pair to their driver first (a policy, as make bench's TestDrivers does) and wait until both agents report it connected.",
 		"Load: the one-minute load average before each run is in the JSON (load1) and beside each figure below; the machine's 2 CPUs carry iperf3, both gateways' datapaths and the agents, and whatever else runs on the machine.",
 		"Counter ns/run: the tcx counter programs' run_time_ns / run_cnt over the run on both gateways (cilium/ebpf's EnableStats, the equivalent of sysctl kernel.bpf_stats_enabled=1), from the programs the agents pinned.",
 		"Ablations (<cable>-no-<piece>): probes = healthCheck.enabled: false in both agents' configs (hot reload); counters = the tcx links' program replaced with one that returns TCX_NEXT at once (the hook stays); clamp = the inet cablemesh nftables table deleted (restored by restarting both agents).",

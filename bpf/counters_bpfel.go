@@ -21,6 +21,13 @@ type countersClusterStats struct {
 	TxBytes   uint64
 }
 
+type countersLookupCache struct {
+	_       structs.HostLayout
+	Gen     uint32
+	Cluster uint32
+	Addr    [4]uint32
+}
+
 type countersSubnetKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -31,6 +38,8 @@ type countersSubnetKey struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	countersMapCmCtrCache    = "cm_ctr_cache"
+	countersMapCmCtrGen      = "cm_ctr_gen"
 	countersMapCmCtrStats    = "cm_ctr_stats"
 	countersMapCmCtrSubnet   = "cm_ctr_subnet"
 	countersProgCmCtrEgress  = "cm_ctr_egress"
@@ -88,6 +97,8 @@ type countersProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type countersMapSpecs struct {
+	CmCtrCache  *ebpf.MapSpec `ebpf:"cm_ctr_cache"`
+	CmCtrGen    *ebpf.MapSpec `ebpf:"cm_ctr_gen"`
 	CmCtrStats  *ebpf.MapSpec `ebpf:"cm_ctr_stats"`
 	CmCtrSubnet *ebpf.MapSpec `ebpf:"cm_ctr_subnet"`
 }
@@ -119,12 +130,16 @@ func (o *countersObjects) Close() error {
 //
 // It can be passed to loadCountersObjects or ebpf.CollectionSpec.LoadAndAssign.
 type countersMaps struct {
+	CmCtrCache  *ebpf.Map `ebpf:"cm_ctr_cache"`
+	CmCtrGen    *ebpf.Map `ebpf:"cm_ctr_gen"`
 	CmCtrStats  *ebpf.Map `ebpf:"cm_ctr_stats"`
 	CmCtrSubnet *ebpf.Map `ebpf:"cm_ctr_subnet"`
 }
 
 func (m *countersMaps) Close() error {
 	return _CountersClose(
+		m.CmCtrCache,
+		m.CmCtrGen,
 		m.CmCtrStats,
 		m.CmCtrSubnet,
 	)

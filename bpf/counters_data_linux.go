@@ -25,7 +25,7 @@ func subnetKey(p netip.Prefix) countersSubnetKey {
 
 // SetSubnets makes the subnet map hold exactly subnets (remote subnet -> cluster ID, 1..255),
 // writing only what changed.
-func (c *Counters) SetSubnets(subnets map[netip.Prefix]uint32) error {
+func (c *Counters) SetSubnets(subnets map[netip.Prefix]uint32) (err error) {
 	want := map[countersSubnetKey]uint32{}
 	for p, id := range subnets {
 		if !p.IsValid() || p.Addr().Zone() != "" {
@@ -61,20 +61,47 @@ func (c *Counters) SetSubnets(subnets map[netip.Prefix]uint32) error {
 	if err := it.Err(); err != nil {
 		return fmt.Errorf("set subnets: read map %s: %w", mapName(m), err)
 	}
+	changed := false
+	// However it ends, a change made must reach the programs' lookup caches.
+	defer func() {
+		if changed {
+			if gerr := c.bumpGeneration(); gerr != nil && err == nil {
+				err = fmt.Errorf("set subnets: %w", gerr)
+			}
+		}
+	}()
 	for k, id := range want {
 		if old, ok := have[k]; ok && old == id {
 			continue
 		}
+		changed = true
 		if err := m.Put(k, id); err != nil {
 			return fmt.Errorf("set subnets: map %s: put %s: %w", mapName(m), subnetString(k), err)
 		}
 	}
 	for k := range have {
 		if _, ok := want[k]; !ok {
+			changed = true
 			if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 				return fmt.Errorf("set subnets: map %s: delete %s: %w", mapName(m), subnetString(k), err)
 			}
 		}
+	}
+	return nil
+}
+
+// bumpGeneration moves the subnet map's generation on, which empties every CPU's lookup cache in
+// the counter programs (c/counters.c). It skips 0, which no cache entry is ever valid at.
+func (c *Counters) bumpGeneration() error {
+	var gen uint32
+	if err := c.maps.CmCtrGen.Lookup(uint32(0), &gen); err != nil {
+		return fmt.Errorf("read map %s: %w", mapName(c.maps.CmCtrGen), err)
+	}
+	if gen++; gen == 0 {
+		gen = 1
+	}
+	if err := c.maps.CmCtrGen.Put(uint32(0), gen); err != nil {
+		return fmt.Errorf("write map %s: %w", mapName(c.maps.CmCtrGen), err)
 	}
 	return nil
 }

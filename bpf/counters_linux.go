@@ -57,6 +57,12 @@ func OpenCounters(ctx context.Context, opts Options) (*Counters, error) {
 	if err := spec.LoadAndAssign(&c.maps, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: opts.PinDir}}); err != nil {
 		return nil, fmt.Errorf("open counters: load maps: %w", err)
 	}
+	// An agent that stopped between changing the subnets and bumping the generation would leave
+	// the programs' caches trusting the old subnets: start from a new generation.
+	if err := c.bumpGeneration(); err != nil {
+		c.maps.Close()
+		return nil, fmt.Errorf("open counters: %w", err)
+	}
 	return c, nil
 }
 
@@ -90,6 +96,8 @@ func (c *Counters) programs(offset uint32) (*countersPrograms, error) {
 	err = spec.LoadAndAssign(p, &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{
 		"cm_ctr_subnet": c.maps.CmCtrSubnet,
 		"cm_ctr_stats":  c.maps.CmCtrStats,
+		"cm_ctr_gen":    c.maps.CmCtrGen,
+		"cm_ctr_cache":  c.maps.CmCtrCache,
 	}})
 	if err != nil {
 		return nil, fmt.Errorf("load counter programs: %w", err)

@@ -117,31 +117,7 @@ func TestCountersCountEachRemoteClusterBySubnetOnAVeth(t *testing.T) {
 func TestCountersOnATUNDeviceCountIPPacketsWithoutALinkLayer(t *testing.T) {
 	e := newEnv(t, bpf.DestroyAuto)
 	const dev = "cbtl-t"
-	var tun *os.File
-	err := inNamespace(e.clientNS, func() error {
-		f, err := os.OpenFile("/dev/net/tun", os.O_RDWR, 0)
-		if err != nil {
-			return err
-		}
-		ifr, err := unix.NewIfreq(dev)
-		if err != nil {
-			f.Close()
-			return err
-		}
-		ifr.SetUint16(unix.IFF_TUN | unix.IFF_NO_PI)
-		if err := unix.IoctlIfreq(int(f.Fd()), unix.TUNSETIFF, ifr); err != nil {
-			f.Close()
-			return err
-		}
-		tun = f
-		return nil
-	})
-	if err != nil {
-		t.Skipf("needs a TUN device: %v", err)
-	}
-	t.Cleanup(func() { tun.Close() })
-	nstest.MustRun(t, "ip", "-n", e.clientNS, "addr", "add", "10.232.0.1/24", "dev", dev)
-	nstest.MustRun(t, "ip", "-n", e.clientNS, "link", "set", dev, "up")
+	tun := openTUN(t, e, dev, "10.232.0.1/24")
 
 	ctr, err := bpf.OpenCounters(context.Background(), bpf.Options{PinDir: e.pinDir})
 	if err != nil {
@@ -199,4 +175,113 @@ func TestCountersOnATUNDeviceCountIPPacketsWithoutALinkLayer(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// openTUN creates the TUN device dev in the client's namespace, with addr on it, up; it goes
+// with the test.
+func openTUN(t *testing.T, e *env, dev, addr string) *os.File {
+	t.Helper()
+	var tun *os.File
+	err := inNamespace(e.clientNS, func() error {
+		f, err := os.OpenFile("/dev/net/tun", os.O_RDWR, 0)
+		if err != nil {
+			return err
+		}
+		ifr, err := unix.NewIfreq(dev)
+		if err != nil {
+			f.Close()
+			return err
+		}
+		ifr.SetUint16(unix.IFF_TUN | unix.IFF_NO_PI)
+		if err := unix.IoctlIfreq(int(f.Fd()), unix.TUNSETIFF, ifr); err != nil {
+			f.Close()
+			return err
+		}
+		tun = f
+		return nil
+	})
+	if err != nil {
+		t.Skipf("needs a TUN device: %v", err)
+	}
+	t.Cleanup(func() { tun.Close() })
+	nstest.MustRun(t, "ip", "-n", e.clientNS, "addr", "add", addr, "dev", dev)
+	nstest.MustRun(t, "ip", "-n", e.clientNS, "link", "set", dev, "up")
+	return tun
+}
+
+// The programs remember each CPU's last lookup: a subnet that moves to another cluster, or a
+// more specific subnet added over an address, must count the next packet to the new cluster.
+// Every datagram is sent from one thread pinned to one CPU (tcx egress runs there), so without
+// the generation the loader bumps, the cached answer would be reused and this test would fail.
+func TestCountersFollowSubnetChangesAtOnce(t *testing.T) {
+	e := newEnv(t, bpf.DestroyAuto)
+	const dev = "cbtl-g"
+	openTUN(t, e, dev, "10.233.0.1/24")
+	ctr, err := bpf.OpenCounters(context.Background(), bpf.Options{PinDir: e.pinDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ctr.Close() })
+	if err := inNamespace(e.clientNS, func() error { return ctr.Attach(dev) }); err != nil {
+		t.Fatal(err)
+	}
+	send := func(n int) {
+		t.Helper()
+		err := inNamespace(e.clientNS, func() error {
+			var orig, one unix.CPUSet
+			if err := unix.SchedGetaffinity(0, &orig); err != nil {
+				return err
+			}
+			defer unix.SchedSetaffinity(0, &orig)
+			one.Set(0)
+			if err := unix.SchedSetaffinity(0, &one); err != nil {
+				return err
+			}
+			c, err := net.Dial("udp", "10.233.0.2:9")
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			for range n {
+				if _, err := c.Write(make([]byte, 100)); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	set := func(subnets map[netip.Prefix]uint32) {
+		t.Helper()
+		if err := ctr.SetSubnets(subnets); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wantTx := func(want map[uint32]uint64) {
+		t.Helper()
+		got, err := ctr.Read()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for id, n := range want {
+			if got[id].TxPackets != n {
+				t.Errorf("cluster %d: %d packets out, want %d (all: %+v)", id, got[id].TxPackets, n, got)
+			}
+		}
+	}
+
+	set(map[netip.Prefix]uint32{netip.MustParsePrefix("10.233.0.0/24"): 4})
+	send(3)
+	wantTx(map[uint32]uint64{4: 3, 5: 0, 6: 0})
+	set(map[netip.Prefix]uint32{netip.MustParsePrefix("10.233.0.0/24"): 5})
+	send(2)
+	wantTx(map[uint32]uint64{4: 3, 5: 2, 6: 0})
+	set(map[netip.Prefix]uint32{netip.MustParsePrefix("10.233.0.0/24"): 5, netip.MustParsePrefix("10.233.0.2/32"): 6})
+	send(4)
+	wantTx(map[uint32]uint64{4: 3, 5: 2, 6: 4})
+	set(map[netip.Prefix]uint32{})
+	send(1)
+	wantTx(map[uint32]uint64{4: 3, 5: 2, 6: 4})
 }
