@@ -108,6 +108,9 @@ type Driver struct {
 
 	// tsAddrErr is the last error keepTSAddresses logged, so a lasting failure is logged once.
 	tsAddrErr string
+	// tsAdded are the traffic-selector addresses this driver put in place (tsaddr_host.go): one
+	// missing later was deleted by someone else, which the driver logs as a warning.
+	tsAdded map[netip.Addr]bool
 
 	// transport is set when another driver embeds this one for transport-mode connections
 	// (NewEmbedded); nil for the ipsec driver itself.

@@ -39,9 +39,11 @@ func (d *Driver) localSubnets(extra ...desiredConn) []netip.Prefix {
 // device when it is gone), removes the addresses of subnets no longer local, and deletes the
 // device when it holds nothing wanted. An address stays while its subnet is local even when a
 // node address now lies in the subnet too (cni0's, once a pod runs on the node): charon's routes
-// may carry it as their source, and the kernel deletes a route whose source address goes, which
-// charon does not put back until the CHILD_SA is installed again. It logs each address it adds
-// or removes, once. A no-op without kernel-libipsec. Called with d.mu held.
+// may carry it as their source, and charon keeps a route as it is while the CHILD_SA lives (the
+// kernel keeps a table-220 route whose source address went, measured: it flushes only the main
+// table's), so the replies to the gateway's own traffic would come back to an address no longer
+// local. It logs each address it adds or removes, once. A no-op without kernel-libipsec. Called
+// with d.mu held.
 func (d *Driver) ensureTSAddresses(extra ...desiredConn) error {
 	if !d.needsTSAddresses() {
 		return nil
@@ -72,6 +74,14 @@ func (d *Driver) ensureTSAddresses(extra ...desiredConn) error {
 			errs = append(errs, fmt.Errorf("add address %s on %s for local subnet %s: %w", a.Prefix(), TSAddressDevice, a.Subnet, err))
 			continue
 		}
+		if d.tsAdded[a.Addr] {
+			d.log.Warn("put back a traffic-selector address someone deleted", "address", a.Prefix().String(), "subnet", a.Subnet.String(), "device", TSAddressDevice)
+			continue
+		}
+		if d.tsAdded == nil {
+			d.tsAdded = map[netip.Addr]bool{}
+		}
+		d.tsAdded[a.Addr] = true
 		d.log.Info("added an address in a local subnet the node holds none in: kernel-libipsec's charon needs one as the source of the route it installs for each CHILD_SA policy",
 			"address", a.Prefix().String(), "subnet", a.Subnet.String(), "device", TSAddressDevice)
 	}
@@ -84,6 +94,7 @@ func (d *Driver) ensureTSAddresses(extra ...desiredConn) error {
 			errs = append(errs, fmt.Errorf("remove address %s from %s: %w", p, TSAddressDevice, err))
 			continue
 		}
+		delete(d.tsAdded, a)
 		d.log.Info("removed a traffic-selector address: its subnet is no longer local", "address", p.String(), "device", TSAddressDevice)
 	}
 	return errors.Join(errs...)

@@ -27,7 +27,9 @@ func newPair(t *testing.T, extraArgs ...string) (tmp string, a, b *node) {
 
 // newPairWith is newPair; with services, each side's local subnets (and the other side's remote
 // subnets) also hold a "service CIDR" in which no address of the node lies, as on a Kubernetes
-// node with kube-proxy in iptables mode: a 10.96.0.0/16, b 10.97.0.0/16.
+// node with kube-proxy in iptables mode: a 10.255.128.0/17, b 10.255.64.0/18. Each sorts after
+// its side's pod subnet, as the test clusters' service CIDRs (10.96.<i>.0/24) sort after their
+// pod CIDRs (10.<i>.0.0/16): charon's routes then take their source from the service CIDR.
 func newPairWith(t *testing.T, services bool, extraArgs ...string) (tmp string, a, b *node) {
 	t.Helper()
 	nstest.RequireRoot(t, "creates network namespaces, veth pairs, mount namespaces and runs charon", "ip", "ping")
@@ -41,7 +43,7 @@ func newPairWith(t *testing.T, services bool, extraArgs ...string) (tmp string, 
 	a = &node{cluster: "a", underlay: "10.254.0.1", pod: "10.255.1.1", podNet: "10.255.1.0/24"}
 	b = &node{cluster: "b", underlay: "10.254.0.2", pod: "10.255.2.1", podNet: "10.255.2.0/24"}
 	if services {
-		a.svcNet, b.svcNet = "10.96.0.0/16", "10.97.0.0/16"
+		a.svcNet, b.svcNet = "10.255.128.0/17", "10.255.64.0/18"
 	}
 	a.NS, b.NS = nsPrefix.Pair(t, nstest.Node{Underlay: a.underlay, Pod: a.pod}, nstest.Node{Underlay: b.underlay, Pod: b.pod})
 	for _, n := range []*node{a, b} {
