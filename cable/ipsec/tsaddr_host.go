@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -63,7 +64,7 @@ func (d *Driver) ensureTSAddresses(extra ...desiredConn) error {
 	}
 	link, err := tsDevice()
 	if err != nil {
-		return fmt.Errorf("traffic-selector addresses (local subnets %v): %w", subnetsOf(want), err)
+		return fmt.Errorf("traffic-selector addresses %s: %w", describeTSAddresses(want), err)
 	}
 	var errs []error
 	for _, a := range want {
@@ -110,6 +111,10 @@ func (d *Driver) removeTSDevice(why string) error {
 	}
 	if err != nil {
 		return fmt.Errorf("look up %s: %w", TSAddressDevice, err)
+	}
+	if t := link.Type(); t != "dummy" && t != "bridge" {
+		// Not one the driver made (tsDevice refuses to use it): someone else's, left alone.
+		return nil
 	}
 	if err := netlink.LinkDel(link); err != nil {
 		return fmt.Errorf("delete %s: %w", TSAddressDevice, err)
@@ -204,12 +209,14 @@ func addTSAddress(link netlink.Link, a tsAddress) error {
 	return nil
 }
 
-func subnetsOf(as []tsAddress) []string {
+// describeTSAddresses names each address with its subnet, for errors: "10.96.255.255/32 for
+// local subnet 10.96.0.0/16, ...".
+func describeTSAddresses(as []tsAddress) string {
 	out := make([]string, len(as))
 	for i, a := range as {
-		out[i] = a.Subnet.String()
+		out[i] = a.Prefix().String() + " for local subnet " + a.Subnet.String()
 	}
-	return out
+	return strings.Join(out, ", ")
 }
 
 // prefixIPNet is p as the net.IPNet netlink takes.

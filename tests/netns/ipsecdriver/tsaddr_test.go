@@ -1,7 +1,9 @@
 package ipsecdriver
 
 import (
+	"bytes"
 	"fmt"
+	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -157,4 +159,45 @@ func waitFor(t *testing.T, within time.Duration, what string, ok func() bool) {
 			t.Fatalf("no %s within %s", what, within)
 		}
 	}
+}
+
+// TestTSAddressRefusedIsReported: when the driver cannot give the node its address (here a
+// device of another type already holds the name cm-ipsec-ts), Connect fails with an error that
+// names the address and the subnet, and Cleanup leaves the foreign device alone.
+func TestTSAddressRefusedIsReported(t *testing.T) {
+	_, a, _ := newPairWith(t, true)
+	nstest.MustRun(t, "ip", "-n", a.NS, "link", "add", tsDevice, "type", "veth", "peer", "name", "cbti-foreign")
+	cmd := exec.Command("ip", a.Args...)
+	cmd.Stdin = a.Stdin()
+	out, err := runWithin(cmd, 90*time.Second)
+	if err == nil {
+		t.Fatalf("testpeer ran without an error although %s is a veth:\n%s", tsDevice, out)
+	}
+	want := "10.255.255.255/32 for local subnet 10.255.128.0/17"
+	if !strings.Contains(out, want) || !strings.Contains(out, `exists with type "veth"`) {
+		t.Errorf("testpeer's error does not name %q and the device's type:\n%s", want, lastLines(out, 5))
+	}
+	t.Logf("testpeer: %s", lastLines(out, 1))
+	if _, err := nstest.Run("ip", "-n", a.NS, "link", "show", tsDevice); err != nil {
+		t.Errorf("%s: the foreign %s went with the driver's Cleanup: %v", a.NS, tsDevice, err)
+	}
+}
+
+// runWithin runs cmd, killing it after limit, and returns its combined output.
+func runWithin(cmd *exec.Cmd, limit time.Duration) (string, error) {
+	var buf bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &buf, &buf
+	if err := cmd.Start(); err != nil {
+		return "", err
+	}
+	timer := time.AfterFunc(limit, func() { _ = cmd.Process.Kill() })
+	defer timer.Stop()
+	err := cmd.Wait()
+	return buf.String(), err
+}
+
+// lastLines is the last n lines of s.
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
