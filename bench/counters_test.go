@@ -117,7 +117,7 @@ type CounterProgramResult struct {
 	Calls    int
 	Rounds   int
 	Subnets  int
-	Baseline string // CABLEMESH_COUNTERS_BASELINE
+	Baseline string               // CABLEMESH_COUNTERS_BASELINE
 	NsPerRun map[string][]float64 // per round
 	Median   map[string]float64
 }

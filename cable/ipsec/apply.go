@@ -401,6 +401,7 @@ func (d *Driver) replay(ctx context.Context, p *charonProcess) {
 	if d.charon.Load() != p {
 		return // Cleanup or Close is stopping this charon
 	}
+	d.keepTSAddresses()
 	for name, c := range d.conns {
 		if err := d.loadShared(ctx, c.want, c.keyID, c.psk); err != nil {
 			d.log.Error("reload after charon restart", "cluster", c.want.Cluster, "err", err)

@@ -24,7 +24,8 @@
 // CHILD_SA, the same reasoning as the wireguard driver's route src); with the MTU and advmss of
 // kernel-netlink's mtu and mss settings, which the driver computes for the ESP overhead. When
 // the CHILD_SA goes, charon removes its routes; when charon stops (Cleanup), ipsec0, the rule and
-// all routes go with it.
+// all routes go with it. kernel-libipsec refuses a CHILD_SA whose local traffic selector holds no
+// node address, so with it the driver gives the node one (tsaddr.go).
 //
 // Pre-shared keys (RemoteEndpoint.PreSharedKey) reach charon only in the VICI load-shared
 // message. They are never written to a file, passed in an environment variable or logged; the
@@ -104,6 +105,12 @@ type Driver struct {
 	kickKeeper chan struct{}
 
 	connLoads, sharedLoads, unloads, terminates, initiates, adoptions atomic.Uint64
+
+	// tsAddrErr is the last error keepTSAddresses logged, so a lasting failure is logged once.
+	tsAddrErr string
+	// tsAdded are the traffic-selector addresses this driver put in place (tsaddr_host.go): one
+	// missing later was deleted by someone else, which the driver logs as a warning.
+	tsAdded map[netip.Addr]bool
 
 	// transport is set when another driver embeds this one for transport-mode connections
 	// (NewEmbedded); nil for the ipsec driver itself.
@@ -355,6 +362,11 @@ func (d *Driver) connectWant(ctx context.Context, want desiredConn, psk []byte) 
 	if err := checkConflicts(want, d.libipsec, d.conns); err != nil {
 		return fmt.Errorf("%s: %w", where, err)
 	}
+	// Before charon holds the connection: it installs the CHILD_SA's routes as soon as the IKE
+	// exchange ends, and refuses the CHILD_SA if a local subnet has no address then.
+	if err := d.ensureTSAddresses(want); err != nil {
+		return fmt.Errorf("%s: %w", where, err)
+	}
 	if err := d.connect(ctx, want, psk); err != nil {
 		return fmt.Errorf("%s: %w", where, err)
 	}
@@ -376,6 +388,9 @@ func (d *Driver) Disconnect(ctx context.Context, cluster string) error {
 	if err := d.remove(ctx, ConnName(cluster)); err != nil {
 		return fmt.Errorf("%s: %w", where, err)
 	}
+	// The connection's local subnets may need no address any more; a failure here leaves an
+	// address behind, which harms nothing, and the keeper tries again.
+	d.keepTSAddresses()
 	return nil
 }
 
@@ -435,7 +450,7 @@ func (d *Driver) Cleanup(ctx context.Context) error {
 		if d.transport == nil {
 			// ipsec0 and the rule to table 220 are the ipsec driver's; an embedded driver's
 			// charon makes neither, and must not remove the ipsec driver's.
-			errs = append(errs, removeHostLeftovers())
+			errs = append(errs, removeHostLeftovers(), d.removeTSDevice("cleanup"))
 		}
 		errs = append(errs, removeStateDir(d.dir))
 	}

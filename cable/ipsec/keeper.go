@@ -93,6 +93,7 @@ func (d *Driver) keep(ctx context.Context) time.Duration {
 	if !d.initialised {
 		return keepEvery
 	}
+	d.keepTSAddresses()
 	wait := keepEvery
 	initiator := false
 	for _, c := range d.conns {

@@ -2,6 +2,7 @@ package k8s
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -91,10 +92,11 @@ func TestIPsecCable(t *testing.T) {
 	m.mustKC("west", westApps, "apply", "-f", "-")
 	m.mustKC("east", eastApps, "apply", "-f", "-")
 	// With ESP in charon (kernel-libipsec, as on this kernel) charon installs a CHILD_SA only
-	// when the gateway holds an address inside its local traffic selectors (the pod CIDR): here
-	// the CNI bridge's, which exists once a pod runs on the node. east's gateway runs client-gw;
-	// west's gets a pod too (docs/ipsec-kubernetes.md).
-	m.mustKC("west", westGatewayPod, "apply", "-f", "-")
+	// when the gateway holds an address inside every local traffic selector: the pod CIDR and
+	// the service CIDR. The driver gives the gateway one where it holds none (cm-ipsec-ts,
+	// docs/ipsec-kubernetes.md). east's gateway runs client-gw, so it holds a pod-CIDR address
+	// (cni0's) and gets only a service-CIDR one; west's runs a pod only if the scheduler puts
+	// west's web there, and otherwise gets both.
 
 	for _, c := range []string{"east", "west"} {
 		v, err := m.gatewayView(c)
@@ -108,7 +110,6 @@ func TestIPsecCable(t *testing.T) {
 	}
 
 	m.mustKC("west", "", "-n", "demo", "wait", "--for", "condition=Available", "deploy/web", "--timeout", "120s")
-	m.mustKC("west", "", "-n", "demo", "wait", "--for", "condition=Ready", "pod/server-gw", "--timeout", "120s")
 	m.mustKC("east", "", "-n", "demo", "wait", "--for", "condition=Ready", "pod", "--all", "--timeout", "120s")
 	webIP := strings.TrimSpace(m.mustKC("west", "", "-n", "demo", "get", "pod", "-l", "app=web", "-o", "jsonpath={.items[0].status.podIP}"))
 	if a, err := netip.ParseAddr(webIP); err != nil || !netip.MustParsePrefix("10.2.0.0/16").Contains(a) {
@@ -123,18 +124,6 @@ func TestIPsecCable(t *testing.T) {
 		t.Fatalf("before the policy east-west is on %q (%v), want the default wireguard", d, err)
 	}
 
-	// kernel-libipsec also routes the replies of the cluster's services (its service CIDR is a
-	// local traffic selector too), and needs a gateway address inside that CIDR as well, which no
-	// node has with kube-proxy in iptables mode. The service CIDR's last address is never given
-	// to a Service (the allocator leaves out the network and broadcast addresses): each gateway
-	// holds it as a /32 (docs/ipsec-kubernetes.md).
-	for i, c := range []string{"east", "west"} {
-		addr := fmt.Sprintf("10.96.%d.255/32", i+1)
-		if out, err := exec.Command("ip", "-n", "ck8-"+c+"-gw", "addr", "add", addr, "dev", "eth0").CombinedOutput(); err != nil {
-			t.Fatalf("ip addr add %s on %s's gateway: %v: %s", addr, c, err, out)
-		}
-	}
-
 	applied := time.Now()
 	m.mustKC("east", ipsecPolicy, "apply", "-f", "-")
 	t.Cleanup(func() {
@@ -146,6 +135,7 @@ func TestIPsecCable(t *testing.T) {
 		t.Logf("%s's gateway: %s over ipsec, connected %v after the policy was applied", local, remote, time.Since(applied).Round(time.Millisecond))
 	}
 	connected := time.Since(applied)
+	m.checkTSAddresses(t)
 
 	// Pod to pod, from east's gateway and worker, and back from west.
 	for _, pod := range []string{"client-gw", "client-worker"} {
@@ -231,6 +221,65 @@ func (m *mesh) restartGatewayUnderStream(t *testing.T, webIP string) {
 	}
 	if answer, _, err := m.call("east", "client-worker", webIP+":80"); err != nil || answer != "hello from west" {
 		t.Errorf("client-worker -> %s after the restart: %q, %v", webIP, answer, err)
+	}
+}
+
+// tsSubnets are each cluster's local subnets (pod CIDR, service CIDR) and the address the ipsec
+// driver gives a gateway in each when the gateway holds none there: the subnet's last.
+var tsSubnets = map[string][][2]string{
+	"east": {{"10.1.0.0/16", "10.1.255.255"}, {"10.96.1.0/24", "10.96.1.255"}},
+	"west": {{"10.2.0.0/16", "10.2.255.255"}, {"10.96.2.0/24", "10.96.2.255"}},
+}
+
+// checkTSAddresses checks each gateway's cm-ipsec-ts: it holds the last address of every local
+// subnet the gateway holds no other address in (always the service CIDR's; the pod CIDR's when
+// no pod runs on the gateway, so cni0 has no address), and nothing else. A pod-CIDR address may
+// stay when cni0 got its address after the driver added one (the driver keeps it while the
+// subnet is local). It logs the routes charon installed with them.
+func (m *mesh) checkTSAddresses(t *testing.T) {
+	t.Helper()
+	for _, c := range []string{"east", "west"} {
+		ns := "ck8-" + c + "-gw"
+		out, err := exec.Command("ip", "-n", ns, "-4", "-o", "addr", "show").CombinedOutput()
+		if err != nil {
+			t.Errorf("%s's gateway: ip addr show: %v: %s", c, err, out)
+			continue
+		}
+		ours, others := map[string]bool{}, []netip.Addr{}
+		for _, line := range strings.Split(string(out), "\n") {
+			f := strings.Fields(line)
+			if len(f) < 4 {
+				continue
+			}
+			p, err := netip.ParsePrefix(f[3])
+			if err != nil {
+				continue
+			}
+			if f[1] == "cm-ipsec-ts" {
+				ours[p.Addr().String()] = true
+			} else {
+				others = append(others, p.Addr())
+			}
+		}
+		allowed := 0
+		for _, sa := range tsSubnets[c] {
+			subnet, last := netip.MustParsePrefix(sa[0]), sa[1]
+			covered := slices.ContainsFunc(others, subnet.Contains)
+			switch {
+			case !covered && !ours[last]:
+				t.Errorf("%s's gateway holds no address in %s and cm-ipsec-ts lacks %s:\n%s", c, subnet, last, out)
+			case covered && ours[last]:
+				t.Logf("%s's gateway: %s stays on cm-ipsec-ts although a node address now lies in %s", c, last, subnet)
+			}
+			if ours[last] {
+				allowed++
+			}
+		}
+		if len(ours) != allowed {
+			t.Errorf("%s's gateway: cm-ipsec-ts holds %v, want only the last addresses of %v:\n%s", c, ours, tsSubnets[c], out)
+		}
+		routes, _ := exec.Command("ip", "-n", ns, "route", "show", "table", "220").CombinedOutput()
+		t.Logf("%s's gateway: cm-ipsec-ts holds %v; table 220:\n%s", c, slices.Sorted(maps.Keys(ours)), routes)
 	}
 }
 

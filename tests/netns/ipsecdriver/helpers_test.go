@@ -22,6 +22,16 @@ import (
 // directory and the two nodes: a (10.254.0.1, the initiator) and b.
 func newPair(t *testing.T, extraArgs ...string) (tmp string, a, b *node) {
 	t.Helper()
+	return newPairWith(t, false, extraArgs...)
+}
+
+// newPairWith is newPair; with services, each side's local subnets (and the other side's remote
+// subnets) also hold a "service CIDR" in which no address of the node lies, as on a Kubernetes
+// node with kube-proxy in iptables mode: a 10.255.128.0/17, b 10.255.64.0/18. Each sorts after
+// its side's pod subnet, as the test clusters' service CIDRs (10.96.<i>.0/24) sort after their
+// pod CIDRs (10.<i>.0.0/16): charon's routes then take their source from the service CIDR.
+func newPairWith(t *testing.T, services bool, extraArgs ...string) (tmp string, a, b *node) {
+	t.Helper()
 	nstest.RequireRoot(t, "creates network namespaces, veth pairs, mount namespaces and runs charon", "ip", "ping")
 	if _, err := os.Stat(ipsec.DefaultCharon); err != nil {
 		t.Skipf("needs strongSwan's charon at %s (Debian: strongswan-charon, strongswan-swanctl, libcharon-extra-plugins): %v", ipsec.DefaultCharon, err)
@@ -32,6 +42,9 @@ func newPair(t *testing.T, extraArgs ...string) (tmp string, a, b *node) {
 
 	a = &node{cluster: "a", underlay: "10.254.0.1", pod: "10.255.1.1", podNet: "10.255.1.0/24"}
 	b = &node{cluster: "b", underlay: "10.254.0.2", pod: "10.255.2.1", podNet: "10.255.2.0/24"}
+	if services {
+		a.svcNet, b.svcNet = "10.255.128.0/17", "10.255.64.0/18"
+	}
 	a.NS, b.NS = nsPrefix.Pair(t, nstest.Node{Underlay: a.underlay, Pod: a.pod}, nstest.Node{Underlay: b.underlay, Pod: b.pod})
 	for _, n := range []*node{a, b} {
 		n.stateDir = filepath.Join(tmp, n.cluster, "state")
@@ -46,9 +59,9 @@ func newPair(t *testing.T, extraArgs ...string) (tmp string, a, b *node) {
 		n.Args = append([]string{"netns", "exec", n.NS, bin}, extraArgs...)
 		n.Args = append(n.Args,
 			"-cluster", n.cluster, "-node", "gw", "-state-dir", n.stateDir, "-advertise", n.underlay,
-			"-local-subnets", n.podNet, "-status", n.StatusPath,
+			"-local-subnets", n.localSubnets(), "-status", n.StatusPath,
 			"-remote-cluster", r.cluster, "-remote-address", r.underlay, "-remote-port", "500",
-			"-remote-subnets", r.podNet)
+			"-remote-subnets", r.localSubnets())
 	}
 	return tmp, a, b
 }
@@ -98,4 +111,12 @@ func checkCleanedUp(t *testing.T, n *node) {
 	if _, err := os.Stat(filepath.Join(n.stateDir, "ipsec")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("%s: %s after Cleanup: %v", n.NS, filepath.Join(n.stateDir, "ipsec"), err)
 	}
+}
+
+// localSubnets is the node's -local-subnets: its pod subnet, and its service CIDR if it has one.
+func (n *node) localSubnets() string {
+	if n.svcNet == "" {
+		return n.podNet
+	}
+	return n.podNet + "," + n.svcNet
 }

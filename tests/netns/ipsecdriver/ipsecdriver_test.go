@@ -34,7 +34,9 @@ var testPSK = []byte("cbti-test-psk-must-never-be-written-0123456789")
 type node struct {
 	nstest.Peer
 	cluster, underlay, pod, podNet string
-	stateDir                       string
+	// svcNet is a local subnet in which the node holds no address ("" for none; newPairWith).
+	svcNet   string
+	stateDir string
 }
 
 func TestIPsecDriverBetweenTwoNamespaces(t *testing.T) {
