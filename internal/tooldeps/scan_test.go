@@ -35,6 +35,7 @@ var indirectAllowed = map[string]string{
 	"tests/k8s/crosscluster_test.go script":                   "scripts/k8s-demo.sh and k8s-demo-down.sh, the project's own scripts",
 	"tests/k8s/crosscluster_test.go upMeshApps":               "tests/k8s/cluster.sh (rss), the project's own script",
 	"tests/k8s/crosscluster_test.go kc":                       "kubectl, built by tests/k8s/build.sh",
+	"tests/k8s/helm_test.go recordGatewayRoll":                "kubectl, built by tests/k8s/build.sh",
 	"tests/k8s/clusterdns_test.go clusterDNS":                 "tests/k8s/coredns/cluster-dns.sh, the project's own script",
 	"tests/netns/xdsguard_test.go fetchSecretAs":              "xdsgrpc, built from tests/netns/cmd",
 	"tests/k8s/helm_test.go helmBin":                          "tests/helm/build.sh, the project's own script",
