@@ -17,11 +17,11 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
-	"github.com/vishvananda/netns"
+	"github.com/vishvananda/netlink"
 
 	"github.com/cablemesh/cablemesh/bpf"
 	"github.com/cablemesh/cablemesh/internal/benchresults"
-	"github.com/cablemesh/cablemesh/tests/netns/harness"
+	"github.com/cablemesh/cablemesh/internal/scratchns"
 )
 
 // TestCounterProgram (make bench-counters) measures what the tcx counter program costs per packet,
@@ -79,8 +79,6 @@ func TestCounterProgram(t *testing.T) {
 		t.Logf("baseline: the egress program of %s", path)
 	}
 	res := CounterProgramResult{Calls: calls, Rounds: rounds, Subnets: 64, Baseline: os.Getenv("CABLEMESH_COUNTERS_BASELINE"), NsPerRun: map[string][]float64{}}
-	runtime.LockOSThread() // one CPU's cache per variant run, as on a stream's CPU
-	defer runtime.UnlockOSThread()
 	for r := range rounds {
 		for _, v := range variants {
 			var total time.Duration
@@ -154,23 +152,19 @@ func baselineProgram(t *testing.T, path string) *ebpf.Program {
 	return prog
 }
 
-// counterPrograms attaches the counters to a veth in a namespace of its own, fills the
-// subnet map with 64 clusters' subnets, and returns the egress program the link runs.
+// counterPrograms attaches the counters to a veth in a scratch network namespace (the test's
+// thread stays in it), fills the subnet map with 64 clusters' subnets, and returns the egress
+// program the link runs.
 func counterPrograms(t *testing.T) *ebpf.Program {
 	t.Helper()
-	ctx := context.Background()
+	scratchns.Enter(t)
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "d0"}, PeerName: "d1"}
+	if err := netlink.LinkAdd(veth); err != nil {
+		t.Fatalf("add veth d0: %v", err)
+	}
 	b := make([]byte, 4)
 	rand.Read(b)
-	ns := "cmctr-" + hex.EncodeToString(b)
-	if r := harness.Run(ctx, "ip", "netns", "add", ns); r.Err != nil {
-		t.Fatalf("ip netns add: %s", r)
-	}
-	t.Cleanup(func() { harness.Run(context.Background(), "ip", "netns", "del", ns) })
-	if r := harness.Run(ctx, "ip", "-n", ns, "link", "add", "d0", "type", "veth", "peer", "name", "d1"); r.Err != nil {
-		t.Fatalf("ip link add: %s", r)
-	}
-	pinDir := "/sys/fs/bpf/" + ns
-	ctr, err := bpf.OpenCounters(ctx, bpf.Options{PinDir: pinDir})
+	ctr, err := bpf.OpenCounters(context.Background(), bpf.Options{PinDir: "/sys/fs/bpf/cmctr-" + hex.EncodeToString(b)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,26 +173,7 @@ func counterPrograms(t *testing.T) *ebpf.Program {
 			t.Errorf("remove counters: %v", err)
 		}
 	})
-	err = func() error {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			return err
-		}
-		defer orig.Close()
-		h, err := netns.GetFromName(ns)
-		if err != nil {
-			return err
-		}
-		defer h.Close()
-		if err := netns.Set(h); err != nil {
-			return err
-		}
-		defer netns.Set(orig)
-		return ctr.Attach("d0")
-	}()
-	if err != nil {
+	if err := ctr.Attach("d0"); err != nil {
 		t.Fatal(err)
 	}
 	subnets := map[netip.Prefix]uint32{}

@@ -104,7 +104,7 @@ func TestHelm(t *testing.T) {
 	})
 
 	t.Run("on a kernel cable (vxlan) a helm upgrade stalls the stream under 1 s", func(t *testing.T) {
-		m.movePair(t, "east", "west", "vxlan", vxlanPolicy)
+		m.movePair(t, "east", "west", "vxlan", driverPolicy("east-vxlan", "vxlan"))
 		t.Cleanup(func() { m.removePolicy(t, "east-vxlan", "east", "west", "wireguard") })
 		waitFor(t, 60*time.Second, "client-worker -> "+webIP+" over vxlan", func() error {
 			answer, _, err := m.call("east", "client-worker", webIP+":80")
@@ -437,19 +437,6 @@ func formatTimeline(evs []rollEvent, stallFrom, stallTo time.Time) string {
 	}
 	return b.String()
 }
-
-// vxlanPolicy moves every pair of east (here east-west) to the kernel's VXLAN cable, above the
-// mesh default's wireguard.
-const vxlanPolicy = `apiVersion: cablemesh.io/v1alpha1
-kind: ClusterConnectionPolicy
-metadata:
-  name: east-vxlan
-  labels: {cablemesh.io/origin: cluster}
-spec:
-  clusterSelector: {}
-  priority: 10
-  cableDriver: {name: vxlan}
-`
 
 // pairOn waits until both gateways of local and remote have their connection to each other
 // connected over driver, and fails with what each says when they do not within 120 s.

@@ -13,18 +13,21 @@ import (
 	"time"
 )
 
-// ipsecPolicy is a ClusterConnectionPolicy applied in east that moves every pair of east (here:
-// east-west, the only one) to the ipsec cable, above the mesh default's wireguard.
-const ipsecPolicy = `apiVersion: cablemesh.io/v1alpha1
+// driverPolicy is a ClusterConnectionPolicy named name, applied in one cluster, that moves every
+// pair of that cluster (here its pair with the other cluster) to driver, above the mesh default's
+// wireguard.
+func driverPolicy(name, driver string) string {
+	return `apiVersion: cablemesh.io/v1alpha1
 kind: ClusterConnectionPolicy
 metadata:
-  name: east-ipsec
+  name: ` + name + `
   labels: {cablemesh.io/origin: cluster}
 spec:
   clusterSelector: {}
   priority: 10
-  cableDriver: {name: ipsec}
+  cableDriver: {name: ` + driver + `}
 `
+}
 
 // gatewayView is what `cablectl status -o json` on cluster c's gateway says (drivers, connections).
 func (m *mesh) gatewayView(c string) (agentStatus, error) { return m.agentStatus(c, "gw") }
@@ -125,7 +128,7 @@ func TestIPsecCable(t *testing.T) {
 	}
 
 	applied := time.Now()
-	m.mustKC("east", ipsecPolicy, "apply", "-f", "-")
+	m.mustKC("east", driverPolicy("east-ipsec", "ipsec"), "apply", "-f", "-")
 	t.Cleanup(func() {
 		_, _ = m.kc("east", "", "delete", "clusterconnectionpolicy", "east-ipsec", "--ignore-not-found")
 	})

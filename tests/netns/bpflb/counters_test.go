@@ -118,21 +118,13 @@ func TestCountersOnATUNDeviceCountIPPacketsWithoutALinkLayer(t *testing.T) {
 	e := newEnv(t, bpf.DestroyAuto)
 	const dev = "cbtl-t"
 	tun := openTUN(t, e, dev, "10.232.0.1/24")
-
-	ctr, err := bpf.OpenCounters(context.Background(), bpf.Options{PinDir: e.pinDir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ctr.Close() })
-	if err := inNamespace(e.clientNS, func() error { return ctr.Attach(dev) }); err != nil {
-		t.Fatal(err)
-	}
+	ctr := attachCounters(t, e, dev)
 	if err := ctr.SetSubnets(map[netip.Prefix]uint32{netip.MustParsePrefix("10.232.0.0/24"): 4}); err != nil {
 		t.Fatal(err)
 	}
 
 	// Out: three 100-byte UDP datagrams to the far side of the TUN (IP 20 + UDP 8 + 100).
-	err = inNamespace(e.clientNS, func() error {
+	err := inNamespace(e.clientNS, func() error {
 		c, err := net.Dial("udp", "10.232.0.2:9")
 		if err != nil {
 			return err
@@ -177,6 +169,21 @@ func TestCountersOnATUNDeviceCountIPPacketsWithoutALinkLayer(t *testing.T) {
 	}
 }
 
+// attachCounters opens the counters pinned in the test's pin directory and attaches them to dev
+// in the client's namespace; they are closed with the test.
+func attachCounters(t *testing.T, e *env, dev string) *bpf.Counters {
+	t.Helper()
+	ctr, err := bpf.OpenCounters(context.Background(), bpf.Options{PinDir: e.pinDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ctr.Close() })
+	if err := inNamespace(e.clientNS, func() error { return ctr.Attach(dev) }); err != nil {
+		t.Fatal(err)
+	}
+	return ctr
+}
+
 // openTUN creates the TUN device dev in the client's namespace, with addr on it, up; it goes
 // with the test.
 func openTUN(t *testing.T, e *env, dev, addr string) *os.File {
@@ -217,14 +224,7 @@ func TestCountersFollowSubnetChangesAtOnce(t *testing.T) {
 	e := newEnv(t, bpf.DestroyAuto)
 	const dev = "cbtl-g"
 	openTUN(t, e, dev, "10.233.0.1/24")
-	ctr, err := bpf.OpenCounters(context.Background(), bpf.Options{PinDir: e.pinDir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ctr.Close() })
-	if err := inNamespace(e.clientNS, func() error { return ctr.Attach(dev) }); err != nil {
-		t.Fatal(err)
-	}
+	ctr := attachCounters(t, e, dev)
 	send := func(n int) {
 		t.Helper()
 		err := inNamespace(e.clientNS, func() error {
