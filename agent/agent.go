@@ -67,15 +67,19 @@ type Options struct {
 	// RepairInterval bounds how often a connection whose probes failed failureThreshold times
 	// is re-asserted; default DefaultRepairInterval.
 	RepairInterval time.Duration
-	// CleanupOnExit makes Run, as it ends, remove what the agent made on the host: every
-	// driver's links, routes and sockets (Cleanup) and the MSS clamp on gateways, the routes via
-	// the gateway elsewhere, and the services datapath's programs and pins. By default they
-	// stay, so that a restart neither flaps the tunnels nor breaks a connection through a VIP.
+	// CleanupOnExit makes Run, as it ends, remove what the agent made on the host (links,
+	// routes, sockets, the MSS clamp, the eBPF programs and pins). By default they stay, so that a
+	// restart neither flaps the tunnels nor breaks a connection through a VIP.
 	CleanupOnExit bool
 	// CleanupOnStop, when set and CleanupOnExit is not, is asked once as Run ends whether to
-	// clean up as CleanupOnExit does: on Kubernetes, whether the agent's install is being removed
-	// rather than the pod restarted (agent/uninstall).
+	// clean up all the same: on Kubernetes, whether the install is being removed (agent/uninstall).
 	CleanupOnStop func() bool
+	// TakeOver, when set, is called in Run before the agent reads its cache and touches the node's
+	// datapath: a running agent hands the node over there (agent/handover).
+	TakeOver func(ctx context.Context)
+	// StopProcessesOnStop, when set, is asked as Run ends without a cleanup whether to end the
+	// helper daemons (charon) left for the next run: it cannot adopt them (agent/handover).
+	StopProcessesOnStop func() bool
 	// Kubernetes is the export source used when the config sets kubernetes.enabled; it must be
 	// set then (cmd/cable-agent builds it from the in-cluster config).
 	Kubernetes exports.Source
@@ -228,6 +232,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer stopNodeAddrs()
 	a.guards.Build(ctx)
 
+	if a.opts.TakeOver != nil {
+		a.opts.TakeOver(ctx) // before the cache: a running agent writes its last state as it stops
+	}
 	a.link.LoadCache()
 
 	if a.cfg.Gateway {

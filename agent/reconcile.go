@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"sync"
-	"time"
 
 	"github.com/cablemesh/cablemesh/agent/brokerstate"
 	"github.com/cablemesh/cablemesh/agent/cables"
@@ -49,26 +48,19 @@ func (a *Agent) plan() *plan.Plan {
 }
 func (a *Agent) Plan() *plan.Plan { return a.plan() } // the published plan, for the components cmd/cable-agent builds
 
-// cleanupTimeout bounds the teardown of Options.CleanupOnExit.
-const cleanupTimeout = 30 * time.Second
-
 // stop ends what Run started on the host as Run returns: with Options.CleanupOnExit it first
-// removes what the agent made (the services datapath's programs and pins, the drivers' links and
-// the MSS clamp on gateways, the routes via the gateway elsewhere), then it closes every driver.
+// removes what the agent made (the services datapath's programs and pins, the routes via the
+// gateway on other nodes, the drivers' links and the MSS clamp on gateways); the drivers close.
 func (a *Agent) stop() {
 	cleanup := a.cleanupDecision()
 	a.dp.Stop(cleanup)
-	if cleanup {
-		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
-		if a.cfg.Gateway {
-			a.cables.Cleanup(ctx)
-		} else if err := a.worker.Cleanup(); err != nil {
+	if cleanup && !a.cfg.Gateway {
+		if err := a.worker.Cleanup(); err != nil {
 			a.log.Error("route cleanup failed", "err", err)
 		}
-		cancel()
 		a.log.Info("cleaned up")
 	}
-	a.cables.Close()
+	a.cables.Stop(cleanup && a.cfg.Gateway, !cleanup && a.opts.StopProcessesOnStop != nil && a.opts.StopProcessesOnStop())
 }
 
 // newCleanupDecision is whether the agent removes what it made as it stops:

@@ -159,3 +159,13 @@ type Driver interface {
 	// allowed; nothing may be called after Close.
 	Close() error
 }
+
+// ProcessOwner is a driver whose Close leaves a helper daemon running for the next Init to adopt
+// (ipsec's charon). The next agent can adopt it only if it sees the process: where it runs in
+// another PID namespace (a DaemonSet's next pod, taking the node over from a running one: see
+// agent/handover), the stopping agent ends the daemon itself, so that the next one's can bind
+// its ports and devices.
+type ProcessOwner interface {
+	// StopProcesses ends the daemons the driver left running; it may be called after Close.
+	StopProcesses(ctx context.Context) error
+}

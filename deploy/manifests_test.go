@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -389,10 +388,15 @@ func checkAgentDaemonSet(t *testing.T, m manifests) {
 			t.Errorf("cgroupPath %s is not the host's cgroup2 root (the socket LB must see every pod): %+v", cfg.CgroupPath, v)
 		}
 		_, port, _ := strings.Cut(cfg.MetricsAddress, ":")
-		if got := agent.ReadinessProbe.HTTPGet.Port; got.StrVal != "metrics" || !slices.ContainsFunc(agent.Ports, func(p corev1.ContainerPort) bool {
-			return p.Name == "metrics" && port == strconv.Itoa(int(p.ContainerPort))
-		}) {
-			t.Errorf("the probes' port %v is not the metricsAddress %s the agent serves /readyz on", got, cfg.MetricsAddress)
+		for name, probe := range map[string]*corev1.Probe{"readiness": agent.ReadinessProbe, "liveness": agent.LivenessProbe} {
+			if got := probe.HTTPGet.Port; got.String() != port {
+				t.Errorf("the %s probe's port %v is not the metricsAddress %s the agent serves /readyz and /healthz on", name, got.String(), cfg.MetricsAddress)
+			}
+		}
+		if len(agent.Ports) > 0 {
+			// In the host's network each containerPort is a hostPort: a roll's new pod would
+			// not fit beside the old one.
+			t.Errorf("the agent container declares ports %+v: they are hostPorts and keep a surge pod off its node", agent.Ports)
 		}
 	})
 
@@ -922,4 +926,39 @@ func runsOn(t *testing.T, ps corev1.PodSpec, nodeLabels map[string]string) bool 
 		}
 	}
 	return false
+}
+
+// TestRollsSurgeBesideTheOldPod: a roll starts the new agent beside the old one, which hands the
+// node over (agent/handover); with the Envoy ingress, whose listeners cannot be handed over, the
+// old pod goes first.
+func TestRollsSurgeBesideTheOldPod(t *testing.T) {
+	surge := func(t *testing.T, ds *appsv1.DaemonSet) {
+		t.Helper()
+		ru := ds.Spec.UpdateStrategy.RollingUpdate
+		if ds.Spec.UpdateStrategy.Type != appsv1.RollingUpdateDaemonSetStrategyType || ru == nil || ru.MaxSurge == nil || ru.MaxSurge.String() != "1" ||
+			ru.MaxUnavailable == nil || ru.MaxUnavailable.String() != "0" {
+			t.Errorf("DaemonSet %s rolls with %+v, want RollingUpdate maxSurge 1, maxUnavailable 0", ds.Name, ds.Spec.UpdateStrategy)
+		}
+	}
+	for name, m := range map[string]manifests{
+		"deploy/daemonset (kustomize)": memberCluster(t),
+		"cablectl install kubernetes":  installed(t, installValues),
+	} {
+		t.Run(name, func(t *testing.T) {
+			for _, ds := range m.daemonSets {
+				surge(t, ds)
+			}
+		})
+	}
+	t.Run("with the Envoy ingress the gateways' old pod goes first", func(t *testing.T) {
+		v := installValues
+		v.IngressEnvoy = true
+		m := installed(t, v)
+		gw := m.daemonSets[0]
+		ru := gw.Spec.UpdateStrategy.RollingUpdate
+		if ru == nil || ru.MaxSurge != nil || ru.MaxUnavailable == nil || ru.MaxUnavailable.String() != "1" {
+			t.Errorf("DaemonSet %s with Envoy rolls with %+v, want maxUnavailable 1 and no surge", gw.Name, gw.Spec.UpdateStrategy)
+		}
+		surge(t, m.daemonSets[1]) // the workers run no Envoy
+	})
 }

@@ -424,6 +424,10 @@ func renderDaemonSet(o Object, v AgentValues) error {
 		}
 	}
 	if v.IngressEnvoy {
+		// Envoy cannot take a node's listeners over from another pod's Envoy (its hot restart
+		// needs the two in one IPC namespace): the old pod goes before the new one starts.
+		nested(o, "spec")["updateStrategy"] = map[string]any{"type": "RollingUpdate",
+			"rollingUpdate": map[string]any{"maxUnavailable": 1}}
 		pod["containers"] = append(containers, envoyContainer(v))
 		vols, _ := pod["volumes"].([]any)
 		pod["volumes"] = append(vols, map[string]any{"name": "envoy-bootstrap", "configMap": map[string]any{"name": EnvoyConfigMap}})

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/cablemesh/cablemesh/agent/config"
 	"github.com/cablemesh/cablemesh/agent/reconcile"
@@ -166,6 +167,26 @@ func (c *Cables) Close() {
 	for _, d := range c.builtDrivers() {
 		if err := d.Close(); err != nil {
 			c.log.Error("cable driver did not close cleanly", "driver", d.Name(), "err", err)
+		}
+	}
+}
+
+// Stop ends the drivers as the agent stops: with cleanup it first removes what they made
+// (Cleanup) and the MSS clamp; every driver closes; with stopProcesses it then ends the helper
+// daemons Close leaves for the next run (cable.ProcessOwner), which cannot adopt them.
+func (c *Cables) Stop(cleanup, stopProcesses bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if cleanup {
+		c.Cleanup(ctx)
+		c.log.Info("cleaned up")
+	}
+	c.Close()
+	for _, d := range c.builtDrivers() {
+		if po, ok := d.(cable.ProcessOwner); ok && stopProcesses {
+			if err := po.StopProcesses(ctx); err != nil {
+				c.log.Error("cable driver's helper daemon not stopped", "driver", d.Name(), "err", err)
+			}
 		}
 	}
 }

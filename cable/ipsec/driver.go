@@ -461,6 +461,18 @@ func (d *Driver) Cleanup(ctx context.Context) error {
 	return nil
 }
 
+// StopProcesses ends our charon, which Close leaves running (cable.ProcessOwner): for a next
+// agent that cannot adopt it. A system charon (useSystemCharon) is not ours to stop.
+func (d *Driver) StopProcesses(ctx context.Context) error {
+	if d.cfg.SystemVICI != "" {
+		return nil
+	}
+	if err := d.stopOwnCharon(); err != nil {
+		return fmt.Errorf("ipsec: stop charon for the next agent: %w", err)
+	}
+	return nil
+}
+
 // Close stops the driver's goroutines (the keeper, our charon's supervisor and log follower) and
 // forgets what it holds in memory, and changes nothing in charon or on the host: our charon keeps
 // running with its connections, SAs, ipsec0 and routes, as a system charon does, so the tunnels

@@ -271,5 +271,8 @@ func (d *Driver) Close() error {
 	return errors.Join(d.vx.Close(), d.sec.Close())
 }
 
+// StopProcesses ends the embedded charon (cable.ProcessOwner).
+func (d *Driver) StopProcesses(ctx context.Context) error { return d.sec.StopProcesses(ctx) }
+
 // Helpers reports the embedded charon (cable.HelperReporter), without waiting for d.mu.
 func (d *Driver) Helpers(ctx context.Context) []cable.HelperStatus { return d.sec.Helpers(ctx) }

@@ -25,6 +25,7 @@ import (
 	"github.com/cablemesh/cablemesh/agent/clusterpolicy"
 	"github.com/cablemesh/cablemesh/agent/config"
 	"github.com/cablemesh/cablemesh/agent/exports"
+	"github.com/cablemesh/cablemesh/agent/handover"
 	"github.com/cablemesh/cablemesh/agent/kube"
 	"github.com/cablemesh/cablemesh/agent/kubestatus"
 	"github.com/cablemesh/cablemesh/agent/mcsimport"
@@ -91,7 +92,7 @@ func run(args []string, stderr io.Writer) int {
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lv}))
 	slog.SetDefault(log)
 
-	opts := agent.Options{Config: cfg, Log: log, CleanupOnExit: *cleanup, ConfigPath: *configPath, LogLevel: lv, LogLevelFlag: *logLevel}
+	opts := agent.Options{Config: cfg, Log: log, ConfigPath: *configPath, LogLevel: lv, LogLevelFlag: *logLevel}
 	var statusWriter *kubestatus.Writer // the cluster's ClusterLinks and policies' status; nil: none
 	if cfg.Kubernetes.Enabled {
 		src, err := kubernetesSource(cfg, log)
@@ -125,7 +126,17 @@ func run(args []string, stderr io.Writer) int {
 	}
 	uninstalled, stopUninstallCheck := uninstallCheck(log)
 	defer stopUninstallCheck()
-	opts.CleanupOnStop = uninstalled
+	sigCtx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	// A successor that takes the node over (a DaemonSet rolled with maxSurge) ends ctx, not a signal.
+	ctx, cancel := context.WithCancelCause(sigCtx)
+	defer cancel(nil)
+	ho := newNodeHandover(cfg.StatusSocket, handover.Identity{Cluster: cfg.Cluster, Node: cfg.Node}, cancel, log.With("component", "handover"))
+	opts.TakeOver = ho.takeOver
+	opts.StopProcessesOnStop = func() bool { return ho.stopProcesses(ctx) }
+	// --cleanup-on-exit, or an uninstall; but handed over, the node is the successor's: never a
+	// cleanup then.
+	opts.CleanupOnStop = func() bool { return !handedOver(ctx) && (*cleanup || uninstalled()) }
 	a, err := agent.New(opts)
 	if err != nil {
 		fmt.Fprintln(stderr, "cable-agent:", err)
@@ -145,13 +156,23 @@ func run(args []string, stderr io.Writer) int {
 		a.SetClusterPolicySource(&clusterpolicy.KubeSource{Client: dc, Cluster: cfg.Cluster, Log: log.With("component", "clusterpolicies")})
 	}
 	statusWriter.Follow(a)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
 	var writers sync.WaitGroup
 	writers.Go(func() { statusWriter.Run(ctx) })
 	err = a.Run(ctx)
-	stop()
+	cancel(nil)
 	writers.Wait()
+	ho.agentStopped()
+	if handedOver(ctx) {
+		// The successor runs the node now. Exiting would make the kubelet restart this
+		// container beside it; the DaemonSet deletes this pod once the successor is ready.
+		if err != nil && !errors.Is(err, context.Canceled) {
+			log.Warn("the agent stopped with an error while handing over", "err", err)
+		}
+		log.Info("node handed over to the next agent; idle until stopped")
+		<-sigCtx.Done()
+		log.Info("agent stopped (handed over)")
+		return 0
+	}
 	if !*cleanup && uninstalled() {
 		// The node's identity and cache go with the install: a later install joins anew.
 		if err := uninstall.ClearDir(cfg.StateDir); err != nil {

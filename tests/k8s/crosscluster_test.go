@@ -429,16 +429,16 @@ func TestCrossCluster(t *testing.T) {
 		}
 		rep := stream()
 		t.Logf("stream over %v: %d counters received, longest stall %d ms, %d reconnects, errors %v", streamFor, rep.Received, rep.LongestStallMs, rep.Reconnects, rep.Errors)
-		// What a restart loses: routes, eBPF pins and the state dir outlive the pod, but where the
-		// kernel has no WireGuard (this one) the tunnel is wireguard-go in the agent's process
-		// and goes with it, so packets across the cable stop from the old pod's exit until the
-		// new pod has the device up and handshaken. TCP retransmits through that: the connection
-		// survives, nothing is lost or reordered (no reconnect, no counter missing), and the
-		// stall is bounded by the gateway agent's restart.
+		// Routes, eBPF pins and the state dir outlive the pod; where the kernel has no WireGuard
+		// (this one) the tunnel is wireguard-go in the agent's process. The DaemonSets roll with
+		// maxSurge: each new pod starts beside the old one and takes the node over from it
+		// (agent/handover), so packets across the cable stop only for the old agent's stop and
+		// the new one's device and handshake, not for the pod's replacement (1.7-3.3 s before).
+		// TCP retransmits through that: nothing may be lost or reordered, no reconnect.
 		if rep.Reconnects != 0 || rep.Lost != 0 {
 			t.Errorf("the stream broke during the rollout: %d reconnects, %d counters lost (errors %v)", rep.Reconnects, rep.Lost, rep.Errors)
 		}
-		const maxStall = 20000
+		const maxStall = 1000
 		if rep.LongestStallMs > maxStall {
 			t.Errorf("longest stall %d ms, want at most %d ms", rep.LongestStallMs, maxStall)
 		}

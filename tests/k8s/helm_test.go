@@ -89,17 +89,13 @@ func TestHelm(t *testing.T) {
 
 	t.Run("helm upgrade with a changed value rolls the DaemonSets under a TCP stream across the cable", func(t *testing.T) {
 		rep := m.helmRollUnderStream(t, helm, root, webIP, "60m", "wireguard")
-		// The goal is 1 s. Where the kernel has no WireGuard (this host), the tunnel is
-		// wireguard-go inside the gateway agent's process: it goes with the old pod and is back
-		// when the new pod has the device up and handshaken (maxUnavailable 1, one gateway), as
-		// in TestCrossCluster's rollout restart. So the stall is reported, and held to that
-		// test's bound; docs/helm.md gives the figures and the timeline.
-		if rep.LongestStallMs > 1000 {
-			t.Logf("FINDING: longest stall %d ms over the 1 s goal (the gateway's wireguard-go restarts with its pod)", rep.LongestStallMs)
-		}
-		const maxStall = 20000
+		// Where the kernel has no WireGuard (this host) the tunnel is wireguard-go inside the
+		// gateway agent's process. The DaemonSet rolls with maxSurge: the new pod starts beside
+		// the old one and takes the node over (agent/handover), so the stream stops only for the
+		// agents' hand-over, not for the pod's replacement (docs/helm.md has the timeline).
+		const maxStall = 1000
 		if rep.LongestStallMs > maxStall {
-			t.Errorf("longest stall %d ms, want at most %d ms", rep.LongestStallMs, maxStall)
+			t.Errorf("longest stall over wireguard-go %d ms, want at most %d ms", rep.LongestStallMs, maxStall)
 		}
 	})
 
@@ -309,6 +305,10 @@ var agentLogMarks = []struct {
 	contains []string
 	what     string
 }{
+	{[]string{`msg="handing the node over to the next agent`}, "agent: asked for the node by the next agent (hand-over)"},
+	{[]string{`msg="the running agent handed the node over"`}, "agent: the running agent handed the node over"},
+	{[]string{`msg="node handed over to the next agent; idle until stopped"`}, "agent: handed over, idle"},
+	{[]string{`msg="agent stopped (handed over)"`}, "agent: idle agent stopped (last line)"},
 	{[]string{`msg="stopping: uninstall or restart"`}, "agent: shutdown asks uninstall or restart"},
 	{[]string{`msg="closing the userspace wireguard device`}, "agent: wireguard-go device closing"},
 	{[]string{`msg="userspace wireguard device closed"`}, "agent: wireguard-go device closed"},
@@ -371,7 +371,13 @@ func (r *rollRecorder) finish(t *testing.T, remote string) []rollEvent {
 	evs := append([]rollEvent(nil), r.events...)
 	evs = append(evs, logMarks("old ", r.oldLog.String())...)
 	r.mu.Unlock()
-	newPod := strings.TrimSpace(r.m.mustKC(r.c, "", "-n", "cablemesh", "get", "pods", "-l", gatewayPodSelector, "-o", "jsonpath={.items[0].metadata.name}"))
+	// The old pod may still be terminating (a surge roll deletes it after the new one is ready).
+	var newPod string
+	for _, p := range strings.Fields(r.m.mustKC(r.c, "", "-n", "cablemesh", "get", "pods", "-l", gatewayPodSelector, "-o", "jsonpath={.items[*].metadata.name}")) {
+		if p != r.oldPod {
+			newPod = p
+		}
+	}
 	if out, err := r.m.kc(r.c, "", "-n", "cablemesh", "logs", "--timestamps", "pod/"+newPod); err == nil {
 		evs = append(evs, logMarks("new ", out)...)
 	} else {
@@ -424,10 +430,12 @@ func formatTimeline(evs []rollEvent, stallFrom, stallTo time.Time) string {
 	if len(evs) == 0 {
 		return "(no events)"
 	}
+	// Time 0 is when the old agent is told to stop: the next agent's hand-over request (a
+	// surge roll), else the old pod's deletion (its SIGTERM).
 	origin := evs[0].At
-	for _, e := range evs {
-		if strings.HasPrefix(e.What, "old pod: deletion seen") {
-			origin = e.At
+	for _, mark := range []string{"old agent: asked for the node by the next agent", "old pod: deletion seen"} {
+		if i := slices.IndexFunc(evs, func(e rollEvent) bool { return strings.HasPrefix(e.What, mark) }); i >= 0 {
+			origin = evs[i].At
 			break
 		}
 	}
@@ -517,11 +525,16 @@ func (m *mesh) helmRollUnderStream(t *testing.T, helm, root, webIP, cpu, driver 
 	if after == before {
 		t.Errorf("the DaemonSets' generations %q did not change: nothing rolled", after)
 	}
-	got := m.mustKC("east", "", "-n", "cablemesh", "get", "pods", "-l", "app.kubernetes.io/name in (cable-agent,cable-agent-worker)",
-		"-o", "jsonpath={.items[*].spec.containers[0].resources.requests.cpu}")
-	if got != cpu+" "+cpu {
-		t.Errorf("the agent pods request cpu %q, want %s on both nodes", got, cpu)
-	}
+	// The old pods go once the new ones are ready (a surge roll): rollout status may return
+	// while they are still terminating.
+	waitFor(t, 60*time.Second, "only the new agent pods, requesting cpu "+cpu, func() error {
+		got := m.mustKC("east", "", "-n", "cablemesh", "get", "pods", "-l", "app.kubernetes.io/name in (cable-agent,cable-agent-worker)",
+			"-o", "jsonpath={.items[*].spec.containers[0].resources.requests.cpu}")
+		if got != cpu+" "+cpu {
+			return fmt.Errorf("the agent pods request cpu %q, want %s on both nodes", got, cpu)
+		}
+		return nil
+	})
 	t.Logf("helm upgrade (cpu %s) and the rollout of both DaemonSets done in %v (generations %s -> %s)", cpu, rolled.Round(time.Millisecond), before, after)
 	if rolled > streamFor-10*time.Second {
 		t.Errorf("the rollout took %v: the %v stream (started 5 s before it) did not cover it", rolled, streamFor)
@@ -529,7 +542,7 @@ func (m *mesh) helmRollUnderStream(t *testing.T, helm, root, webIP, cpu, driver 
 	rep := stream()
 	t.Logf("stream over %v on %s: %d counters received, longest stall %d ms, %d reconnects, errors %v", streamFor, driver, rep.Received, rep.LongestStallMs, rep.Reconnects, rep.Errors)
 	from, to := rep.longestStall()
-	t.Logf("timeline of east's gateway agent pod replaced under the stream (%s; ms from the old pod's SIGTERM):\n%s", driver, formatTimeline(events, from, to))
+	t.Logf("timeline of east's gateway agent pod replaced under the stream (%s; ms from the old agent's hand-over request, else its SIGTERM):\n%s", driver, formatTimeline(events, from, to))
 	if rep.Reconnects != 0 || rep.Lost != 0 {
 		t.Errorf("the stream broke during the upgrade: %d reconnects, %d counters lost (errors %v)", rep.Reconnects, rep.Lost, rep.Errors)
 	}

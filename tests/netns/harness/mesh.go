@@ -20,6 +20,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -105,6 +106,9 @@ type Cluster struct {
 
 	// AgentBin is the cable-agent the gateway runs; "" for the mesh's (Mesh.Bin.Agent).
 	AgentBin string
+	// AgentWrapper, when set, is the command the agent is started under (e.g. unshare --pid:
+	// another PID namespace, as a DaemonSet's next pod runs in).
+	AgentWrapper []string
 }
 
 // RequireRoot skips the test unless it runs as root.
@@ -409,6 +413,9 @@ func (c *Cluster) StartAgent(extra ...string) {
 		// Through /proc, not hostname(1), which refuses names such as GW_1 that the kernel takes.
 		// unshare and sh exec into the agent: it stays the process the harness stops.
 		argv = append([]string{"unshare", "--uts", "sh", "-c", `printf %s "$0" > /proc/sys/kernel/hostname && exec "$@"`, c.Hostname}, argv...)
+	}
+	if len(c.AgentWrapper) > 0 {
+		argv = append(slices.Clone(c.AgentWrapper), argv...)
 	}
 	p, err := StartProcess("cable-agent "+c.Name, c.GwNS, c.LogPath, argv...)
 	c.m.must(err)
