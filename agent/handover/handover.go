@@ -23,10 +23,11 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/cablemesh/cablemesh/internal/unixsock"
 )
 
 // SocketPath is the hand-over socket of the agent whose status socket is statusSocket.
@@ -131,27 +132,8 @@ type Offer struct {
 // Listen opens the hand-over socket at path. A socket file nobody serves is a dead agent's and
 // is replaced; one that answers is a live agent's, and an error.
 func Listen(path string, id Identity, version string, log *slog.Logger) (*Offer, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("hand-over socket %s: %w", path, err)
-	}
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode()&os.ModeSocket == 0 {
-			return nil, fmt.Errorf("hand-over socket %s: exists and is not a socket", path)
-		}
-		if c, err := net.DialTimeout("unix", path, 300*time.Millisecond); err == nil {
-			c.Close()
-			return nil, fmt.Errorf("hand-over socket %s: another agent is serving on it", path)
-		}
-		if err := os.Remove(path); err != nil {
-			return nil, fmt.Errorf("hand-over socket %s: remove stale socket: %w", path, err)
-		}
-	}
-	lis, err := net.Listen("unix", path)
+	lis, err := unixsock.Listen(path, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("hand-over socket %s: %w", path, err)
-	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		lis.Close()
 		return nil, fmt.Errorf("hand-over socket %s: %w", path, err)
 	}
 	return &Offer{lis: lis, path: path, id: id, version: version, log: log, done: make(chan struct{})}, nil

@@ -112,7 +112,7 @@ func TestListenRefusesALiveAgentsSocket(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "agent.sock.handover")
 	o := listen(t, path)
 	go o.Serve(func(Successor) error { return nil })
-	if _, err := Listen(path, west1, "v", slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "another agent is serving") {
+	if _, err := Listen(path, west1, "v", slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "another process is serving") {
 		t.Errorf("Listen on a live socket: %v; want refused", err)
 	}
 	if err := os.WriteFile(filepath.Join(filepath.Dir(path), "file"), nil, 0o600); err != nil {
