@@ -182,8 +182,11 @@ func (c *Cables) Stop(cleanup, stopProcesses bool) {
 		c.log.Info("cleaned up")
 	}
 	c.Close()
+	if !stopProcesses {
+		return
+	}
 	for _, d := range c.builtDrivers() {
-		if po, ok := d.(cable.ProcessOwner); ok && stopProcesses {
+		if po, ok := d.(cable.ProcessOwner); ok {
 			if err := po.StopProcesses(ctx); err != nil {
 				c.log.Error("cable driver's helper daemon not stopped", "driver", d.Name(), "err", err)
 			}

@@ -120,7 +120,6 @@ func parseReply(line []byte) (reply, error) {
 // Offer is a running agent's hand-over socket.
 type Offer struct {
 	lis     net.Listener
-	path    string
 	id      Identity
 	version string
 	log     *slog.Logger
@@ -136,14 +135,14 @@ func Listen(path string, id Identity, version string, log *slog.Logger) (*Offer,
 	if err != nil {
 		return nil, fmt.Errorf("hand-over socket %s: %w", path, err)
 	}
-	return &Offer{lis: lis, path: path, id: id, version: version, log: log, done: make(chan struct{})}, nil
+	return &Offer{lis: lis, id: id, version: version, log: log, done: make(chan struct{})}, nil
 }
 
 // Serve answers successors until Close or one hand-over. For a successor naming this agent's
 // cluster and node it first stops listening (no second successor can ask), then calls release
 // with what it said of itself; release must return only once the agent has stopped. Requests for
 // another identity, or that cannot be read, are refused and the offer stays open.
-func (o *Offer) Serve(release func(Successor) error) {
+func (o *Offer) Serve(release func(Successor)) {
 	defer close(o.done)
 	for {
 		c, err := o.lis.Accept()
@@ -158,7 +157,7 @@ func (o *Offer) Serve(release func(Successor) error) {
 }
 
 // serveOne reads one request from c and answers it; it reports whether the node was handed over.
-func (o *Offer) serveOne(c net.Conn, release func(Successor) error) bool {
+func (o *Offer) serveOne(c net.Conn, release func(Successor)) bool {
 	defer c.Close()
 	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	line, err := bufio.NewReaderSize(c, maxLine).ReadSlice('\n')
@@ -175,9 +174,7 @@ func (o *Offer) serveOne(c net.Conn, release func(Successor) error) bool {
 	o.log.Info("handing the node over to the next agent: stopping as on a restart", "successorVersion", req.Version)
 	o.Close()
 	writeReply(c, reply{Stopping: true, Version: o.version})
-	if err := release(req.Successor); err != nil {
-		o.log.Warn("handed over; the agent stopped with an error", "err", err)
-	}
+	release(req.Successor)
 	writeReply(c, reply{Released: true, Version: o.version})
 	return true
 }
@@ -191,15 +188,8 @@ func writeReply(c net.Conn, r reply) {
 // Wait returns once Serve has returned (after Close, or after a hand-over's answer is written).
 func (o *Offer) Wait() { <-o.done }
 
-// Close stops listening and removes the socket file (once; Serve's hand-over does it first).
-func (o *Offer) Close() {
-	o.closeOnce.Do(func() {
-		o.lis.Close()
-		if err := os.Remove(o.path); err != nil && !errors.Is(err, os.ErrNotExist) {
-			o.log.Warn("hand-over socket not removed", "path", o.path, "err", err)
-		}
-	})
-}
+// Close stops listening, which removes the socket file (once; Serve's hand-over does it first).
+func (o *Offer) Close() { o.closeOnce.Do(func() { o.lis.Close() }) }
 
 // Request asks the agent serving path, if any, to hand the node over, and waits until it has
 // stopped. It reports false with no error when nobody serves path (no socket, or a dead agent's).

@@ -31,11 +31,10 @@ func TestHandsTheNodeOverOnceAndStopsListening(t *testing.T) {
 	var released atomic.Int32
 	stopped := make(chan struct{})
 	var successor Successor
-	go o.Serve(func(s Successor) error {
+	go o.Serve(func(s Successor) {
 		successor = s
 		released.Add(1)
 		<-stopped // the agent stops
-		return nil
 	})
 	// The reply must wait for the old agent to have stopped.
 	time.AfterFunc(100*time.Millisecond, func() { close(stopped) })
@@ -72,7 +71,7 @@ func TestRefusesAnotherNodesAgent(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "agent.sock.handover")
 	o := listen(t, path)
 	var released atomic.Int32
-	go o.Serve(func(Successor) error { released.Add(1); return nil })
+	go o.Serve(func(Successor) { released.Add(1) })
 	for _, id := range []Identity{{Cluster: "west", Node: "gw2"}, {Cluster: "east", Node: "gw1"}} {
 		took, err := Request(context.Background(), path, id, "v-new")
 		if took || err == nil || !strings.Contains(err.Error(), `refused`) || !strings.Contains(err.Error(), id.Cluster) || !strings.Contains(err.Error(), id.Node) {
@@ -111,7 +110,7 @@ func TestNobodyToTakeOverFrom(t *testing.T) {
 func TestListenRefusesALiveAgentsSocket(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "agent.sock.handover")
 	o := listen(t, path)
-	go o.Serve(func(Successor) error { return nil })
+	go o.Serve(func(Successor) {})
 	if _, err := Listen(path, west1, "v", slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "another process is serving") {
 		t.Errorf("Listen on a live socket: %v; want refused", err)
 	}
@@ -128,7 +127,7 @@ func TestAStuckPredecessorIsAnErrorAfterTheDeadline(t *testing.T) {
 	o := listen(t, path)
 	stuck := make(chan struct{})
 	t.Cleanup(func() { close(stuck) })
-	go o.Serve(func(Successor) error { <-stuck; return nil })
+	go o.Serve(func(Successor) { <-stuck })
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	took, err := Request(ctx, path, west1, "v")
@@ -140,7 +139,7 @@ func TestAStuckPredecessorIsAnErrorAfterTheDeadline(t *testing.T) {
 func TestGarbageIsRefusedAndTheOfferStays(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "agent.sock.handover")
 	o := listen(t, path)
-	go o.Serve(func(Successor) error { return nil })
+	go o.Serve(func(Successor) {})
 	c, err := net.Dial("unix", path)
 	if err != nil {
 		t.Fatal(err)

@@ -65,7 +65,7 @@ func (h *nodeHandover) takeOver(ctx context.Context) {
 }
 
 // release stops the agent for a successor and returns once it has stopped.
-func (h *nodeHandover) release(s handover.Successor) error {
+func (h *nodeHandover) release(s handover.Successor) {
 	h.mu.Lock()
 	h.adoptsProcesses = s.SharesPIDNamespace()
 	h.mu.Unlock()
@@ -75,7 +75,6 @@ func (h *nodeHandover) release(s handover.Successor) error {
 	}
 	h.cancel(errHandedOver)
 	<-h.stopped
-	return nil
 }
 
 // agentStopped tells a waiting release that the node is free, then closes the offer (if the agent

@@ -21,14 +21,7 @@ const handoverOutage = 600 * time.Millisecond
 // DNS; and the old one, stopped at last with SIGTERM, exits 0 without touching the datapath.
 func TestAgentHandsTheNodeOverToANewAgent(t *testing.T) {
 	harness.RequireRoot(t)
-	m := harness.New(t)
-	left, right := m.AddCluster("left", "10.1.0.0/16"), m.AddCluster("right", "10.2.0.0/16")
-	both := []*harness.Cluster{left, right}
-	started := time.Now()
-	for _, c := range both {
-		c.StartAgent("--cleanup-on-exit")
-	}
-	m.WaitWants(2*time.Minute, started, both, nil, harness.Connected(harness.DriverWireGuard))
+	m, left, right := startWireGuardPair(t, "--cleanup-on-exit")
 	pinger := m.StartTimedPinger("handover-ping", left.PodNS, right.PodIP, restartPing)
 	waitReplies(t, pinger, 5)
 

@@ -55,15 +55,7 @@ const (
 // answers.
 func TestAgentRestartRightAfterKill(t *testing.T) {
 	harness.RequireRoot(t)
-	m := harness.New(t)
-	left, right := m.AddCluster("left", "10.1.0.0/16"), m.AddCluster("right", "10.2.0.0/16")
-	both := []*harness.Cluster{left, right}
-	started := time.Now()
-	for _, c := range both {
-		c.StartAgent()
-	}
-	conv := m.WaitWants(2*time.Minute, started, both, nil, harness.Connected(harness.DriverWireGuard))
-	m.Logf("connected over wireguard %s after the agents started", conv.ConnectedAfter("left", "right").Round(time.Millisecond))
+	m, left, right := startWireGuardPair(t)
 	pinger := m.StartTimedPinger("restart-ping", left.PodNS, right.PodIP, restartPing)
 	waitReplies(t, pinger, 5)
 
@@ -157,6 +149,22 @@ func TestAgentRestartRightAfterKill(t *testing.T) {
 }
 
 // driverRuns reports whether the status' drivers list name as running.
+// startWireGuardPair starts the agents of two clusters, left and right, with flags, and waits
+// until their pair is connected over wireguard (the default driver).
+func startWireGuardPair(t *testing.T, flags ...string) (m *harness.Mesh, left, right *harness.Cluster) {
+	t.Helper()
+	m = harness.New(t)
+	left, right = m.AddCluster("left", "10.1.0.0/16"), m.AddCluster("right", "10.2.0.0/16")
+	both := []*harness.Cluster{left, right}
+	started := time.Now()
+	for _, c := range both {
+		c.StartAgent(flags...)
+	}
+	conv := m.WaitWants(2*time.Minute, started, both, nil, harness.Connected(harness.DriverWireGuard))
+	m.Logf("connected over wireguard %s after the agents started", conv.ConnectedAfter("left", "right").Round(time.Millisecond))
+	return m, left, right
+}
+
 func driverRuns(drivers []statusapi.DriverStatus, name string) bool {
 	return slices.ContainsFunc(drivers, func(d statusapi.DriverStatus) bool { return d.Name == name && d.Running })
 }
