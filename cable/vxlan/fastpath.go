@@ -1,6 +1,9 @@
 package vxlan
 
 import (
+	"errors"
+
+	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 
 	"github.com/cablemesh/cablemesh/bpf"
@@ -69,6 +72,12 @@ func (d *Driver) syncFastPath() {
 			continue
 		}
 		if err := d.fast.Attach(idx); err != nil {
+			if errors.Is(err, ebpf.ErrNotSupported) {
+				// tcx came in Linux 6.6: say it once, not on every Connect.
+				d.log.Warn("transmit fast path unavailable: the kernel's VXLAN device sends every packet", "err", err)
+				d.closeFastPath()
+				return
+			}
 			d.log.Warn("transmit fast path: the kernel sends this link's packets", "interface", dev, "err", err)
 		}
 	}
