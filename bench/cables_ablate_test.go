@@ -28,10 +28,6 @@ const (
 	pieceProbes   = "probes"
 	pieceCounters = "counters"
 	pieceClamp    = "clamp"
-	// pieceFastPath is the vxlan cable's transmit fast path (setting fastPath): off, the kernel's
-	// VXLAN device sends every packet. A path of its own (vxlan-cable-no-fastpath), not part of
-	// "all": it is a saving, not a cost.
-	pieceFastPath = "fastpath"
 )
 
 // ctrPinPrefix starts the name of every counter link the agent pins (bpf/counters_linux.go).
@@ -80,25 +76,6 @@ func turnOff(t *testing.T, m *harness.Mesh, cs []*harness.Cluster, driver string
 			time.Sleep(2 * time.Second) // the agents' reload
 		})
 		time.Sleep(2 * time.Second)
-	}
-	if slices.Contains(off, pieceFastPath) {
-		// Init loads the fast path once: the setting takes a restart of both agents.
-		restart := func(config string) {
-			t0 := time.Now()
-			for _, c := range cs {
-				c.WriteConfig(config)
-				c.StopAgent()
-				c.StartAgent()
-			}
-			m.WaitWants(2*time.Minute, t0, cs, nil, harness.Connected(driver))
-		}
-		base := harness.MultiDriverConfig()
-		noFast := strings.Replace(base, "vxlan: {", "vxlan: {fastPath: false, ", 1)
-		if noFast == base {
-			t.Fatalf("the harness's agent config has no vxlan block to turn the fast path off in:\n%s", base)
-		}
-		restart(noFast)
-		undos = append(undos, func() { restart(base) })
 	}
 	if slices.Contains(off, pieceClamp) {
 		for _, c := range cs {

@@ -198,7 +198,6 @@ func TestCables(t *testing.T) {
 		{name: "plain-agw", what: "plain routing between the agents' gateways (no cable)", fromNS: plainAgw[0].NS, toNS: plainAgw[1].NS, to: plainAgw[1].Addr},
 		{name: "vxlan-hand", what: "iproute2 VXLAN, MTU 1450, nft MSS clamp", fromNS: hv[0].NS, toNS: hv[1].NS, to: hv[1].Addr},
 		{name: "vxlan-cable", what: "the vxlan cable", driver: harness.DriverVXLAN, fromNS: east.PodNS, toNS: west.PodNS, to: west.PodIP},
-		{name: "vxlan-cable-no-fastpath", what: "the vxlan cable with fastPath: false (the kernel's VXLAN transmit)", driver: harness.DriverVXLAN, fromNS: east.PodNS, toNS: west.PodNS, to: west.PodIP, off: []string{pieceFastPath}},
 		{name: "ipsec-hand", what: fmt.Sprintf("charon, kernel-libipsec, hand-written swanctl.conf (route MTU %d, advmss %d), nft MSS clamp", mtu, advmss), fromNS: hi[0].NS, toNS: hi[1].NS, to: hi[1].Addr, comm: "charon", gws: []string{hme.GwNS, hmw.GwNS}},
 		{name: "ipsec-hand-session", what: "ipsec-hand with each charon in a session (scheduler autogroup) of its own, as the ipsec driver starts its charon", fromNS: hs[0].NS, toNS: hs[1].NS, to: hs[1].Addr, comm: "charon", gws: []string{hse.GwNS, hsw.GwNS}},
 		{name: "ipsec-cable", what: "the ipsec cable", driver: harness.DriverIPsec, fromNS: east.PodNS, toNS: west.PodNS, to: west.PodIP, comm: "charon", gws: []string{east.GwNS, west.GwNS}},

@@ -161,9 +161,7 @@ func (c *Counters) Attach(ifname string) error {
 			return fmt.Errorf("attach counters to %s %s: %w", ifname, h.dir, err)
 		}
 		if !ok {
-			// First in the chain: a later program may redirect the packet (the vxlan cable's
-			// transmit fast path), and the counters must have seen it by then.
-			if lk, err = link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: h.prog, Attach: h.attach, Anchor: link.Head()}); err != nil {
+			if lk, err = link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: h.prog, Attach: h.attach}); err != nil {
 				return fmt.Errorf("attach counters to %s %s: %w", ifname, h.dir, err)
 			}
 			if err := pinLink(lk, pin); err != nil {

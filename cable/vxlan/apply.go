@@ -407,8 +407,6 @@ func (d *Driver) viewDevice(name string, port int) (deviceView, error) {
 	if s := a.Statistics; s != nil {
 		v.rx, v.tx = s.RxBytes, s.TxBytes
 	}
-	_, fastBytes := d.fastTx(a.Index)
-	v.tx += fastBytes
 	if v.fdb, err = listFDB(a.Index, port); err != nil {
 		return deviceView{}, fmt.Errorf("link %s: %w", name, err)
 	}

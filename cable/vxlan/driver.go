@@ -50,7 +50,6 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/cablemesh/cablemesh/bpf"
 	"github.com/cablemesh/cablemesh/cable"
 	"github.com/cablemesh/cablemesh/cable/route"
 )
@@ -112,8 +111,6 @@ type Driver struct {
 
 	// embed is how another driver embeds this one (NewEmbedded); zero for the vxlan driver.
 	embed Embedding
-	// fast is the transmit fast path (fastpath.go); nil when off or unavailable.
-	fast *bpf.VXLANFastPath
 
 	linkChanges  atomic.Uint64
 	addrChanges  atomic.Uint64
@@ -221,8 +218,6 @@ func (d *Driver) Init(ctx context.Context) error {
 	if err := d.prune(); err != nil {
 		return fmt.Errorf("vxlan init: %w", err)
 	}
-	d.openFastPath()
-	d.syncFastPath()
 	d.initialised = true
 	d.log.Info("vxlan ready", "vtep", d.vtep, "mac", d.mac.String(), "port", d.cfg.Port, "vni", d.cfg.VNI, "mtu", d.mtu,
 		"source", d.src, "connections", len(d.conns))
@@ -232,13 +227,12 @@ func (d *Driver) Init(ctx context.Context) error {
 // Links are the VXLAN links of this driver: every link with its prefix.
 func (d *Driver) Links() []string { return []string{d.cfg.Prefix + "*"} }
 
-// Close stops using the driver. Its kernel links outlive the process; the transmit fast path
-// is detached, so the VXLAN devices send every packet until the next Init.
+// Close stops using the driver. It releases nothing: the driver runs no goroutine and holds no
+// handle between calls, and its kernel links outlive the process.
 func (d *Driver) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.initialised = false
-	d.closeFastPath()
 	return nil
 }
 
@@ -274,9 +268,7 @@ func (d *Driver) Connect(ctx context.Context, remote cable.RemoteEndpoint, opts 
 	if err := checkConflicts(remote.Cluster, want, d.vtep, d.conns); err != nil {
 		return fmt.Errorf("%s: %w", where, err)
 	}
-	err = d.connect(remote.Cluster, want)
-	d.syncFastPath()
-	if err != nil {
+	if err := d.connect(remote.Cluster, want); err != nil {
 		return fmt.Errorf("%s: %w", where, err)
 	}
 	return nil
@@ -299,7 +291,6 @@ func (d *Driver) Disconnect(ctx context.Context, cluster string) error {
 		return fmt.Errorf("%s: %w", where, err)
 	}
 	delete(d.conns, cluster)
-	d.syncFastPath()
 	if err := connections(d.dir).Save(d.conns); err != nil {
 		return fmt.Errorf("%s: %w", where, err)
 	}
@@ -337,7 +328,6 @@ func (d *Driver) Cleanup(ctx context.Context) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.initialised = false
-	d.closeFastPath()
 	if err := d.cleanup(); err != nil {
 		return fmt.Errorf("vxlan cleanup: %w", err)
 	}

@@ -16,15 +16,13 @@ func TestParseSettings(t *testing.T) {
 		want    config
 		wantErr string
 	}{
-		{name: "no settings give the defaults", in: nil, want: config{Port: 4789, VNI: 100, Prefix: "cbl-vx", FastPath: true}},
-		{name: "every key is taken", in: cable.Settings{"port": "4790", "vni": "7", "mtu": "1400", "interfacePrefix": "vx", "fastPath": "false"},
+		{name: "no settings give the defaults", in: nil, want: config{Port: 4789, VNI: 100, Prefix: "cbl-vx"}},
+		{name: "every key is taken", in: cable.Settings{"port": "4790", "vni": "7", "mtu": "1400", "interfacePrefix": "vx"},
 			want: config{Port: 4790, VNI: 7, MTU: 1400, Prefix: "vx"}},
-		{name: "fastPath true is the default", in: cable.Settings{"fastPath": "true"}, want: config{Port: 4789, VNI: 100, Prefix: "cbl-vx", FastPath: true}},
-		{name: "fastPath takes only true or false", in: cable.Settings{"fastPath": "yes"}, wantErr: `vxlan.fastPath: "yes" is not a boolean: want true or false`},
-		{name: "the largest VNI is accepted", in: cable.Settings{"vni": "16777215"}, want: config{Port: 4789, VNI: 16777215, Prefix: "cbl-vx", FastPath: true}},
-		{name: "MTU 0 is automatic", in: cable.Settings{"mtu": "0"}, want: config{Port: 4789, VNI: 100, Prefix: "cbl-vx", FastPath: true}},
+		{name: "the largest VNI is accepted", in: cable.Settings{"vni": "16777215"}, want: config{Port: 4789, VNI: 16777215, Prefix: "cbl-vx"}},
+		{name: "MTU 0 is automatic", in: cable.Settings{"mtu": "0"}, want: config{Port: 4789, VNI: 100, Prefix: "cbl-vx"}},
 		{name: "an unknown key is an error naming it and the known keys", in: cable.Settings{"interface": "x"},
-			wantErr: `vxlan.interface: "x" is refused: unknown field "interface" (known: fastPath, interfacePrefix, mtu, port, vni)`},
+			wantErr: `vxlan.interface: "x" is refused: unknown field "interface" (known: interfacePrefix, mtu, port, vni)`},
 		{name: "port 0 is an error, not the default", in: cable.Settings{"port": "0"}, wantErr: "vxlan.port: 0 is not a UDP port"},
 		{name: "a port above 65535 is an error", in: cable.Settings{"port": "65536"}, wantErr: "vxlan.port: 65536 is not a UDP port"},
 		{name: "port 70000 is an error", in: cable.Settings{"port": "70000"}, wantErr: "vxlan.port: 70000 is not a UDP port"},

@@ -58,7 +58,6 @@ const (
 	keyVNI             = "vni"
 	keyMTU             = "mtu"
 	keyInterfacePrefix = "interfacePrefix"
-	keyFastPath        = "fastPath"
 )
 
 // Config is the validated form of cable.Settings.
@@ -68,9 +67,6 @@ type Config struct {
 	Prefix string
 	// MTU is 0 when not set: Init then derives it from the underlay link.
 	MTU int
-	// FastPath (setting fastPath, default true) lets the driver encapsulate in a tcx program on
-	// its links (bpf.VXLANFastPath) instead of the kernel's VXLAN transmit.
-	FastPath bool
 }
 
 // PairOptions are the validated per-connection options; 0 means "not set, use the node's".
@@ -98,7 +94,7 @@ func parseMTU(v string) (int, bool) {
 // ParseSettings validates settings and fills defaults. It does no I/O; every error is a
 // *cable.SettingError naming the key and the value.
 func ParseSettings(s cable.Settings) (Config, error) {
-	c := Config{Port: DefaultPort, VNI: DefaultVNI, Prefix: DefaultInterfacePrefix, FastPath: true}
+	c := Config{Port: DefaultPort, VNI: DefaultVNI, Prefix: DefaultInterfacePrefix}
 	var err error
 	for _, k := range cable.SortedKeys(s) { // sorted: with several bad keys the error is deterministic
 		v := s[k]
@@ -111,17 +107,8 @@ func ParseSettings(s cable.Settings) (Config, error) {
 			c.MTU, err = cable.MTUSetting(Name, k, v, MinMTU, MaxMTU)
 		case keyInterfacePrefix:
 			c.Prefix, err = v, validPrefix(v)
-		case keyFastPath:
-			switch v {
-			case "true":
-				c.FastPath = true
-			case "false":
-				c.FastPath = false
-			default:
-				err = cable.BadSetting(Name, k, v, "is not a boolean: want true or false")
-			}
 		default:
-			err = cable.UnknownSetting(Name, k, v, KeyPort, keyVNI, keyMTU, keyInterfacePrefix, keyFastPath)
+			err = cable.UnknownSetting(Name, k, v, KeyPort, keyVNI, keyMTU, keyInterfacePrefix)
 		}
 		if err != nil {
 			return Config{}, err
