@@ -119,6 +119,29 @@ type CableRatio struct {
 	Streams  int       `json:"streams"`
 	Ratio    float64   `json:"ratio"`
 	PerRound []float64 `json:"perRound"`
+	// RoundMedian is the median of PerRound; RoundLow and RoundHigh bound it with a
+	// distribution-free interval of at least ratioCoverage (benchresults.MedianInterval), whose
+	// coverage is RoundCoverage (0 with too few rounds for one). It says how far this run's
+	// noise lets the ratio be read: an interval that holds 1.0 cannot tell the two paths apart.
+	RoundMedian   float64 `json:"perRoundMedian"`
+	RoundLow      float64 `json:"perRoundLow,omitempty"`
+	RoundHigh     float64 `json:"perRoundHigh,omitempty"`
+	RoundCoverage float64 `json:"perRoundCoverage,omitempty"`
+	// Goal is issue 24's goal for the ratio (0: none).
+	Goal float64 `json:"goal,omitempty"`
+}
+
+// ratioCoverage is the least coverage of the per-round intervals: 7 rounds (the default run of
+// the goals) give the minimum and maximum at 98.4 %, 15 give x(4)..x(12) at 96.5 %.
+const ratioCoverage = 0.90
+
+// ratioGoals are issue 24's goals: each cable at least its hand-made equivalent's throughput (the
+// kernel datapaths within 3 %), and the vxlan cable at 0.90 of plain routing.
+var ratioGoals = map[string]float64{
+	"vxlan-cable / vxlan-hand": 0.97,
+	"ipsec-cable / ipsec-hand": 0.97,
+	"wg-cable / wg-hand":       1.0,
+	"vxlan-cable / plain":      0.90,
 }
 
 // CablesResult is what bench/results/cables-<date>.json holds.
@@ -535,7 +558,7 @@ func cableRatios(rs []CablePathResult, rounds int) []CableRatio {
 			continue
 		}
 		for _, streams := range []int{1, 4} {
-			cr := CableRatio{Name: p[0] + " / " + p[1], Streams: streams}
+			cr := CableRatio{Name: p[0] + " / " + p[1], Streams: streams, Goal: ratioGoals[p[0]+" / "+p[1]]}
 			if mb := medianGbps(b.Runs, streams); mb > 0 {
 				cr.Ratio = medianGbps(a.Runs, streams) / mb
 			}
@@ -544,6 +567,10 @@ func cableRatios(rs []CablePathResult, rounds int) []CableRatio {
 				if gb > 0 {
 					cr.PerRound = append(cr.PerRound, ga/gb)
 				}
+			}
+			cr.RoundMedian = benchresults.Median(cr.PerRound)
+			if lo, hi, cov, ok := benchresults.MedianInterval(cr.PerRound, ratioCoverage); ok {
+				cr.RoundLow, cr.RoundHigh, cr.RoundCoverage = lo, hi, cov
 			}
 			out = append(out, cr)
 		}
@@ -680,10 +707,14 @@ func writeCablesResults(t *testing.T, res CablesResult) {
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s | **%.2f** | %s | **%.2f** | %s | %.3f | %s |\n", p.Name, p.What, strings.Join(one, ", "), p.Median1, strings.Join(four, ", "), p.Median4, ctr, medianOf(agentCPU), dp)
 	}
-	fmt.Fprintf(&b, "\n| ratio (medians) | 1 stream | per round | 4 streams | per round |\n|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "\n| ratio (medians) | 1 stream | per round | median of rounds [interval] | 4 streams | per round | median of rounds [interval] |\n|---|---|---|---|---|---|---|\n")
 	for i := 0; i+1 < len(res.Ratios); i += 2 {
 		r1, r4 := res.Ratios[i], res.Ratios[i+1]
-		fmt.Fprintf(&b, "| %s | **%.3f** | %s | **%.3f** | %s |\n", r1.Name, r1.Ratio, floats(r1.PerRound), r4.Ratio, floats(r4.PerRound))
+		fmt.Fprintf(&b, "| %s | **%.3f** | %s | %s | **%.3f** | %s | %s |\n", r1.Name, r1.Ratio, floats(r1.PerRound), roundInterval(r1), r4.Ratio, floats(r4.PerRound), roundInterval(r4))
+	}
+	fmt.Fprintf(&b, "\nThe interval of each median of rounds is distribution-free (order statistics), at the coverage given; an interval that holds 1.0 means this run cannot tell the two paths apart.\n")
+	if goals := goalLines(res.Ratios); len(goals) > 0 {
+		fmt.Fprintf(&b, "\nIssue 24's goals, by the ratio of medians:\n\n| ratio | goal | 1 stream | 4 streams |\n|---|---|---|---|\n%s", strings.Join(goals, ""))
 	}
 	fmt.Fprintf(&b, "\nHealth repairs (\"re-asserting the connection\" in the agents' logs) during the bench: %d.\n", res.Repairs)
 	fmt.Fprintf(&b, "\nNotes:\n\n")
@@ -697,6 +728,49 @@ func writeCablesResults(t *testing.T, res CablesResult) {
 		}
 	}
 	benchresults.Save(t, "results", "cables", res, b.String())
+}
+
+// roundInterval is a ratio's median of rounds with its interval, as the results table shows it.
+func roundInterval(r CableRatio) string {
+	if len(r.PerRound) == 0 {
+		return ""
+	}
+	if r.RoundCoverage == 0 {
+		return fmt.Sprintf("%.3f [too few rounds]", r.RoundMedian)
+	}
+	return fmt.Sprintf("%.3f [%.2f, %.2f] at %.1f %%", r.RoundMedian, r.RoundLow, r.RoundHigh, 100*r.RoundCoverage)
+}
+
+// goalLines are the goal table's rows: each ratio with a goal, met or not by its ratio of
+// medians, and where the goal lies against the per-round interval.
+func goalLines(rs []CableRatio) []string {
+	var out []string
+	for i := 0; i+1 < len(rs); i += 2 {
+		r1, r4 := rs[i], rs[i+1]
+		if r1.Goal == 0 {
+			continue
+		}
+		out = append(out, fmt.Sprintf("| %s | >= %.2f | %s | %s |\n", r1.Name, r1.Goal, goalVerdict(r1), goalVerdict(r4)))
+	}
+	return out
+}
+
+// goalVerdict says whether r meets its goal and whether this run's noise could have decided it
+// the other way: a goal inside the per-round interval is within the noise.
+func goalVerdict(r CableRatio) string {
+	met := "not met"
+	if r.Ratio >= r.Goal {
+		met = "met"
+	}
+	switch {
+	case r.RoundCoverage == 0:
+		return fmt.Sprintf("%s (%.3f)", met, r.Ratio)
+	case r.RoundHigh < r.Goal:
+		return fmt.Sprintf("%s (%.3f; the interval lies below the goal)", met, r.Ratio)
+	case r.RoundLow >= r.Goal:
+		return fmt.Sprintf("%s (%.3f; the interval lies at or above the goal)", met, r.Ratio)
+	}
+	return fmt.Sprintf("%s (%.3f; the goal is inside the interval: within this run's noise)", met, r.Ratio)
 }
 
 func floats(v []float64) string {
