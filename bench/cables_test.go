@@ -568,7 +568,10 @@ func cableRatios(rs []CablePathResult, rounds int) []CableRatio {
 					cr.PerRound = append(cr.PerRound, ga/gb)
 				}
 			}
-			cr.RoundMedian = benchresults.Median(cr.PerRound)
+			if len(cr.PerRound) > 0 {
+				// Median's NaN for no rounds would make the results' JSON unmarshalable.
+				cr.RoundMedian = benchresults.Median(cr.PerRound)
+			}
 			if lo, hi, cov, ok := benchresults.MedianInterval(cr.PerRound, ratioCoverage); ok {
 				cr.RoundLow, cr.RoundHigh, cr.RoundCoverage = lo, hi, cov
 			}
